@@ -1,0 +1,1 @@
+"""The GPU worker: its program, its profiles and its image."""

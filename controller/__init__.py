@@ -1,0 +1,1 @@
+"""optirack's SDN controller: plain logic in core/, Ryu apps in apps/, southbound drivers in drivers/."""

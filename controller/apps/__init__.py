@@ -1,0 +1,1 @@
+"""Thin Ryu apps over controller.core: the OCS, fabric, monitor, placement and REST apps."""

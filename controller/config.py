@@ -1,0 +1,26 @@
+"""The controller's own options, registered with Ryu's oslo.config as ``--optirack-*`` (section [optirack])."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ryu import cfg
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_RACK = REPO / "topologies" / "paper-testbed.yaml"
+
+OPTS = [
+    cfg.StrOpt("rack", default=str(DEFAULT_RACK), help="rack file (YAML) the controller manages"),
+    cfg.StrOpt("state-dir", default="/var/lib/optirack", help="where the job table, circuits and token are kept"),
+    cfg.StrOpt("token-file", default=None, help="bearer token for REST mutations (default: STATE_DIR/token, made if missing)"),
+    cfg.FloatOpt("monitor-interval", default=1.0, help="seconds between port statistics polls"),
+    cfg.IntOpt("monitor-history", default=600, help="throughput samples kept per port"),
+    cfg.FloatOpt("barrier-timeout", default=10.0, help="seconds to wait for a switch to confirm changes"),
+    cfg.StrOpt("worker-image", default="optirack-worker:latest", help="Docker image of the GPU worker"),
+]
+
+cfg.CONF.register_cli_opts(OPTS, group="optirack")
+
+
+def conf():
+    """The [optirack] option group."""
+    return cfg.CONF.optirack

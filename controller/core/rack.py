@@ -1,0 +1,396 @@
+"""The rack file: one YAML document that describes a rack, validated into typed, frozen objects.
+
+Structure and types are checked by pydantic; references between devices (cabling, uplinks,
+circuits) by `_check_references`. Every problem is reported as a `RackError` naming the file,
+the field (e.g. ``servers[0].gpus[1].nic.rate_gbps``) and what is wrong.
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from containers.profiles import GPU_MODELS
+
+# Emulated interfaces are named <device>-p<port> and Linux allows 15 characters.
+NAME_PATTERN = r"^[a-z][a-z0-9]{0,8}$"
+MAX_PORTS = 9999
+
+
+class RackError(ValueError):
+    """A rack file that cannot be used; `str()` is the message for the user."""
+
+    def __init__(self, source: str, field: str, problem: str):
+        self.source, self.field, self.problem = source, field, problem
+        super().__init__(f"{source}: {field}: {problem}" if field else f"{source}: {problem}")
+
+
+@dataclass(frozen=True, order=True)
+class PortRef:
+    """A port of a named device: ``ocs1:7`` in the rack file."""
+
+    device: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.device}:{self.port}"
+
+
+def _port_ref(value: object) -> PortRef:
+    if isinstance(value, PortRef):
+        return value
+    if not isinstance(value, str) or value.count(":") != 1:
+        raise ValueError("expected 'device:port', e.g. 'ocs1:7'")
+    device, port = value.split(":")
+    if not port.isdigit() or int(port) < 1:
+        raise ValueError(f"port in {value!r} must be a positive integer")
+    return PortRef(device, int(port))
+
+
+def _dpid(value: object) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer or a hex string")
+    if isinstance(value, str):
+        text = value.replace(":", "").lower()
+        text = text[2:] if text.startswith("0x") else text
+        try:
+            value = int(text, 16)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a datapath id (hex, e.g. 0x100)") from None
+    if not isinstance(value, int) or not 0 < value < 2**64:
+        raise ValueError("datapath id must be between 1 and 2**64-1")
+    return value
+
+
+Port = Annotated[PortRef, BeforeValidator(_port_ref)]
+Dpid = Annotated[int, BeforeValidator(_dpid)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+Rate = Annotated[float, Field(gt=0, le=1_600)]  # Gbit/s
+PortNumber = Annotated[int, Field(ge=1, le=MAX_PORTS)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class Nic(_Spec):
+    rate_gbps: Rate
+    ocs_port: Port
+    ip: Optional[ipaddress.IPv4Address] = None  # default: taken from network.subnet in GPU order
+    mac: Optional[Annotated[str, Field(pattern=r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")]] = None
+
+
+class Gpu(_Spec):
+    name: Name
+    model: str
+    index: Annotated[int, Field(ge=0)] = 0  # device index on its server (nvidia-smi numbering)
+    nic: Nic
+
+
+class Server(_Spec):
+    name: Name
+    docker: str = "local"  # Docker Engine: "local" or a URL (tcp://host:2376, ssh://user@host)
+    gpus: Annotated[list[Gpu], Field(min_length=1)]
+
+
+class Ocs(_Spec):
+    name: Name
+    ports: Annotated[int, Field(ge=2, le=MAX_PORTS)]
+    dpid: Dpid
+    switching_time_ms: Annotated[float, Field(ge=0, le=60_000)] = 25.0
+    reconfiguration_time_ms: Optional[Annotated[float, Field(ge=0, le=600_000)]] = None
+    driver: Literal["openflow", "tl1"] = "openflow"
+    address: Optional[str] = None  # TL1 driver: host:port
+
+    @property
+    def bulk_time_ms(self) -> float:
+        return self.switching_time_ms if self.reconfiguration_time_ms is None else self.reconfiguration_time_ms
+
+
+class Downlink(_Spec):
+    port: PortNumber
+    ocs_port: Port
+    rate_gbps: Rate
+
+
+class Uplink(_Spec):
+    port: PortNumber
+    peer: Port
+    rate_gbps: Rate
+
+
+class Switch(_Spec):
+    name: Name
+    dpid: Dpid
+    role: Literal["aggregator", "core"] = "aggregator"
+    downlinks: list[Downlink] = []
+    uplinks: list[Uplink] = []
+
+
+class Emulation(_Spec):
+    rate_scale: Annotated[float, Field(gt=0, le=1)] = 0.001
+
+    def mbps(self, rate_gbps: float) -> float:
+        """The emulated rate in Mbit/s of a physical rate in Gbit/s."""
+        return rate_gbps * 1000.0 * self.rate_scale
+
+
+class Network(_Spec):
+    subnet: ipaddress.IPv4Network = ipaddress.IPv4Network("198.18.0.0/24")
+
+
+class RackSpec(_Spec):
+    name: Name
+    description: str = ""
+    network: Network = Network()
+    emulation: Emulation = Emulation()
+    servers: Annotated[list[Server], Field(min_length=1)]
+    ocs: Annotated[list[Ocs], Field(min_length=1)]
+    switches: Annotated[list[Switch], Field(min_length=1)]
+    circuits: list[tuple[Port, Port]] = []
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What is cabled to one OCS port: a GPU's NIC or a switch downlink."""
+
+    kind: Literal["gpu", "switch"]
+    name: str  # GPU name or switch name
+    port: int = 0  # switch port number (switch endpoints)
+    rate_gbps: float = 0.0
+
+
+class Rack:
+    """A validated rack with the look-ups the controller and the emulation need."""
+
+    def __init__(self, spec: RackSpec, source: str = "<rack>"):
+        self.spec, self.source = spec, source
+        self.gpus = {g.name: g for s in spec.servers for g in s.gpus}
+        self.server_of = {g.name: s.name for s in spec.servers for g in s.gpus}
+        self.ocs = {o.name: o for o in spec.ocs}
+        self.switches = {s.name: s for s in spec.switches}
+        self.endpoints: dict[PortRef, Endpoint] = {}
+        for g in self.gpus.values():
+            self.endpoints[g.nic.ocs_port] = Endpoint("gpu", g.name, 0, g.nic.rate_gbps)
+        for sw in spec.switches:
+            for d in sw.downlinks:
+                self.endpoints[d.ocs_port] = Endpoint("switch", sw.name, d.port, d.rate_gbps)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @cached_property
+    def addresses(self) -> dict[str, tuple[str, str]]:
+        """GPU name -> (IPv4 address, MAC address) of its NIC."""
+        hosts = self.spec.network.subnet.hosts()
+        taken = {g.nic.ip for g in self.gpus.values() if g.nic.ip}
+        result = {}
+        for name, g in self.gpus.items():
+            ip = g.nic.ip
+            if ip is None:
+                ip = next(h for h in hosts if h not in taken)
+                taken.add(ip)
+            mac = g.nic.mac or "02:00:" + ":".join(f"{b:02x}" for b in ip.packed)
+            result[name] = (str(ip), mac)
+        return result
+
+    def gpu_port(self, gpu: str) -> PortRef:
+        return self.gpus[gpu].nic.ocs_port
+
+    def gpu_at(self, ref: PortRef) -> Optional[str]:
+        ep = self.endpoints.get(ref)
+        return ep.name if ep and ep.kind == "gpu" else None
+
+    def downlink_ports(self, switch: str) -> list[PortRef]:
+        return [d.ocs_port for d in self.switches[switch].downlinks]
+
+    def aggregators(self) -> list[str]:
+        return [s.name for s in self.spec.switches if s.role == "aggregator"]
+
+    def datapaths(self) -> dict[int, tuple[str, str]]:
+        """dpid -> (kind 'ocs' or 'switch', name)."""
+        result = {o.dpid: ("ocs", o.name) for o in self.spec.ocs}
+        result.update({s.dpid: ("switch", s.name) for s in self.spec.switches})
+        return result
+
+    def summary(self) -> str:
+        s = self.spec
+        models: dict[str, int] = {}
+        for g in self.gpus.values():
+            models[g.model] = models.get(g.model, 0) + 1
+        gpu_text = ", ".join(f"{n} x {m}" for m, n in sorted(models.items()))
+        lines = [
+            f"rack {s.name}: {len(s.servers)} servers, {len(self.gpus)} GPUs ({gpu_text})",
+            "  OCS: " + ", ".join(f"{o.name} ({o.ports} ports, {o.switching_time_ms:g} ms switching, {o.driver})" for o in s.ocs),
+            "  switches: " + ", ".join(f"{w.name} ({w.role}, {len(w.downlinks)} down, {len(w.uplinks)} up)" for w in s.switches),
+            f"  circuits: {len(s.circuits)}; emulation rate scale {s.emulation.rate_scale:g}"
+            f" (100 Gbit/s -> {s.emulation.mbps(100):g} Mbit/s); subnet {s.network.subnet}",
+        ]
+        return "\n".join(lines)
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _pydantic_message(err: dict) -> str:
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if err["type"] == "string_pattern_mismatch" and str(err["loc"][-1]) == "name":
+        msg = f"{err['input']!r} is not a valid name (lower-case letter, then up to 8 letters or digits)"
+    return msg
+
+
+def _check_unique_names(spec: RackSpec, src: str) -> None:
+    seen: dict[str, str] = {}
+    named = [(f"servers[{i}]", s) for i, s in enumerate(spec.servers)]
+    named += [(f"servers[{i}].gpus[{j}]", g) for i, s in enumerate(spec.servers) for j, g in enumerate(s.gpus)]
+    named += [(f"ocs[{i}]", o) for i, o in enumerate(spec.ocs)]
+    named += [(f"switches[{i}]", w) for i, w in enumerate(spec.switches)]
+    for field, obj in named:
+        if obj.name in seen:
+            raise RackError(src, f"{field}.name", f"duplicate name {obj.name!r} (also {seen[obj.name]})")
+        seen[obj.name] = field
+    dpids: dict[int, str] = {}
+    for field, obj in [(f"ocs[{i}]", o) for i, o in enumerate(spec.ocs)] + [
+        (f"switches[{i}]", w) for i, w in enumerate(spec.switches)
+    ]:
+        if obj.dpid in dpids:
+            raise RackError(src, f"{field}.dpid", f"duplicate datapath id {obj.dpid:#x} (also {dpids[obj.dpid]})")
+        dpids[obj.dpid] = field
+
+
+def _check_ocs_port(spec: RackSpec, src: str, field: str, ref: PortRef) -> None:
+    ocs = {o.name: o for o in spec.ocs}
+    if ref.device not in ocs:
+        raise RackError(src, field, f"{ref}: no OCS named {ref.device!r} (OCS: {', '.join(ocs)})")
+    if ref.port > ocs[ref.device].ports:
+        raise RackError(src, field, f"{ref}: OCS {ref.device} has only {ocs[ref.device].ports} ports")
+
+
+def _check_cabling(spec: RackSpec, src: str) -> None:
+    cabled: dict[PortRef, str] = {}
+
+    def cable(field: str, ref: PortRef) -> None:
+        _check_ocs_port(spec, src, field, ref)
+        if ref in cabled:
+            raise RackError(src, field, f"OCS port {ref} is cabled twice (also {cabled[ref]})")
+        cabled[ref] = field
+
+    for i, s in enumerate(spec.servers):
+        indexes: set[int] = set()
+        for j, g in enumerate(s.gpus):
+            field = f"servers[{i}].gpus[{j}]"
+            if g.model not in GPU_MODELS:
+                raise RackError(src, f"{field}.model", f"unknown GPU model {g.model!r} (known: {', '.join(GPU_MODELS)})")
+            if g.index in indexes:
+                raise RackError(src, f"{field}.index", f"GPU index {g.index} is used twice on server {s.name}")
+            indexes.add(g.index)
+            if g.nic.ip is not None and g.nic.ip not in spec.network.subnet:
+                raise RackError(src, f"{field}.nic.ip", f"{g.nic.ip} is outside network.subnet {spec.network.subnet}")
+            cable(f"{field}.nic.ocs_port", g.nic.ocs_port)
+    for i, w in enumerate(spec.switches):
+        ports: set[int] = set()
+        if w.role == "core" and w.downlinks:
+            raise RackError(src, f"switches[{i}].downlinks", "a core switch has no OCS downlinks")
+        for kind, links in (("downlinks", w.downlinks), ("uplinks", w.uplinks)):
+            for j, link in enumerate(links):
+                if link.port in ports:
+                    raise RackError(src, f"switches[{i}].{kind}[{j}].port", f"port {link.port} of {w.name} is used twice")
+                ports.add(link.port)
+                if kind == "downlinks":
+                    cable(f"switches[{i}].downlinks[{j}].ocs_port", link.ocs_port)
+
+
+def _check_uplinks(spec: RackSpec, src: str) -> None:
+    switches = {w.name: w for w in spec.switches}
+    for i, w in enumerate(spec.switches):
+        for j, up in enumerate(w.uplinks):
+            field = f"switches[{i}].uplinks[{j}].peer"
+            peer = switches.get(up.peer.device)
+            if peer is None or peer.name == w.name:
+                raise RackError(src, field, f"{up.peer}: no other switch named {up.peer.device!r}")
+            back = [u for u in peer.uplinks if u.port == up.peer.port]
+            if not back or back[0].peer != PortRef(w.name, up.port):
+                raise RackError(src, field, f"{up.peer} does not name {w.name}:{up.port} as its peer")
+            if back[0].rate_gbps != up.rate_gbps:
+                raise RackError(src, f"switches[{i}].uplinks[{j}].rate_gbps", f"differs from the rate of its peer {up.peer}")
+
+
+def _check_circuits(spec: RackSpec, src: str, rack: Rack) -> None:
+    used: dict[PortRef, int] = {}
+    for i, (a, b) in enumerate(spec.circuits):
+        field = f"circuits[{i}]"
+        for ref in (a, b):
+            _check_ocs_port(spec, src, field, ref)
+            if ref not in rack.endpoints:
+                raise RackError(src, field, f"OCS port {ref} has nothing cabled to it")
+            if ref in used:
+                raise RackError(src, field, f"OCS port {ref} is already in circuits[{used[ref]}]")
+            used[ref] = i
+        if a.device != b.device:
+            raise RackError(src, field, f"{a} and {b} are on different OCS; a circuit joins two ports of one OCS")
+        kinds = {rack.endpoints[a].kind, rack.endpoints[b].kind}
+        if kinds != {"gpu", "switch"}:
+            raise RackError(src, field, f"{a} - {b}: a circuit joins a GPU NIC and a switch downlink")
+
+
+def _check_addresses(rack: Rack, src: str) -> None:
+    ips = [g.nic.ip for g in rack.gpus.values() if g.nic.ip]
+    if len(set(ips)) != len(ips):
+        raise RackError(src, "servers", "two GPU NICs have the same ip")
+    free = rack.spec.network.subnet.num_addresses - 2 - len(ips)
+    if free < len(rack.gpus) - len(ips):
+        raise RackError(src, "network.subnet", f"{rack.spec.network.subnet} has too few addresses for {len(rack.gpus)} GPUs")
+
+
+def parse_rack(data: object, source: str = "<rack>") -> Rack:
+    """Validate a decoded YAML document into a `Rack`, or raise `RackError`."""
+    if data is None:
+        raise RackError(source, "", "the file is empty; a rack file is a YAML mapping (see topologies/paper-testbed.yaml)")
+    if not isinstance(data, dict):
+        raise RackError(source, "", f"a rack file is a YAML mapping, not a {type(data).__name__}")
+    try:
+        spec = RackSpec.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        more = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
+        raise RackError(source, _loc(err["loc"]) or "(top)", _pydantic_message(err) + more) from None
+    _check_unique_names(spec, source)
+    _check_cabling(spec, source)
+    _check_uplinks(spec, source)
+    rack = Rack(spec, source)
+    _check_circuits(spec, source, rack)
+    _check_addresses(rack, source)
+    return rack
+
+
+def load_rack(path: Union[str, Path]) -> Rack:
+    """Read and validate a rack file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise RackError(source, "", f"cannot read: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise RackError(source, "", f"not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    return parse_rack(data, source)

@@ -1,0 +1,1 @@
+"""Southbound drivers: OCS devices, the container runtime, namespace plumbing."""

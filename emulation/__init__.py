@@ -1,0 +1,1 @@
+"""The emulated rack: Mininet on Open vSwitch, built from a rack file."""

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Set up this machine for optirack, as root, idempotently: Debian packages, Open vSwitch
+# (userspace datapath), dockerd, the virtualenv with the project, and the worker image.
+# A second run checks each step, changes nothing that is already right, and says so.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${VENV:-$ROOT/.venv}
+LOG_DIR=${OPTIRACK_LOG_DIR:-/var/log/optirack}
+PACKAGES=(openvswitch-switch mininet docker.io debootstrap iperf3 ethtool iputils-ping iproute2
+          python3-venv python3-dev ca-certificates curl)
+CHANGED=0
+
+current_step=""
+step() { current_step=$1; printf '==> %s\n' "$1"; }
+ok() { printf '    %s\n' "$1"; }
+changed() { CHANGED=1; printf '    %s\n' "$1"; }
+fail() { printf 'setup failed at step "%s": %s\n' "$current_step" "$1" >&2; exit 1; }
+trap 'fail "command failed (exit $?) at line $LINENO; see the output above"' ERR
+
+[ "$(id -u)" -eq 0 ] || { echo "setup must run as root (it installs packages and starts daemons): sudo make setup" >&2; exit 1; }
+mkdir -p "$LOG_DIR"
+
+have_systemd() { [ -d /run/systemd/system ]; }
+
+step "Debian packages"
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  ok "all ${#PACKAGES[@]} installed"
+else
+  ok "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >"$LOG_DIR/apt.log" 2>&1 || fail "apt-get update failed (see $LOG_DIR/apt.log)"
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$LOG_DIR/apt.log" 2>&1 \
+    || fail "apt-get install failed (see $LOG_DIR/apt.log)"
+  changed "installed ${#missing[@]} packages"
+fi
+
+step "Open vSwitch (userspace datapath)"
+if ovs-vsctl --timeout=5 show >/dev/null 2>&1 && ovs-appctl -t ovs-vswitchd version >/dev/null 2>&1; then
+  ok "ovsdb-server and ovs-vswitchd answer ($(ovs-vsctl --version | head -1))"
+else
+  if have_systemd; then
+    systemctl start openvswitch-switch || fail "systemctl start openvswitch-switch failed"
+  else
+    # No systemd here; ovs-ctl starts both daemons. The kernel module is not needed: every
+    # optirack bridge uses datapath_type=netdev.
+    /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >"$LOG_DIR/ovs-ctl.log" 2>&1 \
+      || fail "ovs-ctl start failed (see $LOG_DIR/ovs-ctl.log)"
+  fi
+  ovs-vsctl --timeout=10 show >/dev/null || fail "ovs-vsctl does not answer after start"
+  changed "started"
+fi
+
+step "Docker Engine"
+if timeout 10 docker info >/dev/null 2>&1; then
+  ok "dockerd answers"
+else
+  if have_systemd; then
+    systemctl start docker || fail "systemctl start docker failed"
+  else
+    command -v dockerd >/dev/null || fail "dockerd not found (package docker.io)"
+    setsid dockerd >"$LOG_DIR/dockerd.log" 2>&1 < /dev/null &
+  fi
+  for _ in $(seq 60); do timeout 5 docker info >/dev/null 2>&1 && break; sleep 1; done
+  timeout 10 docker info >/dev/null 2>&1 || fail "dockerd did not answer within 60 s (see $LOG_DIR/dockerd.log)"
+  changed "started dockerd"
+fi
+
+step "virtualenv $VENV"
+# Debian's Mininet is installed for /usr/bin/python3, hence --system-site-packages.
+stamp=$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)
+if [ -f "$VENV/.optirack-stamp" ] && [ "$(cat "$VENV/.optirack-stamp")" = "$stamp" ] \
+   && "$VENV/bin/python" -c "import controller, mininet, ryu, torch" 2>/dev/null; then
+  ok "up to date"
+else
+  [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$VENV" \
+    || fail "cannot create the virtualenv"
+  # torch==2.13.0 is the CPU build (see README); the worker uses a GPU only where one exists.
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation -e "$ROOT[worker,demo,dev]" \
+    >"$LOG_DIR/pip.log" 2>&1 || { tail -20 "$LOG_DIR/pip.log" >&2; fail "pip install failed (see $LOG_DIR/pip.log)"; }
+  echo "$stamp" >"$VENV/.optirack-stamp"
+  changed "installed optirack and its pinned dependencies"
+fi
+
+step "worker image"
+if "$ROOT/scripts/build-image.sh" --check >/dev/null 2>&1; then
+  ok "up to date"
+else
+  "$ROOT/scripts/build-image.sh" || fail "the worker image did not build"
+  CHANGED=1
+fi
+
+if [ "$CHANGED" -eq 0 ]; then
+  echo "setup: nothing to do; everything was already in place."
+else
+  echo "setup: done."
+fi

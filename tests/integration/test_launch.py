@@ -1,0 +1,65 @@
+"""The documented controller launch accepts OpenFlow 1.3 connections from OVS bridges."""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+
+from tests.integration.helpers import ControllerProcess, sh, wait_for
+
+BRIDGES = {"ortest0": 0x100, "ortest1": 0x201}  # datapath ids of ocs1 and as1 in the paper rack
+
+
+@pytest.fixture
+def bridges(controller):
+    for name, dpid in BRIDGES.items():
+        sh("ovs-vsctl", "--may-exist", "add-br", name, "--", "set", "bridge", name, "datapath_type=netdev",
+           "protocols=OpenFlow13", "fail-mode=secure", f"other-config:datapath-id={dpid:016x}",
+           "external-ids:optirack-test=launch", "--", "set-controller", name, controller.of_target)
+    yield list(BRIDGES)
+    for name in BRIDGES:
+        sh("ovs-vsctl", "--if-exists", "del-br", name)
+
+
+def test_bridges_connect_over_openflow13(controller, bridges):
+    for name in bridges:
+        wait_for(lambda n=name: sh("ovs-vsctl", "get", "controller", n, "is_connected").strip() == "true",
+                 15, f"{name} to connect")
+        assert sh("ovs-vsctl", "get", "bridge", name, "protocols").strip() == '[OpenFlow13]'
+    wait_for(lambda: "datapath 0x201 (as1) connected, OpenFlow 1.3" in controller.output(), 10, "the controller's log")
+    assert "datapath 0x100 (ocs1) connected, OpenFlow 1.3" in controller.output()
+
+
+def _recv_message(sock) -> tuple[int, int]:
+    header = b""
+    while len(header) < 8:
+        chunk = sock.recv(8 - len(header))
+        assert chunk, "controller closed the connection"
+        header += chunk
+    version, msg_type, length, _xid = struct.unpack("!BBHI", header)
+    body = length - 8
+    while body > 0:
+        body -= len(sock.recv(body))
+    return version, msg_type
+
+
+def test_echo_keepalive_is_on_by_default(tmp_path):
+    """A switch that says hello and then nothing gets OpenFlow 1.3 echo requests from the controller."""
+    conf = tmp_path / "ryu.conf"  # Ryu takes the echo interval from a config file only
+    conf.write_text("[DEFAULT]\necho_request_interval = 1\n")
+    proc = ControllerProcess(tmp_path, extra=["--config-file", str(conf)])
+    proc.start()
+    try:
+        with socket.create_connection(("127.0.0.1", proc.of_port), timeout=10) as sock:
+            sock.sendall(struct.pack("!BBHI", 4, 0, 8, 1))  # OFPT_HELLO, OpenFlow 1.3
+            seen = set()
+            deadline = time.monotonic() + 8
+            while 2 not in seen and time.monotonic() < deadline:  # 2 = OFPT_ECHO_REQUEST
+                version, msg_type = _recv_message(sock)
+                assert version == 4
+                seen.add(msg_type)
+            assert 2 in seen, f"no echo request; saw message types {sorted(seen)}"
+    finally:
+        proc.stop()
