@@ -42,6 +42,18 @@ test-integration: setup
 controller: setup
 	$(VENV)/bin/optirack-controller --optirack-rack $(TOPO) $(ARGS)
 
+rack-up: setup
+	$(VENV)/bin/optirack-rack up --topo $(TOPO) $(ARGS)
+
+rack-down:
+	@if [ -x $(VENV)/bin/optirack-rack ]; then $(VENV)/bin/optirack-rack down; else echo "no venv: nothing was set up"; fi
+
+rack-status:
+	$(VENV)/bin/optirack-rack status $(ARGS)
+
+rack-cli: setup
+	$(VENV)/bin/optirack-rack cli --topo $(TOPO)
+
 image:
 	@bash scripts/build-image.sh
 

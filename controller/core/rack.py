@@ -333,21 +333,12 @@ def _check_uplinks(spec: RackSpec, src: str) -> None:
 
 
 def _check_circuits(spec: RackSpec, src: str, rack: Rack) -> None:
-    used: dict[PortRef, int] = {}
-    for i, (a, b) in enumerate(spec.circuits):
-        field = f"circuits[{i}]"
-        for ref in (a, b):
-            _check_ocs_port(spec, src, field, ref)
-            if ref not in rack.endpoints:
-                raise RackError(src, field, f"OCS port {ref} has nothing cabled to it")
-            if ref in used:
-                raise RackError(src, field, f"OCS port {ref} is already in circuits[{used[ref]}]")
-            used[ref] = i
-        if a.device != b.device:
-            raise RackError(src, field, f"{a} and {b} are on different OCS; a circuit joins two ports of one OCS")
-        kinds = {rack.endpoints[a].kind, rack.endpoints[b].kind}
-        if kinds != {"gpu", "switch"}:
-            raise RackError(src, field, f"{a} - {b}: a circuit joins a GPU NIC and a switch downlink")
+    from controller.core.circuits import CircuitError, check_circuits
+
+    try:
+        check_circuits(rack, list(spec.circuits))
+    except CircuitError as e:
+        raise RackError(src, e.field, e.problem) from None
 
 
 def _check_addresses(rack: Rack, src: str) -> None:

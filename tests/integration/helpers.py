@@ -84,3 +84,57 @@ class ControllerProcess:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.log.close()
+
+
+RACK8 = ROOT / "topologies" / "rack8-3as.yaml"
+
+
+def optirack_rack(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(BIN / "optirack-rack"), *args], capture_output=True, text=True, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"optirack-rack {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def ofctl(*args: str) -> str:
+    return sh("ovs-ofctl", "-O", "OpenFlow13", *args)
+
+
+def set_circuits_by_hand(ocs: str, pairs: list[tuple[int, int]]) -> None:
+    ofctl("del-flows", ocs)
+    for a, b in pairs:
+        ofctl("add-flow", ocs, f"priority=100,in_port={a},actions=output:{b}")
+        ofctl("add-flow", ocs, f"priority=100,in_port={b},actions=output:{a}")
+
+
+def install_forwarding_by_hand(rack, circuits) -> None:
+    """Flows from controller.core.forwarding, written with ovs-ofctl (no controller involved)."""
+    from controller.core.forwarding import compute_tables
+
+    for switch, table in compute_tables(rack, circuits).items():
+        ofctl("del-flows", switch)
+        for ip, port in table.items():
+            ofctl("add-flow", switch, f"priority=10,ip,nw_dst={ip},actions=output:{port}")
+            ofctl("add-flow", switch, f"priority=10,arp,arp_tpa={ip},actions=output:{port}")
+
+
+def ping(netns: str, dst: str, count: int = 2) -> bool:
+    return subprocess.run(["ip", "netns", "exec", netns, "ping", "-c", str(count), "-i", "0.2", "-W", "1", dst],
+                          capture_output=True).returncode == 0
+
+
+def iperf_mbps(server_ns: str, server_ip: str, client_ns: str, client_ip: str, seconds: int = 4,
+               port: int = 5201) -> float:
+    """TCP goodput from client to server in Mbit/s, as the receiver counted it."""
+    import json
+
+    server = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", server_ip, "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: subprocess.run(["ip", "netns", "exec", server_ns, "ss", "-ltn", f"sport = :{port}"],
+                                        capture_output=True, text=True).stdout.count("LISTEN") > 0, 5, "iperf3 -s")
+        out = sh("ip", "netns", "exec", client_ns, "iperf3", "-c", server_ip, "-B", client_ip, "-p", str(port),
+                 "-t", str(seconds), "-O", "1", "-J", timeout=seconds + 20)
+        return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
+    finally:
+        server.wait(10)

@@ -1,0 +1,131 @@
+"""The OCS circuit map: which OCS ports are joined, its validation against the rack, and diffs."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from controller.core.rack import PortRef, Rack, _port_ref
+
+Circuit = tuple[PortRef, PortRef]  # always (lower, higher)
+
+
+class CircuitError(ValueError):
+    """A circuit request that cannot be applied; `field` names the offending part."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}")
+
+
+def normalize(a: PortRef, b: PortRef) -> Circuit:
+    return (a, b) if a < b else (b, a)
+
+
+@dataclass(frozen=True)
+class CircuitDiff:
+    remove: frozenset[Circuit]
+    add: frozenset[Circuit]
+
+    def __bool__(self) -> bool:
+        return bool(self.remove or self.add)
+
+    def ports(self) -> set[PortRef]:
+        return {p for c in self.remove | self.add for p in c}
+
+    def by_ocs(self) -> dict[str, CircuitDiff]:
+        names = {c[0].device for c in self.remove | self.add}
+        return {o: CircuitDiff(frozenset(c for c in self.remove if c[0].device == o),
+                               frozenset(c for c in self.add if c[0].device == o)) for o in sorted(names)}
+
+
+class CircuitMap:
+    """An immutable, validated set of circuits over a rack's OCS."""
+
+    def __init__(self, circuits: Iterable[Circuit] = ()):
+        self.circuits: frozenset[Circuit] = frozenset(normalize(a, b) for a, b in circuits)
+        self._partner = {}
+        for a, b in self.circuits:
+            self._partner[a], self._partner[b] = b, a
+
+    @classmethod
+    def initial(cls, rack: Rack) -> CircuitMap:
+        return cls(rack.spec.circuits)
+
+    @classmethod
+    def parse(cls, rack: Rack, items: object, field: str = "circuits") -> CircuitMap:
+        """Validate a request body's list of ``["ocs1:1", "ocs1:11"]`` pairs against the rack."""
+        if not isinstance(items, list):
+            raise CircuitError(field, "expected a list of [port, port] pairs")
+        pairs = []
+        for i, item in enumerate(items):
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise CircuitError(f"{field}[{i}]", "expected a pair of ports like [\"ocs1:1\", \"ocs1:11\"]")
+            try:
+                pairs.append(tuple(_port_ref(x) for x in item))
+            except ValueError as e:
+                raise CircuitError(f"{field}[{i}]", str(e)) from None
+        check_circuits(rack, pairs, field)
+        return cls(pairs)
+
+    def partner(self, ref: PortRef) -> PortRef | None:
+        return self._partner.get(ref)
+
+    def gpu_locations(self, rack: Rack) -> dict[str, tuple[str, int]]:
+        """GPU name -> (switch, switch port) for every GPU whose NIC has a circuit."""
+        result = {}
+        for name in rack.gpus:
+            other = self.partner(rack.gpu_port(name))
+            ep = rack.endpoints.get(other) if other else None
+            if ep and ep.kind == "switch":
+                result[name] = (ep.name, ep.port)
+        return result
+
+    def diff(self, target: CircuitMap) -> CircuitDiff:
+        return CircuitDiff(self.circuits - target.circuits, target.circuits - self.circuits)
+
+    def apply(self, diff: CircuitDiff) -> CircuitMap:
+        return CircuitMap((self.circuits - diff.remove) | diff.add)
+
+    def on(self, ocs: str) -> frozenset[Circuit]:
+        return frozenset(c for c in self.circuits if c[0].device == ocs)
+
+    def to_json(self) -> list[list[str]]:
+        return [[str(a), str(b)] for a, b in sorted(self.circuits)]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CircuitMap) and self.circuits == other.circuits
+
+    def __hash__(self) -> int:
+        return hash(self.circuits)
+
+    def __len__(self) -> int:
+        return len(self.circuits)
+
+    def __repr__(self) -> str:
+        return f"CircuitMap({self.to_json()})"
+
+
+def check_circuits(rack: Rack, pairs: list[tuple[PortRef, PortRef]], field: str = "circuits") -> None:
+    """Raise CircuitError unless every pair joins a GPU NIC and a switch downlink of equal rate on one OCS."""
+    used: dict[PortRef, int] = {}
+    for i, (a, b) in enumerate(pairs):
+        where = f"{field}[{i}]"
+        for ref in (a, b):
+            ocs = rack.ocs.get(ref.device)
+            if ocs is None:
+                raise CircuitError(where, f"{ref}: no OCS named {ref.device!r}")
+            if ref.port > ocs.ports:
+                raise CircuitError(where, f"{ref}: OCS {ref.device} has only {ocs.ports} ports")
+            if ref not in rack.endpoints:
+                raise CircuitError(where, f"{ref}: nothing is cabled to this OCS port")
+            if ref in used:
+                raise CircuitError(where, f"{ref} is already used by {field}[{used[ref]}]")
+            used[ref] = i
+        if a.device != b.device:
+            raise CircuitError(where, f"{a} and {b} are on different OCS")
+        ea, eb = rack.endpoints[a], rack.endpoints[b]
+        if {ea.kind, eb.kind} != {"gpu", "switch"}:
+            kinds = " to ".join("GPU NIC" if e.kind == "gpu" else "switch port" for e in (ea, eb))
+            raise CircuitError(where, f"{a} - {b} would join {kinds}; a circuit joins a GPU NIC and a switch downlink")
+        if ea.rate_gbps != eb.rate_gbps:
+            raise CircuitError(where, f"{a} runs at {ea.rate_gbps:g} Gbit/s and {b} at {eb.rate_gbps:g} Gbit/s")

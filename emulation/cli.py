@@ -1,0 +1,147 @@
+"""`optirack-rack`: bring the emulated rack up or down, show it, or poke it with Mininet's CLI."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+from controller.config import DEFAULT_RACK
+from controller.core.rack import RackError, load_rack
+from emulation import ovs
+from emulation.rack import RackConflict, RackState, build, down, up
+
+
+def _need_root() -> None:
+    if os.geteuid() != 0:
+        sys.exit("optirack-rack: the emulated rack needs root (bridges, namespaces): run it with sudo")
+
+
+def _cmd_up(args) -> int:
+    rack = load_rack(args.topo)
+    print(f"bringing up rack {rack.name} from {args.topo} (controller {args.controller})", flush=True)
+    state = up(rack, args.controller, wait_connected=args.wait)
+    connected = [b for b in state.bridges if ovs.controller_connected(b)]
+    print(f"rack {state.name} is up in {state.up_seconds:.1f} s: {len(state.bridges)} bridges, "
+          f"{len(state.nics)} GPU NICs, {len(state.namespaces)} servers")
+    for b in state.bridges:
+        print(f"  {b:10s} controller {'connected' if b in connected else 'NOT connected'} ({args.controller})")
+    if len(connected) < len(state.bridges):
+        print("  (bridges connect once a controller listens there: make controller)")
+    return 0
+
+
+def _cmd_down(args) -> int:
+    down()
+    return 0
+
+
+def status_dict() -> dict:
+    state = RackState.load()
+    if state is None:
+        return {"up": False, "leftover_bridges": sorted(ovs.rack_bridges())}
+    result = {"up": state.status == "up", "name": state.name, "rack_file": state.rack_file, "bridges": {}, "nics": {}}
+    existing = ovs.bridges()
+    for b in state.bridges:
+        if b not in existing:
+            result["bridges"][b] = {"missing": True}
+            continue
+        ports = ovs.bridge_ports(b)
+        result["bridges"][b] = {
+            "connected": ovs.controller_connected(b),
+            "controller": state.controller,
+            "ports": {str(no): {"interface": name, "mbps": ovs.shaped_mbps(name)} for name, no in sorted(ports.items(), key=lambda x: x[1])},
+        }
+    for gpu, nic in state.nics.items():
+        where = state.namespaces[nic["server"]]
+        result["nics"][gpu] = {"server": nic["server"], "ip": nic["ip"], "ocs_port": f"{nic['ocs']}:{nic['ocs_port']}",
+                               "mbps": nic["mbps"], "present": ovs.link_exists(gpu, where)}
+    ocs = {n["ocs"] for n in state.nics.values()}
+    result["circuits"] = {o: sorted(ovs.circuits_of(ovs.circuit_flows(o))) for o in ocs if o in existing}
+    return result
+
+
+def _cmd_status(args) -> int:
+    s = status_dict()
+    if args.json:
+        print(json.dumps(s, indent=2))
+        return 0
+    if not s["up"]:
+        extra = f" (leftover bridges: {', '.join(s['leftover_bridges'])}; make rack-down)" if s.get("leftover_bridges") else ""
+        print(f"no rack is up{extra}")
+        return 1
+    print(f"rack {s['name']} ({s['rack_file']})")
+    for name, b in s["bridges"].items():
+        if b.get("missing"):
+            print(f"  bridge {name}: MISSING")
+            continue
+        print(f"  bridge {name}: controller {b['controller']} {'connected' if b['connected'] else 'not connected'}")
+        for no, p in b["ports"].items():
+            rate = f"{p['mbps']:g} Mbit/s" if p["mbps"] else "unshaped"
+            print(f"    port {no:>4}  {p['interface']:12s} {rate}")
+    print("  GPU NICs:")
+    for gpu, n in s["nics"].items():
+        where = f"in {n['server']}" if n["present"] else f"not in {n['server']} (in a container?)"
+        print(f"    {gpu:6s} {n['ip']:15s} {n['ocs_port']:9s} {n['mbps']:g} Mbit/s  {where}")
+    for o, circuits in s["circuits"].items():
+        print(f"  circuits on {o}: " + (", ".join(f"{a}<->{b}" for a, b in circuits) or "none"))
+    return 0
+
+
+def _cmd_cli(args) -> int:
+    from mininet.cli import CLI
+
+    if RackState.load():
+        sys.exit("a rack is up; take it down first (make rack-down): the CLI runs its own rack in the foreground")
+    rack = load_rack(args.topo)
+    net, state = build(rack, args.controller, log_level="output")  # the CLI prints at this level
+    try:
+        print("Mininet CLI on rack", rack.name, "- servers:", " ".join(h.name for h in net.hosts), "- 'exit' tears it down")
+        CLI(net)
+    finally:
+        for node in net.hosts + net.switches:
+            node.terminate()
+        down(quiet=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="optirack-rack", description="The emulated optirack rack (Mininet on Open vSwitch).")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def with_topo(sp):
+        sp.add_argument("--topo", default=str(DEFAULT_RACK), help="rack file (default: the paper testbed)")
+        sp.add_argument("--controller", default="127.0.0.1:6653", help="OpenFlow controller HOST:PORT (default %(default)s)")
+
+    sp = sub.add_parser("up", help="build the rack; it stays up until 'down'")
+    with_topo(sp)
+    sp.add_argument("--wait", type=float, default=5.0, help="seconds to wait for controller connections (default 5)")
+    sp.set_defaults(func=_cmd_up)
+    sp = sub.add_parser("down", help="remove everything the rack made (safe to repeat)")
+    sp.set_defaults(func=_cmd_down)
+    sp = sub.add_parser("status", help="bridges, ports, line rates, circuits, controller connections")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(func=_cmd_status)
+    sp = sub.add_parser("cli", help="build the rack in the foreground with Mininet's CLI; exiting tears it down")
+    with_topo(sp)
+    sp.set_defaults(func=_cmd_cli)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `optirack-rack status | head` ends quietly
+    args = build_parser().parse_args(argv)
+    _need_root()
+    try:
+        return args.func(args)
+    except RackError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (RackConflict, ovs.CommandError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

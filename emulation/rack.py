@@ -1,0 +1,217 @@
+"""Bring an emulated rack up, report on it, and take it down leaving nothing behind.
+
+Mininet builds the rack; then each server's network namespace is pinned with
+`ip netns attach optirack-<server>` and Mininet's helper shells are ended, so the rack lives on
+in the kernel and in Open vSwitch alone, with no process to crash: the controller and the
+container driver reach a server's namespace by that name. What the rack made is written to a
+state file and every bridge carries the label `external_ids:optirack-rack`; `down` removes
+exactly those things, and is safe to repeat or to run after a crash.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+
+from controller.core.rack import Rack
+from emulation import ovs
+from emulation.topo import RackTopo, check_emulable, nic_plans
+
+RUN_DIR = Path(os.environ.get("OPTIRACK_RUN_DIR", "/run/optirack"))
+NETNS_PREFIX = "optirack-"
+CONTAINER_LABEL = "org.optirack.rack"
+CIRCUIT_COOKIE = "0x0c"  # flows the rack itself installs for the starting circuits
+
+
+def netns_of(server: str) -> str:
+    return f"{NETNS_PREFIX}{server}"
+
+
+@dataclass
+class RackState:
+    """What one rack made; written before the rack exists so a crash can be cleaned up."""
+
+    name: str
+    rack_file: str
+    controller: str
+    bridges: list[str]
+    root_intfs: list[str]
+    namespaces: dict[str, str]  # server -> netns name
+    nics: dict[str, dict] = field(default_factory=dict)  # gpu -> NicPlan fields
+    pids: list[int] = field(default_factory=list)
+    status: str = "building"
+    up_seconds: float = 0.0
+
+    @staticmethod
+    def path() -> Path:
+        return RUN_DIR / "rack.json"
+
+    def save(self) -> None:
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = self.path().with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(self.path())
+
+    @classmethod
+    def load(cls) -> RackState | None:
+        try:
+            return cls(**json.loads(cls.path().read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+class RackConflict(RuntimeError):
+    """Something not made by optirack is in the way."""
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _check_conflicts(rack: Rack, topo: RackTopo) -> None:
+    ours = ovs.rack_bridges()
+    for name in topo.switches():
+        if name in ovs.bridges() and name not in ours:
+            raise RackConflict(f"an Open vSwitch bridge named {name!r} exists and was not made by optirack; "
+                               "rename the device in the rack file or remove that bridge")
+    for _, _, info in topo.links(withInfo=True):
+        for key in ("intfName1", "intfName2"):
+            intf = info[key]
+            node = info["node1" if key == "intfName1" else "node2"]
+            if node in topo.switches() and ovs.link_exists(intf):
+                raise RackConflict(f"an interface named {intf!r} already exists in the root namespace")
+
+
+def _state_for(rack: Rack, topo: RackTopo, controller: str) -> RackState:
+    root_intfs = []
+    for _, _, info in topo.links(withInfo=True):
+        for end in ("1", "2"):
+            if info[f"node{end}"] in topo.switches():
+                root_intfs.append(info[f"intfName{end}"])
+    return RackState(name=rack.name, rack_file=str(rack.source), controller=controller, bridges=list(topo.switches()),
+                     root_intfs=sorted(root_intfs), namespaces={h: netns_of(h) for h in topo.hosts()},
+                     nics={n.gpu: asdict(n) for n in nic_plans(rack)})
+
+
+def _switch_class(rack_name: str):
+    from mininet.node import OVSSwitch
+
+    class RackSwitch(OVSSwitch):
+        """An OVS userspace bridge, OpenFlow 1.3 only, fail-mode secure, labelled as ours."""
+
+        def start(self, controllers):
+            super().start(controllers)
+            self.vsctl("set", "bridge", self.name, f"external-ids:{ovs.RACK_LABEL}={rack_name}")
+
+    return partial(RackSwitch, datapath="user", protocols="OpenFlow13", failMode="secure", reconnectms=1000)
+
+
+def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warning"):
+    """Build and start the rack with Mininet; returns the running `Mininet` and the state."""
+    from mininet.log import setLogLevel
+    from mininet.net import Mininet
+    from mininet.node import Host, RemoteController
+
+    check_emulable(rack)
+    setLogLevel(os.environ.get("OPTIRACK_MININET_LOG", log_level))
+    topo = RackTopo(rack=rack)
+    _check_conflicts(rack, topo)
+    state = _state_for(rack, topo, controller)
+    state.save()  # before anything exists, so that `down` can clean up after a failure here
+    host, port = controller.rsplit(":", 1)
+    net = Mininet(topo=topo, switch=_switch_class(rack.name), host=Host, controller=None, build=False,
+                  autoSetMacs=False, autoStaticArp=False, waitConnected=False)
+    net.addController(RemoteController("c0", ip=host, port=int(port)))
+    net.build()
+    state.pids = [h.pid for h in net.hosts]
+    state.save()
+    net.start()
+    for nic in nic_plans(rack):
+        server = net.get(nic.server)
+        server.cmd("ip", "addr", "add", f"{nic.ip}/{rack.spec.network.subnet.prefixlen}", "dev", nic.gpu)
+        server.cmd("ip", "link", "set", "dev", nic.gpu, "up")
+    for h in net.hosts:
+        h.cmd("ip", "link", "set", "dev", "lo", "up")
+        ovs.run("ip", "netns", "attach", netns_of(h.name), str(h.pid))
+    for a, b in rack.spec.circuits:
+        for x, y in ((a, b), (b, a)):
+            ovs.ofctl("add-flow", a.device, f"cookie={CIRCUIT_COOKIE},priority=100,in_port={x.port},actions=output:{y.port}")
+    return net, state
+
+
+def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5.0) -> RackState:
+    """Build the rack, pin it in the kernel, end Mininet's shells, and return its state."""
+    t0 = time.monotonic()
+    check_emulable(rack)  # refuse a bad file before touching a rack that may be up
+    if RackState.load() or ovs.rack_bridges():
+        _log("a rack (or what is left of one) is up: taking it down first")
+        down()
+    try:
+        net, state = build(rack, controller)
+    except BaseException:
+        _log("rack-up failed: removing what was made")
+        down(quiet=True)
+        raise
+    for node in net.hosts + net.switches:
+        node.terminate()  # the rack stays: bridges in OVS, namespaces pinned by name
+    state.pids = []
+    state.status = "up"
+    state.up_seconds = round(time.monotonic() - t0, 2)
+    state.save()
+    deadline = time.monotonic() + wait_connected
+    while time.monotonic() < deadline and not all(ovs.controller_connected(b) for b in state.bridges):
+        time.sleep(0.2)
+    return state
+
+
+def _remove_containers(rack_name: str | None, quiet: bool) -> int:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        labels = f"{CONTAINER_LABEL}={rack_name}" if rack_name else CONTAINER_LABEL
+        found = client.containers.list(all=True, filters={"label": labels})
+    except Exception as e:  # noqa: BLE001 (docker may be absent; the rest must still be cleaned)
+        if not quiet:
+            _log(f"  containers: not checked ({e.__class__.__name__}: {e})")
+        return 0
+    for c in found:
+        c.remove(force=True)
+    return len(found)
+
+
+def down(quiet: bool = False) -> dict[str, int]:
+    """Remove everything a rack made. Returns counts of what was removed."""
+    state = RackState.load()
+    removed = {"containers": 0, "bridges": 0, "interfaces": 0, "namespaces": 0, "processes": 0}
+    removed["containers"] = _remove_containers(state.name if state else None, quiet)
+    labelled = ovs.rack_bridges()
+    names = set(labelled) | set(state.bridges if state else [])
+    for name in sorted(names):
+        if name in labelled or name in ovs.bridges():
+            ovs.vsctl("--if-exists", "del-br", name)
+            removed["bridges"] += 1
+    for pid in state.pids if state else []:
+        try:
+            os.kill(pid, 9)  # a Mininet shell this rack started and a crash left behind
+            removed["processes"] += 1
+        except ProcessLookupError:
+            pass
+    namespaces = set(state.namespaces.values()) if state else set()
+    namespaces |= {n for n in ovs.netns_list() if n.startswith(NETNS_PREFIX)}
+    for ns in sorted(namespaces):
+        if ns in ovs.netns_list():
+            ovs.run("ip", "netns", "delete", ns)
+            removed["namespaces"] += 1
+    for intf in state.root_intfs if state else []:
+        if ovs.link_exists(intf):
+            ovs.run("ip", "link", "delete", "dev", intf, check=False)
+            removed["interfaces"] += 1
+    RackState.path().unlink(missing_ok=True)
+    if not quiet:
+        what = ", ".join(f"{n} {k}" for k, n in removed.items() if n) or "nothing was left"
+        _log(f"rack-down: removed {what}")
+    return removed

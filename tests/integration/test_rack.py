@@ -1,0 +1,178 @@
+"""The emulated rack: bridges as the rack file says, connectivity, line rates, and a clean rack-down."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from controller.core.circuits import CircuitMap
+from controller.core.rack import load_rack
+from tests.integration.helpers import (
+    PAPER,
+    RACK8,
+    free_port,
+    install_forwarding_by_hand,
+    iperf_mbps,
+    ofctl,
+    optirack_rack,
+    ping,
+    set_circuits_by_hand,
+    sh,
+    wait_for,
+)
+
+NOBODY = f"127.0.0.1:{free_port()}"  # a controller address where nobody listens
+
+
+def _leftovers() -> dict:
+    bridges = [b for b in sh("ovs-vsctl", "list-br").split()
+               if "optirack-rack" in sh("ovs-vsctl", "get", "bridge", b, "external_ids")]
+    netns = [n.split()[0] for n in sh("ip", "netns", "list").splitlines() if n.startswith("optirack-")]
+    intfs = [line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-o", "link").splitlines()
+             if any(line.split(":")[1].strip().startswith(p) for p in ("ocs1-p", "as1-p", "as2-p", "as3-p", "core-p"))]
+    shells = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if b"mininet:" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    shells.append(pid)
+            except OSError:
+                pass
+    return {k: v for k, v in {"bridges": bridges, "netns": netns, "interfaces": intfs, "shells": shells}.items() if v}
+
+
+@pytest.fixture(scope="module")
+def paper_rack():
+    proc = optirack_rack("up", "--topo", str(PAPER), "--controller", NOBODY, "--wait", "0")
+    yield load_rack(PAPER), proc.stdout
+    optirack_rack("down")
+
+
+def test_bridges_have_the_rack_file_port_numbers(paper_rack):
+    rack, out = paper_rack
+    assert "rack paper is up" in out
+    for ocs in rack.spec.ocs:
+        ports = {int(sh("ovs-vsctl", "get", "interface", f"{ocs.name}-p{p.port}", "ofport")) for p in rack.endpoints}
+        assert ports == {p.port for p in rack.endpoints}
+    for w in rack.spec.switches:
+        for link in w.downlinks + w.uplinks:
+            assert int(sh("ovs-vsctl", "get", "interface", f"{w.name}-p{link.port}", "ofport")) == link.port
+    for name in ["ocs1", "as1", "as2"]:
+        assert sh("ovs-vsctl", "get", "bridge", name, "datapath_type").strip() == "netdev"
+        assert sh("ovs-vsctl", "get", "bridge", name, "fail_mode").strip() == "secure"
+        assert sh("ovs-vsctl", "get", "bridge", name, "protocols").strip() == "[OpenFlow13]"
+        assert sh("ovs-vsctl", "get-controller", name).strip() == f"tcp:{NOBODY}"
+
+
+def test_starting_circuits_and_status(paper_rack):
+    rack, _ = paper_rack
+    status = json.loads(optirack_rack("status", "--json").stdout)
+    expected = sorted([a.port, b.port] for a, b in rack.spec.circuits)
+    assert status["circuits"]["ocs1"] == [list(map(int, c)) for c in expected]
+    assert status["bridges"]["ocs1"]["ports"]["1"] == {"interface": "ocs1-p1", "mbps": 100.0}
+    assert status["bridges"]["as1"]["ports"]["10"]["mbps"] == 100.0
+    assert all(n["present"] for n in status["nics"].values())
+    text = optirack_rack("status").stdout
+    assert "circuits on ocs1: 1<->11" in text
+
+
+def test_nothing_passes_without_forwarding(paper_rack):
+    rack, _ = paper_rack
+    for sw in ("as1", "as2"):
+        ofctl("del-flows", sw)
+    assert not ping("optirack-srv1", rack.addresses["gpu2"][0], count=1)
+
+
+def test_same_switch_and_across_the_uplink(paper_rack):
+    rack, _ = paper_rack
+    # By hand: gpu1, gpu2 under as1 and gpu3 under as2.
+    set_circuits_by_hand("ocs1", [(1, 11), (2, 12), (3, 21)])
+    circuits = CircuitMap.parse(rack, [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"], ["ocs1:3", "ocs1:21"]])
+    install_forwarding_by_hand(rack, circuits)
+    ip = {g: rack.addresses[g][0] for g in rack.gpus}
+    assert ping("optirack-srv1", ip["gpu2"])
+    before = ofctl("dump-ports", "as1", "10")
+    assert ping("optirack-srv1", ip["gpu3"], count=3)
+    after = ofctl("dump-ports", "as1", "10")
+    assert before != after, "the cross-switch ping did not cross the uplink"
+    sh("ip", "link", "set", "dev", "as1-p10", "down")
+    try:
+        assert not ping("optirack-srv1", ip["gpu3"], count=1), "reached the other switch without the uplink"
+        assert ping("optirack-srv1", ip["gpu2"], count=1)
+    finally:
+        sh("ip", "link", "set", "dev", "as1-p10", "up")
+    # an unconnected NIC (gpu4 has no circuit now) is unreachable
+    assert not ping("optirack-srv1", ip["gpu4"], count=1)
+
+
+def test_line_rate_is_the_scaled_nic_rate(paper_rack):
+    rack, _ = paper_rack
+    set_circuits_by_hand("ocs1", [(1, 11), (2, 12)])
+    install_forwarding_by_hand(rack, CircuitMap.parse(rack, [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"]]))
+    ip = {g: rack.addresses[g][0] for g in rack.gpus}
+    mbps = iperf_mbps("optirack-srv2", ip["gpu2"], "optirack-srv1", ip["gpu1"])
+    print(f"same switch: {mbps:.1f} Mbit/s (scaled line rate 100)")
+    assert 85 <= mbps <= 115
+
+
+def test_rack8_up_rates_and_down():
+    out = optirack_rack("up", "--topo", str(RACK8), "--controller", NOBODY, "--wait", "0").stdout
+    try:
+        assert "rack rack8 is up" in out and "5 bridges, 8 GPU NICs, 4 servers" in out
+        rack = load_rack(RACK8)
+        circuits = CircuitMap.initial(rack)
+        install_forwarding_by_hand(rack, circuits)
+        ip = {g: rack.addresses[g][0] for g in rack.gpus}
+        assert ping("optirack-srv1", ip["gpu2"]) and ping("optirack-srv1", ip["gpu7"])
+        mbps = iperf_mbps("optirack-srv4", ip["gpu7"], "optirack-srv1", ip["gpu1"])
+        print(f"across two 50 Mbit/s uplinks: {mbps:.1f} Mbit/s")
+        assert 42.5 <= mbps <= 57.5
+    finally:
+        optirack_rack("down")
+    assert _leftovers() == {}
+
+
+def test_rack_down_leaves_nothing_and_is_repeatable():
+    optirack_rack("up", "--topo", str(PAPER), "--controller", NOBODY, "--wait", "0")
+    again = optirack_rack("up", "--topo", str(PAPER), "--controller", NOBODY, "--wait", "0").stdout
+    assert "taking it down first" in again
+    optirack_rack("down")
+    assert _leftovers() == {}
+    assert "nothing was left" in optirack_rack("down").stdout
+    assert optirack_rack("status", check=False).returncode == 1
+
+
+def test_rack_up_reports_controller_connections(controller):
+    out = optirack_rack("up", "--topo", str(PAPER), "--controller", controller.of_target[4:]).stdout
+    try:
+        seconds = float(out.split(" is up in ")[1].split(" s")[0])
+        print(f"rack-up of the paper rack: {seconds:.1f} s")
+        assert seconds < 15
+        for b in ("ocs1", "as1", "as2"):
+            assert f"{b:10s} controller connected" in out
+        wait_for(lambda: "datapath 0x202 (as2) connected" in controller.output(), 10, "as2 in the controller log")
+    finally:
+        optirack_rack("down")
+
+
+def test_bad_rack_file_changes_nothing(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PAPER.read_text().replace("rate_scale: 0.001", "rate_scale: 0.5"))
+    proc = optirack_rack("up", "--topo", str(bad), check=False)
+    assert proc.returncode == 2
+    assert "emulation shapes" in proc.stderr and "servers[0].gpus[0].nic.rate_gbps" in proc.stderr
+    assert _leftovers() == {}
+
+
+def test_mininet_cli_entry(tmp_path):
+    import subprocess
+
+    from tests.integration.helpers import BIN, ROOT
+    proc = subprocess.run([str(BIN / "optirack-rack"), "cli", "--controller", NOBODY], input="srv1 ip -br addr\nnet\nexit\n",
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr  # Mininet prints to stderr
+    assert "198.18.0.1/24" in out and "ocs1-p1:gpu1" in out
+    assert _leftovers() == {}
