@@ -57,6 +57,9 @@ rack-cli: setup
 image:
 	@bash scripts/build-image.sh
 
+bench: setup
+	$(PY) scripts/bench_reconfig.py
+
 clean:
 	rm -rf build .pytest_cache .ruff_cache
 

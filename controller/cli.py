@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import time
 
+from controller.client import ApiError, Client, find_token
 from controller.core.rack import RackError, load_rack
 
 
-def _check_topology(args: argparse.Namespace) -> int:
+def _check_topology(args) -> int:
     try:
         rack = load_rack(args.file)
     except RackError as e:
@@ -18,22 +21,124 @@ def _check_topology(args: argparse.Namespace) -> int:
     return 0
 
 
+def _client(args) -> Client:
+    return Client(args.url, find_token(args.token, args.token_file))
+
+
+def _print(args, data: dict, text: str) -> None:
+    print(json.dumps(data, indent=1) if args.json else text)
+
+
+def _mbps(bps) -> str:
+    return "-" if bps is None else f"{bps / 1e6:7.2f}"
+
+
+def _topology(args) -> int:
+    t = _client(args).get("/topology")
+    lines = [f"rack {t['rack']}: {t['description']}"]
+    for name, o in t["ocs"].items():
+        lines.append(f"  OCS {name}: {o['ports']} ports, {o['switching_time_ms']:g} ms, {o['driver']}, "
+                     f"{'connected' if o['connected'] else 'NOT connected'}")
+    for name, w in t["switches"].items():
+        lines.append(f"  switch {name} ({w['role']}): {'connected' if w['connected'] else 'NOT connected'}")
+    lines.append(f"  {'GPU':6s} {'model':7s} {'server':6s} {'address':14s} {'OCS port':9s} {'switch':9s} job")
+    for name, g in t["gpus"].items():
+        sw = f"{g['switch']['name']}:{g['switch']['port']}" if g["switch"] else "-"
+        lines.append(f"  {name:6s} {g['model']:7s} {g['server']:6s} {g['ip']:14s} {g['ocs_port']:9s} {sw:9s} {g['job'] or '-'}")
+    _print(args, t, "\n".join(lines))
+    return 0
+
+
+def _parse_pair(text: str) -> list[str]:
+    a, sep, b = text.partition("=")
+    if not sep:
+        raise SystemExit(f"optirack: expected PORT=PORT, e.g. ocs1:1=ocs1:11, not {text!r}")
+    return [a, b]
+
+
+def _circuits(args) -> int:
+    client = _client(args)
+    if args.set is not None:
+        data = client.put("/ocs/circuits", {"circuits": [_parse_pair(p) for p in args.set]})
+        ev = data["event"]
+        text = (f"applied: -{len(ev['removed'])} +{len(ev['added'])} circuits; dark {1000 * (ev['dark_window_s'] or 0):.1f} ms, "
+                f"flows confirmed after {1000 * ev['total_s']:.1f} ms")
+        _print(args, data, text)
+        return 0
+    data = client.get("/ocs/circuits", **({"device": "1"} if args.device else {}))
+    text = "\n".join(f"{a} = {b}" for a, b in data["circuits"]) or "no circuits"
+    if args.device:
+        for ocs, have in data.get("device", {}).items():
+            text += f"\n{ocs} reports: " + ("unreachable" if have is None else f"{len(have)} circuits")
+    _print(args, data, text)
+    return 0
+
+
+def _stats(args) -> int:
+    data = _client(args).get("/stats/ports", history=args.history)
+    lines = [f"  {'GPU':6s} {'OCS port':9s} {'tx Mbit/s':>9s} {'rx Mbit/s':>9s}"]
+    for gpu, s in data["gpus"].items():
+        lines.append(f"  {gpu:6s} {s['ocs_port']:9s} {_mbps(s['tx_bps']):>9s} {_mbps(s['rx_bps']):>9s}")
+    _print(args, data, "\n".join(lines))
+    return 0
+
+
+def _events(args) -> int:
+    data = _client(args).get("/events", limit=args.limit)
+    lines = []
+    for e in data["events"]:
+        when = time.strftime("%H:%M:%S", time.localtime(e["requested_at"]))
+        dark = "-" if e["dark_window_s"] is None else f"{1000 * e['dark_window_s']:.1f} ms"
+        total = "-" if e["total_s"] is None else f"{1000 * e['total_s']:.1f} ms"
+        lines.append(f"#{e['id']:<4} {when} {e['kind']:8s} {e['status']:7s} -{len(e['removed'])} +{len(e['added'])} "
+                     f"dark {dark}, done after {total}  {e['reason']}" + (f"  ERROR: {e['error']}" if e["error"] else ""))
+    _print(args, data, "\n".join(lines) or "no reconfigurations yet")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="optirack",
         description="Client for optirack, the SDN control plane of optically reconfigurable GPU racks.",
+        epilog="The controller's URL comes from --url or $OPTIRACK_URL (default http://127.0.0.1:8080); the token for "
+               "changes from --token, $OPTIRACK_TOKEN or the token file (default /var/lib/optirack/token).",
     )
+    parser.add_argument("--url", help="controller REST URL")
+    parser.add_argument("--token", help="bearer token for changes")
+    parser.add_argument("--token-file", help="file holding the token")
+    parser.add_argument("--json", action="store_true", help="print the API's JSON")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
     p = sub.add_parser("check-topology", help="validate a rack file and print its summary",
                        description="Validate a rack file. Exit 0 if it is good, 2 with the field at fault if not.")
     p.add_argument("file", help="rack file (YAML), e.g. topologies/paper-testbed.yaml")
     p.set_defaults(func=_check_topology)
+
+    p = sub.add_parser("topology", help="the rack as the controller sees it")
+    p.set_defaults(func=_topology)
+
+    p = sub.add_parser("circuits", help="show the circuits, or replace them with --set")
+    p.add_argument("--set", nargs="*", metavar="PORT=PORT", help="the new circuit set, e.g. ocs1:1=ocs1:11 ocs1:2=ocs1:12")
+    p.add_argument("--device", action="store_true", help="also ask each OCS what it holds")
+    p.set_defaults(func=_circuits)
+
+    p = sub.add_parser("stats", help="throughput of each GPU NIC")
+    p.add_argument("--history", type=int, default=0, help="also fetch this many samples per GPU")
+    p.set_defaults(func=_stats)
+
+    p = sub.add_parser("events", help="reconfigurations with their timestamps")
+    p.add_argument("--limit", type=int, default=20)
+    p.set_defaults(func=_events)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ApiError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ OPTS = [
     cfg.FloatOpt("monitor-interval", default=1.0, help="seconds between port statistics polls"),
     cfg.IntOpt("monitor-history", default=600, help="throughput samples kept per port"),
     cfg.FloatOpt("barrier-timeout", default=10.0, help="seconds to wait for a switch to confirm changes"),
+    cfg.StrOpt("tl1-user", default="admin", help="login for OCS driven by the tl1 driver"),
+    cfg.StrOpt("tl1-password", default="", secret=True, help="password for OCS driven by the tl1 driver"),
     cfg.StrOpt("worker-image", default="optirack-worker:latest", help="Docker image of the GPU worker"),
 ]
 

@@ -13,21 +13,19 @@ import eventlet  # noqa: E402
 
 # Patch before anything creates a lock, as ryu-manager would have done after parsing options.
 eventlet.monkey_patch()
-import eventlet.wsgi  # noqa: E402
 
-# The one compatibility step. Ryu 4.34's wsgi module imports eventlet.wsgi.ALREADY_HANDLED at
-# import time; eventlet removed it in 0.30.3, and no eventlet older than 0.33 imports on Python
-# 3.11. Ryu uses it only as the return value of websocket handlers, which optirack does not
-# use, so a sentinel of our own lets ryu-manager start. It must be set before Ryu is imported.
-if not hasattr(eventlet.wsgi, "ALREADY_HANDLED"):
-    eventlet.wsgi.ALREADY_HANDLED = object()
-
-from ryu.cmd import manager  # noqa: E402  (must follow the step above)
-
+# isort: off
+from controller import ryu_compat  # noqa: E402,F401  (must precede every Ryu import)
+from ryu.cmd import manager  # noqa: E402
 from controller import config  # noqa: E402,F401  (registers --optirack-* options)
+# isort: on
 
 DEFAULT_APPS = [
-    "controller.apps.inventory",
+    "controller.apps.inventory",  # which of the rack's datapaths are connected
+    "controller.apps.ocs",  # circuits, through each OCS's driver
+    "controller.apps.fabric",  # forwarding on the packet switches
+    "controller.apps.monitor",  # port statistics
+    "controller.apps.rest",  # the REST API
 ]
 
 

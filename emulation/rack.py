@@ -104,9 +104,12 @@ def _switch_class(rack_name: str):
 
         def start(self, controllers):
             super().start(controllers)
-            self.vsctl("set", "bridge", self.name, f"external-ids:{ovs.RACK_LABEL}={rack_name}")
+            self.vsctl("--", "set", "bridge", self.name, f"external-ids:{ovs.RACK_LABEL}={rack_name}")
 
-    return partial(RackSwitch, datapath="user", protocols="OpenFlow13", failMode="secure", reconnectms=1000)
+    # batch: all bridges in ovs-vsctl runs of our own; one Mininet shell line would be cut at
+    # the terminal's 4095 characters, silently dropping ports of a large bridge.
+    return partial(RackSwitch, datapath="user", protocols="OpenFlow13", failMode="secure", reconnectms=1000,
+                   batch=True)
 
 
 def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warning"):
@@ -129,10 +132,7 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
     state.pids = [h.pid for h in net.hosts]
     state.save()
     net.start()
-    for nic in nic_plans(rack):
-        server = net.get(nic.server)
-        server.cmd("ip", "addr", "add", f"{nic.ip}/{rack.spec.network.subnet.prefixlen}", "dev", nic.gpu)
-        server.cmd("ip", "link", "set", "dev", nic.gpu, "up")
+    _address_nics(net, rack)
     for h in net.hosts:
         h.cmd("ip", "link", "set", "dev", "lo", "up")
         ovs.run("ip", "netns", "attach", netns_of(h.name), str(h.pid))
@@ -140,6 +140,26 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
         for x, y in ((a, b), (b, a)):
             ovs.ofctl("add-flow", a.device, f"cookie={CIRCUIT_COOKIE},priority=100,in_port={x.port},actions=output:{y.port}")
     return net, state
+
+
+def _address_nics(net, rack: Rack) -> None:
+    """Give each GPU NIC its address, with source routing so that several NICs on one subnet in
+    one server namespace each answer for and send from their own address (before a container
+    takes a NIC over, the server namespace holds all of its GPUs' NICs)."""
+    subnet = rack.spec.network.subnet
+    for host in net.hosts:
+        for key in ("all", "default"):
+            host.cmd("sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter=0", f"net.ipv4.conf.{key}.arp_ignore=1",
+                     f"net.ipv4.conf.{key}.arp_announce=2")
+    for i, nic in enumerate(nic_plans(rack)):
+        server = net.get(nic.server)
+        server.cmd("sysctl", "-qw", f"net.ipv4.conf.{nic.gpu}.rp_filter=0", f"net.ipv4.conf.{nic.gpu}.arp_ignore=1",
+                   f"net.ipv4.conf.{nic.gpu}.arp_announce=2")
+        server.cmd("ip", "addr", "add", f"{nic.ip}/{subnet.prefixlen}", "dev", nic.gpu)
+        server.cmd("ip", "link", "set", "dev", nic.gpu, "up")
+        table = str(100 + i)
+        server.cmd("ip", "route", "add", str(subnet), "dev", nic.gpu, "src", nic.ip, "table", table)
+        server.cmd("ip", "rule", "add", "from", nic.ip, "table", table)
 
 
 def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5.0) -> RackState:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError
 
 from containers.profiles import GPU_MODELS
 
@@ -67,7 +67,7 @@ def _dpid(value: object) -> int:
     return value
 
 
-Port = Annotated[PortRef, BeforeValidator(_port_ref)]
+Port = Annotated[PortRef, BeforeValidator(_port_ref), PlainSerializer(str, when_used="json")]
 Dpid = Annotated[int, BeforeValidator(_dpid)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Rate = Annotated[float, Field(gt=0, le=1_600)]  # Gbit/s

@@ -1,35 +1,16 @@
 """Helpers shared by the integration tests: a controller process, polling, OVS queries."""
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from emulation import harness
+from emulation.harness import free_port, wait_for  # noqa: F401  (re-exported for the tests)
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PAPER = ROOT / "topologies" / "paper-testbed.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
-    """Poll until `predicate()` is truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 def sh(*cmd: str, check: bool = True, **kw) -> str:
@@ -39,51 +20,11 @@ def sh(*cmd: str, check: bool = True, **kw) -> str:
     return proc.stdout
 
 
-class ControllerProcess:
-    """`optirack-controller` as a user runs it, on its own ports and state directory."""
+class ControllerProcess(harness.ControllerProcess):
+    """The controller on free ports for the paper rack (or `rack`), state under `tmp_path`."""
 
     def __init__(self, tmp_path: Path, rack: Path = PAPER, extra: list[str] | None = None):
-        self.state_dir = tmp_path / "state"
-        self.log_path = tmp_path / "controller.log"
-        self.of_port, self.rest_port = free_port(), free_port()
-        self.rack, self.extra = rack, extra or []
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.rest_port}"
-
-    @property
-    def of_target(self) -> str:
-        return f"tcp:127.0.0.1:{self.of_port}"
-
-    def start(self) -> None:
-        cmd = [str(BIN / "optirack-controller"), "--optirack-rack", str(self.rack),
-               "--optirack-state-dir", str(self.state_dir), "--ofp-tcp-listen-port", str(self.of_port),
-               "--wsapi-port", str(self.rest_port), *self.extra]
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        wait_for(self._listening, 30, "the controller to listen for OpenFlow")
-
-    def _listening(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"controller exited {self.proc.returncode}:\n{self.output()}")
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.of_port)) == 0
-
-    def output(self) -> str:
-        self.log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
+        super().__init__(tmp_path, rack, extra)
 
 
 RACK8 = ROOT / "topologies" / "rack8-3as.yaml"
@@ -118,8 +59,10 @@ def install_forwarding_by_hand(rack, circuits) -> None:
             ofctl("add-flow", switch, f"priority=10,arp,arp_tpa={ip},actions=output:{port}")
 
 
-def ping(netns: str, dst: str, count: int = 2) -> bool:
-    return subprocess.run(["ip", "netns", "exec", netns, "ping", "-c", str(count), "-i", "0.2", "-W", "1", dst],
+def ping(netns: str, dst: str, count: int = 2, src: str | None = None) -> bool:
+    """Ping from a namespace; `src` picks the sending NIC where a server holds several."""
+    return subprocess.run(["ip", "netns", "exec", netns, "ping", "-c", str(count), "-i", "0.2", "-W", "1",
+                           *(["-I", src] if src else []), dst],
                           capture_output=True).returncode == 0
 
 

@@ -1,0 +1,113 @@
+"""The flow-table app: proactive forwarding on the packet switches, resynchronised on reconnect.
+
+No flooding and no learning: `controller.core.forwarding` says where every NIC address goes,
+and this app makes each switch's table equal to that, confirmed by barrier.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from ryu.base import app_manager
+from ryu.controller import ofp_event
+from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+from ryu.lib import hub
+from ryu.ofproto import ofproto_v1_3
+
+from controller.apps.context import Optirack
+from controller.config import conf
+from controller.core.forwarding import Table, compute_tables
+from controller.drivers import openflow as of
+
+LOG = logging.getLogger("optirack.fabric")
+
+
+def table_changes(installed: Table, desired: Table) -> list:
+    """Flow-mods that turn `installed` into `desired` (deletions first)."""
+    msgs = []
+    for ip, port in installed.items():
+        if desired.get(ip) != port:
+            msgs += of.forward_delete(ip)
+    for ip, port in desired.items():
+        if installed.get(ip) != port:
+            msgs += of.forward_add(ip, port)
+    return msgs
+
+
+class FabricApp(app_manager.RyuApp):
+    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
+    _CONTEXTS = {"optirack": Optirack}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ctx: Optirack = kwargs["optirack"]
+        self.ctx.fabric = self
+        self.rpc = of.OfRpc()
+        self.timeout = conf().barrier_timeout
+        self.installed: dict[str, Table] = {}  # confirmed tables of connected switches
+        self.dps: dict[str, object] = {}
+        self._locks = defaultdict(lambda: hub.Semaphore(1))
+
+    @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
+    def _state_change(self, ev):
+        kind, name = self.ctx.known.get(ev.datapath.id, (None, None))
+        if kind != "switch":
+            return
+        if ev.state == MAIN_DISPATCHER:
+            self.dps[name] = ev.datapath
+            hub.spawn(self._resync_quietly, name)
+        elif self.dps.get(name) is ev.datapath:
+            del self.dps[name]
+            self.installed.pop(name, None)
+            self.rpc.on_disconnect(ev.datapath.id)
+
+    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
+    def _barrier_reply(self, ev):
+        self.rpc.on_barrier_reply(ev.msg)
+
+    @set_ev_cls(ofp_event.EventOFPErrorMsg, MAIN_DISPATCHER)
+    def _error(self, ev):
+        if self.rpc.on_error(ev.msg):
+            LOG.warning("switch %s refused a flow-mod: type %s code %s", self.ctx.name_of(ev.msg.datapath.id),
+                        ev.msg.type, ev.msg.code)
+
+    def desired(self) -> dict[str, Table]:
+        return compute_tables(self.ctx.rack, self.ctx.circuits)
+
+    def resync(self, name: str) -> None:
+        """Delete every flow of a (re)connected switch and install its full table."""
+        with self._locks[name]:
+            dp = self.dps.get(name)
+            if dp is None:
+                return
+            table = self.desired()[name]
+            msgs = [of.delete_all()] + [m for ip, port in sorted(table.items()) for m in of.forward_add(ip, port)]
+            self.installed.pop(name, None)
+            self.rpc.confirm(dp, msgs, self.timeout, f"the table of {name}")
+            self.installed[name] = table
+            LOG.info("switch %s: installed %d forwarding entries", name, len(table))
+
+    def _resync_quietly(self, name: str) -> None:
+        try:
+            self.resync(name)
+        except of.SwitchError as e:
+            LOG.warning("switch %s: resynchronisation failed: %s", name, e)
+
+    def sync(self) -> None:
+        """Bring every connected switch to the desired tables; returns once all confirmed."""
+        desired = self.desired()
+        for name in sorted(self.dps):
+            with self._locks[name]:
+                dp = self.dps.get(name)
+                if dp is None or name not in self.installed:
+                    continue  # (re)connecting: its resync installs the full table
+                msgs = table_changes(self.installed[name], desired[name])
+                if msgs:
+                    self.rpc.confirm(dp, msgs, self.timeout, f"forwarding on {name}")
+                self.installed[name] = desired[name]
+
+    def sync_quietly(self) -> None:
+        try:
+            self.sync()
+        except of.SwitchError as e:
+            LOG.warning("forwarding sync failed: %s", e)

@@ -1,0 +1,203 @@
+"""The REST app: optirack's northbound API on Ryu's WSGI server, under /api/v1.
+
+Reads are open; mutations (PUT, POST, DELETE) need ``Authorization: Bearer <token>``. Errors are
+JSON, ``{"error": {"status": 400, "field": "circuits[1]", "message": "…"}}``, and a refused
+request changes nothing.
+"""
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import logging
+from importlib import resources
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from ryu.app.wsgi import ControllerBase, Response, WSGIApplication, route
+from ryu.base import app_manager
+
+from controller.apps import views
+from controller.apps.context import Conflict, Optirack
+from controller.apps.ocs import ReconfigFailed
+from controller.core.circuits import CircuitError, CircuitMap
+from controller.drivers.ocs import OcsUnavailable
+
+LOG = logging.getLogger("optirack.rest")
+PREFIX = "/api/v1"
+MAX_BODY = 1 << 20
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, field: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.field = status, message, field
+
+
+def json_response(body, status: int = 200) -> Response:
+    return Response(status=status, content_type="application/json", charset="utf-8",
+                    body=json.dumps(body, indent=1).encode() + b"\n")
+
+
+def error_response(e: ApiError) -> Response:
+    err = {"status": e.status, "message": e.message}
+    if e.field:
+        err["field"] = e.field
+    resp = json_response({"error": err}, e.status)
+    if e.status == 401:
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="optirack"'
+    return resp
+
+
+def _pydantic_error(e: ValidationError) -> ApiError:
+    err = e.errors()[0]
+    field = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(err["loc"]))
+    message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+    return ApiError(400, message, field or "body")
+
+
+def api(mutation: bool = False):
+    """Wrap a handler: bearer token for mutations, ApiError and domain errors to JSON statuses."""
+
+    def wrap(handler):
+        @functools.wraps(handler)
+        def wrapper(self, req, **kwargs):
+            try:
+                if mutation:
+                    self.authorize(req)
+                return handler(self, req, **kwargs)
+            except ApiError as e:
+                return error_response(e)
+            except CircuitError as e:
+                return error_response(ApiError(400, e.problem, e.field))
+            except Conflict as e:
+                return error_response(ApiError(409, str(e)))
+            except OcsUnavailable as e:
+                return error_response(ApiError(503, str(e)))
+            except ReconfigFailed as e:
+                return json_response({"error": {"status": 502, "message": f"the device failed: {e}; rolled back"},
+                                      "event": e.event.to_json()}, 502)
+
+        return wrapper
+
+    return wrap
+
+
+def read_json(req, model: type[BaseModel]) -> BaseModel:
+    if req.content_length and req.content_length > MAX_BODY:
+        raise ApiError(413, f"body larger than {MAX_BODY} bytes")
+    raw = req.body
+    if not raw.strip():
+        raise ApiError(400, "a JSON body is required", "body")
+    try:
+        data = json.loads(raw)
+    except ValueError as e:
+        raise ApiError(400, f"not valid JSON: {e}", "body") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "expected a JSON object", "body")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _pydantic_error(e) from None
+
+
+class CircuitsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    circuits: list[list[str]]
+
+
+def int_param(req, name: str, default: int | None, lo: int = 1, hi: int = 100_000) -> int | None:
+    text = req.GET.get(name)
+    if text is None:
+        return default
+    if not text.isdigit() or not lo <= int(text) <= hi:
+        raise ApiError(400, f"expected an integer from {lo} to {hi}", name)
+    return int(text)
+
+
+class Api(ControllerBase):
+    """Handlers are a few lines each: parse, call the context's services, render with `views`."""
+
+    def __init__(self, req, link, data, **config):
+        super().__init__(req, link, data, **config)
+        self.ctx: Optirack = data["optirack"]
+
+    def authorize(self, req) -> None:
+        header = req.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError(401, "this request changes the rack: send 'Authorization: Bearer <token>' "
+                                "(the token is in the controller's state directory)")
+        if not hmac.compare_digest(token.strip(), self.ctx.token):
+            raise ApiError(401, "wrong token")
+
+    @route("openapi", PREFIX + "/openapi.json", methods=["GET"])
+    def openapi(self, req, **_):
+        return json_response(_openapi())
+
+    @route("topology", PREFIX + "/topology", methods=["GET"])
+    @api()
+    def topology(self, req, **_):
+        return json_response(views.topology(self.ctx))
+
+    @route("circuits", PREFIX + "/ocs/circuits", methods=["GET"])
+    @api()
+    def get_circuits(self, req, **_):
+        return json_response(views.circuits(self.ctx, device=req.GET.get("device") == "1"))
+
+    @route("circuits", PREFIX + "/ocs/circuits", methods=["PUT"])
+    @api(mutation=True)
+    def put_circuits(self, req, **_):
+        body = read_json(req, CircuitsBody)
+        target = CircuitMap.parse(self.ctx.rack, body.circuits)
+        views.check_protected(self.ctx, target)
+        self.ctx.ocs.check_available(target)
+        ev = self.ctx.ocs.reconfigure(target, "circuits", "PUT /ocs/circuits")
+        return json_response({"circuits": self.ctx.circuits.to_json(), "event": ev.to_json()})
+
+    @route("stats", PREFIX + "/stats/ports", methods=["GET"])
+    @api()
+    def stats(self, req, **_):
+        return json_response(views.port_stats(self.ctx, int_param(req, "history", 0, lo=0, hi=100_000)))
+
+    @route("events", PREFIX + "/events", methods=["GET"])
+    @api()
+    def events(self, req, **_):
+        limit = int_param(req, "limit", 100)
+        return json_response({"events": [e.to_json() for e in self.ctx.events.recent(limit)]})
+
+
+def _openapi() -> dict:
+    return json.loads(resources.files("controller.apps").joinpath("openapi.json").read_text())
+
+
+def _documented_methods(path: str) -> set[str]:
+    """Methods the OpenAPI document lists for a concrete path (templates like {id} match one segment)."""
+    parts = path.rstrip("/").split("/")
+    for template, ops in _openapi()["paths"].items():
+        tparts = (PREFIX + template).split("/")
+        if len(tparts) == len(parts) and all(t == p or (t.startswith("{") and p) for t, p in zip(tparts, parts, strict=True)):
+            return {m.upper() for m in ops}
+    return set()
+
+
+class NotFound(ControllerBase):
+    """Registered last: a JSON 404 (or 405) for anything under /api/v1 no route took."""
+
+    @route("notfound", PREFIX + "/{path}", requirements={"path": ".*"})
+    def not_found(self, req, **_):
+        methods = _documented_methods(req.path)
+        if methods:
+            resp = error_response(ApiError(405, f"{req.method} is not allowed here; use {', '.join(sorted(methods))}"))
+            resp.headers["Allow"] = ", ".join(sorted(methods))
+            return resp
+        return error_response(ApiError(404, f"no such endpoint: {req.path} (see {PREFIX}/openapi.json)"))
+
+
+class RestApp(app_manager.RyuApp):
+    _CONTEXTS = {"optirack": Optirack, "wsgi": WSGIApplication}
+    CONTROLLERS = [Api]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for cls in self.CONTROLLERS + [NotFound]:
+            kwargs["wsgi"].register(cls, {"optirack": kwargs["optirack"]})

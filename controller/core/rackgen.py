@@ -1,0 +1,60 @@
+"""Generated racks of any size, for tests, benchmarks and studies beyond the paper's testbed.
+
+Layout: `servers` servers of `gpus_per_server` GPUs; `switches` aggregator switches joined by a
+core switch; `ocs` optical switches. GPUs are spread round-robin over the OCS, and every
+aggregator has `downlinks` ports on every OCS, so any GPU can be brought under any aggregator.
+Starting circuits are server-centric: consecutive GPUs fill one aggregator after another.
+"""
+from __future__ import annotations
+
+from controller.core.rack import Rack, parse_rack
+
+
+def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int = 1, model: str = "V100",
+              nic_gbps: float = 100.0, uplink_gbps: float = 100.0, rate_scale: float = 0.001, name: str = "gen",
+              spare: float = 1.0) -> dict:
+    """A rack file as a dict. `spare` scales each aggregator's downlinks above an even share."""
+    if gpus % gpus_per_server or gpus % ocs:
+        raise ValueError("gpus must be a multiple of gpus_per_server and of ocs")
+    per_switch_per_ocs = max(1, round(gpus / switches / ocs * spare))
+    gpu_ports = gpus // ocs
+    ports = gpu_ports + switches * per_switch_per_ocs
+    servers = []
+    for s in range(gpus // gpus_per_server):
+        servers.append({"name": f"s{s + 1}", "gpus": [
+            {"name": f"g{g + 1}", "model": model, "index": g - s * gpus_per_server,
+             "nic": {"rate_gbps": nic_gbps, "ocs_port": f"o{g % ocs + 1}:{g // ocs + 1}"}}
+            for g in range(s * gpus_per_server, (s + 1) * gpus_per_server)]})
+    sw = []
+    for w in range(switches):
+        downlinks = []
+        for o in range(ocs):
+            for d in range(per_switch_per_ocs):
+                downlinks.append({"port": len(downlinks) + 1, "rate_gbps": nic_gbps,
+                                  "ocs_port": f"o{o + 1}:{gpu_ports + w * per_switch_per_ocs + d + 1}"})
+        sw.append({"name": f"a{w + 1}", "dpid": 0x200 + w + 1, "downlinks": downlinks,
+                   "uplinks": [{"port": 9000, "peer": f"core:{w + 1}", "rate_gbps": uplink_gbps}]})
+    sw.append({"name": "core", "dpid": 0x300, "role": "core",
+               "uplinks": [{"port": w + 1, "peer": f"a{w + 1}:9000", "rate_gbps": uplink_gbps} for w in range(switches)]})
+    circuits, used = [], {}
+    for g in range(gpus):
+        o = g % ocs
+        w = min(g * switches // gpus, switches - 1)
+        k = used.get((w, o), 0)
+        if k < per_switch_per_ocs:
+            used[(w, o)] = k + 1
+            circuits.append([f"o{o + 1}:{g // ocs + 1}", f"o{o + 1}:{gpu_ports + w * per_switch_per_ocs + k + 1}"])
+    return {
+        "name": name[:9],
+        "description": f"generated: {gpus} x {model}, {switches} aggregators, {ocs} OCS",
+        "network": {"subnet": "198.18.0.0/15" if gpus > 250 else "198.18.0.0/24"},
+        "emulation": {"rate_scale": rate_scale},
+        "servers": servers,
+        "ocs": [{"name": f"o{o + 1}", "ports": ports, "dpid": 0x100 + o + 1, "switching_time_ms": 25} for o in range(ocs)],
+        "switches": sw,
+        "circuits": circuits,
+    }
+
+
+def generate(gpus: int, **kw) -> Rack:
+    return parse_rack(rack_spec(gpus, **kw), f"<generated {gpus} GPUs>")

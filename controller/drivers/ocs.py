@@ -1,0 +1,107 @@
+"""OCS drivers: one small interface (read circuits, apply a diff, switching time) and the
+emulated OCS over OpenFlow. The TL1 driver for Calient/Polatis-style switches is in `tl1`.
+
+Circuits at this level are port-number pairs ``(a, b)`` with ``a < b`` on one device.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller.core.rack import Ocs
+from controller.drivers import openflow as of
+
+Pair = tuple[int, int]
+
+
+class OcsUnavailable(RuntimeError):
+    """The device cannot be reached now."""
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    dark_start: float | None  # wall clock: old circuits gone
+    dark_end: float | None  # wall clock: new circuits confirmed
+    switching_time_s: float  # what the model or the device promises for this change
+
+
+class OcsDriver(ABC):
+    """What the OCS app needs of a device."""
+
+    def __init__(self, spec: Ocs, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
+        self.spec, self.clock, self.sleep = spec, clock, sleep
+
+    def switching_time_s(self, circuits_made: int) -> float:
+        """One new circuit takes the per-connection time; several are set up in parallel in the bulk time."""
+        if circuits_made == 0:
+            return 0.0
+        ms = self.spec.switching_time_ms if circuits_made == 1 else self.spec.bulk_time_ms
+        return ms / 1000.0
+
+    @property
+    @abstractmethod
+    def connected(self) -> bool: ...
+
+    @abstractmethod
+    def read(self) -> set[Pair]:
+        """The circuits the device has now."""
+
+    @abstractmethod
+    def apply(self, remove: set[Pair], add: set[Pair]) -> ApplyResult:
+        """Tear down `remove`, make `add`; return once the device confirms. Other circuits are untouched."""
+
+    @abstractmethod
+    def replace(self, circuits: set[Pair]) -> None:
+        """Make the device hold exactly `circuits` (restoring a device that lost its state)."""
+
+
+class OpenFlowOcs(OcsDriver):
+    """The emulated OCS: an OVS bridge whose flows are circuits, changed with a modelled MEMS delay.
+
+    The circuits being changed go dark (their flows are removed and the removal confirmed),
+    stay dark for the switching time while the mirrors would move, then the new circuits'
+    flows are installed and confirmed by barrier.
+    """
+
+    def __init__(self, spec: Ocs, rpc: of.OfRpc, timeout: float, **kw):
+        super().__init__(spec, **kw)
+        self.rpc, self.timeout = rpc, timeout
+        self.datapath = None  # set by the OCS app while the bridge is connected
+
+    @property
+    def connected(self) -> bool:
+        return self.datapath is not None
+
+    def _dp(self):
+        if self.datapath is None:
+            raise OcsUnavailable(f"OCS {self.spec.name} (datapath {self.spec.dpid:#x}) is not connected")
+        return self.datapath
+
+    def read(self) -> set[Pair]:
+        flows = self.rpc.request(self._dp(), of.flow_stats_request(of.OCS_COOKIE), self.timeout, "a flow dump")
+        pairs = set()
+        for f in flows:
+            in_port = f.match.get("in_port")
+            outs = [a.port for i in f.instructions for a in getattr(i, "actions", []) if hasattr(a, "port")]
+            if in_port is not None and len(outs) == 1:
+                pairs.add((in_port, outs[0]))
+        return {(min(a, b), max(a, b)) for a, b in pairs if (b, a) in pairs}
+
+    def apply(self, remove: set[Pair], add: set[Pair]) -> ApplyResult:
+        dp = self._dp()
+        switching = self.switching_time_s(len(add))
+        gone = {p for pair in remove for p in pair} | {p for pair in add for p in pair}
+        self.rpc.confirm(dp, [of.circuit_delete(p) for p in sorted(gone)], self.timeout, "removing circuits")
+        dark_start = self.clock()
+        if not add:
+            return ApplyResult(dark_start, None, 0.0)
+        self.sleep(switching)
+        msgs = [m for a, b in sorted(add) for m in (of.circuit_add(a, b), of.circuit_add(b, a))]
+        self.rpc.confirm(dp, msgs, self.timeout, "new circuits")
+        return ApplyResult(dark_start, self.clock(), switching)
+
+    def replace(self, circuits: set[Pair]) -> None:
+        msgs = [of.delete_all()] + [m for a, b in sorted(circuits) for m in (of.circuit_add(a, b), of.circuit_add(b, a))]
+        self.rpc.confirm(self._dp(), msgs, self.timeout, "restoring circuits")

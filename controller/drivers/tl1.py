@@ -1,0 +1,148 @@
+"""TL1 driver for MEMS switches that speak TL1 over TCP (Polatis/Calient style, port 3082).
+
+Commands used: ACT-USER (log in), RTRV-PATCH (list cross-connects), ENT-PATCH and DLT-PATCH
+(make and delete cross-connects, several at once with '&'-joined port lists), CANC-USER.
+A command completes with ``M <ctag> COMPLD`` or fails with ``M <ctag> DENY`` and an error code;
+the device answers COMPLD to ENT-PATCH once the mirrors have settled.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import socket
+
+from controller.drivers.ocs import ApplyResult, OcsDriver, OcsUnavailable, Pair
+
+DEFAULT_PORT = 3082
+_RESPONSE_END = re.compile(rb"\r?\n;")
+_STATUS = re.compile(r"^M\s+(\S+)\s+(COMPLD|DENY)", re.M)
+_QUOTED = re.compile(r'^\s+"([^"]*)"', re.M)
+
+
+class Tl1Error(RuntimeError):
+    pass
+
+
+class Tl1Client:
+    """One TL1 session: send a command, read its response."""
+
+    def __init__(self, host: str, port: int = DEFAULT_PORT, timeout: float = 30.0):
+        self.host, self.port, self.timeout = host, port, timeout
+        self.sock: socket.socket | None = None
+        self._buf = b""
+        self._ctags = itertools.count(1)
+
+    def open(self) -> None:
+        self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+        self._buf = b""
+
+    def close(self) -> None:
+        if self.sock:
+            self.sock.close()
+            self.sock = None
+
+    def command(self, verb: str, aid: str = "", params: str = "") -> list[str]:
+        """Run ``VERB::AID:CTAG::PARAMS;``; return the quoted lines of a COMPLD, raise Tl1Error on DENY."""
+        if self.sock is None:
+            self.open()
+        ctag = str(next(self._ctags))
+        line = f"{verb}::{aid}:{ctag}" + (f"::{params}" if params else "") + ";"
+        self.sock.sendall(line.encode() + b"\r\n")
+        while True:
+            text = self._read_response()
+            m = _STATUS.search(text)
+            if m and m.group(1) == ctag:
+                break
+        lines = _QUOTED.findall(text)
+        if m.group(2) == "DENY":
+            raise Tl1Error(f"{verb} {aid} denied: {' '.join(lines) or text.strip()}")
+        return lines
+
+    def _read_response(self) -> str:
+        while not _RESPONSE_END.search(self._buf):
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                raise ConnectionError("the TL1 peer closed the connection")
+            self._buf += chunk
+        m = _RESPONSE_END.search(self._buf)
+        text, self._buf = self._buf[: m.end()], self._buf[m.end():]
+        return text.decode(errors="replace")
+
+
+def parse_patches(lines: list[str]) -> set[Pair]:
+    pairs = set()
+    for line in lines:
+        a, _, b = line.partition(",")
+        if a.strip().isdigit() and b.strip().isdigit():
+            x, y = int(a), int(b)
+            pairs.add((min(x, y), max(x, y)))
+    return pairs
+
+
+class Tl1Ocs(OcsDriver):
+    """A real (or TL1-emulated) MEMS switch; `address` is host[:port] from the rack file."""
+
+    def __init__(self, spec, user: str, password: str, timeout: float = 30.0, **kw):
+        super().__init__(spec, **kw)
+        host, _, port = (spec.address or "").partition(":")
+        if not host:
+            raise ValueError(f"OCS {spec.name}: the tl1 driver needs 'address: host[:port]' in the rack file")
+        self.client = Tl1Client(host, int(port or DEFAULT_PORT), timeout)
+        self.user, self.password = user, password
+        self._logged_in = False
+
+    def _session(self) -> Tl1Client:
+        if not self._logged_in:
+            try:
+                self.client.open()
+                self.client.command("ACT-USER", self.user, self.password)
+            except (OSError, ConnectionError) as e:
+                self.client.close()
+                raise OcsUnavailable(f"OCS {self.spec.name}: cannot reach TL1 at {self.spec.address}: {e}") from None
+            except Tl1Error as e:
+                self.client.close()
+                raise OcsUnavailable(f"OCS {self.spec.name}: login refused: {e}") from None
+            self._logged_in = True
+        return self.client
+
+    def _run(self, verb: str, aid: str = "") -> list[str]:
+        try:
+            return self._session().command(verb, aid)
+        except (OSError, ConnectionError) as e:
+            self._logged_in = False
+            self.client.close()
+            raise OcsUnavailable(f"OCS {self.spec.name}: TL1 session lost: {e}") from None
+
+    @property
+    def connected(self) -> bool:
+        try:
+            self._session()
+            return True
+        except OcsUnavailable:
+            return False
+
+    def read(self) -> set[Pair]:
+        return parse_patches(self._run("RTRV-PATCH"))
+
+    def apply(self, remove: set[Pair], add: set[Pair]) -> ApplyResult:
+        if remove:
+            self._run("DLT-PATCH", "&".join(str(a) for a, _ in sorted(remove)))
+        dark_start = self.clock()
+        if not add:
+            return ApplyResult(dark_start, None, 0.0)
+        pairs = sorted(add)
+        self._run("ENT-PATCH", "&".join(str(a) for a, _ in pairs) + "," + "&".join(str(b) for _, b in pairs))
+        return ApplyResult(dark_start, self.clock(), self.switching_time_s(len(add)))
+
+    def replace(self, circuits: set[Pair]) -> None:
+        current = self.read()
+        self.apply(current - circuits, circuits - current)
+
+    def close(self) -> None:
+        if self._logged_in:
+            try:
+                self.client.command("CANC-USER", self.user)
+            except (OSError, ConnectionError, Tl1Error):
+                pass
+        self.client.close()
+        self._logged_in = False

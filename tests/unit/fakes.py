@@ -1,0 +1,142 @@
+"""Test doubles: an in-memory OpenFlow 1.3 switch that applies the messages the apps send.
+
+`FakeSwitch` encodes every message (so a malformed one fails), applies flow-mods to a flow
+table, answers barriers and statistics requests through the apps' own registered handlers,
+and can say which port a packet would leave by.
+"""
+from __future__ import annotations
+
+import inspect
+
+from ryu.controller import ofp_event
+from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER
+from ryu.lib import hub
+from ryu.ofproto import ofproto_v1_3 as ofp
+from ryu.ofproto import ofproto_v1_3_parser as parser
+
+
+def deliver(apps, ev) -> None:
+    """Call every handler the apps registered (with @set_ev_cls) for this event's class."""
+    for app in apps:
+        for _, method in inspect.getmembers(app, inspect.ismethod):
+            if type(ev) in getattr(method, "callers", {}):
+                method(ev)
+
+
+def state_change(apps, dp, state) -> None:
+    ev = ofp_event.EventOFPStateChange(dp)
+    ev.state = state
+    deliver(apps, ev)
+
+
+class FakeSwitch:
+    ofproto = ofp
+    ofproto_parser = parser
+
+    def __init__(self, dpid: int, apps=(), ports=(), refuse_flow_mods: bool = False, silent: bool = False):
+        self.id = dpid
+        self.apps = list(apps)
+        self.xid = 0
+        self.flows: dict[tuple, tuple[int, int | None]] = {}  # (priority, match items) -> (cookie, out port)
+        self.sent: list = []
+        self.connected = True
+        self.refuse_flow_mods, self.silent = refuse_flow_mods, silent
+        self.counters = {p: [0, 0] for p in ports}  # port -> [rx_bytes, tx_bytes]
+
+    # --- what Ryu's Datapath offers ----------------------------------------------------
+    def set_xid(self, msg):
+        self.xid += 1
+        msg.set_xid(self.xid)
+        return self.xid
+
+    def send_msg(self, msg):
+        if not self.connected:
+            return False
+        msg.serialize()  # must encode as OpenFlow 1.3
+        self.sent.append(msg)
+        self._handle(msg)
+        return True
+
+    # --- behaviour ---------------------------------------------------------------------
+    def connect(self) -> None:
+        self.connected = True
+        state_change(self.apps, self, MAIN_DISPATCHER)
+
+    def disconnect(self) -> None:
+        self.connected = False
+        state_change(self.apps, self, DEAD_DISPATCHER)
+
+    def _reply(self, msg) -> None:
+        if not self.silent:
+            hub.spawn(deliver, self.apps, ofp_event.ofp_msg_to_ev(msg))
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, parser.OFPFlowMod):
+            if self.refuse_flow_mods:
+                err = parser.OFPErrorMsg(self, type_=ofp.OFPET_FLOW_MOD_FAILED, code=ofp.OFPFMFC_TABLE_FULL)
+                err.xid = msg.xid
+                self._reply(err)
+                return
+            self._flow_mod(msg)
+        elif isinstance(msg, parser.OFPBarrierRequest):
+            reply = parser.OFPBarrierReply(self)
+            reply.xid = msg.xid
+            self._reply(reply)
+        elif isinstance(msg, parser.OFPFlowStatsRequest):
+            body = [parser.OFPFlowStats(table_id=0, duration_sec=0, duration_nsec=0, priority=prio, idle_timeout=0,
+                                        hard_timeout=0, flags=0, cookie=cookie, packet_count=0, byte_count=0,
+                                        match=parser.OFPMatch(**dict(match)), instructions=self._instructions(out))
+                    for (prio, match), (cookie, out) in self.flows.items()
+                    if (cookie & msg.cookie_mask) == (msg.cookie & msg.cookie_mask)]
+            reply = parser.OFPFlowStatsReply(self, body=body, flags=0)
+            reply.xid = msg.xid
+            self._reply(reply)
+        elif isinstance(msg, parser.OFPPortStatsRequest):
+            body = [parser.OFPPortStats(port_no=p, rx_packets=0, tx_packets=0, rx_bytes=rx, tx_bytes=tx, rx_dropped=0,
+                                        tx_dropped=0, rx_errors=0, tx_errors=0, rx_frame_err=0, rx_over_err=0,
+                                        rx_crc_err=0, collisions=0, duration_sec=0, duration_nsec=0)
+                    for p, (rx, tx) in sorted(self.counters.items())]
+            reply = parser.OFPPortStatsReply(self, body=body, flags=0)
+            reply.xid = msg.xid
+            self._reply(reply)
+
+    @staticmethod
+    def _instructions(out):
+        if out is None:
+            return []
+        return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionOutput(out)])]
+
+    def _flow_mod(self, msg) -> None:
+        match = tuple(sorted(msg.match.items()))
+        outs = [a.port for i in msg.instructions for a in i.actions]
+        if msg.command == ofp.OFPFC_ADD:
+            self.flows[(msg.priority, match)] = (msg.cookie, outs[0] if outs else None)
+        elif msg.command == ofp.OFPFC_DELETE_STRICT:
+            self.flows.pop((msg.priority, match), None)
+        elif msg.command == ofp.OFPFC_DELETE and not match:
+            self.flows.clear()
+        else:
+            raise AssertionError(f"the fake does not model flow-mod command {msg.command}")
+
+    def output(self, **packet) -> int | None:
+        """The port a packet with these header fields leaves by (highest priority match), or None (drop)."""
+        best = None
+        for (prio, match), (_, out) in self.flows.items():
+            if all(packet.get(k) == v for k, v in match) and (best is None or prio > best[0]):
+                best = (prio, out)
+        return None if best is None else best[1]
+
+    def circuits(self) -> set[tuple[int, int]]:
+        pairs = {(dict(m)["in_port"], out) for (_, m), (_, out) in self.flows.items() if "in_port" in dict(m)}
+        return {(min(a, b), max(a, b)) for a, b in pairs if (b, a) in pairs}
+
+
+def wait_until(predicate, timeout: float = 5.0, what: str = "a condition"):
+    """Let green threads run until `predicate()` holds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        hub.sleep(0.005)

@@ -1,0 +1,176 @@
+"""Each Ryu app constructs and handles events with dummy datapaths (fake switches), no network."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from webob import Request
+
+from controller.apps.context import Busy, Optirack
+from controller.apps.fabric import FabricApp
+from controller.apps.inventory import Inventory
+from controller.apps.monitor import MonitorApp
+from controller.apps.ocs import OcsApp, ReconfigFailed
+from controller.apps.rest import Api, NotFound
+from controller.core.circuits import CircuitMap
+from controller.core.forwarding import compute_tables
+from controller.core.rack import load_rack
+from tests.unit.fakes import FakeSwitch, wait_until
+from tests.unit.test_rack import PAPER
+
+RACK = load_rack(PAPER)
+REGROUPED = [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"], ["ocs1:3", "ocs1:13"], ["ocs1:4", "ocs1:14"],
+             ["ocs1:5", "ocs1:21"], ["ocs1:6", "ocs1:22"]]
+
+
+@pytest.fixture
+def rig(tmp_path):
+    """The apps on one context, with fake OCS and switches connected."""
+    ctx = Optirack(rack=RACK, state_dir=tmp_path)
+    apps = [Inventory(optirack=ctx), OcsApp(optirack=ctx), FabricApp(optirack=ctx)]
+    ocs = FakeSwitch(0x100, apps)
+    switches = {name: FakeSwitch(RACK.switches[name].dpid, apps) for name in ("as1", "as2")}
+    for dp in [ocs, *switches.values()]:
+        dp.connect()
+    initial = {(a.port, b.port) for a, b in CircuitMap.initial(RACK).circuits}
+    wait_until(lambda: ocs.circuits() == initial, what="the OCS to get the starting circuits")
+    wait_until(lambda: set(apps[2].installed) == {"as1", "as2"}, what="both switches' tables")
+    return ctx, apps, ocs, switches
+
+
+def _check_forwarding(ctx, switches):
+    """Every switch sends every NIC address (IPv4 and ARP) out of the port the core computed."""
+    tables = compute_tables(RACK, ctx.circuits)
+    for name, sw in switches.items():
+        for ip, port in tables[name].items():
+            assert sw.output(eth_type=0x0800, ipv4_dst=ip) == port
+            assert sw.output(eth_type=0x0806, arp_tpa=ip) == port
+        assert sw.output(eth_type=0x0800, ipv4_dst="198.18.0.99") is None  # no flooding
+
+
+def test_empty_ocs_gets_the_starting_circuits_and_switches_their_tables(rig):
+    ctx, _, _, switches = rig
+    assert ctx.datapaths.keys() == {0x100, 0x201, 0x202}
+    _check_forwarding(ctx, switches)
+    assert json.loads((ctx.state_dir / "state.json").read_text())["circuits"] == CircuitMap.initial(RACK).to_json()
+
+
+def test_reconfigure_applies_the_diff_with_a_dark_window(rig):
+    ctx, apps, ocs, switches = rig
+    target = CircuitMap.parse(RACK, REGROUPED)
+    ev = apps[1].reconfigure(target, "circuits", "test")
+    assert ocs.circuits() == {(a.port, b.port) for a, b in target.circuits}
+    assert ev.status == "ok" and ev.dark_window_s >= 0.025
+    assert ev.requested_at <= ev.dark_start <= ev.dark_end <= ev.ocs_confirmed_at <= ev.flows_confirmed_at
+    assert len(ev.removed) == 4 and len(ev.added) == 4
+    _check_forwarding(ctx, switches)
+    # untouched circuits were not re-sent: only deletes of changed ports and adds of new ones
+    touched = {m.match["in_port"] for m in ocs.sent[-20:] if hasattr(m, "match") and "in_port" in m.match}
+    assert 1 not in touched and 11 not in touched
+
+
+def test_reconnected_ocs_is_restored(rig):
+    ctx, _, ocs, _ = rig
+    ocs.disconnect()
+    ocs.flows.clear()  # the device lost its state
+    ocs.connect()
+    held = {(a.port, b.port) for a, b in ctx.circuits.circuits}
+    wait_until(lambda: ocs.circuits() == held, what="the circuits to be restored")
+    wait_until(lambda: ctx.events.recent()[-1].kind == "restore", what="a restore event")
+
+
+def test_reconnected_switch_is_resynchronised(rig):
+    ctx, apps, _, switches = rig
+    sw = switches["as1"]
+    sw.disconnect()
+    sw.flows[(5, (("eth_type", 0x0800),))] = (0, 99)  # stale junk the switch kept
+    sw.flows = {k: v for k, v in sw.flows.items() if k[0] == 5}
+    sw.connect()
+    wait_until(lambda: "as1" in apps[2].installed, what="as1 resynchronised")
+    assert (5, (("eth_type", 0x0800),)) not in sw.flows
+    _check_forwarding(ctx, switches)
+
+
+def test_refused_flow_mods_roll_back(rig):
+    ctx, apps, ocs, _ = rig
+    before = ctx.circuits
+    ocs.refuse_flow_mods = True
+    with pytest.raises(ReconfigFailed) as info:
+        apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
+    assert "refused" in info.value.event.error and info.value.event.status == "failed"
+    assert ctx.circuits == before
+
+
+def test_silent_switch_times_out_and_rolls_back(rig, monkeypatch):
+    ctx, apps, ocs, _ = rig
+    before = ctx.circuits
+    apps[1].drivers["ocs1"].timeout = 0.2
+    ocs.silent = True
+    with pytest.raises(ReconfigFailed, match="did not confirm"):
+        apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
+    assert ctx.circuits == before
+
+
+def test_one_reconfiguration_at_a_time(rig):
+    ctx, apps, _, _ = rig
+    ctx.lock.acquire()
+    try:
+        with pytest.raises(Busy):
+            apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
+    finally:
+        ctx.lock.release()
+
+
+def test_monitor_computes_throughput(tmp_path):
+    ctx = Optirack(rack=RACK, state_dir=tmp_path)
+    clock = iter([100.0, 101.0])
+    ctx.clock = lambda: next(clock)
+    monitor = MonitorApp(optirack=ctx)
+    inv = Inventory(optirack=ctx)
+    ocs = FakeSwitch(0x100, [monitor, inv], ports=[1, 11])
+    ocs.connect()
+    wait_until(lambda: monitor.polls >= 1 and ctx.ports._last, what="a first poll")
+    ocs.counters[1] = [1_000_000, 250_000]  # the NIC sent 1 MB, received 0.25 MB
+    monitor.interval = 0.01
+    wait_until(lambda: ctx.ports.latest(0x100, 1) is not None, what="a second poll")
+    s = ctx.ports.latest(0x100, 1)
+    assert s.rx_bps == 8_000_000 and s.tx_bps == 2_000_000
+    monitor._thread.kill()
+
+
+def _rest(ctx):
+    from ryu.app.wsgi import WSGIApplication
+
+    app = WSGIApplication()
+    app.register(Api, {"optirack": ctx})
+    app.register(NotFound, {"optirack": ctx})
+    return app
+
+
+def test_rest_in_process(rig):
+    ctx, _, ocs, _ = rig
+    app = _rest(ctx)
+    topo = json.loads(Request.blank("/api/v1/topology").get_response(app).body)
+    assert topo["gpus"]["gpu3"]["switch"] == {"name": "as2", "port": 1}
+    assert topo["ocs"]["ocs1"]["connected"] is True
+    req = Request.blank("/api/v1/ocs/circuits", method="PUT", body=json.dumps({"circuits": REGROUPED}).encode(),
+                        headers={"Authorization": f"Bearer {ctx.token}"})
+    resp = req.get_response(app)
+    assert resp.status_int == 200, resp.body
+    assert json.loads(resp.body)["event"]["dark_window_s"] >= 0.025
+    assert ocs.circuits() == {(int(a[5:]), int(b[5:])) for a, b in REGROUPED}
+    events = json.loads(Request.blank("/api/v1/events").get_response(app).body)["events"]
+    assert events[-1]["kind"] == "circuits"
+
+
+def test_rest_routes_match_the_openapi_document(rig):
+    ctx = rig[0]
+    doc = json.loads(Request.blank("/api/v1/openapi.json").get_response(_rest(ctx)).body)
+    routes = {(m.upper(), path) for path, ops in doc["paths"].items() for m in ops}
+    served = set()
+    for name in dir(Api):
+        info = getattr(getattr(Api, name), "routing_info", None)
+        if info:
+            for m in info["methods"]:
+                served.add((m, info["path"].removeprefix("/api/v1")))
+    assert served <= routes, f"undocumented: {served - routes}"
