@@ -59,6 +59,7 @@ image:
 
 bench: setup
 	$(PY) scripts/bench_reconfig.py
+	$(PY) scripts/bench_allreduce.py
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

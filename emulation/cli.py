@@ -10,7 +10,7 @@ import sys
 from controller.config import DEFAULT_RACK
 from controller.core.rack import RackError, load_rack
 from emulation import ovs
-from emulation.rack import RackConflict, RackState, build, down, up
+from emulation.rack import RackConflict, RackState, build, down, end_shells, up
 
 
 def _need_root() -> None:
@@ -100,8 +100,7 @@ def _cmd_cli(args) -> int:
         print("Mininet CLI on rack", rack.name, "- servers:", " ".join(h.name for h in net.hosts), "- 'exit' tears it down")
         CLI(net)
     finally:
-        for node in net.hosts + net.switches:
-            node.terminate()
+        end_shells(net)
         down(quiet=True)
     return 0
 

@@ -85,7 +85,7 @@ def circuits_of(pairs: set[tuple[int, int]]) -> set[tuple[int, int]]:
     return {(min(a, b), max(a, b)) for a, b in pairs if (b, a) in pairs}
 
 
-_RATE = re.compile(r"htb .*?rate (\d+(?:\.\d+)?)([KMG]?)bit")
+_RATE = re.compile(r"class htb 5:1 root .*?rate (\d+(?:\.\d+)?)([KMG]?)bit")
 
 
 def shaped_mbps(intf: str, netns: str | None = None) -> float | None:

@@ -17,17 +17,13 @@ from functools import partial
 from pathlib import Path
 
 from controller.core.rack import Rack
-from emulation import ovs
-from emulation.topo import RackTopo, check_emulable, nic_plans
+from emulation import nics, ovs
+from emulation.plan import NETNS_PREFIX, netns_of, nic_plans
+from emulation.topo import RackTopo, check_emulable, downlink_patches
 
 RUN_DIR = Path(os.environ.get("OPTIRACK_RUN_DIR", "/run/optirack"))
-NETNS_PREFIX = "optirack-"
 CONTAINER_LABEL = "org.optirack.rack"
 CIRCUIT_COOKIE = "0x0c"  # flows the rack itself installs for the starting circuits
-
-
-def netns_of(server: str) -> str:
-    return f"{NETNS_PREFIX}{server}"
 
 
 @dataclass
@@ -132,34 +128,32 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
     state.pids = [h.pid for h in net.hosts]
     state.save()
     net.start()
-    _address_nics(net, rack)
+    ovs.vsctl(*downlink_patches(rack))
     for h in net.hosts:
         h.cmd("ip", "link", "set", "dev", "lo", "up")
         ovs.run("ip", "netns", "attach", netns_of(h.name), str(h.pid))
+        nics.prepare_server(netns_of(h.name))
+    for nic in nic_plans(rack):
+        nics.address(nic, rack)
     for a, b in rack.spec.circuits:
         for x, y in ((a, b), (b, a)):
             ovs.ofctl("add-flow", a.device, f"cookie={CIRCUIT_COOKIE},priority=100,in_port={x.port},actions=output:{y.port}")
     return net, state
 
 
-def _address_nics(net, rack: Rack) -> None:
-    """Give each GPU NIC its address, with source routing so that several NICs on one subnet in
-    one server namespace each answer for and send from their own address (before a container
-    takes a NIC over, the server namespace holds all of its GPUs' NICs)."""
-    subnet = rack.spec.network.subnet
-    for host in net.hosts:
-        for key in ("all", "default"):
-            host.cmd("sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter=0", f"net.ipv4.conf.{key}.arp_ignore=1",
-                     f"net.ipv4.conf.{key}.arp_announce=2")
-    for i, nic in enumerate(nic_plans(rack)):
-        server = net.get(nic.server)
-        server.cmd("sysctl", "-qw", f"net.ipv4.conf.{nic.gpu}.rp_filter=0", f"net.ipv4.conf.{nic.gpu}.arp_ignore=1",
-                   f"net.ipv4.conf.{nic.gpu}.arp_announce=2")
-        server.cmd("ip", "addr", "add", f"{nic.ip}/{subnet.prefixlen}", "dev", nic.gpu)
-        server.cmd("ip", "link", "set", "dev", nic.gpu, "up")
-        table = str(100 + i)
-        server.cmd("ip", "route", "add", str(subnet), "dev", nic.gpu, "src", nic.ip, "table", table)
-        server.cmd("ip", "rule", "add", "from", nic.ip, "table", table)
+def end_shells(net) -> None:
+    """End the helper shells Mininet started for its nodes, and wait until they are gone."""
+    nodes = net.hosts + net.switches + net.controllers
+    shells = [n.shell for n in nodes if n.shell]
+    for node in nodes:
+        node.terminate()  # SIGHUP to the shell's process group
+    deadline = time.monotonic() + 5
+    for shell in shells:
+        while shell.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if shell.poll() is None:
+            shell.kill()  # our own child, which ignored SIGHUP
+            shell.wait()
 
 
 def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5.0) -> RackState:
@@ -175,8 +169,7 @@ def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5
         _log("rack-up failed: removing what was made")
         down(quiet=True)
         raise
-    for node in net.hosts + net.switches:
-        node.terminate()  # the rack stays: bridges in OVS, namespaces pinned by name
+    end_shells(net)  # the rack stays: bridges in OVS, namespaces pinned by name
     state.pids = []
     state.status = "up"
     state.up_seconds = round(time.monotonic() - t0, 2)

@@ -133,7 +133,7 @@ class Switch(_Spec):
 
 
 class Emulation(_Spec):
-    rate_scale: Annotated[float, Field(gt=0, le=1)] = 0.001
+    rate_scale: Annotated[float, Field(gt=0, le=1)] = 0.0005
 
     def mbps(self, rate_gbps: float) -> float:
         """The emulated rate in Mbit/s of a physical rate in Gbit/s."""

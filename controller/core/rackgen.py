@@ -11,7 +11,7 @@ from controller.core.rack import Rack, parse_rack
 
 
 def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int = 1, model: str = "V100",
-              nic_gbps: float = 100.0, uplink_gbps: float = 100.0, rate_scale: float = 0.001, name: str = "gen",
+              nic_gbps: float = 100.0, uplink_gbps: float = 100.0, rate_scale: float = 0.0005, name: str = "gen",
               spare: float = 1.0) -> dict:
     """A rack file as a dict. `spare` scales each aggregator's downlinks above an even share."""
     if gpus % gpus_per_server or gpus % ocs:

@@ -35,6 +35,7 @@ def rig(tmp_path):
     initial = {(a.port, b.port) for a, b in CircuitMap.initial(RACK).circuits}
     wait_until(lambda: ocs.circuits() == initial, what="the OCS to get the starting circuits")
     wait_until(lambda: set(apps[2].installed) == {"as1", "as2"}, what="both switches' tables")
+    wait_until(lambda: "ocs1" in apps[1].synchronised and not ctx.lock.locked(), what="the OCS synchronised")
     return ctx, apps, ocs, switches
 
 

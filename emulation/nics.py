@@ -1,0 +1,78 @@
+"""GPU NICs of the emulated rack in their home, the server namespace: address them, and
+recreate one that a crashed container took down with it."""
+from __future__ import annotations
+
+from controller.core.rack import Rack
+from controller.drivers import netns as ns
+from emulation import ovs
+from emulation.plan import NicPlan, netns_of, nic_plans
+from emulation.shaping import DEV, htb_commands
+
+
+def prepare_server(netns: str) -> None:
+    """Several NICs on one subnet in one namespace: each answers ARP for, and sends from, its own address."""
+    for key in ("all", "default"):
+        ns.in_netns(netns, "sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter=0", f"net.ipv4.conf.{key}.arp_ignore=1",
+                    f"net.ipv4.conf.{key}.arp_announce=2")
+
+
+def shape(ifname: str, netns: str | None, mbps: float) -> None:
+    """The NIC's line rate on its own egress (see emulation/shaping.py, and emulation/topo.py for
+    where else rates are shaped)."""
+    prefix = ["tc", *(["-n", netns] if netns else [])]
+    for args in htb_commands(mbps):
+        ns.run(*prefix, *[ifname if a == DEV else a for a in args])
+
+
+def address(nic: NicPlan, rack: Rack) -> None:
+    """Address and shape a NIC in its server namespace, with a source route so replies leave by the same NIC."""
+    netns, subnet = netns_of(nic.server), rack.spec.network.subnet
+    ns.in_netns(netns, "sysctl", "-qw", f"net.ipv4.conf.{nic.gpu}.rp_filter=0",
+                f"net.ipv4.conf.{nic.gpu}.arp_ignore=1", f"net.ipv4.conf.{nic.gpu}.arp_announce=2")
+    ns.address(nic.gpu, netns, f"{nic.ip}/{subnet.prefixlen}")
+    shape(nic.gpu, netns, nic.mbps)
+    ns.ip("route", "replace", str(subnet), "dev", nic.gpu, "src", nic.ip, "table", str(nic.table), netns=netns)
+    if f"from {nic.ip} lookup {nic.table}" not in ns.ip("rule", "show", netns=netns):
+        ns.ip("rule", "add", "from", nic.ip, "table", str(nic.table), netns=netns)
+
+
+def recreate(nic: NicPlan, rack: Rack) -> None:
+    """Rebuild a NIC's veth pair and its OCS port, shaped as before, then address it."""
+    netns = netns_of(nic.server)
+    if ns.has_link(nic.peer_intf, None):
+        ns.ip("link", "delete", "dev", nic.peer_intf)
+    ns.ip("link", "add", nic.peer_intf, "address", _peer_mac(nic), "type", "veth", "peer", "name", nic.gpu,
+          "address", nic.mac, "netns", netns)
+    # Two transactions: a delete and an add of the same name in one would leave OVS holding the
+    # dead interface.
+    ovs.vsctl("--if-exists", "del-port", nic.ocs, nic.peer_intf)
+    ovs.vsctl("add-port", nic.ocs, nic.peer_intf, "--", "set", "interface", nic.peer_intf, f"ofport_request={nic.ocs_port}")
+    shape(nic.peer_intf, None, nic.mbps)
+    ns.run("ethtool", "-K", nic.peer_intf, "tx", "off", "gro", "off", check=False)
+    ns.ip("link", "set", "dev", nic.peer_intf, "up")
+    address(nic, rack)
+
+
+def _peer_mac(nic: NicPlan) -> str:
+    return "06" + nic.mac[2:]  # locally administered, distinct from the NIC's
+
+
+class EmulatedNicHome:
+    """Where a GPU's NIC lives when no container holds it: its emulated server's namespace."""
+
+    def __init__(self, rack: Rack):
+        self.rack = rack
+        self.plans = {p.gpu: p for p in nic_plans(rack)}
+
+    def netns(self, server: str) -> str:
+        return netns_of(server)
+
+    def restore(self, gpu: str) -> None:
+        address(self.plans[gpu], self.rack)
+
+    def adopt(self, gpu: str, netns: str, ifname: str) -> None:
+        """The NIC is in a container now: shape it there again (the move dropped its qdisc)."""
+        shape(ifname, netns, self.plans[gpu].mbps)
+
+    def recreate(self, gpu: str) -> None:
+        recreate(self.plans[gpu], self.rack)

@@ -1,0 +1,42 @@
+"""Names and rates of the emulated rack's interfaces, derived from the rack file (no Mininet import)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.core.rack import Rack
+
+NETNS_PREFIX = "optirack-"
+
+
+def port_intf(device: str, port: int) -> str:
+    """Root-namespace name of a bridge port: ``ocs1-p7``."""
+    return f"{device}-p{port}"
+
+
+def netns_of(server: str) -> str:
+    """The pinned network namespace of an emulated server."""
+    return f"{NETNS_PREFIX}{server}"
+
+
+@dataclass(frozen=True)
+class NicPlan:
+    gpu: str
+    server: str
+    ocs: str
+    ocs_port: int
+    peer_intf: str  # OCS-side end, root namespace
+    mbps: float
+    ip: str
+    mac: str
+    table: int  # routing table of this NIC's source route in its server namespace
+
+
+def nic_plans(rack: Rack) -> list[NicPlan]:
+    scale = rack.spec.emulation
+    plans = []
+    for i, (name, gpu) in enumerate(rack.gpus.items()):
+        ref = gpu.nic.ocs_port
+        ip, mac = rack.addresses[name]
+        plans.append(NicPlan(name, rack.server_of[name], ref.device, ref.port, port_intf(ref.device, ref.port),
+                             scale.mbps(gpu.nic.rate_gbps), ip, mac, 100 + i))
+    return plans

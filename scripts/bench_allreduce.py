@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Benchmark: fidelity of the emulated fabric for an uncongested ring all-reduce.
+
+Four GPU containers under one aggregator switch (circuits set through the controller) run the
+worker with no compute phase and a gradient of S bytes. Each iteration's bus bandwidth,
+2(n-1)/n * S / t, is compared with the emulated line rate B; the host's idle CPU is read from
+/proc/stat while they run. Needs root.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from controller.core.rack import load_rack
+from controller.drivers.containers import ContainerDriver, GpuContainer
+from emulation.harness import ROOT, Testbed
+from emulation.nics import EmulatedNicHome
+
+
+def cpu_times() -> list[int]:
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: str) -> tuple[list[list[dict]], float]:
+    rack = tb.rack
+    driver = ContainerDriver(rack, image, EmulatedNicHome(rack))
+    master = rack.addresses[gpus[0]][0]
+    prefix = rack.spec.network.subnet.prefixlen
+    started = []
+    try:
+        for rank, gpu in enumerate(gpus):
+            g = rack.gpus[gpu]
+            cmd = ["--rank", str(rank), "--world-size", str(len(gpus)), "--master", master, "--iterations", str(iterations),
+                   "--gradient-bytes", str(size), "--compute-seconds", "0", "--wait-for-nic", "60"]
+            driver.start(GpuContainer("bench", gpu, rack.server_of[gpu], g.index, g.model, gpu,
+                                      f"{rack.addresses[gpu][0]}/{prefix}", cmd))
+            started.append(gpu)
+        cpu0 = cpu_times()
+        client = driver.client_for(rack.server_of[gpus[0]])
+        logs = []
+        for gpu in gpus:
+            c = client.containers.get(f"optirack-bench-{gpu}")
+            status = c.wait(timeout=600)
+            text = c.logs(stdout=True, stderr=False).decode()
+            if status["StatusCode"] != 0:
+                raise RuntimeError(f"worker on {gpu} failed: {c.logs().decode()[-1000:]}")
+            logs.append([json.loads(line) for line in text.splitlines() if line.startswith("{")])
+        cpu1 = cpu_times()
+    finally:
+        for gpu in started:
+            driver.remove("bench", gpu, rack.server_of[gpu], gpu)
+    delta = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
+    return logs, 100.0 * (delta[3] + delta[4]) / sum(delta)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topo", type=Path, default=ROOT / "topologies" / "paper-testbed.yaml")
+    p.add_argument("--gpus", default="gpu1,gpu2,gpu3,gpu4", help="the ring (default %(default)s)")
+    p.add_argument("--mbytes", type=float, default=12.8, help="gradient size S in MB (default %(default)s)")
+    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--image", default="optirack-worker:latest")
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    args = p.parse_args(argv)
+    rack = load_rack(args.topo)
+    gpus = args.gpus.split(",")
+    switch = rack.aggregators()[0]
+    downlinks = [d.ocs_port for d in rack.switches[switch].downlinks]
+    circuits = [[str(rack.gpu_port(g)), str(d)] for g, d in zip(gpus, downlinks, strict=False)]
+    size = int(args.mbytes * 1e6)
+    n = len(gpus)
+    line_bps = rack.spec.emulation.mbps(rack.gpus[gpus[0]].nic.rate_gbps) * 1e6
+    bound_s = 2 * (n - 1) / n * size * 8 / line_bps
+    with tempfile.TemporaryDirectory() as tmp, Testbed(rack, args.topo, Path(tmp)) as tb:
+        tb.client.put("/ocs/circuits", {"circuits": circuits})
+        t0 = time.monotonic()
+        logs, idle = run_ring(tb, gpus, size, args.iterations, args.image)
+        wall = time.monotonic() - t0
+    comm = [max(r["comm_s"] for r in its) for its in zip(*[[x for x in log if x["event"] == "iteration"] for log in logs],
+                                                          strict=True)]
+    fractions = [bound_s / c for c in comm]
+    result = {"ring": gpus, "switch": switch, "gradient_bytes": size, "line_mbps": line_bps / 1e6, "bound_s": bound_s,
+              "comm_s": comm, "fraction_median": statistics.median(fractions), "fraction_min": min(fractions),
+              "fraction_max": max(fractions), "bus_mbps_median": statistics.median(2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm),
+              "idle_cpu_percent": idle, "wall_s": wall}
+    print(f"ring all-reduce of {n} under {switch}: S = {size / 1e6:g} MB, B = {line_bps / 1e6:g} Mbit/s, "
+          f"bound 2(n-1)/n*S/B = {bound_s:.2f} s")
+    print("  per iteration: " + " ".join(f"{c:.2f}s" for c in comm))
+    print(f"  bus bandwidth {result['bus_mbps_median']:.1f} Mbit/s = {100 * result['fraction_median']:.1f} % of the bound "
+          f"(min {100 * min(fractions):.1f} %, max {100 * max(fractions):.1f} %); host idle CPU {idle:.0f} %")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

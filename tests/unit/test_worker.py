@@ -1,0 +1,58 @@
+"""The worker outside a container: ranks on loopback, real torch.distributed traffic."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from containers.profiles import GPU_MODELS, WORKLOADS, compute_seconds
+from emulation.harness import free_port
+
+
+def run_ranks(n: int, *args: str, timeout: float = 120) -> list[list[dict]]:
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "containers.worker", "--rank", str(r), "--world-size", str(n),
+                               "--master", "127.0.0.1", "--master-port", port, "--ifname", "lo", *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(n)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=timeout)
+        assert p.returncode == 0, stderr[-2000:]
+        out.append([json.loads(line) for line in stdout.splitlines()])
+    return out
+
+
+@pytest.mark.parametrize("allreduce", ["ring", "builtin"])
+def test_profile_mode_three_ranks(allreduce):
+    results = run_ranks(3, "--iterations", "3", "--rate-scale", "0.0005", "--compute-seconds", "0.01",
+                        "--allreduce", allreduce)
+    for rank, records in enumerate(results):
+        assert records[0]["event"] == "start" and records[0]["backend"] == "gloo"
+        assert records[0]["gradient_bytes"] == round(WORKLOADS["vgg16"].gradient_bytes * 0.0005 / 4) * 4
+        its = [r for r in records if r["event"] == "iteration"]
+        assert [r["iteration"] for r in its] == [0, 1, 2]
+        assert all(0 < r["gpu_util"] <= 1 and r["compute_s"] >= 0.01 for r in its)
+        assert records[-1] == {**records[-1], "event": "done", "check": "ok", "rank": rank}
+
+
+def test_uneven_chunks_and_two_ranks_real_mode():
+    results = run_ranks(2, "--mode", "real", "--iterations", "2", "--batch", "4")
+    assert all(r[-1]["check"] == "ok" for r in results)
+    r0 = [x for x in results[0] if x["event"] == "iteration"]
+    assert r0[0]["bytes"] > 1_000_000  # the model's gradients, all-reduced
+
+
+def test_odd_sized_gradient_ring():
+    results = run_ranks(3, "--iterations", "1", "--gradient-bytes", "40004", "--compute-seconds", "0")
+    assert all(r[-1]["check"] == "ok" for r in results)
+
+
+def test_profiles_have_sources_and_scale():
+    assert compute_seconds("vgg16", "TitanXp") == pytest.approx(0.12862)
+    assert compute_seconds("vgg16", "M40") > compute_seconds("vgg16", "TitanV")
+    assert all(m.source for m in GPU_MODELS.values()) and all(w.source for w in WORKLOADS.values())
+
+
+def test_help_explains_both_ways_to_run():
+    out = subprocess.run([sys.executable, "-m", "containers.worker", "--help"], capture_output=True, text=True).stdout
+    assert "profile" in out and "real" in out and "loopback" in out
