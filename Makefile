@@ -60,6 +60,7 @@ image:
 bench: setup
 	$(PY) scripts/bench_reconfig.py
 	$(PY) scripts/bench_allreduce.py
+	$(PY) scripts/bench_placement.py
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

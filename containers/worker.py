@@ -78,12 +78,13 @@ class Utilization:
 
 
 def _profile_sizes(args) -> tuple[int, float]:
+    """Gradient elements and compute seconds of one iteration, with the rack's scale and dilation."""
     workload = WORKLOADS[args.workload]
-    elements = max(1, round(workload.gradient_bytes * args.rate_scale / 4))
+    elements = max(1, round(workload.gradient_bytes * args.rate_scale * args.time_dilation / 4))
     if args.gradient_bytes is not None:
         elements = max(1, args.gradient_bytes // 4)
     compute = args.compute_seconds if args.compute_seconds is not None else compute_seconds(args.workload, args.gpu_model)
-    return elements, compute
+    return elements, compute * args.time_dilation
 
 
 def ring_all_reduce(dist, torch, tensor) -> None:
@@ -125,6 +126,7 @@ def run_profile(args, dist, torch, device, util) -> None:
     grad = torch.empty(elements, dtype=torch.float32, device=device)
     n, rank = dist.get_world_size(), dist.get_rank()
     emit({"event": "start", "rank": rank, "world_size": n, "mode": "profile", "workload": args.workload,
+          "time_dilation": args.time_dilation,
           "gpu_model": args.gpu_model, "gradient_bytes": elements * 4, "compute_s": compute,
           "backend": dist.get_backend(), "utilization": util.source, "t": time.time()})
     for it in range(args.iterations):
@@ -211,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="vgg16", help="profile mode's workload")
     p.add_argument("--gpu-model", choices=sorted(GPU_MODELS), default=env("OPTIRACK_GPU_MODEL", "M40"))
     p.add_argument("--rate-scale", type=float, default=1.0, help="scale of gradient sizes (the rack's emulation rate scale)")
+    p.add_argument("--time-dilation", type=float, default=1.0,
+                   help="multiply compute time and gradient size (the rack's emulation.time_dilation)")
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--batch", type=int, default=32, help="real mode's batch size")
     p.add_argument("--compute-seconds", type=float, help="override the profile's compute time")

@@ -96,6 +96,70 @@ def _events(args) -> int:
     return 0
 
 
+def _job_line(j: dict) -> str:
+    done = f"{j['iterations_done']}/{j['iterations_total']}"
+    mean = "-" if j["mean_iteration_s"] is None else f"{j['mean_iteration_s']:.3f}s"
+    took = "" if j["completion_s"] is None else f" completed in {j['completion_s']:.1f}s"
+    reason = f"  ({j['reason']})" if j.get("reason") else ""
+    return (f"{j['id']:8s} {j['state']:11s} {','.join(j['gpus']):24s} {','.join(j['switches']) or '-':10s} "
+            f"iter {done:>9s} mean {mean}{took}{reason}")
+
+
+def _jobs(args) -> int:
+    data = _client(args).get("/jobs")
+    _print(args, data, "\n".join(_job_line(j) for j in data["jobs"]) or "no jobs")
+    return 0
+
+
+def _submit(args) -> int:
+    gpus = int(args.gpus) if args.gpus.isdigit() else args.gpus.split(",")
+    workload = {"mode": args.mode, "model": args.model, "iterations": args.iterations}
+    if args.compute_seconds is not None:
+        workload["compute_seconds"] = args.compute_seconds
+    client = _client(args)
+    job = client.post("/jobs", {"gpus": gpus, "policy": args.policy, "workload": workload, "name": args.name})["job"]
+    if args.wait:
+        while job["state"] in ("pending", "configuring", "running"):
+            time.sleep(1)
+            job = client.get(f"/jobs/{job['id']}")["job"]
+            print(f"\r{_job_line(job)}", end="", flush=True)
+        print()
+    _print(args, {"job": job}, _job_line(job))
+    return 0 if job["state"] not in ("failed",) else 1
+
+
+def _show(args) -> int:
+    job = _client(args).get(f"/jobs/{args.job}")["job"]
+    lines = [_job_line(job), f"  policy {job['request']['policy']}, workload {job['request']['workload']}",
+             f"  circuits: {', '.join(f'{a}={b}' for a, b in job['circuits']) or '-'}",
+             f"  reconfigurations: {', '.join(f'#{e}' for e in job['events']) or '-'}"]
+    if job["note"]:
+        lines.append(f"  note: {job['note']}")
+    _print(args, {"job": job}, "\n".join(lines))
+    return 0
+
+
+def _stop(args) -> int:
+    job = _client(args).delete(f"/jobs/{args.job}")["job"]
+    _print(args, {"job": job}, _job_line(job))
+    return 0
+
+
+def _regroup(args) -> int:
+    client = _client(args)
+    if args.job:
+        data = client.post(f"/jobs/{args.job}/regroup")
+        ev = data["event"]
+        text = (f"{args.job} regrouped under {','.join(data['job']['switches'])}: -{len(ev['removed'])} +{len(ev['added'])} "
+                f"circuits, dark {1000 * ev['dark_window_s']:.1f} ms" if ev else f"{args.job}: {data['note']}")
+    else:
+        data = client.post("/regroup")
+        text = "\n".join(f"{r['job']}: " + (r.get("error") or f"under {','.join(r['switches'])} {r.get('note', '')}")
+                         for r in data["results"]) or "no running jobs"
+    _print(args, data, text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="optirack",
@@ -129,6 +193,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("events", help="reconfigurations with their timestamps")
     p.add_argument("--limit", type=int, default=20)
     p.set_defaults(func=_events)
+
+    p = sub.add_parser("jobs", help="list jobs")
+    p.set_defaults(func=_jobs)
+    p = sub.add_parser("submit", help="start a training job")
+    p.add_argument("--gpus", required=True, help="how many GPUs (e.g. 4), or which (e.g. gpu1,gpu2)")
+    p.add_argument("--policy", choices=["regroup", "fixed"], default="regroup",
+                   help="regroup: under one aggregator switch; fixed: keep the cabling (default %(default)s)")
+    p.add_argument("--mode", choices=["profile", "real"], default="profile")
+    p.add_argument("--model", default="vgg16", help="profile mode's workload (default %(default)s)")
+    p.add_argument("--iterations", type=int, default=50)
+    p.add_argument("--compute-seconds", type=float, help="override the profile's compute time per iteration")
+    p.add_argument("--name", default="")
+    p.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    p.set_defaults(func=_submit)
+    p = sub.add_parser("show", help="one job in detail")
+    p.add_argument("job")
+    p.set_defaults(func=_show)
+    p = sub.add_parser("stop", help="stop a job and clean up")
+    p.add_argument("job")
+    p.set_defaults(func=_stop)
+    p = sub.add_parser("regroup", help="regroup a running job under one switch (or all running jobs)")
+    p.add_argument("job", nargs="?", help="a job id; without it, every running job")
+    p.set_defaults(func=_regroup)
     return parser
 
 

@@ -17,6 +17,8 @@ OPTS = [
     cfg.FloatOpt("barrier-timeout", default=10.0, help="seconds to wait for a switch to confirm changes"),
     cfg.StrOpt("tl1-user", default="admin", help="login for OCS driven by the tl1 driver"),
     cfg.StrOpt("tl1-password", default="", secret=True, help="password for OCS driven by the tl1 driver"),
+    cfg.StrOpt("nic-home", default="emulated", choices=["emulated", "host"],
+               help="where GPU NICs live outside containers: the emulated rack's server namespaces, or a real host's"),
     cfg.StrOpt("worker-image", default="optirack-worker:latest", help="Docker image of the GPU worker"),
 ]
 

@@ -25,6 +25,7 @@ DEFAULT_APPS = [
     "controller.apps.ocs",  # circuits, through each OCS's driver
     "controller.apps.fabric",  # forwarding on the packet switches
     "controller.apps.monitor",  # port statistics
+    "controller.apps.placement",  # jobs: placement, containers, regrouping
     "controller.apps.rest",  # the REST API
 ]
 

@@ -96,6 +96,8 @@ class ControllerProcess:
 class Testbed:
     """Controller + emulated rack, brought up together and taken down together."""
 
+    __test__ = False  # not a pytest test class, despite its name
+
     def __init__(self, rack: Rack, rack_file: Path, workdir: Path, extra: list[str] | None = None, quiet: bool = True):
         self.rack, self.rack_file = rack, rack_file
         self.controller = ControllerProcess(workdir, rack_file, extra)

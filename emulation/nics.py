@@ -9,6 +9,14 @@ from emulation.plan import NicPlan, netns_of, nic_plans
 from emulation.shaping import DEV, htb_commands
 
 
+def rdma_like_tcp(netns: str, ifname: str, rack: Rack) -> None:
+    """TCP stands in for RoCE, which starts at line rate and keeps it across idle time: no slow
+    start after the compute phase, and a large initial window on the job's subnet."""
+    ns.in_netns(netns, "sysctl", "-qw", "net.ipv4.tcp_slow_start_after_idle=0")
+    ns.ip("route", "replace", str(rack.spec.network.subnet), "dev", ifname, "proto", "kernel", "scope", "link",
+          "initcwnd", "64", "initrwnd", "64", netns=netns)
+
+
 def prepare_server(netns: str) -> None:
     """Several NICs on one subnet in one namespace: each answers ARP for, and sends from, its own address."""
     for key in ("all", "default"):
@@ -73,6 +81,7 @@ class EmulatedNicHome:
     def adopt(self, gpu: str, netns: str, ifname: str) -> None:
         """The NIC is in a container now: shape it there again (the move dropped its qdisc)."""
         shape(ifname, netns, self.plans[gpu].mbps)
+        rdma_like_tcp(netns, ifname, self.rack)
 
     def recreate(self, gpu: str) -> None:
         recreate(self.plans[gpu], self.rack)

@@ -26,7 +26,8 @@ def cpu_times() -> list[int]:
     return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
 
 
-def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: str) -> tuple[list[list[dict]], float]:
+def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: str,
+             allreduce: str = "ring") -> tuple[list[list[dict]], float]:
     rack = tb.rack
     driver = ContainerDriver(rack, image, EmulatedNicHome(rack))
     master = rack.addresses[gpus[0]][0]
@@ -36,7 +37,7 @@ def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: st
         for rank, gpu in enumerate(gpus):
             g = rack.gpus[gpu]
             cmd = ["--rank", str(rank), "--world-size", str(len(gpus)), "--master", master, "--iterations", str(iterations),
-                   "--gradient-bytes", str(size), "--compute-seconds", "0", "--wait-for-nic", "60"]
+                   "--gradient-bytes", str(size), "--compute-seconds", "0", "--wait-for-nic", "60", "--allreduce", allreduce]
             driver.start(GpuContainer("bench", gpu, rack.server_of[gpu], g.index, g.model, gpu,
                                       f"{rack.addresses[gpu][0]}/{prefix}", cmd))
             started.append(gpu)
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mbytes", type=float, default=12.8, help="gradient size S in MB (default %(default)s)")
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--image", default="optirack-worker:latest")
+    p.add_argument("--allreduce", choices=["ring", "builtin"], default="ring", help="the worker's --allreduce")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     rack = load_rack(args.topo)
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, Testbed(rack, args.topo, Path(tmp)) as tb:
         tb.client.put("/ocs/circuits", {"circuits": circuits})
         t0 = time.monotonic()
-        logs, idle = run_ring(tb, gpus, size, args.iterations, args.image)
+        logs, idle = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce)
         wall = time.monotonic() - t0
     comm = [max(r["comm_s"] for r in its) for its in zip(*[[x for x in log if x["event"] == "iteration"] for log in logs],
                                                           strict=True)]

@@ -114,8 +114,8 @@ def int_param(req, name: str, default: int | None, lo: int = 1, hi: int = 100_00
     return int(text)
 
 
-class Api(ControllerBase):
-    """Handlers are a few lines each: parse, call the context's services, render with `views`."""
+class OptirackController(ControllerBase):
+    """Base of the REST controllers: the context, and the bearer-token check for mutations."""
 
     def __init__(self, req, link, data, **config):
         super().__init__(req, link, data, **config)
@@ -129,6 +129,10 @@ class Api(ControllerBase):
                                 "(the token is in the controller's state directory)")
         if not hmac.compare_digest(token.strip(), self.ctx.token):
             raise ApiError(401, "wrong token")
+
+
+class Api(OptirackController):
+    """Handlers are a few lines each: parse, call the context's services, render with `views`."""
 
     @route("openapi", PREFIX + "/openapi.json", methods=["GET"])
     def openapi(self, req, **_):
@@ -195,9 +199,10 @@ class NotFound(ControllerBase):
 
 class RestApp(app_manager.RyuApp):
     _CONTEXTS = {"optirack": Optirack, "wsgi": WSGIApplication}
-    CONTROLLERS = [Api]
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        for cls in self.CONTROLLERS + [NotFound]:
+        from controller.apps.jobs_api import JobsApi
+
+        for cls in (Api, JobsApi, NotFound):  # NotFound last: it takes whatever the others did not
             kwargs["wsgi"].register(cls, {"optirack": kwargs["optirack"]})

@@ -134,6 +134,10 @@ class Switch(_Spec):
 
 class Emulation(_Spec):
     rate_scale: Annotated[float, Field(gt=0, le=1)] = 0.0005
+    # Emulated time runs this many times slower than the rack's: compute phases and gradient
+    # sizes are both multiplied by it, so every ratio is kept while fixed software latencies of
+    # the emulation (tens of ms per all-reduce on 2 cores) weigh less.
+    time_dilation: Annotated[float, Field(ge=1, le=100)] = 1.0
 
     def mbps(self, rate_gbps: float) -> float:
         """The emulated rate in Mbit/s of a physical rate in Gbit/s."""
@@ -229,7 +233,7 @@ class Rack:
             f"rack {s.name}: {len(s.servers)} servers, {len(self.gpus)} GPUs ({gpu_text})",
             "  OCS: " + ", ".join(f"{o.name} ({o.ports} ports, {o.switching_time_ms:g} ms switching, {o.driver})" for o in s.ocs),
             "  switches: " + ", ".join(f"{w.name} ({w.role}, {len(w.downlinks)} down, {len(w.uplinks)} up)" for w in s.switches),
-            f"  circuits: {len(s.circuits)}; emulation rate scale {s.emulation.rate_scale:g}"
+            f"  circuits: {len(s.circuits)}; emulation rate scale {s.emulation.rate_scale:g}, time dilation {s.emulation.time_dilation:g}"
             f" (100 Gbit/s -> {s.emulation.mbps(100):g} Mbit/s); subnet {s.network.subnet}",
         ]
         return "\n".join(lines)

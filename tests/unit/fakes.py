@@ -140,3 +140,79 @@ def wait_until(predicate, timeout: float = 5.0, what: str = "a condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         hub.sleep(0.005)
+
+
+class FakeContainer:
+    def __init__(self, name, lines, code, block=False):
+        self.name, self.lines, self.code, self.block = name, lines, code, block
+        self.killed, self.removed = False, False
+        self.labels = {}
+
+    def _follow(self, data):
+        yield from data
+        while self.block and not self.killed:  # a worker that runs until it is killed
+            hub.sleep(0.01)
+
+    def logs(self, stream=False, follow=False, **_):
+        data = [(line + "\n").encode() for line in self.lines]
+        return self._follow(data) if stream else b"".join(data)
+
+    def wait(self, **_):
+        while self.block and not self.killed:
+            hub.sleep(0.01)
+        return {"StatusCode": 137 if self.killed else self.code}
+
+    def kill(self):
+        self.killed = True
+
+
+class FakeContainers:
+    def __init__(self, driver):
+        self.driver = driver
+
+    def get(self, name):
+        import docker
+
+        if name not in self.driver.running:
+            raise docker.errors.NotFound(name)
+        return self.driver.running[name]
+
+
+class FakeDriver:
+    """A container driver that runs no containers: each 'worker' replays scripted JSON lines."""
+
+    def __init__(self, iterations=3, fail_start_on=None, exit_codes=None, block=False):
+        self.iterations, self.fail_start_on, self.exit_codes = iterations, fail_start_on, exit_codes or {}
+        self.block = block
+        self.running: dict[str, FakeContainer] = {}
+        self.started, self.removed = [], []
+
+    def client_for(self, server):
+        driver = self
+
+        class Client:
+            containers = FakeContainers(driver)
+        return Client()
+
+    def start(self, spec):
+        import json
+
+        from controller.drivers.containers import ContainerError, container_name
+        if spec.gpu == self.fail_start_on:
+            raise ContainerError(f"cannot start the container of {spec.gpu}: no such image")
+        lines = [json.dumps({"event": "iteration", "iteration": i, "t_start": 10.0 + i, "t_end": 11.0 + i,
+                             "compute_s": 0.6, "comm_s": 0.4, "iter_s": 1.0, "gpu_util": 0.6, "bytes": 1})
+                 for i in range(self.iterations)]
+        lines.append(json.dumps({"event": "done", "check": "ok"}))
+        name = container_name(spec.job, spec.gpu)
+        self.running[name] = FakeContainer(name, lines, self.exit_codes.get(spec.gpu, 0), self.block)
+        self.started.append((spec.job, spec.gpu, spec.command))
+        return name
+
+    def remove(self, job, gpu, server, ifname):
+        from controller.drivers.containers import container_name
+        self.running.pop(container_name(job, gpu), None)
+        self.removed.append((job, gpu))
+
+    def containers(self, server, job=None):
+        return []

@@ -1,0 +1,92 @@
+"""REST for jobs: submit, list, inspect, stop, regroup one, regroup all."""
+from __future__ import annotations
+
+from ryu.app.wsgi import route
+
+from controller.apps.context import Conflict
+from controller.apps.placement import UnknownJob
+from controller.apps.rest import PREFIX, ApiError, OptirackController, api, int_param, json_response, read_json
+from controller.core.jobs import JobRequest
+from controller.core.placement import PlacementError
+
+JOB_ID = {"job_id": r"[a-zA-Z0-9_.-]+"}
+
+
+class JobsApi(OptirackController):
+
+    @property
+    def placement(self):
+        if self.ctx.placement is None:
+            raise ApiError(503, "the placement app is not loaded (controller.apps.placement)")
+        return self.ctx.placement
+
+    def _job(self, job_id: str):
+        try:
+            return self.placement.get(job_id)
+        except UnknownJob:
+            raise ApiError(404, f"no job {job_id!r}", "job_id") from None
+
+    @route("jobs", PREFIX + "/jobs", methods=["POST"])
+    @api(mutation=True)
+    def submit(self, req, **_):
+        body = read_json(req, JobRequest)
+        try:
+            job = self.placement.submit(body)
+        except ValueError as e:  # unknown GPU names
+            field, _, message = str(e).partition(": ")
+            raise ApiError(400, message or str(e), field if message else None) from None
+        except PlacementError as e:
+            raise ApiError(409, str(e), "gpus") from None
+        resp = json_response({"job": job.to_json()}, 201)
+        resp.headers["Location"] = f"{PREFIX}/jobs/{job.id}"
+        return resp
+
+    @route("jobs", PREFIX + "/jobs", methods=["GET"])
+    @api()
+    def list(self, req, **_):
+        return json_response({"jobs": [j.to_json() for j in self.placement.jobs.values()]})
+
+    @route("job", PREFIX + "/jobs/{job_id}", methods=["GET"], requirements=JOB_ID)
+    @api()
+    def show(self, req, job_id, **_):
+        job = self._job(job_id)
+        body = job.to_json(detail=True)
+        history = int_param(req, "history", 0, lo=0)
+        if history:
+            body["throughput"] = self._throughput(job, history)
+        return json_response({"job": body})
+
+    def _throughput(self, job, limit: int) -> dict:
+        """Each GPU NIC's throughput while the job ran, seen at its OCS port."""
+        end = job.ended_at or self.ctx.clock()
+        out = {}
+        for gpu in job.gpus:
+            ref = self.ctx.rack.gpu_port(gpu)
+            dpid = self.ctx.rack.ocs[ref.device].dpid
+            samples = [s for s in self.ctx.ports.history(dpid, ref.port)
+                       if job.started_at and job.started_at <= s.t <= end + 1.0]
+            out[gpu] = [{"t": round(s.t, 3), "tx_bps": round(s.rx_bps), "rx_bps": round(s.tx_bps)} for s in samples[-limit:]]
+        return out
+
+    @route("job", PREFIX + "/jobs/{job_id}", methods=["DELETE"], requirements=JOB_ID)
+    @api(mutation=True)
+    def stop(self, req, job_id, **_):
+        self._job(job_id)
+        return json_response({"job": self.placement.stop(job_id).to_json()})
+
+    @route("job_regroup", PREFIX + "/jobs/{job_id}/regroup", methods=["POST"], requirements=JOB_ID)
+    @api(mutation=True)
+    def regroup(self, req, job_id, **_):
+        self._job(job_id)
+        try:
+            ev = self.placement.regroup(job_id)
+        except PlacementError as e:
+            raise Conflict(str(e)) from None
+        job = self.placement.get(job_id)
+        return json_response({"job": job.to_json(), "event": ev.to_json() if ev else None,
+                              "note": job.note or ("already under one switch" if ev is None else "")})
+
+    @route("regroup_all", PREFIX + "/regroup", methods=["POST"])
+    @api(mutation=True)
+    def regroup_all(self, req, **_):
+        return json_response({"results": self.placement.regroup_all()})

@@ -1,0 +1,333 @@
+"""The placement app: runs jobs. Plan (core.placement) -> OCS diff and flows (OCS app, confirmed)
+-> one container per GPU (container driver) -> watch the workers -> clean up. A failure at any
+step undoes what was done: the job's circuit changes are reversed, its containers removed, its
+GPUs freed, and the job fails with the reason. Jobs and circuits are persisted, so a restarted
+controller takes its running jobs back.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+
+from ryu.base import app_manager
+from ryu.lib import hub
+
+from controller.apps.context import Conflict, Optirack
+from controller.apps.ocs import ReconfigFailed
+from controller.config import conf
+from controller.core import placement as policy
+from controller.core.circuits import CircuitDiff, CircuitMap
+from controller.core.jobs import ACTIVE, Job, JobRequest
+from controller.core.rack import PortRef
+from controller.drivers.containers import (
+    LABEL_JOB,
+    ContainerDriver,
+    ContainerError,
+    GpuContainer,
+    HostNicHome,
+    container_name,
+)
+from controller.drivers.ocs import OcsUnavailable
+
+LOG = logging.getLogger("optirack.placement")
+RECONFIG_WAIT = 120.0  # seconds a job waits for another reconfiguration to finish
+
+
+class UnknownJob(KeyError):
+    pass
+
+
+def _nic_home(rack):
+    if conf().nic_home == "host":
+        return HostNicHome()
+    from emulation.nics import EmulatedNicHome
+
+    return EmulatedNicHome(rack)
+
+
+class PlacementApp(app_manager.RyuApp):
+    _CONTEXTS = {"optirack": Optirack}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ctx: Optirack = kwargs["optirack"]
+        self.ctx.placement = self
+        self.driver = kwargs.get("driver") or ContainerDriver(self.ctx.rack, conf().worker_image, _nic_home(self.ctx.rack))
+        self.jobs: dict[str, Job] = {j["id"]: Job.from_state(j) for j in self.ctx.saved.get("jobs", [])}
+        start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
+        self._ids = itertools.count(start)
+        self.admission = hub.Semaphore(1)  # plan and reconfigure one job at a time
+        self._threads: dict[str, list] = {}
+        hub.spawn(self._recover)
+
+    # --- what other apps and the REST API ask ---------------------------------------
+    def busy_gpus(self) -> dict[str, str]:
+        return {g: j.id for j in self.jobs.values() if j.active for g in j.gpus or self._requested(j)}
+
+    gpu_jobs = busy_gpus
+
+    @staticmethod
+    def _requested(job: Job) -> list[str]:
+        gpus = job.request.get("gpus")
+        return gpus if isinstance(gpus, list) else []
+
+    def protected_ports(self, exclude: str | None = None) -> dict[PortRef, str]:
+        """OCS ports of active jobs' GPUs and their circuits' other ends."""
+        result = {}
+        for job in self.jobs.values():
+            if job.active and job.id != exclude:
+                for g in job.gpus:
+                    p = self.ctx.rack.gpu_port(g)
+                    result[p] = job.id
+                    other = self.ctx.circuits.partner(p)
+                    if other is not None:
+                        result[other] = job.id
+        return result
+
+    def get(self, job_id: str) -> Job:
+        if job_id not in self.jobs:
+            raise UnknownJob(job_id)
+        return self.jobs[job_id]
+
+    def save(self) -> None:
+        self.ctx.save(jobs=[j.to_state() for j in self.jobs.values()])
+
+    # --- submitting and running -------------------------------------------------------
+    def submit(self, req: JobRequest) -> Job:
+        """Admit a job (its GPUs are reserved at once) and start running it in the background."""
+        rack, busy = self.ctx.rack, self.busy_gpus()
+        if isinstance(req.gpus, list):
+            unknown = [g for g in req.gpus if g not in rack.gpus]
+            if unknown:
+                raise ValueError(f"gpus: unknown GPU {', '.join(unknown)} (rack {rack.name} has {', '.join(rack.gpus)})")
+            taken = {g: busy[g] for g in req.gpus if g in busy}
+            if taken:
+                raise Conflict("gpus: " + ", ".join(f"{g} is held by job {j}" for g, j in taken.items()))
+            gpus = list(req.gpus)
+        else:
+            try:
+                gpus = policy.pick_gpus(rack, self.ctx.circuits, busy, req.gpus, req.policy)
+            except policy.PlacementError as e:
+                raise Conflict(f"gpus: {e}") from None
+        if req.policy == "fixed":
+            policy.plan_fixed(rack, self.ctx.circuits, gpus)  # refuse now, not later
+        job = Job(id=f"job-{next(self._ids)}", request=req.model_dump(), created_at=self.ctx.clock())
+        job.gpus = gpus
+        self.jobs[job.id] = job
+        self.save()
+        LOG.info("%s admitted: %s GPUs %s, policy %s", job.id, len(gpus), ",".join(gpus), req.policy)
+        hub.spawn(self._run, job)
+        return job
+
+    def _run(self, job: Job) -> None:
+        applied: CircuitDiff | None = None
+        try:
+            with self.admission:
+                job.state = "configuring"
+                self.save()
+                p = policy.plan(self.ctx.rack, self.ctx.circuits, job.gpus, job.request["policy"],
+                                self.protected_ports(exclude=job.id))
+                job.gpus, job.switches, job.note = list(p.gpus), list(p.switches), p.note
+                if p.note:
+                    LOG.warning("%s: %s", job.id, p.note)
+                diff = self.ctx.circuits.diff(p.target)
+                if diff:
+                    ev = self.ctx.ocs.reconfigure(p.target, "job", f"{job.id}: place {len(job.gpus)} GPUs "
+                                                  f"({job.request['policy']})", job=job.id, wait=RECONFIG_WAIT)
+                    job.events.append(ev.id)
+                    applied = diff
+                job.circuits = self._circuits_of(job)
+            self._start_containers(job)
+        except (policy.PlacementError, ReconfigFailed, OcsUnavailable, Conflict, ContainerError) as e:
+            self._fail(job, str(e), applied)
+            return
+        job.state, job.started_at = "running", self.ctx.clock()
+        self.save()
+        LOG.info("%s running on %s (switches %s)", job.id, ",".join(job.gpus), ",".join(job.switches))
+        self._watch(job)
+
+    def _circuits_of(self, job: Job) -> list[list[str]]:
+        out = []
+        for g in job.gpus:
+            p = self.ctx.rack.gpu_port(g)
+            other = self.ctx.circuits.partner(p)
+            if other is not None:
+                out.append([str(p), str(other)])
+        return out
+
+    def _command(self, job: Job, rank: int) -> list[str]:
+        w = job.request["workload"]
+        master = self.ctx.rack.addresses[job.gpus[0]][0]
+        cmd = ["--rank", str(rank), "--world-size", str(len(job.gpus)), "--master", master, "--mode", w["mode"],
+               "--iterations", str(w["iterations"]), "--rate-scale", str(self.ctx.rack.spec.emulation.rate_scale),
+               "--time-dilation", str(self.ctx.rack.spec.emulation.time_dilation),
+               "--wait-for-nic", "60", "--batch", str(w["batch"])]
+        if w["mode"] == "profile":
+            cmd += ["--workload", w["model"]]
+        if w.get("compute_seconds") is not None:
+            cmd += ["--compute-seconds", str(w["compute_seconds"])]
+        return cmd
+
+    def _start_containers(self, job: Job) -> None:
+        rack, prefix = self.ctx.rack, self.ctx.rack.spec.network.subnet.prefixlen
+        started = []
+        try:
+            for rank, gpu in enumerate(job.gpus):
+                g = rack.gpus[gpu]
+                self.driver.start(GpuContainer(job.id, gpu, rack.server_of[gpu], g.index, g.model, gpu,
+                                               f"{rack.addresses[gpu][0]}/{prefix}", self._command(job, rank)))
+                started.append(gpu)
+        except ContainerError:
+            self._remove_containers(job, started)
+            raise
+
+    def _remove_containers(self, job: Job, gpus=None) -> None:
+        for gpu in gpus if gpus is not None else job.gpus:
+            try:
+                self.driver.remove(job.id, gpu, self.ctx.rack.server_of[gpu], gpu)
+            except Exception as e:  # noqa: BLE001 (keep cleaning the others)
+                LOG.error("%s: removing the container of %s: %s", job.id, gpu, e)
+
+    def _fail(self, job: Job, reason: str, applied: CircuitDiff | None) -> None:
+        LOG.error("%s failed: %s", job.id, reason)
+        if applied:
+            self._reverse(job, applied)
+        self._remove_containers(job)
+        job.state, job.reason, job.ended_at = "failed", reason, self.ctx.clock()
+        self.save()
+
+    def _reverse(self, job: Job, applied: CircuitDiff) -> None:
+        """Put back the circuits this job's placement replaced, where nothing else has changed them."""
+        current = self.ctx.circuits
+        keep = [c for c in current.circuits if c not in applied.add]
+        used = {p for c in keep for p in c}
+        back = [c for c in applied.remove if not (set(c) & used)]
+        try:
+            ev = self.ctx.ocs.reconfigure(CircuitMap(keep + back), "job", f"{job.id}: undo placement", job=job.id,
+                                          wait=RECONFIG_WAIT)
+            job.events.append(ev.id)
+        except (ReconfigFailed, OcsUnavailable, Conflict) as e:
+            LOG.error("%s: could not restore the circuits: %s", job.id, e)
+
+    # --- watching the workers ---------------------------------------------------------
+    def _watch(self, job: Job) -> None:
+        threads = [hub.spawn(self._follow, job, gpu) for gpu in job.gpus]
+        self._threads[job.id] = threads
+        hub.joinall(threads)
+        if job.state != "running":
+            return  # stopped or failed meanwhile
+        failed = {g: c for g, c in job.exit_codes.items() if c != 0}
+        if failed:
+            gpu, code = next(iter(failed.items()))
+            last = next((r for r in reversed(job.reports.get(gpu, [])) if r.get("event") == "error"), None)
+            self._finish(job, "failed", f"the worker on {gpu} exited with {code}" + (f": {last['error']}" if last else ""))
+        else:
+            self._finish(job, "done", None)
+
+    def _follow(self, job: Job, gpu: str) -> None:
+        """Read one worker's JSON lines as they come; record its exit code; stop the job if it failed."""
+        server = self.ctx.rack.server_of[gpu]
+        try:
+            container = self.driver.client_for(server).containers.get(container_name(job.id, gpu))
+            job.reports[gpu] = []
+            buf = b""
+            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=False):
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if line.startswith(b"{"):
+                        try:
+                            job.record(gpu, json.loads(line))
+                        except ValueError:
+                            pass
+            job.exit_codes[gpu] = container.wait().get("StatusCode", -1)
+        except Exception as e:  # noqa: BLE001 (the container vanished or Docker failed)
+            LOG.error("%s: lost the worker on %s: %s", job.id, gpu, e)
+            job.exit_codes[gpu] = -1
+        if job.exit_codes[gpu] != 0 and job.state == "running":
+            LOG.warning("%s: the worker on %s exited with %s; stopping the others", job.id, gpu, job.exit_codes[gpu])
+            for other in job.gpus:
+                if other != gpu:
+                    self._kill(job, other)
+
+    def _kill(self, job: Job, gpu: str) -> None:
+        try:
+            self.driver.client_for(self.ctx.rack.server_of[gpu]).containers.get(container_name(job.id, gpu)).kill()
+        except Exception:  # noqa: BLE001 (already gone)
+            pass
+
+    def _finish(self, job: Job, state: str, reason: str | None) -> None:
+        self._remove_containers(job)
+        job.state, job.reason, job.ended_at = state, reason, self.ctx.clock()
+        self.save()
+        completion = job.completion_s()
+        LOG.info("%s %s%s", job.id, state, f" in {completion:.1f} s" if completion else f": {reason}" if reason else "")
+
+    def stop(self, job_id: str) -> Job:
+        job = self.get(job_id)
+        if not job.active:
+            return job
+        if job.state != "running":
+            raise Conflict(f"{job_id} is {job.state}; stop it once it runs")
+        job.state, job.reason = "stopped", "stopped by request"
+        for gpu in job.gpus:
+            self._kill(job, gpu)
+        hub.joinall(self._threads.get(job.id, []))
+        self._finish(job, "stopped", "stopped by request")
+        return job
+
+    # --- regrouping running jobs --------------------------------------------------------
+    def regroup(self, job_id: str):
+        """Bring a running job's GPUs under one switch; it stalls for the dark window and goes on."""
+        job = self.get(job_id)
+        if job.state != "running":
+            raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
+        with self.admission:
+            p = policy.plan_regroup(self.ctx.rack, self.ctx.circuits, job.gpus, self.protected_ports(exclude=job.id))
+            target_switches = list(p.switches)
+            if not self.ctx.circuits.diff(p.target):
+                return None
+            ev = self.ctx.ocs.reconfigure(p.target, "regroup", f"{job.id}: regroup under {','.join(target_switches)}",
+                                          job=job.id, wait=RECONFIG_WAIT)
+            job.switches, job.note = target_switches, p.note
+            job.circuits = self._circuits_of(job)
+            job.events.append(ev.id)
+            self.save()
+            LOG.info("%s regrouped under %s (%d circuit changes)", job.id, ",".join(target_switches), p.changes)
+            return ev
+
+    def regroup_all(self) -> list[dict]:
+        """Defragment: regroup every running job, largest first."""
+        results = []
+        for job in sorted((j for j in self.jobs.values() if j.state == "running"), key=lambda j: -len(j.gpus)):
+            try:
+                ev = self.regroup(job.id)
+                results.append({"job": job.id, "switches": job.switches, "event": ev.to_json() if ev else None,
+                                "note": job.note or ("already under one switch" if ev is None else "")})
+            except (policy.PlacementError, ReconfigFailed, OcsUnavailable, Conflict) as e:
+                results.append({"job": job.id, "error": str(e)})
+        return results
+
+    # --- after a restart --------------------------------------------------------------------
+    def _recover(self) -> None:
+        for job in list(self.jobs.values()):
+            if job.state == "running":
+                present = self._present(job)
+                if set(present) == set(job.gpus):
+                    LOG.info("%s: still running after the restart; following its workers again", job.id)
+                    hub.spawn(self._watch, job)
+                    continue
+                self._fail(job, "its containers went away while the controller was down", None)
+            elif job.state in ACTIVE:
+                self._fail(job, f"the controller restarted while the job was {job.state}", None)
+
+    def _present(self, job: Job) -> list[str]:
+        found = []
+        for server in {self.ctx.rack.server_of[g] for g in job.gpus}:
+            try:
+                found += [c.labels.get("org.optirack.gpu") for c in self.driver.containers(server, job.id)
+                          if c.labels.get(LABEL_JOB) == job.id]
+            except Exception as e:  # noqa: BLE001 (Docker unreachable: treat as gone)
+                LOG.error("cannot list containers on %s: %s", server, e)
+        return found

@@ -1,0 +1,119 @@
+"""Jobs: what a job asked for, its state, and what its workers reported.
+
+States: pending -> configuring -> running -> done | failed (with the reason) | stopped (DELETE).
+A job's record keeps its GPUs in rank order, the switches and circuits it used, its times, and
+each rank's per-iteration reports (compute and communication time, GPU utilization).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from containers.profiles import WORKLOADS
+
+ACTIVE = ("pending", "configuring", "running")
+TERMINAL = ("done", "failed", "stopped")
+
+
+class Workload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["profile", "real"] = "profile"
+    model: str = Field("vgg16", description="profile mode's workload (containers/profiles.py)")
+    iterations: int = Field(50, ge=1, le=1_000_000)
+    compute_seconds: float | None = Field(None, ge=0, le=3600, description="override the profile's compute time")
+    batch: int = Field(32, ge=1, le=4096, description="real mode's batch size")
+
+    @model_validator(mode="after")
+    def _known_model(self):
+        if self.mode == "profile" and self.model not in WORKLOADS:
+            raise ValueError(f"unknown model {self.model!r} (known: {', '.join(sorted(WORKLOADS))})")
+        return self
+
+
+class JobRequest(BaseModel):
+    """The body of POST /jobs."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field("", max_length=64)
+    gpus: int | list[str] = Field(..., description="how many GPUs, or which ones")
+    policy: Literal["fixed", "regroup"] = "regroup"
+    workload: Workload = Workload()
+
+    @model_validator(mode="after")
+    def _gpus(self):
+        if isinstance(self.gpus, int) and self.gpus < 1:
+            raise ValueError("gpus: at least 1")
+        if isinstance(self.gpus, list) and (not self.gpus or len(set(self.gpus)) != len(self.gpus)):
+            raise ValueError("gpus: a non-empty list of distinct GPU names")
+        return self
+
+
+@dataclass
+class Job:
+    id: str
+    request: dict
+    state: str = "pending"
+    reason: str | None = None
+    gpus: list[str] = field(default_factory=list)  # rank order
+    switches: list[str] = field(default_factory=list)
+    circuits: list[list[str]] = field(default_factory=list)
+    note: str = ""
+    created_at: float = 0.0
+    started_at: float | None = None  # containers started
+    ended_at: float | None = None
+    events: list[int] = field(default_factory=list)  # reconfiguration event ids
+    reports: dict[str, list[dict]] = field(default_factory=dict)  # gpu -> worker JSON lines
+    exit_codes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ACTIVE
+
+    def record(self, gpu: str, line: dict) -> None:
+        self.reports.setdefault(gpu, []).append(line)
+
+    def iterations(self) -> list[dict]:
+        """One entry per completed iteration: when it ended and how long it took, over all ranks."""
+        per_rank = [[r for r in self.reports.get(g, []) if r.get("event") == "iteration"] for g in self.gpus]
+        count = min((len(r) for r in per_rank), default=0)
+        out = []
+        for i in range(count):
+            its = [r[i] for r in per_rank]
+            out.append({"iteration": i, "t_start": min(x["t_start"] for x in its), "t_end": max(x["t_end"] for x in its),
+                        "iter_s": max(x["iter_s"] for x in its), "compute_s": max(x["compute_s"] for x in its),
+                        "comm_s": max(x["comm_s"] for x in its),
+                        "gpu_util": statistics.fmean(x["gpu_util"] for x in its)})
+        return out
+
+    def completion_s(self) -> float | None:
+        """From the first iteration's start to the last one's end (all ranks)."""
+        its = self.iterations()
+        if self.state != "done" or not its:
+            return None
+        return its[-1]["t_end"] - its[0]["t_start"]
+
+    def summary(self) -> dict:
+        its = self.iterations()
+        total = self.request.get("workload", {}).get("iterations")
+        d = {k: v for k, v in asdict(self).items() if k not in ("reports",)}
+        d.update(iterations_done=len(its), iterations_total=total, completion_s=self.completion_s(),
+                 mean_iteration_s=statistics.fmean(i["iter_s"] for i in its) if its else None,
+                 mean_gpu_util=statistics.fmean(i["gpu_util"] for i in its) if its else None)
+        return d
+
+    def to_json(self, detail: bool = False) -> dict:
+        d = self.summary()
+        if detail:
+            d["iteration_log"] = self.iterations()
+            d["ranks"] = {g: [r for r in self.reports.get(g, []) if r.get("event") == "iteration"] for g in self.gpus}
+        return d
+
+    def to_state(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, data: dict) -> Job:
+        return cls(**data)
