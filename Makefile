@@ -65,8 +65,6 @@ bench: setup
 clean:
 	rm -rf build .pytest_cache .ruff_cache
 
-# For now the main job checks the rack file and shows that the controller starts with it;
-# the paper's experiment lands with the jobs API.
+# The main job: the paper's experiment on the default rack (results/). ARGS="--quick" for a short run.
 demo: setup
-	$(VENV)/bin/optirack check-topology $(TOPO)
-	timeout --preserve-status -s INT 5 $(VENV)/bin/optirack-controller --optirack-rack $(TOPO) || true
+	$(PY) -m scripts.paper_experiment $(ARGS)
