@@ -14,6 +14,7 @@ from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
 from ryu.lib import hub
 from ryu.ofproto import ofproto_v1_3
 
+from controller.apps.confirm import ConfirmingApp
 from controller.apps.context import Optirack
 from controller.config import conf
 from controller.core.forwarding import Table, compute_tables
@@ -34,7 +35,7 @@ def table_changes(installed: Table, desired: Table) -> list:
     return msgs
 
 
-class FabricApp(app_manager.RyuApp):
+class FabricApp(ConfirmingApp, app_manager.RyuApp):
     OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
     _CONTEXTS = {"optirack": Optirack}
 
@@ -61,15 +62,7 @@ class FabricApp(app_manager.RyuApp):
             self.installed.pop(name, None)
             self.rpc.on_disconnect(ev.datapath.id)
 
-    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
-    def _barrier_reply(self, ev):
-        self.rpc.on_barrier_reply(ev.msg)
 
-    @set_ev_cls(ofp_event.EventOFPErrorMsg, MAIN_DISPATCHER)
-    def _error(self, ev):
-        if self.rpc.on_error(ev.msg):
-            LOG.warning("switch %s refused a flow-mod: type %s code %s", self.ctx.name_of(ev.msg.datapath.id),
-                        ev.msg.type, ev.msg.code)
 
     def desired(self) -> dict[str, Table]:
         return compute_tables(self.ctx.rack, self.ctx.circuits)

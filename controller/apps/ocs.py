@@ -9,6 +9,7 @@ from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
 from ryu.lib import hub
 from ryu.ofproto import ofproto_v1_3
 
+from controller.apps.confirm import ConfirmingApp
 from controller.apps.context import Busy, Optirack
 from controller.config import conf
 from controller.core.circuits import CircuitError, CircuitMap
@@ -31,7 +32,7 @@ def _pairs(circuits) -> set[tuple[int, int]]:
     return {(a.port, b.port) for a, b in circuits}
 
 
-class OcsApp(app_manager.RyuApp):
+class OcsApp(ConfirmingApp, app_manager.RyuApp):
     OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
     _CONTEXTS = {"optirack": Optirack}
 
@@ -66,19 +67,8 @@ class OcsApp(app_manager.RyuApp):
             self.synchronised.discard(name)
             self.rpc.on_disconnect(ev.datapath.id)
 
-    @set_ev_cls(ofp_event.EventOFPBarrierReply, MAIN_DISPATCHER)
-    def _barrier_reply(self, ev):
-        self.rpc.on_barrier_reply(ev.msg)
 
-    @set_ev_cls(ofp_event.EventOFPFlowStatsReply, MAIN_DISPATCHER)
-    def _flow_stats_reply(self, ev):
-        self.rpc.on_multipart_reply(ev.msg)
 
-    @set_ev_cls(ofp_event.EventOFPErrorMsg, MAIN_DISPATCHER)
-    def _error(self, ev):
-        if self.rpc.on_error(ev.msg):
-            LOG.warning("OCS %s refused a message: type %s code %s", self.ctx.name_of(ev.msg.datapath.id),
-                        ev.msg.type, ev.msg.code)
 
     # --- circuits ------------------------------------------------------------------
     def _synchronise(self, name: str) -> None:
