@@ -9,6 +9,7 @@ import sys
 
 from controller.config import DEFAULT_RACK
 from controller.core.rack import RackError, load_rack
+from controller.drivers.netns import has_link
 from emulation import ovs
 from emulation.rack import RackConflict, RackState, build, down, end_shells, up
 
@@ -56,7 +57,7 @@ def status_dict() -> dict:
     for gpu, nic in state.nics.items():
         where = state.namespaces[nic["server"]]
         result["nics"][gpu] = {"server": nic["server"], "ip": nic["ip"], "ocs_port": f"{nic['ocs']}:{nic['ocs_port']}",
-                               "mbps": nic["mbps"], "present": ovs.link_exists(gpu, where)}
+                               "mbps": nic["mbps"], "present": has_link(gpu, where)}
     ocs = {n["ocs"] for n in state.nics.values()}
     result["circuits"] = {o: sorted(ovs.circuits_of(ovs.circuit_flows(o))) for o in ocs if o in existing}
     return result

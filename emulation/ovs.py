@@ -1,22 +1,13 @@
-"""Small wrappers over ovs-vsctl, ovs-ofctl, ip and tc, always with argument lists."""
+"""Small wrappers over ovs-vsctl, ovs-ofctl and tc, always with argument lists."""
 from __future__ import annotations
 
 import json
 import re
-import subprocess
+
+from controller.drivers.netns import NetnsError as CommandError  # noqa: F401  (what run() raises)
+from controller.drivers.netns import run
 
 RACK_LABEL = "optirack-rack"  # external_ids key on every bridge a rack makes
-
-
-class CommandError(RuntimeError):
-    pass
-
-
-def run(*cmd: str, check: bool = True, timeout: float = 30) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise CommandError(f"{' '.join(cmd)}: exit {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc.stdout
 
 
 def vsctl(*args: str, check: bool = True) -> str:
@@ -96,12 +87,3 @@ def shaped_mbps(intf: str, netns: str | None = None) -> float | None:
         return None
     unit = {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3}[m.group(2)]
     return float(m.group(1)) * unit
-
-
-def netns_list() -> list[str]:
-    return [line.split()[0] for line in run("ip", "netns", "list", check=False).splitlines() if line.strip()]
-
-
-def link_exists(name: str, netns: str | None = None) -> bool:
-    cmd = ["ip"] + (["-n", netns] if netns else []) + ["link", "show", "dev", name]
-    return subprocess.run(cmd, capture_output=True).returncode == 0

@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from controller.core.rack import Rack
+from controller.drivers import netns as ns
 from emulation import nics, ovs
 from emulation.plan import NETNS_PREFIX, netns_of, nic_plans
 from emulation.topo import RackTopo, check_emulable, downlink_patches
@@ -77,7 +78,7 @@ def _check_conflicts(rack: Rack, topo: RackTopo) -> None:
         for key in ("intfName1", "intfName2"):
             intf = info[key]
             node = info["node1" if key == "intfName1" else "node2"]
-            if node in topo.switches() and ovs.link_exists(intf):
+            if node in topo.switches() and ns.has_link(intf, None):
                 raise RackConflict(f"an interface named {intf!r} already exists in the root namespace")
 
 
@@ -131,7 +132,7 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
     ovs.vsctl(*downlink_patches(rack))
     for h in net.hosts:
         h.cmd("ip", "link", "set", "dev", "lo", "up")
-        ovs.run("ip", "netns", "attach", netns_of(h.name), str(h.pid))
+        ns.attach(netns_of(h.name), h.pid)
         nics.prepare_server(netns_of(h.name))
     for nic in nic_plans(rack):
         nics.address(nic, rack)
@@ -214,13 +215,13 @@ def down(quiet: bool = False) -> dict[str, int]:
         except ProcessLookupError:
             pass
     namespaces = set(state.namespaces.values()) if state else set()
-    namespaces |= {n for n in ovs.netns_list() if n.startswith(NETNS_PREFIX)}
-    for ns in sorted(namespaces):
-        if ns in ovs.netns_list():
-            ovs.run("ip", "netns", "delete", ns)
+    namespaces |= {n for n in ns.names() if n.startswith(NETNS_PREFIX)}
+    for name in sorted(namespaces):
+        if ns.exists(name):
+            ns.delete(name)
             removed["namespaces"] += 1
     for intf in state.root_intfs if state else []:
-        if ovs.link_exists(intf):
+        if ns.has_link(intf, None):
             ovs.run("ip", "link", "delete", "dev", intf, check=False)
             removed["interfaces"] += 1
     RackState.path().unlink(missing_ok=True)

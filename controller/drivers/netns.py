@@ -27,8 +27,13 @@ def in_netns(netns: str | None, *cmd: str, check: bool = True) -> str:
     return run(*(["ip", "netns", "exec", netns] if netns else []), *cmd, check=check)
 
 
+def names() -> list[str]:
+    """The named network namespaces."""
+    return [line.split()[0] for line in run("ip", "netns", "list").splitlines() if line.strip()]
+
+
 def exists(name: str) -> bool:
-    return name in {line.split()[0] for line in run("ip", "netns", "list").splitlines() if line.strip()}
+    return name in names()
 
 
 def attach(name: str, pid: int) -> None:
