@@ -57,7 +57,7 @@ def status_dict() -> dict:
     for gpu, nic in state.nics.items():
         where = state.namespaces[nic["server"]]
         result["nics"][gpu] = {"server": nic["server"], "ip": nic["ip"], "ocs_port": f"{nic['ocs']}:{nic['ocs_port']}",
-                               "mbps": nic["mbps"], "present": has_link(gpu, where)}
+                               "mbps": nic["mbps"], "present": has_link(nic["ifname"], where)}
     ocs = {n["ocs"] for n in state.nics.values()}
     result["circuits"] = {o: sorted(ovs.circuits_of(ovs.circuit_flows(o))) for o in ocs if o in existing}
     return result

@@ -35,11 +35,11 @@ def shape(ifname: str, netns: str | None, mbps: float) -> None:
 def address(nic: NicPlan, rack: Rack) -> None:
     """Address and shape a NIC in its server namespace, with a source route so replies leave by the same NIC."""
     netns, subnet = netns_of(nic.server), rack.spec.network.subnet
-    ns.in_netns(netns, "sysctl", "-qw", f"net.ipv4.conf.{nic.gpu}.rp_filter=0",
-                f"net.ipv4.conf.{nic.gpu}.arp_ignore=1", f"net.ipv4.conf.{nic.gpu}.arp_announce=2")
-    ns.address(nic.gpu, netns, f"{nic.ip}/{subnet.prefixlen}")
-    shape(nic.gpu, netns, nic.mbps)
-    ns.ip("route", "replace", str(subnet), "dev", nic.gpu, "src", nic.ip, "table", str(nic.table), netns=netns)
+    ns.in_netns(netns, "sysctl", "-qw", f"net.ipv4.conf.{nic.ifname}.rp_filter=0",
+                f"net.ipv4.conf.{nic.ifname}.arp_ignore=1", f"net.ipv4.conf.{nic.ifname}.arp_announce=2")
+    ns.address(nic.ifname, netns, f"{nic.ip}/{subnet.prefixlen}")
+    shape(nic.ifname, netns, nic.mbps)
+    ns.ip("route", "replace", str(subnet), "dev", nic.ifname, "src", nic.ip, "table", str(nic.table), netns=netns)
     if f"from {nic.ip} lookup {nic.table}" not in ns.ip("rule", "show", netns=netns):
         ns.ip("rule", "add", "from", nic.ip, "table", str(nic.table), netns=netns)
 
@@ -49,7 +49,7 @@ def recreate(nic: NicPlan, rack: Rack) -> None:
     netns = netns_of(nic.server)
     if ns.has_link(nic.peer_intf, None):
         ns.ip("link", "delete", "dev", nic.peer_intf)
-    ns.ip("link", "add", nic.peer_intf, "address", _peer_mac(nic), "type", "veth", "peer", "name", nic.gpu,
+    ns.ip("link", "add", nic.peer_intf, "address", _peer_mac(nic), "type", "veth", "peer", "name", nic.ifname,
           "address", nic.mac, "netns", netns)
     # Two transactions: a delete and an add of the same name in one would leave OVS holding the
     # dead interface.

@@ -21,6 +21,7 @@ def netns_of(server: str) -> str:
 @dataclass(frozen=True)
 class NicPlan:
     gpu: str
+    ifname: str  # the NIC's interface name (the GPU's name unless the rack file says otherwise)
     server: str
     ocs: str
     ocs_port: int
@@ -37,6 +38,6 @@ def nic_plans(rack: Rack) -> list[NicPlan]:
     for i, (name, gpu) in enumerate(rack.gpus.items()):
         ref = gpu.nic.ocs_port
         ip, mac = rack.addresses[name]
-        plans.append(NicPlan(name, rack.server_of[name], ref.device, ref.port, port_intf(ref.device, ref.port),
+        plans.append(NicPlan(name, rack.interface(name), rack.server_of[name], ref.device, ref.port, port_intf(ref.device, ref.port),
                              scale.mbps(gpu.nic.rate_gbps), ip, mac, 100 + i))
     return plans

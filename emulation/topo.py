@@ -72,7 +72,7 @@ class RackTopo(Topo):
         for s in rack.spec.servers:
             self.addHost(s.name, ip=None)  # GPU NIC addresses come from the rack file, below
         for nic in nic_plans(rack):
-            self.addLink(nic.ocs, nic.server, port1=nic.ocs_port, intfName1=nic.peer_intf, intfName2=nic.gpu,
+            self.addLink(nic.ocs, nic.server, port1=nic.ocs_port, intfName1=nic.peer_intf, intfName2=nic.ifname,
                          cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(nic.mbps), params2=_shaped(None),
                          addr2=nic.mac)
         done = set()

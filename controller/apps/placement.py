@@ -175,7 +175,7 @@ class PlacementApp(app_manager.RyuApp):
         try:
             for rank, gpu in enumerate(job.gpus):
                 g = rack.gpus[gpu]
-                self.driver.start(GpuContainer(job.id, gpu, rack.server_of[gpu], g.index, g.model, gpu,
+                self.driver.start(GpuContainer(job.id, gpu, rack.server_of[gpu], g.index, g.model, rack.interface(gpu),
                                                f"{rack.addresses[gpu][0]}/{prefix}", self._command(job, rank)))
                 started.append(gpu)
         except ContainerError:
@@ -185,7 +185,7 @@ class PlacementApp(app_manager.RyuApp):
     def _remove_containers(self, job: Job, gpus=None) -> None:
         for gpu in gpus if gpus is not None else job.gpus:
             try:
-                self.driver.remove(job.id, gpu, self.ctx.rack.server_of[gpu], gpu)
+                self.driver.remove(job.id, gpu, self.ctx.rack.server_of[gpu], self.ctx.rack.interface(gpu))
             except Exception as e:  # noqa: BLE001 (keep cleaning the others)
                 LOG.error("%s: removing the container of %s: %s", job.id, gpu, e)
 

@@ -82,6 +82,8 @@ class Nic(_Spec):
     rate_gbps: Rate
     ocs_port: Port
     ip: Optional[ipaddress.IPv4Address] = None  # default: taken from network.subnet in GPU order
+    # The NIC's interface name on its server (a port or an SR-IOV VF); default: the GPU's name.
+    interface: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,15}$")]] = None
     mac: Optional[Annotated[str, Field(pattern=r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")]] = None
 
 
@@ -204,6 +206,10 @@ class Rack:
             result[name] = (str(ip), mac)
         return result
 
+    def interface(self, gpu: str) -> str:
+        """The interface name of a GPU's NIC."""
+        return self.gpus[gpu].nic.interface or gpu
+
     def gpu_port(self, gpu: str) -> PortRef:
         return self.gpus[gpu].nic.ocs_port
 
@@ -298,8 +304,13 @@ def _check_cabling(spec: RackSpec, src: str) -> None:
 
     for i, s in enumerate(spec.servers):
         indexes: set[int] = set()
+        interfaces: set[str] = set()
         for j, g in enumerate(s.gpus):
             field = f"servers[{i}].gpus[{j}]"
+            ifname = g.nic.interface or g.name
+            if ifname in interfaces:
+                raise RackError(src, f"{field}.nic.interface", f"interface {ifname!r} is used twice on server {s.name}")
+            interfaces.add(ifname)
             if g.model not in GPU_MODELS:
                 raise RackError(src, f"{field}.model", f"unknown GPU model {g.model!r} (known: {', '.join(GPU_MODELS)})")
             if g.index in indexes:
