@@ -7,18 +7,12 @@ destination, ARP by target address), pointing down a downlink or along the short
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from controller.core.circuits import CircuitMap
 from controller.core.rack import Rack
 
 Table = dict[str, int]  # NIC IPv4 address -> output port
 
-
-@dataclass(frozen=True)
-class OcsFlow:
-    in_port: int
-    out_port: int
 
 
 def switch_links(rack: Rack) -> dict[str, dict[str, int]]:
@@ -67,14 +61,6 @@ def compute_tables(rack: Rack, circuits: CircuitMap, gpus: set[str] | None = Non
                 tables[w][ip] = hops[w][switch]
     return tables
 
-
-def ocs_flows(circuits: CircuitMap, ocs: str) -> set[OcsFlow]:
-    """The port-to-port flows that realise the circuits of one OCS, both ways."""
-    flows = set()
-    for a, b in circuits.on(ocs):
-        flows.add(OcsFlow(a.port, b.port))
-        flows.add(OcsFlow(b.port, a.port))
-    return flows
 
 
 def path(rack: Rack, circuits: CircuitMap, src_gpu: str, dst_gpu: str) -> list[str]:

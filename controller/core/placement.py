@@ -13,7 +13,7 @@ few times as it can.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from controller.core.circuits import CircuitMap, normalize
 from controller.core.rack import PortRef, Rack
@@ -30,7 +30,6 @@ class Plan:
     switches: tuple[str, ...]  # aggregator switches the job's GPUs end under
     changes: int  # circuits removed + added
     note: str = ""
-    moves: dict = field(default_factory=dict)  # gpu -> (from switch or None, to switch)
 
 
 def free_gpus(rack: Rack, busy: Iterable[str]) -> list[str]:
@@ -161,15 +160,13 @@ def plan_regroup(rack: Rack, circuits: CircuitMap, gpus: list[str], protected: I
     if best is not None:
         (changes, _), switch, placed = best
         target = _apply(rack, circuits, placed)
-        moves = {g: (where.get(g, (None,))[0], switch) for g in gpus if where.get(g, (None,))[0] != switch}
-        return Plan(_rank_order(rack, target, gpus), target, (switch,), changes, moves=moves)
+        return Plan(_rank_order(rack, target, gpus), target, (switch,), changes)
     return _plan_fewest_switches(rack, circuits, gpus, protected)
 
 
 def _plan_fewest_switches(rack: Rack, circuits: CircuitMap, gpus: list[str], protected: set[PortRef]) -> Plan:
     """Greedy: fill the switch that can take the most of the remaining GPUs, then the next."""
     remaining, current, used = list(gpus), circuits, []
-    where = circuits.gpu_locations(rack)
     while remaining:
         options = []
         where_now = current.gpu_locations(rack)
@@ -188,9 +185,7 @@ def _plan_fewest_switches(rack: Rack, circuits: CircuitMap, gpus: list[str], pro
         remaining = [g for g in remaining if g not in placed]
     diff = circuits.diff(current)
     note = (f"no single aggregator switch has room for {len(gpus)} GPUs; spread over {len(used)}: {', '.join(used)}")
-    after = current.gpu_locations(rack)
-    moves = {g: (where.get(g, (None,))[0], after[g][0]) for g in gpus if where.get(g, (None,))[0] != after[g][0]}
-    return Plan(_rank_order(rack, current, gpus), current, tuple(used), len(diff.remove) + len(diff.add), note, moves)
+    return Plan(_rank_order(rack, current, gpus), current, tuple(used), len(diff.remove) + len(diff.add), note)
 
 
 def plan(rack: Rack, circuits: CircuitMap, gpus: list[str], policy: str, protected: Iterable[PortRef] = ()) -> Plan:

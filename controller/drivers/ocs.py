@@ -57,6 +57,11 @@ class OcsDriver(ABC):
         """Make the device hold exactly `circuits` (restoring a device that lost its state)."""
 
 
+def _both_ways(pairs: set[Pair]) -> list:
+    """The flow-mods that make circuits: in_port=a -> b and in_port=b -> a."""
+    return [m for a, b in sorted(pairs) for m in (of.circuit_add(a, b), of.circuit_add(b, a))]
+
+
 class OpenFlowOcs(OcsDriver):
     """The emulated OCS: an OVS bridge whose flows are circuits, changed with a modelled MEMS delay.
 
@@ -98,10 +103,8 @@ class OpenFlowOcs(OcsDriver):
         if not add:
             return ApplyResult(dark_start, None, 0.0)
         self.sleep(switching)
-        msgs = [m for a, b in sorted(add) for m in (of.circuit_add(a, b), of.circuit_add(b, a))]
-        self.rpc.confirm(dp, msgs, self.timeout, "new circuits")
+        self.rpc.confirm(dp, _both_ways(add), self.timeout, "new circuits")
         return ApplyResult(dark_start, self.clock(), switching)
 
     def replace(self, circuits: set[Pair]) -> None:
-        msgs = [of.delete_all()] + [m for a, b in sorted(circuits) for m in (of.circuit_add(a, b), of.circuit_add(b, a))]
-        self.rpc.confirm(self._dp(), msgs, self.timeout, "restoring circuits")
+        self.rpc.confirm(self._dp(), [of.delete_all(), *_both_ways(circuits)], self.timeout, "restoring circuits")

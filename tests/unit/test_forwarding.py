@@ -2,7 +2,7 @@
 import random
 
 from controller.core.circuits import CircuitMap
-from controller.core.forwarding import compute_tables, next_hop_ports, ocs_flows, path, switch_links
+from controller.core.forwarding import compute_tables, next_hop_ports, path, switch_links
 from controller.core.rack import load_rack
 from tests.unit.test_rack import ROOT
 
@@ -63,7 +63,3 @@ def test_paths_and_hops():
     assert next_hop_ports(RACK8)["core"] == {"as1": 1, "as2": 2, "as3": 3}
     assert switch_links(PAPER) == {"as1": {"as2": 10}, "as2": {"as1": 10}}
 
-
-def test_ocs_flows_are_both_ways():
-    c = CircuitMap.parse(PAPER, [["ocs1:1", "ocs1:11"]])
-    assert {(f.in_port, f.out_port) for f in ocs_flows(c, "ocs1")} == {(1, 11), (11, 1)}
