@@ -34,10 +34,10 @@ test: setup lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 test-unit:
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration" tests $(PYTEST_ARGS)
 
 test-integration: setup
-	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest -m integration tests $(PYTEST_ARGS)
 
 controller: setup
 	$(VENV)/bin/optirack-controller --optirack-rack $(TOPO) $(ARGS)

@@ -7,17 +7,15 @@ import subprocess
 import pytest
 import requests
 
-from controller.client import ApiError, Client
+from controller.client import ApiError
 from controller.core.circuits import CircuitMap
 from controller.core.forwarding import compute_tables
 from controller.core.rack import load_rack
 from emulation import ovs
 from tests.integration.helpers import (
     PAPER,
-    ControllerProcess,
     iperf_mbps,
     ofctl,
-    optirack_rack,
     ping,
     sh,
     wait_for,
@@ -43,26 +41,10 @@ def switch_table(name: str) -> dict[str, int]:
     return table
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    ctl = ControllerProcess(tmp_path_factory.mktemp("controller"))
-    ctl.start()
-    optirack_rack("up", "--topo", str(PAPER), "--controller", ctl.of_target[4:])
-    client = Client(ctl.url, (ctl.state_dir / "token").read_text().strip())
-    wait_for(lambda: all(client.get("/topology")["switches"][s]["connected"] for s in ("as1", "as2"))
-             and client.get("/topology")["ocs"]["ocs1"]["connected"], 15, "all datapaths to connect")
-    wait_for(lambda: switch_table("as1") and switch_table("as2"), 10, "forwarding on both switches")
-    yield ctl, client
-    optirack_rack("down")
-    ctl.stop()
-
-
 @pytest.fixture
-def initial(live):
-    """Each test starts from the rack file's circuits."""
-    ctl, client = live
-    client.put("/ocs/circuits", {"circuits": INITIAL})
-    return ctl, client
+def initial(bed):
+    """The shared testbed (see conftest), which starts each test from the rack file's circuits."""
+    return bed.controller, bed.client
 
 
 def test_put_makes_the_ocs_flows_equal_the_circuits(initial):
