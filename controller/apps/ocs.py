@@ -156,12 +156,14 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         except DEVICE_ERRORS as e:
             ev.status, ev.error = "failed", str(e)
             LOG.error("reconfiguration %d (%s) failed: %s; rolling back", ev.id, reason, e)
-            self._roll_back(previous)
+            self._roll_back(previous, set(diff.by_ocs()))
             raise ReconfigFailed(ev) from None
 
-    def _roll_back(self, previous: CircuitMap) -> None:
+    def _roll_back(self, previous: CircuitMap, attempted: set[str]) -> None:
+        """Put `previous` back on every OCS the change reached, confirmed or not: one that did not
+        confirm may still have applied part of it."""
         ctx = self.ctx
-        for ocs in ctx.circuits.diff(previous).by_ocs():
+        for ocs in sorted(attempted | set(ctx.circuits.diff(previous).by_ocs())):
             try:
                 self.drivers[ocs].replace(_pairs(previous.on(ocs)))
             except DEVICE_ERRORS as e:

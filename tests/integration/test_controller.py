@@ -92,7 +92,7 @@ def test_reconnected_switch_gets_its_flows_back(initial):
     ofctl("add-flow", "as1", "priority=5,actions=drop")  # stale junk
     sh("ovs-vsctl", "set-controller", "as1", ctl.of_target)
     wait_for(lambda: switch_table("as1") == expected and "priority=5" not in ofctl("dump-flows", "as1"),
-             5, "as1's flows to be restored within 5 s")
+             20, "as1's flows to be restored")  # a bound for a hang, not a speed claim (two busy cores)
 
 
 def test_reconnected_ocs_gets_its_circuits_back(initial):
@@ -101,7 +101,7 @@ def test_reconnected_ocs_gets_its_circuits_back(initial):
     sh("ovs-vsctl", "del-controller", "ocs1")
     ofctl("del-flows", "ocs1")
     sh("ovs-vsctl", "set-controller", "ocs1", ctl.of_target)
-    wait_for(lambda: device_circuits() == sorted(REGROUPED), 5, "the OCS circuits to be restored")
+    wait_for(lambda: device_circuits() == sorted(REGROUPED), 20, "the OCS circuits to be restored")
     assert client.get("/events", limit=1)["events"][-1]["kind"] == "restore"
 
 

@@ -92,24 +92,44 @@ def test_reconnected_switch_is_resynchronised(rig):
     _check_forwarding(ctx, switches)
 
 
+def _device_holds(ctx, ocs, switches, circuits: CircuitMap) -> None:
+    """What the fake devices hold, not the controller's record: the OCS's flows are `circuits`, and
+    every switch forwards as those circuits say."""
+    assert ocs.circuits() == {(a.port, b.port) for a, b in circuits.circuits}
+    assert ctx.circuits == circuits
+    _check_forwarding(ctx, switches)
+
+
 def test_refused_flow_mods_roll_back(rig):
-    ctx, apps, ocs, _ = rig
+    ctx, apps, ocs, switches = rig
     before = ctx.circuits
     ocs.refuse_flow_mods = True
     with pytest.raises(ReconfigFailed) as info:
         apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
     assert "refused" in info.value.event.error and info.value.event.status == "failed"
-    assert ctx.circuits == before
+    _device_holds(ctx, ocs, switches, before)
+
+
+def test_a_switch_that_refuses_rolls_the_ocs_back(rig):
+    """The OCS took the new circuits, then a packet switch refused its flows: the OCS gets the old
+    circuits back, and the switches keep forwarding for them."""
+    ctx, apps, ocs, switches = rig
+    before = ctx.circuits
+    switches["as2"].refuse_flow_mods = True
+    with pytest.raises(ReconfigFailed) as info:
+        apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
+    assert info.value.event.ocs_confirmed_at is not None  # the OCS had applied the change
+    _device_holds(ctx, ocs, switches, before)
 
 
 def test_silent_switch_times_out_and_rolls_back(rig, monkeypatch):
-    ctx, apps, ocs, _ = rig
+    ctx, apps, ocs, switches = rig
     before = ctx.circuits
     apps[1].drivers["ocs1"].timeout = 0.2
     ocs.silent = True
     with pytest.raises(ReconfigFailed, match="did not confirm"):
         apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
-    assert ctx.circuits == before
+    _device_holds(ctx, ocs, switches, before)
 
 
 def test_one_reconfiguration_at_a_time(rig):
