@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -20,6 +19,11 @@ from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerDriver, GpuContainer
 from emulation.harness import ROOT, Testbed
 from emulation.nics import EmulatedNicHome
+
+try:
+    from scripts.stats import add_json_option, show, spread, write_json
+except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scripts/ itself is on sys.path
+    from stats import add_json_option, show, spread, write_json
 
 
 def cpu_times() -> list[int]:
@@ -67,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--image", default="optirack-worker:latest")
     p.add_argument("--allreduce", choices=["ring", "builtin"], default="ring", help="the worker's --allreduce")
-    p.add_argument("--json", type=Path, help="also write the figures here")
+    add_json_option(p)
     args = p.parse_args(argv)
     rack = load_rack(args.topo)
     gpus = args.gpus.split(",")
@@ -85,18 +89,17 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.monotonic() - t0
     comm = [max(r["comm_s"] for r in its) for its in zip(*[[x for x in log if x["event"] == "iteration"] for log in logs],
                                                           strict=True)]
-    fractions = [bound_s / c for c in comm]
+    fraction = spread([bound_s / c for c in comm], 100)
+    bus = spread([2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm])
     result = {"ring": gpus, "switch": switch, "gradient_bytes": size, "line_mbps": line_bps / 1e6, "bound_s": bound_s,
-              "comm_s": comm, "fraction_median": statistics.median(fractions), "fraction_min": min(fractions),
-              "fraction_max": max(fractions), "bus_mbps_median": statistics.median(2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm),
+              "comm_s": spread(comm), "percent_of_bound": fraction, "bus_mbps": bus,
               "idle_cpu_percent": idle, "wall_s": wall}
     print(f"ring all-reduce of {n} under {switch}: S = {size / 1e6:g} MB, B = {line_bps / 1e6:g} Mbit/s, "
           f"bound 2(n-1)/n*S/B = {bound_s:.2f} s")
     print("  per iteration: " + " ".join(f"{c:.2f}s" for c in comm))
-    print(f"  bus bandwidth {result['bus_mbps_median']:.1f} Mbit/s = {100 * result['fraction_median']:.1f} % of the bound "
-          f"(min {100 * min(fractions):.1f} %, max {100 * max(fractions):.1f} %); host idle CPU {idle:.0f} %")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+    print(f"  median (min–max) over {len(comm)} iterations: bus bandwidth {show(bus, 'Mbit/s')} = "
+          f"{show(fraction, '%')} of the bound; host idle CPU {idle:.0f} %")
+    write_json(args.json, result)
     return 0
 
 

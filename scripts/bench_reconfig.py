@@ -8,9 +8,7 @@ once, on the paper rack and on a generated 64-GPU rack. Needs root (it brings ra
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -22,6 +20,11 @@ from controller.core.circuits import CircuitMap
 from controller.core.rack import Rack, load_rack, parse_rack
 from controller.core.rackgen import rack_spec
 from emulation.harness import ROOT, Testbed
+
+try:
+    from scripts.stats import add_json_option, show, spread, write_json
+except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scripts/ itself is on sys.path
+    from stats import add_json_option, show, spread, write_json
 
 
 def _targets(rack: Rack, rng: random.Random) -> dict[str, CircuitMap]:
@@ -61,10 +64,9 @@ def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path) -> list[dict]
                         overheads.append(ev["overhead_s"])
             rows.append({"rack": rack.name, "gpus": len(rack.gpus), "change": kind,
                          "circuits_changed": len(start.diff(target).add), "switching_ms": 1000 * ev["switching_time_s"],
-                         "total_ms_median": 1000 * statistics.median(totals),
-                         "overhead_ms_median": 1000 * statistics.median(overheads),
+                         "total_ms": spread(totals, 1000), "overhead_ms": spread(overheads, 1000),
                          "overhead_ms_p90": 1000 * sorted(overheads)[int(0.9 * (len(overheads) - 1))],
-                         "rest_roundtrip_ms_median": 1000 * statistics.median(rest), "rounds": rounds})
+                         "rest_roundtrip_ms": spread(rest, 1000), "rounds": rounds})
     return rows
 
 
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=10, help="reconfigurations per case (default %(default)s)")
     p.add_argument("--gpus", type=int, default=64, help="size of the generated rack (default %(default)s)")
-    p.add_argument("--json", type=Path, help="also write the figures here")
+    add_json_option(p)
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -82,14 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         print("reconfiguration overhead (REST call -> flows confirmed, minus the MEMS switching time)", flush=True)
         for rack, path in ((load_rack(paper), paper), (parse_rack(yaml.safe_load(big.read_text()), str(big)), big)):
             rows += bench(rack, path, args.rounds, Path(tmp) / rack.name)
-    print(f"\n{'rack':8s} {'GPUs':>5s} {'change':13s} {'circuits':>8s} {'switching':>10s} {'total':>9s} "
-          f"{'overhead':>9s} {'p90':>7s} {'REST rtt':>9s}")
+    print(f"\nmedian (min–max) over {args.rounds} reconfigurations each, in ms")
+    print(f"{'rack':8s} {'GPUs':>5s} {'change':13s} {'circuits':>8s} {'switching':>9s} {'total':>20s} "
+          f"{'overhead':>20s} {'REST rtt':>20s}")
     for r in rows:
-        print(f"{r['rack']:8s} {r['gpus']:5d} {r['change']:13s} {r['circuits_changed']:8d} {r['switching_ms']:8.1f}ms "
-              f"{r['total_ms_median']:7.1f}ms {r['overhead_ms_median']:7.1f}ms {r['overhead_ms_p90']:5.1f}ms "
-              f"{r['rest_roundtrip_ms_median']:7.1f}ms")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        print(f"{r['rack']:8s} {r['gpus']:5d} {r['change']:13s} {r['circuits_changed']:8d} {r['switching_ms']:9.1f} "
+              f"{show(r['total_ms']):>20s} {show(r['overhead_ms']):>20s} {show(r['rest_roundtrip_ms']):>20s}")
+    write_json(args.json, rows)
     return 0
 
 
