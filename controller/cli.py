@@ -140,7 +140,7 @@ def _show(args) -> int:
 
 
 def _stop(args) -> int:
-    job = _client(args).delete(f"/jobs/{args.job}")["job"]
+    job = _client(args).post(f"/jobs/{args.job}/stop")["job"]
     _print(args, {"job": job}, _job_line(job))
     return 0
 

@@ -109,7 +109,7 @@ def run_case(tb: Testbed, case: Case, policy: str, s: Settings, tag: str) -> dic
                                     "workload": {**workload, "iterations": s.iterations * 20}})["job"]
     log(f"  {tag}: {red['id']} on {','.join(case.concern)} ({policy}), {blue['id']} on {','.join(case.other)} (fixed)")
     done = wait_job(tb, red["id"], tag, s.iterations, timeout=60 + 30 * s.iterations)
-    tb.client.delete(f"/jobs/{blue['id']}")  # blue ran beside red for red's whole run
+    tb.client.post(f"/jobs/{blue['id']}/stop")  # blue ran beside red for red's whole run
     detail = tb.client.get(f"/jobs/{red['id']}", history=100_000)["job"]
     other = tb.client.get(f"/jobs/{blue['id']}", history=100_000)["job"]
     if done["state"] != "done":

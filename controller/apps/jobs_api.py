@@ -1,15 +1,24 @@
-"""REST for jobs: submit, list, inspect, stop, regroup one, regroup all."""
+"""REST for jobs: submit, list, inspect, stop, delete, regroup one, regroup all."""
 from __future__ import annotations
 
 from ryu.app.wsgi import route
 
 from controller.apps.context import Conflict
 from controller.apps.placement import UnknownJob
-from controller.apps.rest import PREFIX, ApiError, OptirackController, api, int_param, json_response, read_json
+from controller.apps.rest import (
+    PREFIX,
+    ApiError,
+    OptirackController,
+    api,
+    int_param,
+    json_response,
+    path_text,
+    read_json,
+)
 from controller.core.jobs import JobRequest
 from controller.core.placement import PlacementError
 
-JOB_ID = {"job_id": r"[a-zA-Z0-9_.-]+"}
+JOB_ID = {"job_id": r"[^/]+"}  # any segment: an id that names no job is a JSON 404, not a routing miss
 
 
 class JobsApi(OptirackController):
@@ -24,7 +33,7 @@ class JobsApi(OptirackController):
         try:
             return self.placement.get(job_id)
         except UnknownJob:
-            raise ApiError(404, f"no job {job_id!r}", "job_id") from None
+            raise ApiError(404, f"no job {path_text(job_id)!r}", "job_id") from None
 
     @route("jobs", PREFIX + "/jobs", methods=["POST"])
     @api(mutation=True)
@@ -68,11 +77,22 @@ class JobsApi(OptirackController):
             out[gpu] = [{"t": round(s.t, 3), "tx_bps": round(s.rx_bps), "rx_bps": round(s.tx_bps)} for s in samples[-limit:]]
         return out
 
-    @route("job", PREFIX + "/jobs/{job_id}", methods=["DELETE"], requirements=JOB_ID)
+    @route("job_stop", PREFIX + "/jobs/{job_id}/stop", methods=["POST"], requirements=JOB_ID)
     @api(mutation=True)
     def stop(self, req, job_id, **_):
+        """Stop a running job and clean up; its record stays (an ended job is answered as it is)."""
         self._job(job_id)
         return json_response({"job": self.placement.stop(job_id).to_json()})
+
+    @route("job", PREFIX + "/jobs/{job_id}", methods=["DELETE"], requirements=JOB_ID)
+    @api(mutation=True)
+    def delete(self, req, job_id, **_):
+        """Stop the job if it runs, then forget it: the answer is its last record, and GET then says 404."""
+        self._job(job_id)
+        job = self.placement.stop(job_id)  # 409 while it is still being placed
+        self.placement.jobs.pop(job_id, None)
+        self.placement.save()
+        return json_response({"job": job.to_json()})
 
     @route("job_regroup", PREFIX + "/jobs/{job_id}/regroup", methods=["POST"], requirements=JOB_ID)
     @api(mutation=True)

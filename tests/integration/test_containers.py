@@ -114,7 +114,7 @@ def test_a_crashed_container_gives_its_nic_back(driver):
 
 
 def test_failed_start_changes_nothing(driver):
-    bad = ContainerDriver(RACK, "optirack-no-such-image:latest", EmulatedNicHome(RACK))
+    bad = ContainerDriver(RACK, "127.0.0.1:9/optirack-no-such-image:latest", EmulatedNicHome(RACK))
     from controller.drivers.containers import ContainerError
     with pytest.raises(ContainerError, match="cannot start the container of gpu3"):
         bad.start(GpuContainer("f", "gpu3", "srv3", 0, "M40", "gpu3", "198.18.0.4/24", ["--help"]))

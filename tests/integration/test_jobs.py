@@ -18,6 +18,7 @@ from tests.integration.testbed import device_circuits, switch_tables, uplink_byt
 
 RACK = load_rack(PAPER)
 RED, BLUE = ["gpu1", "gpu2", "gpu3", "gpu4"], ["gpu5", "gpu6"]
+MISSING_IMAGE = "127.0.0.1:9/optirack-missing:latest"  # its pull is refused on loopback: no traffic leaves the host
 
 
 def device_switch_of(gpu: str) -> str:
@@ -96,8 +97,11 @@ def test_regroup_all_and_bad_requests(bed):
     with pytest.raises(ApiError) as info:
         client.get("/jobs/job-999")
     assert info.value.status == 404
-    client.delete(f"/jobs/{a['id']}")
-    assert wait_job(client, a["id"])["state"] == "stopped"
+    assert client.post(f"/jobs/{a['id']}/stop")["job"]["state"] == "stopped"
+    assert client.delete(f"/jobs/{a['id']}")["job"]["state"] == "stopped"
+    with pytest.raises(ApiError) as info:  # deleted: forgotten
+        client.get(f"/jobs/{a['id']}")
+    assert info.value.status == 404
 
 
 def _device_matches(client, circuits: list) -> None:
@@ -120,7 +124,7 @@ def test_controller_restart_keeps_the_job_and_the_circuits(bed):
 
 
 def test_a_container_that_cannot_start_rolls_back(bed):
-    with bed.options("--optirack-worker-image", "optirack-missing:latest") as client:
+    with bed.options("--optirack-worker-image", MISSING_IMAGE) as client:
         before = client.get("/ocs/circuits")["circuits"]
         job = client.post("/jobs", {"gpus": RED, "policy": "regroup", "workload": {"iterations": 3}})["job"]
         done = wait_job(client, job["id"], 120)

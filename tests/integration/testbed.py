@@ -182,7 +182,7 @@ class SharedTestbed(harness.Testbed):
             for job in active:
                 if job["state"] == "running":
                     try:
-                        self.client.delete(f"/jobs/{job['id']}")
+                        self.client.post(f"/jobs/{job['id']}/stop")
                         stopped.append(job["id"])
                     except ApiError as e:
                         if e.status != 409:  # 409: it changed state meanwhile; look again
