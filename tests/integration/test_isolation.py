@@ -1,7 +1,8 @@
 """One failure stays one failure: a job left behind by a failed test is gone before the next test
 starts. Runs an inner pytest session (pytester) on the shared testbed whose first test fails while
-its job runs, whose second leaves a job without the cleaning fixture, and whose third checks, with
-the `bed` fixture, that it starts clean; then checks the devices itself."""
+its job runs, whose second leaves a job without the cleaning fixture, whose fourth kills the
+controller while its job runs, and whose third and fifth check, with the `bed` fixture, that they
+start clean; then checks the devices itself."""
 from __future__ import annotations
 
 from tests.integration.testbed import device_circuits
@@ -45,6 +46,17 @@ def test_the_next_test_starts_clean(bed):
     jobs = bed.client.get("/jobs")["jobs"]
     assert [j["id"] for j in jobs if j["state"] in ACTIVE] == []
     assert bed.containers() == []
+
+
+def test_kills_the_controller_while_its_job_runs(bed):
+    _start(bed.client, ["gpu5", "gpu6"])
+    bed.controller.proc.kill()
+    raise AssertionError("failing on purpose with the controller dead")
+
+
+def test_starts_clean_after_that_too(bed):
+    test_the_next_test_starts_clean(bed)
+    assert bed.client.get("/topology")["ocs"]["ocs1"]["connected"]
 """
 
 
@@ -53,11 +65,12 @@ def test_a_job_left_by_a_failed_test_is_gone_before_the_next_test(bed, pytester)
     pytester.makeconftest(INNER_CONFTEST)
     pytester.makepyfile(test_inner=INNER_TESTS)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:randomly", "-v")
-    result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*AssertionError: failing on purpose while job-* runs*"])
+    result.assert_outcomes(passed=3, failed=2)
+    result.stdout.fnmatch_lines(["*AssertionError: failing on purpose while job-* runs*",
+                                 "*AssertionError: failing on purpose with the controller dead*"])
     client = bed.client
     jobs = {j["id"]: j for j in client.get("/jobs")["jobs"] if j["id"] not in known}
-    assert len(jobs) == 2 and {j["state"] for j in jobs.values()} == {"stopped"}, jobs
+    assert len(jobs) == 3 and {j["state"] for j in jobs.values()} == {"stopped"}, jobs
     assert bed.containers() == []
     circuits = client.get("/ocs/circuits")["circuits"]
     assert circuits == sorted(bed.initial)

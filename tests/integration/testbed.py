@@ -151,7 +151,7 @@ class SharedTestbed(harness.Testbed):
             self.check_clean()
 
     def _clean(self) -> None:
-        if self.controller.proc is None or self.controller.proc.poll() is not None or self.controller.extra:
+        if self.controller.extra or not self._controller_answers():
             self.restart()
         if not self._rack_is_ours():
             self.release()
@@ -162,6 +162,16 @@ class SharedTestbed(harness.Testbed):
         self.nics_home()
         if self.client.get("/ocs/circuits")["circuits"] != sorted(self.initial):
             self.client.put("/ocs/circuits", {"circuits": self.initial})
+
+    def _controller_answers(self) -> bool:
+        proc = self.controller.proc
+        if proc is None or proc.poll() is not None:
+            return False
+        try:
+            self.client.get("/jobs")
+            return True
+        except ApiError:  # killed a moment ago, or hung
+            return False
 
     def _rack_is_ours(self) -> bool:
         state = rackmod.RackState.load()
