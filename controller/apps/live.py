@@ -19,7 +19,6 @@ from controller.apps.live_feed import Feed
 from controller.apps.metrics import CountedController
 from controller.config import conf
 
-LOG = logging.getLogger("optirack.live")
 STATIC = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 STATIC_NAME = r"[a-z0-9_-]+\.(?:js|css|svg)"
 
@@ -78,10 +77,19 @@ def _events(feed: Feed, interval: float):
         hub.sleep(interval)
 
 
+class _ClientGone(logging.Filter):
+    """A page closed while its stream was open: eventlet logs the broken pipe as a traceback; drop it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not ("Traceback" in text and ("BrokenPipeError" in text or "ConnectionResetError" in text))
+
+
 class LiveApp(app_manager.RyuApp):
     _CONTEXTS = {"optirack": Optirack, "wsgi": WSGIApplication}
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         kwargs["wsgi"].register(LivePage, {"optirack": kwargs["optirack"]})
+        logging.getLogger("ryu.lib.hub").addFilter(_ClientGone())  # where Ryu's WSGI server logs
 

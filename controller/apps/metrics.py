@@ -23,6 +23,8 @@ LOG = logging.getLogger("optirack.metrics")
 STATES = ("queued", "pending", "configuring", "running", "done", "failed", "stopped")
 ITERATION_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 RECONFIG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# Reconfiguration kinds (core.events) whose series exist from the start, so the first one is seen as an increase.
+KINDS = ("circuits", "restore", "job", "regroup")
 KEEP_ENDED_JOB_S = 600.0  # a finished job's series stay this long after it ended
 
 
@@ -65,6 +67,11 @@ class Metrics:
         self.reconfigs = Counter("optirack_reconfigurations", "Reconfigurations that ended, by kind and status",
                                  ["kind", "status"], registry=self.registry)
         self.registry.register(_StateCollector(self))
+        for kind in KINDS:
+            self.dark.labels(kind)
+            self.overhead.labels(kind)
+            for status in ("ok", "failed"):
+                self.reconfigs.labels(kind, status)
         # What already happened before this controller started (a restored log) is not observed again.
         self._seen_events = {e.id for e in ctx.events.recent() if e.status != "running"}
         self._iterations_seen: dict[str, int] = {}

@@ -76,15 +76,18 @@ function render() {
 // --- the rack ----------------------------------------------------------------------------------
 function layoutGpus(rack) {
   const SLOT = 66, GAP = 18, M = 24;
+  const list = Object.entries(rack.servers);
+  const used = list.reduce((acc, [, s]) => acc + SLOT * s.gpus.length + GAP, -GAP);
+  const width = Math.max(used + 2 * M, 640);
   const gx = {}, servers = [];
-  let x = M;
-  for (const [name, s] of Object.entries(rack.servers)) {
+  let x = (width - used) / 2;
+  for (const [name, s] of list) {
     const x0 = x;
     for (const g of s.gpus) { gx[g] = x + SLOT / 2; x += SLOT; }
     servers.push({name, x0, x1: x});
     x += GAP;
   }
-  return {gx, servers, width: Math.max(x + M, 640)};
+  return {gx, servers, width};
 }
 
 function layoutSwitches(rack, width, y) {
@@ -117,6 +120,20 @@ function layoutOcs(rack, gx, sw, width, y, h) {
       const n = s.downlinks.length;
       sides[o].top.push({ref: d.ocs_port, x: a.x - a.w / 2 + 12 + (n > 1 ? (i * (a.w - 24)) / (n - 1) : (a.w - 24) / 2)});
     });
+  }
+  // Best: each port right above (or below) what it is cabled to, if the OCS boxes then do not overlap.
+  const spans = names.map((n) => {
+    const xs = [...sides[n].top, ...sides[n].bottom].map((p) => p.x);
+    return xs.length ? [Math.min(...xs) - 24, Math.max(...xs) + 24] : null;
+  });
+  const sorted = spans.filter(Boolean).sort((a, b) => a[0] - b[0]);
+  if (spans.every(Boolean) && sorted.every((s, i) => i === 0 || s[0] > sorted[i - 1][1] + 8)) {
+    names.forEach((n, i) => {
+      boxes[n] = {x: spans[i][0], y, w: spans[i][1] - spans[i][0], h};
+      for (const p of sides[n].top) ports[p.ref] = {x: p.x, y, from: p.x};
+      for (const p of sides[n].bottom) ports[p.ref] = {x: p.x, y: y + h, from: p.x};
+    });
+    return {ports, boxes};
   }
   const total = names.reduce((acc, n) => acc + Math.max(sides[n].top.length, sides[n].bottom.length, 1), 0);
   let x = 24;
@@ -178,8 +195,9 @@ function drawRack() {
   for (const [name, b] of Object.entries(boxes)) {
     const o = rack.ocs[name];
     svgEl(svg, "rect", {class: `device${o.connected ? "" : " down"}`, x: b.x, y: b.y, width: b.w, height: b.h, rx: 6});
-    svgEl(svg, "text", {class: "label", x: b.x + 8, y: b.y + b.h / 2 + 4}, `${name}`);
-    svgEl(svg, "text", {class: "small", x: b.x + 8, y: b.y + b.h / 2 + 16}, `OCS · ${o.switching_time_ms} ms`);
+    svgEl(svg, "text", {class: "label", x: b.x - 8, y: b.y + b.h / 2 - 2, "text-anchor": "end"}, `${name}`);
+    svgEl(svg, "text", {class: "small", x: b.x - 8, y: b.y + b.h / 2 + 10, "text-anchor": "end"},
+          `OCS · ${o.switching_time_ms} ms${o.connected ? "" : " (down)"}`);
   }
   const jobOfPort = {};
   for (const info of Object.values(rack.gpus)) jobOfPort[info.ocs_port] = info.job;
