@@ -5,7 +5,8 @@
 const NS = "http://www.w3.org/2000/svg";
 const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"];
 const FREE = "#d5d9de";
-const WINDOW_S = 300; // the charts show the last five minutes
+const WINDOW_S = 300; // the charts show at most the last five minutes, at least one
+const MIN_WINDOW_S = 60;
 const KEEP = {iterations: 3000, ports: 600, events: 50};
 const state = {t: 0, rack: null, circuits: [], jobs: {}, order: [], iterations: {}, ports: {}, events: {}};
 
@@ -321,15 +322,41 @@ async function regroup() {
 }
 
 // --- charts ------------------------------------------------------------------------------------------
+function timeWindow() {
+  // The last five minutes, or less while there is less to show, so a young rack fills the charts.
+  let first = state.t;
+  for (const pts of [...Object.values(state.ports), ...Object.values(state.iterations)]) {
+    if (pts.length) first = Math.min(first, pts[0][0]);
+  }
+  for (const e of Object.values(state.events)) first = Math.min(first, e.requested_at);
+  const span = Math.min(WINDOW_S, Math.max(MIN_WINDOW_S, state.t - first + 5));
+  return [state.t - span, state.t];
+}
+
+function timeTicks(svg, xs, t0, t1, y) {
+  const span = t1 - t0;
+  const step = span <= 90 ? 15 : span <= 180 ? 30 : 60;
+  for (let s = 0; s <= span; s += step) {
+    const label = s === 0 ? "now" : s % 60 === 0 ? `−${s / 60} min` : `−${s} s`;
+    svgEl(svg, "text", {class: "tick", x: xs(t1 - s), y, "text-anchor": "middle"}, label);
+  }
+}
+
+function niceMax(v) {
+  if (!(v > 0)) return 1;
+  const p = Math.pow(10, Math.floor(Math.log10(v)));
+  return [1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10].map((m) => m * p).find((m) => m >= v);
+}
+
 function chart(id, series, opts) {
   const svg = clear(document.getElementById(id));
   const W = 600, H = opts.height || 230, L = 46, R = 8, T = 22, B = 20;
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  const t1 = state.t, t0 = t1 - WINDOW_S;
+  const [t0, t1] = timeWindow();
   const xs = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
   let max = 0;
   for (const s of series) for (const [t, v] of s.pts) if (t >= t0 && v > max) max = v;
-  max = max > 0 ? max * 1.1 : 1;
+  max = niceMax(max * 1.05);
   const ys = (v) => H - B - (v / max) * (H - T - B);
   for (const [a, b] of opts.bands || []) {
     if (b < t0) continue;
@@ -341,9 +368,7 @@ function chart(id, series, opts) {
     svgEl(svg, "line", {class: "axis", x1: L, x2: W - R, y1: y, y2: y});
     svgEl(svg, "text", {class: "tick", x: L - 4, y: y + 3, "text-anchor": "end"}, opts.format(v));
   }
-  for (let s = 0; s <= WINDOW_S; s += 60) {
-    svgEl(svg, "text", {class: "tick", x: xs(t1 - s), y: H - 6, "text-anchor": "middle"}, s ? `−${s / 60} min` : "now");
-  }
+  timeTicks(svg, xs, t0, t1, H - 6);
   let lx = L;
   for (const s of series) {
     const pts = s.pts.filter(([t]) => t >= t0).map(([t, v]) => `${xs(t).toFixed(1)},${ys(v).toFixed(1)}`);
@@ -371,20 +396,19 @@ function drawPorts() {
   const gpus = Object.keys(state.rack.gpus);
   const series = gpus.filter((g) => (state.ports[g] || []).length).map((g) => ({
     key: g, label: g, color: gpuColor(gpus.indexOf(g)), pts: state.ports[g].map(([t, tx]) => [t, tx / 1e6])}));
-  chart("chart-ports", series, {format: (v) => `${v.toFixed(v < 10 ? 1 : 0)}`, empty: "no port statistics yet"});
+  chart("chart-ports", series, {format: (v) => (v >= 10 ? v.toFixed(0) : String(+v.toFixed(2))), empty: "no port statistics yet"});
 }
 
 function drawEvents() {
   const svg = clear(document.getElementById("timeline"));
   const W = 600, H = 90, L = 46, R = 8;
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  const t1 = state.t, t0 = t1 - WINDOW_S;
+  const [t0, t1] = timeWindow();
   const xs = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
   svgEl(svg, "line", {class: "axis", x1: L, x2: W - R, y1: 60, y2: 60});
-  for (let s = 0; s <= WINDOW_S; s += 60) {
-    svgEl(svg, "text", {class: "tick", x: xs(t1 - s), y: 78, "text-anchor": "middle"}, s ? `−${s / 60} min` : "now");
-  }
+  timeTicks(svg, xs, t0, t1, 78);
   const events = Object.values(state.events).sort((a, b) => a.id - b.id);
+  let lastLabel = -Infinity;
   for (const e of events) {
     const end = e.flows_confirmed_at || t1;
     if (end < t0) continue;
@@ -396,7 +420,10 @@ function drawEvents() {
       const dx = xs(e.dark_start);
       svgEl(g, "rect", {x: dx, y: 30, width: Math.max(2, xs(e.dark_end) - dx), height: 24, fill: "#1a202c"});
     }
-    svgEl(g, "text", {class: "tick", x, y: 25}, `#${e.id}`);
+    if (x - lastLabel > 22) {
+      svgEl(g, "text", {class: "tick", x, y: 25}, `#${e.id}`);
+      lastLabel = x;
+    }
   }
   const body = clear(document.querySelector("#events tbody"));
   for (const e of events.slice(-8).reverse()) {
