@@ -2,9 +2,11 @@
 and the live page driven in headless Chromium, on the emulated paper rack with real jobs."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -14,7 +16,7 @@ import requests
 
 from controller.core.rack import load_rack
 from emulation.harness import Testbed
-from emulation.observe import Browser, Prometheus
+from emulation.observe import CHROMIUM, Browser, Prometheus
 from tests.integration.helpers import PAPER, ROOT, wait_for
 
 RACK = load_rack(PAPER)
@@ -23,6 +25,19 @@ FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"
 RED = ["gpu1", "gpu2", "gpu3", "gpu4"]  # under both switches in FRAGMENTED
 DASHBOARD = ROOT / "dashboards" / "optirack.json"
 ACTIVE = ("queued", "pending", "configuring", "running")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _observers():
+    """Prometheus, promtool, Chromium and Playwright: make setup installs them; CI must have them."""
+    missing = [t for t in ("prometheus", "promtool") if shutil.which(t) is None]
+    missing += [] if Path(CHROMIUM).exists() else [CHROMIUM]
+    missing += [] if importlib.util.find_spec("playwright") else ["playwright (pip)"]
+    if missing:
+        reason = f"not installed: {', '.join(missing)} (run make setup)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="module")

@@ -234,7 +234,7 @@ function drawRack() {
     r.appendChild(titleOf(`${g} · ${info.model} · ${info.ip} · ${info.switch ? info.switch.name : "no switch"}` +
                           (info.job ? ` · ${info.job}` : "")));
     svgEl(svg, "text", {class: "label", x: p.x, y: p.y + 17, "text-anchor": "middle"}, g);
-    svgEl(svg, "text", {class: "small", x: p.x, y: p.y + 31, "text-anchor": "middle"}, info.model);
+    svgEl(svg, "text", {class: info.job ? "small on-job" : "small", x: p.x, y: p.y + 31, "text-anchor": "middle"}, info.model);
   }
 }
 
