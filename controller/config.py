@@ -23,6 +23,10 @@ OPTS = [
 ]
 
 cfg.CONF.register_cli_opts(OPTS, group="optirack")
+# Listed for --help only: controller.launch turns --bind into Ryu's --wsapi-host before parsing.
+cfg.CONF.register_cli_opt(cfg.StrOpt("bind", metavar="ADDR", help="address the REST API, the live page (/) and "
+                                     "/metrics listen on (default 127.0.0.1; 0.0.0.0 for every interface); the same as "
+                                     "--wsapi-host. Reads need no token, changes still do"))
 
 
 def conf():

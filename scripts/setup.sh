@@ -8,7 +8,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
 LOG_DIR=${OPTIRACK_LOG_DIR:-/var/log/optirack}
 PACKAGES=(openvswitch-switch mininet docker.io debootstrap iperf3 ethtool iputils-ping iproute2
-          python3-venv python3-dev ca-certificates curl)
+          python3-venv python3-dev ca-certificates curl prometheus chromium)
 CHANGED=0
 
 current_step=""

@@ -85,6 +85,7 @@ class Optirack:
         self.ocs = None
         self.fabric = None
         self.placement = None
+        self.metrics = None
 
     def _load_saved(self) -> dict:
         try:

@@ -13,11 +13,12 @@ import logging
 from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from ryu.app.wsgi import ControllerBase, Response, WSGIApplication, route
+from ryu.app.wsgi import Response, WSGIApplication, route
 from ryu.base import app_manager
 
 from controller.apps import views
 from controller.apps.context import Conflict, Optirack
+from controller.apps.metrics import CountedController
 from controller.apps.ocs import ReconfigFailed
 from controller.core.circuits import CircuitError, CircuitMap
 from controller.drivers.ocs import OcsUnavailable
@@ -114,7 +115,7 @@ def int_param(req, name: str, default: int | None, lo: int = 1, hi: int = 100_00
     return int(text)
 
 
-class OptirackController(ControllerBase):
+class OptirackController(CountedController):
     """Base of the REST controllers: the context, and the bearer-token check for mutations."""
 
     def __init__(self, req, link, data, **config):
@@ -184,7 +185,7 @@ def _documented_methods(path: str) -> set[str]:
     return set()
 
 
-class NotFound(ControllerBase):
+class NotFound(CountedController):
     """Registered last: a JSON 404 (or 405) for anything under /api/v1 no route took."""
 
     @route("notfound", PREFIX + "/{path}", requirements={"path": ".*"})
