@@ -78,7 +78,10 @@ class Optirack:
         self.ports = PortHistory(c.monitor_history)
         self.store = Store(self.state_dir / "state.json")
         self.saved = self._load_saved()
-        self.circuits = self._initial_circuits()
+        # The circuit map and its version (the REST ETag): every change of the map bumps it, so a
+        # change planned from an older version can be refused (OcsApp.change, PUT with If-Match).
+        self.circuits_version = int(self.saved.get("circuits_version", 0))
+        self._circuits = self._initial_circuits()
         self.adopt_device_circuits = "circuits" not in self.saved
         self.lock = hub.BoundedSemaphore(1)  # one reconfiguration at a time
         # Services the apps register themselves as; each is set by its app's constructor.
@@ -103,11 +106,23 @@ class Optirack:
                 return CircuitMap.parse(self.rack, self.saved["circuits"])
             except CircuitError as e:
                 LOG.warning("saved circuits do not fit the rack (%s): starting from the rack file's", e)
+                self.circuits_version += 1
         return CircuitMap.initial(self.rack)
 
+    @property
+    def circuits(self) -> CircuitMap:
+        return self._circuits
+
+    @circuits.setter
+    def circuits(self, value: CircuitMap) -> None:
+        if value != self._circuits:
+            self._circuits = value
+            self.circuits_version += 1
+
     def save(self, **parts) -> None:
-        """Persist the circuits (always) and any other named parts (jobs, …)."""
-        self.saved.update(parts, rack=self.rack.name, circuits=self.circuits.to_json())
+        """Persist the circuits and their version (always) and any other named parts (jobs, …)."""
+        self.saved.update(parts, rack=self.rack.name, circuits=self.circuits.to_json(),
+                          circuits_version=self.circuits_version)
         self.store.save(self.saved)
 
     def name_of(self, dpid: int) -> str:
@@ -120,6 +135,6 @@ class Optirack:
     def connected(self, name: str) -> bool:
         return self.dpid_of(name) in self.datapaths
 
-    def protected_ports(self) -> dict:
-        """OCS ports whose circuits belong to running jobs: PortRef -> job id."""
-        return self.placement.protected_ports() if self.placement else {}
+    def protected_ports(self, circuits: CircuitMap | None = None) -> dict:
+        """OCS ports whose circuits belong to active jobs (in `circuits`, default the current map): PortRef -> job id."""
+        return self.placement.protected_ports(circuits=circuits) if self.placement else {}

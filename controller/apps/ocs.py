@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ryu.base import app_manager
 from ryu.controller import ofp_event
@@ -120,24 +121,41 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             if not self.drivers[ocs].connected:
                 raise OcsUnavailable(f"OCS {ocs} is not connected")
 
-    def reconfigure(self, target: CircuitMap, kind: str, reason: str, job: str | None = None,
-                    wait: float | None = 0) -> ReconfigEvent:
-        """Apply `target`: OCS diff (confirmed), then forwarding (confirmed). All or nothing."""
+    def change(self, plan: Callable[[CircuitMap], CircuitMap | None], kind: str, reason: str | Callable[[], str],
+               job: str | None = None, wait: float | None = 0, note: str | Callable[[], str] = "") -> ReconfigEvent | None:
+        """The one way to change circuits: take the reconfiguration lock, call `plan(current)` under it,
+        apply what it returns (OCS diff, then forwarding, both confirmed; all or nothing).
+
+        `plan` sees the map the lock protects and may raise to refuse (Conflict, PlacementError, …):
+        preconditions belong in it. None, or a map equal to the current one, changes nothing and
+        returns None. `reason` and `note` may be callables, read after `plan` ran. `wait`: seconds to
+        wait for the lock (0: refuse at once with Busy; None: wait as long as it takes).
+        """
         if not self.ctx.lock.acquire(blocking=wait != 0, timeout=wait or None):
             raise Busy("another reconfiguration is in progress; try again when it is done")
         try:
-            return self._reconfigure(target, kind, reason, job)
+            target = plan(self.ctx.circuits)
+            if target is None or target == self.ctx.circuits:
+                return None
+            self.check_available(target)
+            return self._reconfigure(target, kind, reason() if callable(reason) else reason, job,
+                                     note() if callable(note) else note)
         finally:
             self.ctx.lock.release()
 
-    def _reconfigure(self, target: CircuitMap, kind: str, reason: str, job: str | None) -> ReconfigEvent:
+    def reconfigure(self, target: CircuitMap, kind: str, reason: str, job: str | None = None,
+                    wait: float | None = 0) -> ReconfigEvent | None:
+        """Make `target` the whole circuit map (for callers whose target does not depend on the
+        current map; everyone else plans inside `change`)."""
+        return self.change(lambda _current: target, kind, reason, job, wait)
+
+    def _reconfigure(self, target: CircuitMap, kind: str, reason: str, job: str | None, note: str) -> ReconfigEvent:
         ctx = self.ctx
         diff = ctx.circuits.diff(target)
-        ev = ctx.events.start(kind, reason, ctx.clock(), job=job,
+        ev = ctx.events.start(kind, reason, ctx.clock(), job=job, note=note,
                               removed=CircuitMap(diff.remove).to_json(), added=CircuitMap(diff.add).to_json())
         previous = ctx.circuits
         try:
-            self.check_available(target)
             for ocs, part in diff.by_ocs().items():
                 result = self.drivers[ocs].apply(_pairs(part.remove), _pairs(part.add))
                 ctx.circuits = ctx.circuits.apply(part)

@@ -17,7 +17,7 @@ from controller.apps.context import Conflict, Optirack
 from controller.apps.ocs import ReconfigFailed
 from controller.config import conf
 from controller.core import placement as policy
-from controller.core.circuits import CircuitDiff, CircuitMap
+from controller.core.circuits import CircuitDiff, CircuitMap, displaced
 from controller.core.jobs import ACTIVE, Job, JobRequest
 from controller.core.rack import PortRef
 from controller.drivers.containers import (
@@ -72,15 +72,16 @@ class PlacementApp(app_manager.RyuApp):
         gpus = job.request.get("gpus")
         return gpus if isinstance(gpus, list) else []
 
-    def protected_ports(self, exclude: str | None = None) -> dict[PortRef, str]:
-        """OCS ports of active jobs' GPUs and their circuits' other ends."""
+    def protected_ports(self, exclude: str | None = None, circuits: CircuitMap | None = None) -> dict[PortRef, str]:
+        """OCS ports of active jobs' GPUs and their circuits' other ends (in `circuits`, default the current map)."""
+        circuits = circuits if circuits is not None else self.ctx.circuits
         result = {}
         for job in self.jobs.values():
             if job.active and job.id != exclude:
                 for g in job.gpus:
                     p = self.ctx.rack.gpu_port(g)
                     result[p] = job.id
-                    other = self.ctx.circuits.partner(p)
+                    other = circuits.partner(p)
                     if other is not None:
                         result[other] = job.id
         return result
@@ -126,17 +127,9 @@ class PlacementApp(app_manager.RyuApp):
             with self.admission:
                 job.state = "configuring"
                 self.save()
-                p = policy.plan(self.ctx.rack, self.ctx.circuits, job.gpus, job.request["policy"],
-                                self.protected_ports(exclude=job.id))
-                job.gpus, job.switches, job.note = list(p.gpus), list(p.switches), p.note
-                if p.note:
-                    LOG.warning("%s: %s", job.id, p.note)
-                diff = self.ctx.circuits.diff(p.target)
-                if diff:
-                    ev = self.ctx.ocs.reconfigure(p.target, "job", f"{job.id}: place {len(job.gpus)} GPUs "
-                                                  f"({job.request['policy']})", job=job.id, wait=RECONFIG_WAIT)
+                ev, applied = self._place(job)
+                if ev is not None:
                     job.events.append(ev.id)
-                    applied = diff
                 job.circuits = self._circuits_of(job)
             self._start_containers(job)
         except (policy.PlacementError, ReconfigFailed, OcsUnavailable, Conflict, ContainerError) as e:
@@ -146,6 +139,29 @@ class PlacementApp(app_manager.RyuApp):
         self.save()
         LOG.info("%s running on %s (switches %s)", job.id, ",".join(job.gpus), ",".join(job.switches))
         self._watch(job)
+
+    def _place(self, job: Job):
+        """Plan the job's circuits from the map the reconfiguration lock protects, and apply them."""
+        decided: dict = {}
+
+        def plan(current: CircuitMap) -> CircuitMap:
+            p = policy.plan(self.ctx.rack, current, job.gpus, job.request["policy"],
+                            self.protected_ports(exclude=job.id, circuits=current))
+            decided.update(plan=p, diff=current.diff(p.target))
+            return p.target
+
+        ev = self.ctx.ocs.change(plan, "job", f"{job.id}: place {len(job.gpus)} GPUs ({job.request['policy']})",
+                                 job=job.id, wait=RECONFIG_WAIT, note=lambda: self._note(job, decided["diff"]))
+        p = decided["plan"]
+        job.gpus, job.switches, job.note = list(p.gpus), list(p.switches), p.note
+        if p.note:
+            LOG.warning("%s: %s", job.id, p.note)
+        return ev, (decided["diff"] if ev is not None else None)
+
+    def _note(self, job: Job, diff: CircuitDiff) -> str:
+        """What the event should say: the idle GPUs whose circuits the job took (no free port was left)."""
+        moved = displaced(self.ctx.rack, diff, job.gpus)
+        return "; ".join(moved) + " (no free switch port was left)" if moved else ""
 
     def _circuits_of(self, job: Job) -> list[list[str]]:
         out = []
@@ -199,14 +215,16 @@ class PlacementApp(app_manager.RyuApp):
 
     def _reverse(self, job: Job, applied: CircuitDiff) -> None:
         """Put back the circuits this job's placement replaced, where nothing else has changed them."""
-        current = self.ctx.circuits
-        keep = [c for c in current.circuits if c not in applied.add]
-        used = {p for c in keep for p in c}
-        back = [c for c in applied.remove if not (set(c) & used)]
+
+        def plan(current: CircuitMap) -> CircuitMap:
+            keep = [c for c in current.circuits if c not in applied.add]
+            used = {p for c in keep for p in c}
+            return CircuitMap(keep + [c for c in applied.remove if not (set(c) & used)])
+
         try:
-            ev = self.ctx.ocs.reconfigure(CircuitMap(keep + back), "job", f"{job.id}: undo placement", job=job.id,
-                                          wait=RECONFIG_WAIT)
-            job.events.append(ev.id)
+            ev = self.ctx.ocs.change(plan, "job", f"{job.id}: undo placement", job=job.id, wait=RECONFIG_WAIT)
+            if ev is not None:
+                job.events.append(ev.id)
         except (ReconfigFailed, OcsUnavailable, Conflict) as e:
             LOG.error("%s: could not restore the circuits: %s", job.id, e)
 
@@ -284,17 +302,26 @@ class PlacementApp(app_manager.RyuApp):
         if job.state != "running":
             raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
         with self.admission:
-            p = policy.plan_regroup(self.ctx.rack, self.ctx.circuits, job.gpus, self.protected_ports(exclude=job.id))
-            target_switches = list(p.switches)
-            if not self.ctx.circuits.diff(p.target):
+            decided: dict = {}
+
+            def plan(current: CircuitMap) -> CircuitMap:
+                if job.state != "running":
+                    raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
+                p = policy.plan_regroup(self.ctx.rack, current, job.gpus,
+                                        self.protected_ports(exclude=job.id, circuits=current))
+                decided.update(plan=p, diff=current.diff(p.target))
+                return p.target
+
+            ev = self.ctx.ocs.change(plan, "regroup", lambda: f"{job.id}: regroup under {','.join(decided['plan'].switches)}",
+                                     job=job.id, wait=RECONFIG_WAIT, note=lambda: self._note(job, decided["diff"]))
+            if ev is None:
                 return None
-            ev = self.ctx.ocs.reconfigure(p.target, "regroup", f"{job.id}: regroup under {','.join(target_switches)}",
-                                          job=job.id, wait=RECONFIG_WAIT)
-            job.switches, job.note = target_switches, p.note
+            p = decided["plan"]
+            job.switches, job.note = list(p.switches), p.note
             job.circuits = self._circuits_of(job)
             job.events.append(ev.id)
             self.save()
-            LOG.info("%s regrouped under %s (%d circuit changes)", job.id, ",".join(target_switches), p.changes)
+            LOG.info("%s regrouped under %s (%d circuit changes)", job.id, ",".join(p.switches), p.changes)
             return ev
 
     def regroup_all(self) -> list[dict]:

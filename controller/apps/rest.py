@@ -25,6 +25,7 @@ from controller.drivers.ocs import OcsUnavailable
 LOG = logging.getLogger("optirack.rest")
 PREFIX = "/api/v1"
 MAX_BODY = 1 << 20
+PUT_WAIT = 10.0  # seconds a PUT waits for a reconfiguration under way before it is refused (409)
 
 
 class ApiError(Exception):
@@ -153,10 +154,13 @@ class Api(OptirackController):
     def put_circuits(self, req, **_):
         body = read_json(req, CircuitsBody)
         target = CircuitMap.parse(self.ctx.rack, body.circuits)
-        views.check_protected(self.ctx, target)
-        self.ctx.ocs.check_available(target)
-        ev = self.ctx.ocs.reconfigure(target, "circuits", "PUT /ocs/circuits")
-        return json_response({"circuits": self.ctx.circuits.to_json(), "event": ev.to_json()})
+
+        def plan(current: CircuitMap) -> CircuitMap:  # under the reconfiguration lock
+            views.check_protected(self.ctx, current, target)
+            return target
+
+        ev = self.ctx.ocs.change(plan, "circuits", "PUT /ocs/circuits", wait=PUT_WAIT)
+        return json_response({"circuits": self.ctx.circuits.to_json(), "event": ev.to_json() if ev else None})
 
     @route("stats", PREFIX + "/stats/ports", methods=["GET"])
     @api()

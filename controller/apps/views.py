@@ -43,10 +43,10 @@ def circuits(ctx: Optirack, device: bool = False) -> dict:
     return body
 
 
-def check_protected(ctx: Optirack, target: CircuitMap) -> None:
-    """Refuse a circuit change that would cut a running job's GPU off its switch."""
-    protected = ctx.protected_ports()
-    diff = ctx.circuits.diff(target)
+def check_protected(ctx: Optirack, current: CircuitMap, target: CircuitMap) -> None:
+    """Refuse a circuit change that would cut an active job's GPU off its switch (call it under the lock)."""
+    protected = ctx.protected_ports(current)
+    diff = current.diff(target)
     for a, b in sorted(diff.remove):
         for ref in (a, b):
             if ref in protected:

@@ -24,6 +24,7 @@ class ReconfigEvent:
     status: str = "running"  # running | ok | failed
     error: str | None = None
     job: str | None = None
+    note: str = ""  # what a reader should know, e.g. an idle GPU's circuit a placement moved
 
     @property
     def dark_window_s(self) -> float | None:
