@@ -125,6 +125,9 @@ class Optirack:
                           circuits_version=self.circuits_version)
         self.store.save(self.saved)
 
+    def record_event(self, ev) -> None:
+        """Persist one reconfiguration event as it is now (called when it starts and when it ends)."""
+
     def name_of(self, dpid: int) -> str:
         kind, name = self.known.get(dpid, ("unknown", f"{dpid:#x}"))
         return name if kind != "unknown" else f"unknown datapath {name}"

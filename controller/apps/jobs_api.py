@@ -4,7 +4,7 @@ from __future__ import annotations
 from ryu.app.wsgi import route
 
 from controller.apps.context import Conflict
-from controller.apps.placement import UnknownJob
+from controller.apps.placement import LOG_LINES, UnknownJob
 from controller.apps.rest import PREFIX, ApiError, OptirackController, api, int_param, json_response, read_json
 from controller.core.jobs import JobRequest
 from controller.core.placement import PlacementError
@@ -67,6 +67,13 @@ class JobsApi(OptirackController):
                        if job.started_at and job.started_at <= s.t <= end + 1.0]
             out[gpu] = [{"t": round(s.t, 3), "tx_bps": round(s.rx_bps), "rx_bps": round(s.tx_bps)} for s in samples[-limit:]]
         return out
+
+    @route("job_logs", PREFIX + "/jobs/{job_id}/logs", methods=["GET"], requirements=JOB_ID)
+    @api()
+    def logs(self, req, job_id, **_):
+        job = self._job(job_id)
+        lines, source = self.placement.worker_logs(job, int_param(req, "tail", LOG_LINES, lo=1, hi=LOG_LINES))
+        return json_response({"job": job.id, "state": job.state, "reason": job.reason, "source": source, "logs": lines})
 
     @route("job", PREFIX + "/jobs/{job_id}", methods=["DELETE"], requirements=JOB_ID)
     @api(mutation=True)

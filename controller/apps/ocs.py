@@ -97,9 +97,15 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         ev = self.ctx.events.start("restore", f"OCS {name} connected with other circuits", self.ctx.clock(),
                                    removed=[[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(device - held)],
                                    added=[[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(held - device)])
-        driver.replace(held)
-        ev.ocs_confirmed_at = ev.flows_confirmed_at = self.ctx.clock()
-        ev.status = "ok"
+        try:
+            driver.replace(held)
+            ev.ocs_confirmed_at = ev.flows_confirmed_at = self.ctx.clock()
+            ev.status = "ok"
+        except Exception as e:
+            ev.status, ev.error = "failed", f"{e}"
+            raise
+        finally:
+            self._close(ev)
         self.ctx.save()
         LOG.info("OCS %s: restored %d circuits", name, len(held))
 
@@ -172,17 +178,35 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
                      ev.id, reason, len(diff.remove), len(diff.add), (ev.dark_window_s or 0) * 1000, ev.total_s * 1000)
             return ev
         except DEVICE_ERRORS as e:
-            ev.status, ev.error = "failed", str(e)
-            LOG.error("reconfiguration %d (%s) failed: %s; rolling back", ev.id, reason, e)
-            self._roll_back(previous)
+            self._abandon(ev, str(e), previous)
             raise ReconfigFailed(ev) from None
+        except Exception as e:  # a bug: the event still ends, the devices are still put back
+            LOG.exception("reconfiguration %d (%s) raised", ev.id, reason)
+            self._abandon(ev, f"internal error: {type(e).__name__}: {e}", previous)
+            raise
+        finally:
+            self._close(ev)
+
+    def _close(self, ev: ReconfigEvent) -> None:
+        """No event stays "running": one whose thread was interrupted ends failed; every end is recorded."""
+        if ev.status == "running":
+            ev.status, ev.error = "failed", ev.error or "interrupted before it finished"
+        self.ctx.record_event(ev)
+
+    def _abandon(self, ev: ReconfigEvent, error: str, previous: CircuitMap) -> None:
+        ev.status, ev.error = "failed", error
+        LOG.error("reconfiguration %d (%s) failed: %s; rolling back", ev.id, ev.reason, error)
+        try:
+            self._roll_back(previous)
+        except Exception:  # noqa: BLE001 (the OCS is restored when it reconnects)
+            LOG.exception("reconfiguration %d: rolling back raised", ev.id)
 
     def _roll_back(self, previous: CircuitMap) -> None:
         ctx = self.ctx
         for ocs in ctx.circuits.diff(previous).by_ocs():
             try:
                 self.drivers[ocs].replace(_pairs(previous.on(ocs)))
-            except DEVICE_ERRORS as e:
+            except Exception as e:  # noqa: BLE001 (whatever the driver raised: the others still roll back)
                 LOG.error("OCS %s: rollback failed (%s); it will be restored when it reconnects", ocs, e)
         ctx.circuits = previous
         ctx.save()

@@ -67,6 +67,7 @@ class Job:
     events: list[int] = field(default_factory=list)  # reconfiguration event ids
     reports: dict[str, list[dict]] = field(default_factory=dict)  # gpu -> worker JSON lines
     exit_codes: dict[str, int] = field(default_factory=dict)
+    logs: dict[str, list[str]] = field(default_factory=dict)  # gpu -> last lines of its output, kept at the end
 
     @property
     def active(self) -> bool:
@@ -98,7 +99,7 @@ class Job:
     def summary(self) -> dict:
         its = self.iterations()
         total = self.request.get("workload", {}).get("iterations")
-        d = {k: v for k, v in asdict(self).items() if k not in ("reports",)}
+        d = {k: v for k, v in asdict(self).items() if k not in ("reports", "logs")}
         d.update(iterations_done=len(its), iterations_total=total, completion_s=self.completion_s(),
                  mean_iteration_s=statistics.fmean(i["iter_s"] for i in its) if its else None,
                  mean_gpu_util=statistics.fmean(i["gpu_util"] for i in its) if its else None)
