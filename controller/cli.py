@@ -59,14 +59,16 @@ def _parse_pair(text: str) -> list[str]:
 def _circuits(args) -> int:
     client = _client(args)
     if args.set is not None:
-        data = client.put("/ocs/circuits", {"circuits": [_parse_pair(p) for p in args.set]})
+        headers = {"If-Match": f'"{args.if_match}"'} if args.if_match is not None else None
+        data = client.put("/ocs/circuits", {"circuits": [_parse_pair(p) for p in args.set]}, headers)
         ev = data["event"]
         text = (f"applied: -{len(ev['removed'])} +{len(ev['added'])} circuits; dark {1000 * (ev['dark_window_s'] or 0):.1f} ms, "
-                f"flows confirmed after {1000 * ev['total_s']:.1f} ms")
+                f"flows confirmed after {1000 * ev['total_s']:.1f} ms; now version {data['version']}"
+                if ev else f"nothing to change (version {data['version']})")
         _print(args, data, text)
         return 0
     data = client.get("/ocs/circuits", **({"device": "1"} if args.device else {}))
-    text = "\n".join(f"{a} = {b}" for a, b in data["circuits"]) or "no circuits"
+    text = f"version {data['version']}\n" + ("\n".join(f"{a} = {b}" for a, b in data["circuits"]) or "no circuits")
     if args.device:
         for ocs, have in data.get("device", {}).items():
             text += f"\n{ocs} reports: " + ("unreachable" if have is None else f"{len(have)} circuits")
@@ -184,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("circuits", help="show the circuits, or replace them with --set")
     p.add_argument("--set", nargs="*", metavar="PORT=PORT", help="the new circuit set, e.g. ocs1:1=ocs1:11 ocs1:2=ocs1:12")
     p.add_argument("--device", action="store_true", help="also ask each OCS what it holds")
+    p.add_argument("--if-match", type=int, metavar="VERSION",
+                   help="with --set: apply only if the circuits are still at this version (shown by `optirack circuits`); "
+                        "otherwise the controller refuses with 409 and changes nothing")
     p.set_defaults(func=_circuits)
 
     p = sub.add_parser("stats", help="throughput of each GPU NIC")

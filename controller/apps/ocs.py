@@ -173,7 +173,7 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             ctx.save()
             ctx.fabric.sync()
             ev.flows_confirmed_at = ctx.clock()
-            ev.status = "ok"
+            ev.status, ev.version = "ok", ctx.circuits_version
             LOG.info("reconfiguration %d (%s): -%d +%d circuits, dark %.1f ms, flows confirmed after %.1f ms",
                      ev.id, reason, len(diff.remove), len(diff.add), (ev.dark_window_s or 0) * 1000, ev.total_s * 1000)
             return ev
@@ -191,6 +191,8 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         """No event stays "running": one whose thread was interrupted ends failed; every end is recorded."""
         if ev.status == "running":
             ev.status, ev.error = "failed", ev.error or "interrupted before it finished"
+        if ev.version is None:
+            ev.version = self.ctx.circuits_version
         self.ctx.record_event(ev)
 
     def _abandon(self, ev: ReconfigEvent, error: str, previous: CircuitMap) -> None:

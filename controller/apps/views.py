@@ -36,7 +36,7 @@ def topology(ctx: Optirack) -> dict:
 
 
 def circuits(ctx: Optirack, device: bool = False) -> dict:
-    body = {"circuits": ctx.circuits.to_json(),
+    body = {"circuits": ctx.circuits.to_json(), "version": ctx.circuits_version,
             "by_ocs": {o: CircuitMap(ctx.circuits.on(o)).to_json() for o in ctx.rack.ocs}}
     if device and ctx.ocs:
         body["device"] = ctx.ocs.device_circuits()

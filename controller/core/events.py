@@ -24,6 +24,7 @@ class ReconfigEvent:
     status: str = "running"  # running | ok | failed
     error: str | None = None
     job: str | None = None
+    version: int | None = None  # the circuit map's version this change left (the REST ETag)
     note: str = ""  # what a reader should know, e.g. an idle GPU's circuit a placement moved
 
     @property

@@ -190,3 +190,56 @@ def test_put_checks_protected_ports_under_the_lock(tmp_path):
     assert ctx.circuits == INITIAL and device(ocs) == pairs(INITIAL)
     wait_until(lambda: job.state == "running")
     placement.stop(job.id)
+
+
+def _get(ctx):
+    from ryu.app.wsgi import WSGIApplication
+
+    app_ = WSGIApplication()
+    app_.register(Api, {"optirack": ctx})
+    return Request.blank("/api/v1/ocs/circuits").get_response(app_)
+
+
+def test_the_circuit_map_carries_its_version_as_an_etag(tmp_path):
+    ctx, _, _, ocs = make(tmp_path)
+    got = _get(ctx)
+    etag = got.headers["ETag"]
+    assert etag == f'"{ctx.circuits_version}"' and json.loads(got.body)["version"] == ctx.circuits_version
+    swapped = SWAPPED.to_json()
+    resp = _put(ctx, swapped, {"If-Match": etag})
+    assert resp.status_int == 200, resp.body
+    new = resp.headers["ETag"]
+    assert new != etag and json.loads(resp.body)["version"] == int(new.strip('"')) == ctx.circuits_version
+    # a PUT made from the older version is refused, and changes nothing
+    resp = _put(ctx, INITIAL.to_json(), {"If-Match": etag})
+    err = json.loads(resp.body)["error"]
+    assert resp.status_int == 409 and err["field"] == "If-Match" and "changed since version" in err["message"]
+    assert ctx.circuits == SWAPPED and device(ocs) == pairs(SWAPPED)
+    # a version never issued: 412; not an ETag: 400; "*" or no header: applies to the map as it is
+    future = f'"{ctx.circuits_version + 5}"'
+    assert _put(ctx, INITIAL.to_json(), {"If-Match": future}).status_int == 412
+    bad = _put(ctx, INITIAL.to_json(), {"If-Match": "yesterday"})
+    assert bad.status_int == 400 and json.loads(bad.body)["error"]["field"] == "If-Match"
+    assert ctx.circuits == SWAPPED
+    assert _put(ctx, INITIAL.to_json(), {"If-Match": f'"1", {new}'}).status_int == 200  # a list: any may match
+    assert _put(ctx, swapped, {"If-Match": "*"}).status_int == 200
+    assert _put(ctx, INITIAL.to_json()).status_int == 200 and ctx.circuits == INITIAL
+    same = _put(ctx, INITIAL.to_json())
+    assert same.status_int == 200 and json.loads(same.body)["event"] is None  # nothing to change: no event
+
+
+def test_if_match_is_checked_under_the_lock(tmp_path):
+    """A PUT that read version v, then waited while another change committed, is refused."""
+    ctx, ocs_app, _, ocs = make(tmp_path)
+    etag = _get(ctx).headers["ETag"]
+    result = {}
+    ctx.lock.acquire()
+    try:
+        thread = hub.spawn(lambda: result.setdefault("resp", _put(ctx, INITIAL.to_json()[:5], {"If-Match": etag})))
+        hub.sleep(0.05)
+        ocs_app._reconfigure(SWAPPED, "circuits", "another client's change", None, "")
+    finally:
+        ctx.lock.release()
+    thread.wait()
+    assert result["resp"].status_int == 409
+    assert ctx.circuits == SWAPPED and device(ocs) == pairs(SWAPPED)
