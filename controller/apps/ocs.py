@@ -50,9 +50,10 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
                 self.drivers[spec.name] = Tl1Ocs(spec, c.tl1_user, c.tl1_password, sleep=hub.sleep)
             else:
                 self.drivers[spec.name] = OpenFlowOcs(spec, self.rpc, c.barrier_timeout, sleep=hub.sleep)
-        for name, driver in self.drivers.items():
-            if not isinstance(driver, OpenFlowOcs):
-                hub.spawn(self._synchronise, name)
+        # An OpenFlow OCS connects to us (and again after a loss); any other device is kept by a
+        # thread of ours: it logs in, resynchronises, probes, and after a loss retries with backoff.
+        self.probe_interval, self.retry_max = c.device_probe_interval, c.device_retry_max
+        self.keepers = [hub.spawn(self._keep, name) for name, d in self.drivers.items() if not isinstance(d, OpenFlowOcs)]
 
     # --- OpenFlow events -------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
@@ -72,7 +73,42 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
 
 
     # --- circuits ------------------------------------------------------------------
-    def _synchronise(self, name: str) -> None:
+    def _keep(self, name: str, first_retry: float = 0.5) -> None:
+        """Keep a device that does not connect to us in step: (re)synchronise it, retried with
+        backoff while it is unreachable, then probe it every probe_interval."""
+        delay = first_retry
+        while True:
+            try:
+                if name in self.synchronised:
+                    hub.sleep(self.probe_interval)
+                    self._probe(name)
+                    continue
+                ok = self._synchronise(name)
+            except Exception:  # noqa: BLE001 (a bug must not end the keeper: log it and retry)
+                LOG.exception("OCS %s: keeping it in step raised", name)
+                ok = False
+            if ok:
+                delay = first_retry
+            else:
+                LOG.info("OCS %s: next try in %.1f s", name, delay)
+                hub.sleep(delay)
+                delay = min(delay * 2, self.retry_max)
+
+    def _probe(self, name: str) -> None:
+        """Ask the device what it holds; a lost session, or circuits other than ours, make it resynchronise."""
+        if self.ctx.lock.locked():
+            return  # a reconfiguration is changing the devices now; probe next time
+        try:
+            device = self.drivers[name].read()
+        except DEVICE_ERRORS as e:
+            LOG.warning("OCS %s: %s", name, e)
+            self.synchronised.discard(name)
+            return
+        if device != _pairs(self.ctx.circuits.on(name)) and not self.ctx.lock.locked():
+            LOG.warning("OCS %s holds other circuits than ours: resynchronising", name)
+            self.synchronised.discard(name)
+
+    def _synchronise(self, name: str) -> bool:
         """A (re)connected OCS: adopt its circuits on first contact, else restore the ones we hold."""
         with self.ctx.lock:
             driver = self.drivers[name]
@@ -83,11 +119,13 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
                 if not (self.ctx.adopt_device_circuits and device and self._adopt(name, device)):
                     self._restore(name, driver, device)
                 self.synchronised.add(name)
+                self.ctx.adopt_device_circuits = False
             except DEVICE_ERRORS as e:
                 LOG.warning("OCS %s: cannot synchronise: %s", name, e)
-            self.ctx.adopt_device_circuits = False
+                return False
         if self.ctx.fabric:
             self.ctx.fabric.sync_quietly()
+        return True
 
     def _restore(self, name: str, driver: OcsDriver, device: set[tuple[int, int]]) -> None:
         held = _pairs(self.ctx.circuits.on(name))
@@ -215,12 +253,12 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         ctx.fabric.sync_quietly()
 
     def device_circuits(self) -> dict[str, list[list[str]] | None]:
-        """What each OCS reports now (None if it cannot be asked)."""
+        """What each connected OCS reports now (None if it is not connected or cannot be asked)."""
         result = {}
         for name, driver in self.drivers.items():
             try:
-                result[name] = [[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(driver.read())]
+                result[name] = ([[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(driver.read())]
+                                if driver.connected else None)
             except DEVICE_ERRORS:
                 result[name] = None
         return result
-

@@ -24,7 +24,7 @@ def topology(ctx: Optirack) -> dict:
         "servers": {s.name: {"docker": s.docker, "gpus": [g.name for g in s.gpus]} for s in rack.spec.servers},
         "gpus": gpus,
         "ocs": {o.name: {"dpid": f"{o.dpid:#x}", "ports": o.ports, "driver": o.driver, "switching_time_ms": o.switching_time_ms,
-                         "reconfiguration_time_ms": o.bulk_time_ms, "connected": ctx.ocs.drivers[o.name].connected if ctx.ocs else False,
+                         "reconfiguration_time_ms": o.bulk_time_ms, **_device_status(ctx, o.name),
                          "synchronised": bool(ctx.ocs and o.name in ctx.ocs.synchronised)}
                 for o in rack.spec.ocs},
         "switches": {w.name: {"dpid": f"{w.dpid:#x}", "role": w.role, "connected": ctx.connected(w.name),
@@ -33,6 +33,13 @@ def topology(ctx: Optirack) -> dict:
                               "uplinks": [{"port": u.port, "peer": str(u.peer), "rate_gbps": u.rate_gbps} for u in w.uplinks]}
                      for w in rack.spec.switches},
     }
+
+
+def _device_status(ctx: Optirack, name: str) -> dict:
+    """connected, last_seen and error as the driver last knew them: a status read never talks to the device."""
+    if not ctx.ocs:
+        return {"connected": False, "last_seen": None, "error": "the OCS app is not loaded"}
+    return ctx.ocs.drivers[name].status()
 
 
 def circuits(ctx: Optirack, device: bool = False) -> dict:
