@@ -136,6 +136,7 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
                                    removed=[[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(device - held)],
                                    added=[[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(held - device)])
         try:
+            self.ctx.record_event(ev)
             driver.replace(held)
             ev.ocs_confirmed_at = ev.flows_confirmed_at = self.ctx.clock()
             ev.status = "ok"
@@ -200,6 +201,7 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
                               removed=CircuitMap(diff.remove).to_json(), added=CircuitMap(diff.add).to_json())
         previous = ctx.circuits
         try:
+            ctx.record_event(ev)
             for ocs, part in diff.by_ocs().items():
                 result = self.drivers[ocs].apply(_pairs(part.remove), _pairs(part.add))
                 ctx.circuits = ctx.circuits.apply(part)
@@ -208,7 +210,7 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
                 if result.dark_end is not None:
                     ev.dark_end = max(ev.dark_end or 0.0, result.dark_end)
             ev.ocs_confirmed_at = ctx.clock()
-            ctx.save()
+            ctx.save(events=[ev])  # the new circuits and the event that made them: one transaction
             ctx.fabric.sync()
             ev.flows_confirmed_at = ctx.clock()
             ev.status, ev.version = "ok", ctx.circuits_version

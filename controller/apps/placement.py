@@ -18,7 +18,7 @@ from controller.apps.ocs import ReconfigFailed
 from controller.config import conf
 from controller.core import placement as policy
 from controller.core.circuits import CircuitDiff, CircuitMap, displaced
-from controller.core.jobs import ACTIVE, Job, JobRequest
+from controller.core.jobs import ACTIVE, Job, JobRequest, JobTable
 from controller.core.rack import PortRef
 from controller.drivers.containers import (
     LABEL_JOB,
@@ -73,7 +73,7 @@ class PlacementApp(app_manager.RyuApp):
         self.ctx: Optirack = kwargs["optirack"]
         self.ctx.placement = self
         self.driver = kwargs.get("driver") or ContainerDriver(self.ctx.rack, conf().worker_image, _nic_home(self.ctx.rack))
-        self.jobs: dict[str, Job] = {j["id"]: Job.from_state(j) for j in self.ctx.saved.get("jobs", [])}
+        self.jobs = JobTable(Job.from_state(j) for j in self.ctx.saved.get("jobs", []))
         start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
         self._ids = itertools.count(start)
         self.admission = hub.Semaphore(1)  # plan and reconfigure one job at a time
@@ -110,8 +110,35 @@ class PlacementApp(app_manager.RyuApp):
             raise UnknownJob(job_id)
         return self.jobs[job_id]
 
-    def save(self) -> None:
-        self.ctx.save(jobs=[j.to_state() for j in self.jobs.values()])
+    def save(self, job: Job | None = None) -> None:
+        """Persist `job` (a job that just ended must be named) and every active job, with the circuits:
+        one transaction whose size does not grow with the history of finished jobs."""
+        jobs = self.jobs.to_save(job)
+        self.ctx.save(jobs=[j.to_state() for j in jobs])
+        self.jobs.saved(jobs)
+
+    def page(self, limit: int, before: str | None = None, states: set[str] | None = None) -> tuple[list[Job], str | None]:
+        """The newest `limit` jobs created before job `before` (in `states`), oldest first, and the id
+        to pass as `before` for the page before it (None: no older job)."""
+        jobs = list(self.jobs.values())
+        if before is not None:
+            jobs = jobs[: list(self.jobs).index(self.get(before).id)]
+        if states:
+            jobs = [j for j in jobs if j.state in states]
+        page = jobs[-limit:]
+        return page, (page[0].id if len(jobs) > len(page) else None)
+
+    def prune(self, older_than_s: float | None, keep: int | None) -> list[str]:
+        """Forget finished jobs that ended more than `older_than_s` ago, keeping the newest `keep` of them."""
+        now = self.ctx.clock()
+        finished = [j for j in self.jobs.values() if not j.active]
+        candidates = finished[: max(0, len(finished) - (keep or 0))]
+        gone = [j.id for j in candidates if older_than_s is None or (j.ended_at or j.created_at) <= now - older_than_s]
+        self.ctx.store.delete_jobs(gone)
+        for job_id in gone:
+            del self.jobs[job_id]
+        LOG.info("pruned %d finished jobs", len(gone))
+        return gone
 
     # --- submitting and running -------------------------------------------------------
     def submit(self, req: JobRequest) -> Job:
@@ -237,7 +264,7 @@ class PlacementApp(app_manager.RyuApp):
         _attempt(job, "keeping the workers' logs", self._keep_logs, job)
         _attempt(job, "removing the containers", self._remove_containers, job)
         job.state, job.reason, job.ended_at = state, reason, self.ctx.clock()
-        _attempt(job, "saving the job", self.save)
+        _attempt(job, "saving the job", self.save, job)
 
     def _keep_logs(self, job: Job) -> None:
         """The last lines of each worker's output (stdout and stderr), read before its container goes."""

@@ -21,6 +21,7 @@ from controller.apps import views
 from controller.apps.context import Conflict, Optirack
 from controller.apps.ocs import ReconfigFailed
 from controller.core.circuits import CircuitError, CircuitMap
+from controller.core.events import ReconfigEvent
 from controller.drivers.ocs import OcsUnavailable
 
 LOG = logging.getLogger("optirack.rest")
@@ -212,8 +213,11 @@ class Api(OptirackController):
     @route("events", PREFIX + "/events", methods=["GET"])
     @api()
     def events(self, req, **_):
-        limit = int_param(req, "limit", 100)
-        return json_response({"events": [e.to_json() for e in self.ctx.events.recent(limit)]})
+        limit, before = int_param(req, "limit", 100), int_param(req, "before", None, lo=1, hi=1 << 62)
+        rows = self.ctx.store.events(limit + 1, before)  # one more tells whether an older page exists
+        page = rows[-limit:]
+        return json_response({"events": [ReconfigEvent.from_state(r).to_json() for r in page],
+                              "older": page[0]["id"] if len(rows) > len(page) else None})
 
 
 def _openapi() -> dict:

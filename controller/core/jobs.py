@@ -7,6 +7,7 @@ each rank's per-iteration reports (compute and communication time, GPU utilizati
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -118,3 +119,38 @@ class Job:
     @classmethod
     def from_state(cls, data: dict) -> Job:
         return cls(**data)
+
+
+class JobTable(dict):
+    """Jobs by id, in creation order. It remembers the jobs that may still change (added since the
+    last save, or active), so that a save writes those and not the whole history."""
+
+    def __init__(self, jobs: Iterable[Job] = ()):
+        super().__init__()
+        self.live: dict[str, Job] = {}
+        for job in jobs:
+            super().__setitem__(job.id, job)
+            if job.active:
+                self.live[job.id] = job
+
+    def __setitem__(self, job_id: str, job: Job) -> None:
+        super().__setitem__(job_id, job)
+        self.live[job_id] = job
+
+    def update(self, *args, **kw) -> None:
+        for job_id, job in dict(*args, **kw).items():
+            self[job_id] = job
+
+    def __delitem__(self, job_id: str) -> None:
+        super().__delitem__(job_id)
+        self.live.pop(job_id, None)
+
+    def to_save(self, also: Job | None = None) -> list[Job]:
+        """What a save must write: the live jobs, and `also` (a job that changed after it ended)."""
+        return list(self.live.values()) + ([also] if also is not None and also.id not in self.live else [])
+
+    def saved(self, jobs: Iterable[Job]) -> None:
+        """These were written: the ended ones need not be written again unless named."""
+        for job in jobs:
+            if not job.active:
+                self.live.pop(job.id, None)

@@ -53,7 +53,7 @@ def test_empty_ocs_gets_the_starting_circuits_and_switches_their_tables(rig):
     ctx, _, _, switches = rig
     assert ctx.datapaths.keys() == {0x100, 0x201, 0x202}
     _check_forwarding(ctx, switches)
-    assert json.loads((ctx.state_dir / "state.json").read_text())["circuits"] == CircuitMap.initial(RACK).to_json()
+    assert ctx.store.load()["circuits"] == CircuitMap.initial(RACK).to_json()
 
 
 def test_reconfigure_applies_the_diff_with_a_dark_window(rig):

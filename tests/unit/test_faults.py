@@ -74,7 +74,7 @@ class Rig:
             assert self.ctx.circuits == self.before
         assert self.ocs.circuits() == {(a.port, b.port) for a, b in self.ctx.circuits.circuits}
         wait_until(self.tables_hold, what="the switches' flows to match the circuits")
-        saved = json.loads((self.ctx.state_dir / "state.json").read_text())
+        saved = self.ctx.store.load()
         assert {j["id"]: j["state"] for j in saved["jobs"]}[job.id] == "failed"  # persisted as it ended
 
 
