@@ -218,11 +218,11 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
                      ev.id, reason, len(diff.remove), len(diff.add), (ev.dark_window_s or 0) * 1000, ev.total_s * 1000)
             return ev
         except DEVICE_ERRORS as e:
-            self._abandon(ev, str(e), previous)
+            self._abandon(ev, str(e), previous, list(diff.by_ocs()))
             raise ReconfigFailed(ev) from None
         except Exception as e:  # a bug: the event still ends, the devices are still put back
             LOG.exception("reconfiguration %d (%s) raised", ev.id, reason)
-            self._abandon(ev, f"internal error: {type(e).__name__}: {e}", previous)
+            self._abandon(ev, f"internal error: {type(e).__name__}: {e}", previous, list(diff.by_ocs()))
             raise
         finally:
             self._close(ev)
@@ -235,24 +235,42 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             ev.version = self.ctx.circuits_version
         self.ctx.record_event(ev)
 
-    def _abandon(self, ev: ReconfigEvent, error: str, previous: CircuitMap) -> None:
+    def _abandon(self, ev: ReconfigEvent, error: str, previous: CircuitMap, touched: list[str]) -> None:
         ev.status, ev.error = "failed", error
         LOG.error("reconfiguration %d (%s) failed: %s; rolling back", ev.id, ev.reason, error)
         try:
-            self._roll_back(previous)
+            self._roll_back(previous, touched)
         except Exception:  # noqa: BLE001 (the OCS is restored when it reconnects)
             LOG.exception("reconfiguration %d: rolling back raised", ev.id)
 
-    def _roll_back(self, previous: CircuitMap) -> None:
+    def _roll_back(self, previous: CircuitMap, touched: list[str]) -> None:
+        """Put every OCS the change touched back to `previous`, by difference (circuits it did not
+        change stay lit); one that cannot be put back is resynchronised, retried until it is."""
         ctx = self.ctx
-        for ocs in ctx.circuits.diff(previous).by_ocs():
+        for ocs in touched:
+            driver, want = self.drivers[ocs], _pairs(previous.on(ocs))
             try:
-                self.drivers[ocs].replace(_pairs(previous.on(ocs)))
+                have = driver.read()
+                if have != want:
+                    driver.apply(have - want, want - have)
             except Exception as e:  # noqa: BLE001 (whatever the driver raised: the others still roll back)
-                LOG.error("OCS %s: rollback failed (%s); it will be restored when it reconnects", ocs, e)
+                LOG.error("OCS %s: rollback failed (%s); resynchronising it until it takes", ocs, e)
+                self._resynchronise_later(ocs)
         ctx.circuits = previous
         ctx.save()
         ctx.fabric.sync_quietly()
+
+    def _resynchronise_later(self, name: str) -> None:
+        """An OCS whose state is unknown: its keeper (TL1) or a retrier of ours (OpenFlow) restores it."""
+        self.synchronised.discard(name)
+        if isinstance(self.drivers[name], OpenFlowOcs):
+            hub.spawn(self._retry_synchronise, name)
+
+    def _retry_synchronise(self, name: str, delay: float = 0.5) -> None:
+        while name not in self.synchronised and self.drivers[name].connected:
+            hub.sleep(delay)
+            if not self._synchronise(name):
+                delay = min(delay * 2, self.retry_max)
 
     def device_circuits(self) -> dict[str, list[list[str]] | None]:
         """What each connected OCS reports now (None if it is not connected or cannot be asked)."""

@@ -110,6 +110,9 @@ def test_silent_switch_times_out_and_rolls_back(rig, monkeypatch):
     with pytest.raises(ReconfigFailed, match="did not confirm"):
         apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
     assert ctx.circuits == before
+    ocs.silent = False  # it answers again: the OCS app puts its circuits back by itself
+    wait_until(lambda: "ocs1" in apps[1].synchronised and ocs.circuits() == {(a.port, b.port) for a, b in before.circuits},
+               10, "the OCS resynchronised")
 
 
 def test_one_reconfiguration_at_a_time(rig):
