@@ -113,7 +113,7 @@ class JobsApi(OptirackController):
     @api(mutation=True)
     def stop(self, req, job_id, **_):
         self._job(job_id)
-        return json_response({"job": self.placement.stop(job_id).to_json()})
+        return json_response({"job": self.placement.stop_job(job_id).to_json()})
 
     @route("job_regroup", PREFIX + "/jobs/{job_id}/regroup", methods=["POST"], requirements=JOB_ID)
     @api(mutation=True)

@@ -370,7 +370,7 @@ class PlacementApp(app_manager.RyuApp):
         completion = job.completion_s()
         LOG.info("%s %s%s", job.id, state, f" in {completion:.1f} s" if completion else f": {reason}" if reason else "")
 
-    def stop(self, job_id: str) -> Job:
+    def stop_job(self, job_id: str) -> Job:
         job = self.get(job_id)
         if not job.active:
             return job

@@ -130,7 +130,7 @@ def test_a_placement_plans_from_the_map_it_applies_to(tmp_path):
     assert all(set(c) & gpu_ports for c in ev.removed + ev.added)  # only the job's GPUs' circuits
     assert ev.note == ""  # free ports were taken, no idle GPU moved
     assert device(ocs) == pairs(ctx.circuits)
-    placement.stop(job.id)
+    placement.stop_job(job.id)
 
 
 def test_a_regroup_takes_free_ports_and_touches_no_other_gpu(tmp_path):
@@ -143,7 +143,7 @@ def test_a_regroup_takes_free_ports_and_touches_no_other_gpu(tmp_path):
     for g in ("gpu2", "gpu4", "gpu5", "gpu6"):
         assert ctx.circuits.partner(RACK.gpu_port(g)) == SWAPPED.partner(RACK.gpu_port(g))
     assert device(ocs) == pairs(ctx.circuits)
-    placement.stop(job.id)
+    placement.stop_job(job.id)
 
 
 def test_a_regroup_moves_an_idle_gpu_only_when_no_port_is_free_and_says_so(tmp_path):
@@ -157,7 +157,7 @@ def test_a_regroup_moves_an_idle_gpu_only_when_no_port_is_free_and_says_so(tmp_p
              if ctx.circuits.partner(rack.gpu_port(g)) != INITIAL.partner(rack.gpu_port(g))}
     assert moved == {"gpu5"}  # one idle GPU gave up its circuit, nothing else moved
     assert device(ocs) == pairs(ctx.circuits)
-    placement.stop(job.id)
+    placement.stop_job(job.id)
 
 
 def _put(ctx, circuits, headers=None):
@@ -189,7 +189,7 @@ def test_put_checks_protected_ports_under_the_lock(tmp_path):
     assert "carries job " + job.id in json.loads(resp.body)["error"]["message"]
     assert ctx.circuits == INITIAL and device(ocs) == pairs(INITIAL)
     wait_until(lambda: job.state == "running")
-    placement.stop(job.id)
+    placement.stop_job(job.id)
 
 
 def _get(ctx):
