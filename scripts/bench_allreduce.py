@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -63,6 +64,43 @@ def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: st
     return logs, 100.0 * (delta[3] + delta[4]) / sum(delta)
 
 
+def comm_times(logs: list[list[dict]]) -> list[float]:
+    """Each iteration's communication time: its slowest rank's."""
+    its = zip(*[[x for x in log if x["event"] == "iteration"] for log in logs], strict=True)
+    return [max(r["comm_s"] for r in it) for it in its]
+
+
+def observed_rounds(tb: Testbed, args, gpus: list[str], size: int, bound_s: float, workdir: Path) -> dict:
+    """Alternate runs without and with the live page open and Prometheus scraping every 5 s."""
+    from emulation.observe import Browser, Prometheus
+
+    runs = {"plain": [], "observed": []}
+    for i in range(args.observed):
+        order = ("plain", "observed") if i % 2 == 0 else ("observed", "plain")
+        for kind in order:
+            print(f"  round {i + 1}/{args.observed}: {kind} ...", flush=True)
+            if kind == "plain":
+                logs, _ = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce)
+            else:
+                target = tb.controller.url.removeprefix("http://")
+                with Prometheus(workdir / f"prom-{i}", [target], scrape_interval="5s") as prom, Browser() as browser:
+                    browser.page.goto(tb.controller.url + "/")
+                    browser.page.wait_for_selector("#rack [data-gpu]", timeout=20_000)
+                    logs, _ = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce)
+                    scrapes = prom.query('count_over_time(up{job="optirack"}[10m])')
+                    drawn = browser.page.eval_on_selector_all("#chart-ports polyline", "els => els.length")
+                print(f"    Prometheus scraped {scrapes[0]['value'][1] if scrapes else 0} times; "
+                      f"the page drew {drawn} port series")
+            median = statistics.median(bound_s / c for c in comm_times(logs))
+            runs[kind].append(median)
+            print(f"    {100 * median:.1f} % of the bound", flush=True)
+    plain, observed = statistics.mean(runs["plain"]), statistics.mean(runs["observed"])
+    return {"plain_percent": [round(100 * f, 2) for f in runs["plain"]],
+            "observed_percent": [round(100 * f, 2) for f in runs["observed"]],
+            "plain_mean_percent": 100 * plain, "observed_mean_percent": 100 * observed,
+            "difference_points": 100 * (plain - observed)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topo", type=Path, default=ROOT / "topologies" / "paper-testbed.yaml")
@@ -71,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--image", default="optirack-worker:latest")
     p.add_argument("--allreduce", choices=["ring", "builtin"], default="ring", help="the worker's --allreduce")
+    p.add_argument("--observed", type=int, default=0, metavar="ROUNDS",
+                   help="then ROUNDS pairs of runs, alternately without and with the live page open in headless "
+                        "Chromium and Prometheus scraping /metrics every 5 s; prints both and their difference "
+                        "in percentage points of the bound (needs the chromium and prometheus packages)")
     add_json_option(p)
     args = p.parse_args(argv)
     rack = load_rack(args.topo)
@@ -87,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         logs, idle = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce)
         wall = time.monotonic() - t0
-    comm = [max(r["comm_s"] for r in its) for its in zip(*[[x for x in log if x["event"] == "iteration"] for log in logs],
-                                                          strict=True)]
+        observed = observed_rounds(tb, args, gpus, size, bound_s, Path(tmp)) if args.observed else None
+    comm = comm_times(logs)
     fraction = spread([bound_s / c for c in comm], 100)
     bus = spread([2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm])
     result = {"ring": gpus, "switch": switch, "gradient_bytes": size, "line_mbps": line_bps / 1e6, "bound_s": bound_s,
@@ -99,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     print("  per iteration: " + " ".join(f"{c:.2f}s" for c in comm))
     print(f"  median (min–max) over {len(comm)} iterations: bus bandwidth {show(bus, 'Mbit/s')} = "
           f"{show(fraction, '%')} of the bound; host idle CPU {idle:.0f} %")
+    if observed:
+        result["observed"] = observed
+        print(f"  without the page and Prometheus: {observed['plain_mean_percent']:.1f} % of the bound "
+              f"(runs: {', '.join(f'{x:.1f}' for x in observed['plain_percent'])})")
+        print(f"  with the page open and Prometheus scraping every 5 s: {observed['observed_mean_percent']:.1f} % "
+              f"(runs: {', '.join(f'{x:.1f}' for x in observed['observed_percent'])})")
+        print(f"  difference: {observed['difference_points']:+.1f} percentage points of the bound")
     write_json(args.json, result)
     return 0
 
