@@ -20,30 +20,17 @@ from controller.core import placement as policy
 from controller.core.circuits import CircuitDiff, CircuitMap
 from controller.core.jobs import ACTIVE, Job, JobRequest
 from controller.core.rack import PortRef
-from controller.drivers.containers import (
-    LABEL_JOB,
-    ContainerDriver,
-    ContainerError,
-    GpuContainer,
-    HostNicHome,
-    container_name,
-)
+from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer
+from controller.drivers.engines import EngineDown
 from controller.drivers.ocs import OcsUnavailable
 
 LOG = logging.getLogger("optirack.placement")
 RECONFIG_WAIT = 120.0  # seconds a job waits for another reconfiguration to finish
+ENGINE_POLL = 2.0  # seconds between health checks of the servers' Docker Engines
 
 
 class UnknownJob(KeyError):
     pass
-
-
-def _nic_home(rack):
-    if conf().nic_home == "host":
-        return HostNicHome()
-    from emulation.nics import EmulatedNicHome
-
-    return EmulatedNicHome(rack)
 
 
 class PlacementApp(app_manager.RyuApp):
@@ -53,13 +40,14 @@ class PlacementApp(app_manager.RyuApp):
         super().__init__(*args, **kwargs)
         self.ctx: Optirack = kwargs["optirack"]
         self.ctx.placement = self
-        self.driver = kwargs.get("driver") or ContainerDriver(self.ctx.rack, conf().worker_image, _nic_home(self.ctx.rack))
+        self.driver = kwargs.get("driver") or ContainerDriver(self.ctx.rack, conf().worker_image, nic_home=conf().nic_home)
         self.jobs: dict[str, Job] = {j["id"]: Job.from_state(j) for j in self.ctx.saved.get("jobs", [])}
         start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
         self._ids = itertools.count(start)
         self.admission = hub.Semaphore(1)  # plan and reconfigure one job at a time
         self._threads: dict[str, list] = {}
         hub.spawn(self._recover)
+        hub.spawn(self._watch_engines)
 
     # --- what other apps and the REST API ask ---------------------------------------
     def busy_gpus(self) -> dict[str, str]:
@@ -104,8 +92,11 @@ class PlacementApp(app_manager.RyuApp):
             taken = {g: busy[g] for g in req.gpus if g in busy}
             if taken:
                 raise Conflict("gpus: " + ", ".join(f"{g} is held by job {j}" for g, j in taken.items()))
+            self._refuse_down_engines(req.gpus)
             gpus = list(req.gpus)
         else:
+            down = self.down_servers()  # placement avoids the GPUs of servers whose engine is down
+            busy = {**busy, **{g: f"engine of {s} down" for g, s in rack.server_of.items() if s in down}}
             try:
                 gpus = policy.pick_gpus(rack, self.ctx.circuits, busy, req.gpus, req.policy)
             except policy.PlacementError as e:
@@ -119,6 +110,15 @@ class PlacementApp(app_manager.RyuApp):
         LOG.info("%s admitted: %s GPUs %s, policy %s", job.id, len(gpus), ",".join(gpus), req.policy)
         hub.spawn(self._run, job)
         return job
+
+    def _refuse_down_engines(self, gpus: list[str]) -> None:
+        """409 naming the server, for GPUs whose server's engine does not answer now."""
+        servers = sorted({self.ctx.rack.server_of[g] for g in gpus})
+        down = {s: self.down_servers()[s] for s in servers if not self.driver.engines.ping(s)}
+        if down:
+            raise Conflict("gpus: " + "; ".join(f"the Docker Engine of server {s} is down ({why}): "
+                                                f"{', '.join(g for g in gpus if self.ctx.rack.server_of[g] == s)} cannot run"
+                                                for s, why in down.items()))
 
     def _run(self, job: Job) -> None:
         applied: CircuitDiff | None = None
@@ -170,24 +170,46 @@ class PlacementApp(app_manager.RyuApp):
         return cmd
 
     def _start_containers(self, job: Job) -> None:
+        """One sandbox, NIC and worker per GPU, on each GPU's own server's engine, all at once; the
+        engines are asked first, so a server that is down fails the job at once, naming it."""
         rack, prefix = self.ctx.rack, self.ctx.rack.spec.network.subnet.prefixlen
-        started = []
+        servers = {rack.server_of[g] for g in job.gpus}
         try:
-            for rank, gpu in enumerate(job.gpus):
-                g = rack.gpus[gpu]
-                self.driver.start(GpuContainer(job.id, gpu, rack.server_of[gpu], g.index, g.model, rack.interface(gpu),
-                                               f"{rack.addresses[gpu][0]}/{prefix}", self._command(job, rank)))
-                started.append(gpu)
-        except ContainerError:
-            self._remove_containers(job, started)
-            raise
+            self.driver.check_engines(servers)
+            image = self.driver.worker_image(rack.server_of[job.gpus[0]])
+        except EngineDown as e:
+            raise ContainerError(str(e)) from None
+        except Exception as e:  # noqa: BLE001 (registry or engine refused: fail the job with the reason)
+            raise ContainerError(f"cannot resolve the worker image {self.driver.image}: {e}") from None
+        job.image = image
+
+        def one(rank: int, gpu: str) -> None:
+            g = rack.gpus[gpu]
+            self.driver.start(GpuContainer(job.id, gpu, rack.server_of[gpu], g.index, g.model, rack.interface(gpu),
+                                           f"{rack.addresses[gpu][0]}/{prefix}", self._command(job, rank)), image)
+
+        threads = [hub.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)]
+        errors = []
+        for t in threads:
+            try:
+                t.wait()
+            except Exception as e:  # noqa: BLE001 (collected: the first one is the job's reason)
+                errors.append(e)
+        if errors:
+            self._remove_containers(job)
+            raise ContainerError(str(errors[0])) from None
 
     def _remove_containers(self, job: Job, gpus=None) -> None:
-        for gpu in gpus if gpus is not None else job.gpus:
+        """Give each NIC back and remove the containers, on every engine at once; an engine that is
+        down is skipped (its containers are swept when it comes back)."""
+        def one(gpu: str) -> None:
+            server = self.ctx.rack.server_of[gpu]
             try:
-                self.driver.remove(job.id, gpu, self.ctx.rack.server_of[gpu], self.ctx.rack.interface(gpu))
+                self.driver.remove(job.id, gpu, server)
             except Exception as e:  # noqa: BLE001 (keep cleaning the others)
-                LOG.error("%s: removing the container of %s: %s", job.id, gpu, e)
+                LOG.error("%s: removing the containers of %s on %s: %s", job.id, gpu, server, e)
+
+        hub.joinall([hub.spawn(one, gpu) for gpu in (gpus if gpus is not None else job.gpus)])
 
     def _fail(self, job: Job, reason: str, applied: CircuitDiff | None) -> None:
         LOG.error("%s failed: %s", job.id, reason)
@@ -229,10 +251,9 @@ class PlacementApp(app_manager.RyuApp):
         """Read one worker's JSON lines as they come; record its exit code; stop the job if it failed."""
         server = self.ctx.rack.server_of[gpu]
         try:
-            container = self.driver.client_for(server).containers.get(container_name(job.id, gpu))
             job.reports[gpu] = []
             buf = b""
-            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=False):
+            for chunk in self.driver.logs(job.id, gpu, server):
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
@@ -241,9 +262,12 @@ class PlacementApp(app_manager.RyuApp):
                             job.record(gpu, json.loads(line))
                         except ValueError:
                             pass
-            job.exit_codes[gpu] = container.wait().get("StatusCode", -1)
-        except Exception as e:  # noqa: BLE001 (the container vanished or Docker failed)
-            LOG.error("%s: lost the worker on %s: %s", job.id, gpu, e)
+            job.exit_codes[gpu] = self.driver.wait(job.id, gpu, server)
+        except Exception as e:  # noqa: BLE001 (the container vanished, or its engine went down)
+            why = str(e) if self.driver.engines.ping(server) else \
+                f"the Docker Engine of server {server} went down ({self.driver.down_servers().get(server)})"
+            LOG.error("%s: lost the worker on %s: %s", job.id, gpu, why)
+            job.record(gpu, {"event": "error", "error": why})
             job.exit_codes[gpu] = -1
         if job.exit_codes[gpu] != 0 and job.state == "running":
             LOG.warning("%s: the worker on %s exited with %s; stopping the others", job.id, gpu, job.exit_codes[gpu])
@@ -253,9 +277,9 @@ class PlacementApp(app_manager.RyuApp):
 
     def _kill(self, job: Job, gpu: str) -> None:
         try:
-            self.driver.client_for(self.ctx.rack.server_of[gpu]).containers.get(container_name(job.id, gpu)).kill()
-        except Exception:  # noqa: BLE001 (already gone)
-            pass
+            self.driver.kill(job.id, gpu, self.ctx.rack.server_of[gpu])
+        except Exception as e:  # noqa: BLE001 (already gone, or its engine is down)
+            LOG.debug("%s: kill %s: %s", job.id, gpu, e)
 
     def _finish(self, job: Job, state: str, reason: str | None) -> None:
         self._remove_containers(job)
@@ -311,6 +335,8 @@ class PlacementApp(app_manager.RyuApp):
 
     # --- after a restart --------------------------------------------------------------------
     def _recover(self) -> None:
+        """After a restart: follow running jobs whose workers are all still there, on every engine;
+        fail the others; then remove what is left of jobs that are over."""
         for job in list(self.jobs.values()):
             if job.state == "running":
                 present = self._present(job)
@@ -318,16 +344,44 @@ class PlacementApp(app_manager.RyuApp):
                     LOG.info("%s: still running after the restart; following its workers again", job.id)
                     hub.spawn(self._watch, job)
                     continue
-                self._fail(job, "its containers went away while the controller was down", None)
+                missing = ", ".join(sorted(set(job.gpus) - set(present)))
+                self._fail(job, f"the workers of {missing} went away while the controller was down", None)
             elif job.state in ACTIVE:
                 self._fail(job, f"the controller restarted while the job was {job.state}", None)
+        for server in self.ctx.rack.servers:
+            self._sweep(server)
 
     def _present(self, job: Job) -> list[str]:
+        """The GPUs of `job` whose worker still runs on its server's engine."""
         found = []
-        for server in {self.ctx.rack.server_of[g] for g in job.gpus}:
+        for server in sorted({self.ctx.rack.server_of[g] for g in job.gpus}):
             try:
-                found += [c.labels.get("org.optirack.gpu") for c in self.driver.containers(server, job.id)
-                          if c.labels.get(LABEL_JOB) == job.id]
-            except Exception as e:  # noqa: BLE001 (Docker unreachable: treat as gone)
+                found += [w["gpu"] for w in self.driver.workers(server, job.id)
+                          if w["role"] == "worker" and w["status"] == "running"]
+            except Exception as e:  # noqa: BLE001 (engine unreachable: its workers count as gone)
                 LOG.error("cannot list containers on %s: %s", server, e)
         return found
+
+    # --- the servers' engines -------------------------------------------------------------------
+    def down_servers(self) -> dict[str, str]:
+        """Servers whose Docker Engine did not answer when last asked: server -> why."""
+        return self.driver.down_servers()
+
+    def _watch_engines(self) -> None:
+        """Ask every engine now and then; one that comes back gets its stale containers removed."""
+        while True:
+            hub.sleep(ENGINE_POLL)
+            for server in self.ctx.rack.servers:
+                was_down = server in self.driver.down_servers()
+                if self.driver.engines.ping(server) and was_down:
+                    self._sweep(server)
+
+    def _sweep(self, server: str) -> None:
+        keep = {j.id for j in self.jobs.values() if j.active}
+        try:
+            gone = self.driver.sweep(server, keep)
+        except Exception as e:  # noqa: BLE001 (down again: the next poll retries)
+            LOG.error("cannot remove stale containers on %s: %s", server, e)
+            return
+        if gone:
+            LOG.warning("removed stale containers of GPUs %s on %s", ", ".join(gone), server)

@@ -67,6 +67,7 @@ class Job:
     events: list[int] = field(default_factory=list)  # reconfiguration event ids
     reports: dict[str, list[dict]] = field(default_factory=dict)  # gpu -> worker JSON lines
     exit_codes: dict[str, int] = field(default_factory=dict)
+    image: str | None = None  # the worker image the job ran (repo@digest where a registry serves it)
 
     @property
     def active(self) -> bool:

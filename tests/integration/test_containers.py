@@ -8,7 +8,7 @@ import docker
 import pytest
 
 from controller.core.rack import load_rack
-from controller.drivers import netns as ns
+from emulation import netns as ns
 from controller.drivers.containers import ContainerDriver, GpuContainer, container_name, pinned_netns
 from emulation.harness import Testbed
 from emulation.nics import EmulatedNicHome

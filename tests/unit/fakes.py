@@ -166,35 +166,41 @@ class FakeContainer:
         self.killed = True
 
 
-class FakeContainers:
-    def __init__(self, driver):
-        self.driver = driver
+class FakeEngines:
+    """Every engine answers unless a test marks its server down."""
 
-    def get(self, name):
-        import docker
+    def __init__(self):
+        self.down: dict[str, str] = {}
 
-        if name not in self.driver.running:
-            raise docker.errors.NotFound(name)
-        return self.driver.running[name]
+    def ping(self, server):
+        return server not in self.down
 
 
 class FakeDriver:
     """A container driver that runs no containers: each 'worker' replays scripted JSON lines."""
+
+    image = "optirack-worker:latest"
 
     def __init__(self, iterations=3, fail_start_on=None, exit_codes=None, block=False):
         self.iterations, self.fail_start_on, self.exit_codes = iterations, fail_start_on, exit_codes or {}
         self.block = block
         self.running: dict[str, FakeContainer] = {}
         self.started, self.removed = [], []
+        self.engines = FakeEngines()
 
-    def client_for(self, server):
-        driver = self
+    def check_engines(self, servers):
+        from controller.drivers.engines import EngineDown
+        for s in sorted(servers):
+            if s in self.engines.down:
+                raise EngineDown(s, f"tcp://{s}:2376", self.engines.down[s])
 
-        class Client:
-            containers = FakeContainers(driver)
-        return Client()
+    def down_servers(self):
+        return dict(self.engines.down)
 
-    def start(self, spec):
+    def worker_image(self, server):
+        return "registry:5000/optirack-worker@sha256:" + "0" * 64
+
+    def start(self, spec, image=None):
         import json
 
         from controller.drivers.containers import ContainerError, container_name
@@ -209,10 +215,31 @@ class FakeDriver:
         self.started.append((spec.job, spec.gpu, spec.command))
         return name
 
-    def remove(self, job, gpu, server, ifname):
+    def _get(self, job, gpu):
+        import docker
+
+        from controller.drivers.containers import container_name
+        name = container_name(job, gpu)
+        if name not in self.running:
+            raise docker.errors.NotFound(name)
+        return self.running[name]
+
+    def logs(self, job, gpu, server):
+        return self._get(job, gpu).logs(stream=True, follow=True)
+
+    def wait(self, job, gpu, server):
+        return self._get(job, gpu).wait()["StatusCode"]
+
+    def kill(self, job, gpu, server):
+        self._get(job, gpu).kill()
+
+    def remove(self, job, gpu, server):
         from controller.drivers.containers import container_name
         self.running.pop(container_name(job, gpu), None)
         self.removed.append((job, gpu))
 
-    def containers(self, server, job=None):
+    def workers(self, server, job=None):
+        return []
+
+    def sweep(self, server, keep_jobs):
         return []
