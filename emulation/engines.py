@@ -14,8 +14,8 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,7 +164,8 @@ def start(rack: Rack, plan: EnginePlan) -> int:
     """Start the engine of one server in its namespace (not waiting for it); returns its PID."""
     if pid_of(plan):
         raise EngineError(f"the engine of {plan.server} is already running (PID {pid_of(plan)})")
-    unmount_leftovers(plan)
+    if containerd_pid(plan) is None:  # after a crash its containerd runs on, and the new engine adopts it
+        unmount_leftovers(plan)
     tls = rack.spec.engines.tls
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     plan.data_root.mkdir(parents=True, exist_ok=True)
@@ -186,10 +187,9 @@ def wait_ready(rack: Rack, plan: EnginePlan, timeout: float = 60.0) -> float:
     from controller.drivers.engines import engine_client
 
     t0 = time.monotonic()
-    client = engine_client(rack, plan.server, timeout=5)
     while True:
         try:
-            client.ping()
+            engine_client(rack, plan.server, timeout=5).ping()
             return time.monotonic() - t0
         except Exception as e:  # noqa: BLE001 (not listening yet)
             if time.monotonic() - t0 > timeout:
@@ -216,15 +216,35 @@ def stop(plan: EnginePlan, sig: int = signal.SIGTERM, timeout: float = STOP_TIME
     return True
 
 
-def stop_containerd(plan: EnginePlan) -> None:
-    """The containerd a crashed engine left running (the engine started it; its PID file says which)."""
+def stop_all(plans: list[EnginePlan]) -> int:
+    """Stop every running engine at once, wait for each, stop what crashed ones left, unmount.
+    Returns how many were running."""
+    running = {p.server: pid_of(p) for p in plans}
+    for p in plans:
+        if running[p.server]:
+            os.kill(running[p.server], signal.SIGTERM)
+    for p in plans:
+        stop(p)  # waits for the process (already told to go), SIGKILL after STOP_TIMEOUT
+        stop_containerd(p)
+        unmount_leftovers(p)
+    return sum(1 for pid in running.values() if pid)
+
+
+def containerd_pid(plan: EnginePlan) -> int | None:
+    """The containerd the engine started, if it runs (its PID file says which)."""
     path = plan.run_dir / "exec" / "containerd" / "containerd.pid"
     try:
         pid = int(path.read_text().strip())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, ValueError):
-        return
-    if b"containerd" in cmdline and str(plan.run_dir).encode() in cmdline:
+        return None
+    return pid if b"containerd" in cmdline and str(plan.run_dir).encode() in cmdline else None
+
+
+def stop_containerd(plan: EnginePlan) -> None:
+    """The containerd a crashed engine left running."""
+    pid = containerd_pid(plan)
+    if pid is not None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         while _alive(pid) and time.monotonic() < deadline:
@@ -260,11 +280,13 @@ def unmount_leftovers(plan: EnginePlan) -> int:
 
 
 def start_all_wait(rack: Rack, plans: list[EnginePlan], log=print) -> dict[str, float]:
-    """Wait for every started engine at once; returns seconds to ready per server."""
-    with ThreadPoolExecutor(max(1, len(plans))) as pool:
-        waited = dict(zip([p.server for p in plans], pool.map(lambda p: wait_ready(rack, p), plans), strict=True))
-    for server, s in waited.items():
-        log(f"  engine of {server} answers at {next(p.url for p in plans if p.server == server)} ({s:.1f} s)")
+    """Wait for every started engine (they start at once; waiting in turn costs nothing more);
+    returns seconds to ready per server."""
+    t0, waited = time.monotonic(), {}
+    for p in plans:
+        wait_ready(rack, p)
+        waited[p.server] = time.monotonic() - t0
+        log(f"  engine of {p.server} answers at {p.url} ({waited[p.server]:.1f} s)")
     return waited
 
 
@@ -305,7 +327,21 @@ def pull_all(rack: Rack, plans: list[EnginePlan], refs: list[str], log=print) ->
                     raise EngineError(f"{plan.server} could not pull {ref}: {line['error']}")
         return time.monotonic() - t0
 
-    with ThreadPoolExecutor(max(1, len(plans))) as pool:
-        took = dict(zip([p.server for p in plans], pool.map(pull, plans), strict=True))
+    took: dict[str, float] = {}
+    errors: list[Exception] = []
+
+    def run(plan: EnginePlan) -> None:
+        try:
+            took[plan.server] = pull(plan)
+        except Exception as e:  # noqa: BLE001 (reported below, naming the server)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in plans]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    if errors or len(took) < len(plans):
+        raise EngineError(f"pulling the images: {errors[0] if errors else 'timed out after 600 s'}")
     log("  images on every engine: " + ", ".join(f"{s} {t:.1f} s" for s, t in took.items()))
     return took

@@ -236,8 +236,8 @@ def _stop_engines(state: RackState, quiet: bool) -> dict[str, int]:
     if not state.engines:
         return counts
     rack = _rack_of(state)
-    for e in state.engines:
-        plan = engines.EnginePlan(**e)
+    plans = [engines.EnginePlan(**e) for e in state.engines]
+    for plan in plans:
         try:
             if rack is not None and engines.pid_of(plan) is None and plan.data_root.exists():
                 engines.start(rack, plan)
@@ -247,10 +247,7 @@ def _stop_engines(state: RackState, quiet: bool) -> dict[str, int]:
         except Exception as ex:  # noqa: BLE001 (keep taking the rest down)
             if not quiet:
                 _log(f"  engine of {plan.server}: {ex.__class__.__name__}: {ex}")
-        if engines.stop(plan):
-            counts["engines"] += 1
-        engines.stop_containerd(plan)
-        engines.unmount_leftovers(plan)
+    counts["engines"] = engines.stop_all(plans)
     if registry.stop() and not quiet:
         _log("  registry stopped")
     if state.registry:

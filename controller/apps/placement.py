@@ -26,7 +26,6 @@ from controller.drivers.ocs import OcsUnavailable
 
 LOG = logging.getLogger("optirack.placement")
 RECONFIG_WAIT = 120.0  # seconds a job waits for another reconfiguration to finish
-ENGINE_POLL = 2.0  # seconds between health checks of the servers' Docker Engines
 
 
 class UnknownJob(KeyError):
@@ -47,6 +46,7 @@ class PlacementApp(app_manager.RyuApp):
         self.admission = hub.Semaphore(1)  # plan and reconfigure one job at a time
         self._threads: dict[str, list] = {}
         hub.spawn(self._recover)
+        self.engine_poll = kwargs.get("engine_poll") or conf().engine_poll
         hub.spawn(self._watch_engines)
 
     # --- what other apps and the REST API ask ---------------------------------------
@@ -370,7 +370,7 @@ class PlacementApp(app_manager.RyuApp):
     def _watch_engines(self) -> None:
         """Ask every engine now and then; one that comes back gets its stale containers removed."""
         while True:
-            hub.sleep(ENGINE_POLL)
+            hub.sleep(self.engine_poll)
             for server in self.ctx.rack.servers:
                 was_down = server in self.driver.down_servers()
                 if self.driver.engines.ping(server) and was_down:

@@ -178,7 +178,12 @@ class ContainerDriver:
         sandbox = self._get(client, sandbox_name(job, gpu))
         pid = sandbox.attrs["State"]["Pid"] if sandbox is not None else 0
         ifname, cidr = self.rack.interface(gpu), f"{self.rack.addresses[gpu][0]}/{self.rack.spec.network.subnet.prefixlen}"
-        self.nic(server, "del", self._nic_env(gpu, ifname, cidr, f"/proc/{pid or 'gone'}/ns/net", sandbox.id if sandbox else gpu))
+        failed = None
+        try:
+            self.nic(server, "del", self._nic_env(gpu, ifname, cidr, f"/proc/{pid or 'gone'}/ns/net",
+                                                  sandbox.id if sandbox else gpu))
+        except ContainerError as e:  # still remove the containers: nothing is left running
+            failed = e
         for name in (container_name(job, gpu), sandbox_name(job, gpu)):
             c = self._get(client, name)
             if c is not None:
@@ -187,6 +192,8 @@ class ContainerDriver:
                 except Exception as e:  # noqa: BLE001
                     if not _not_found(e):
                         raise
+        if failed is not None:
+            raise failed
 
     @staticmethod
     def _get(client, name: str):

@@ -16,6 +16,7 @@ from controller.core.rack import Rack
 LOG = logging.getLogger("optirack.engines")
 PING_TIMEOUT = 3.0
 API_TIMEOUT = 120
+API_VERSION = "1.41"  # Docker 20.10's, the oldest engine we support; newer engines speak it too
 
 
 class EngineDown(RuntimeError):
@@ -46,8 +47,14 @@ def engine_client(rack: Rack, server: str, timeout: float = API_TIMEOUT):
     if url == "local":
         return docker.from_env(timeout=timeout)
     if url.startswith("ssh://"):
-        return docker.DockerClient(base_url=url, timeout=timeout, use_ssh_client=True)
-    return docker.DockerClient(base_url="https://" + url[len("tcp://"):], tls=_tls_config(rack), timeout=timeout)
+        client = docker.DockerClient(base_url=url, timeout=timeout, use_ssh_client=True, version=API_VERSION)
+    else:
+        client = docker.DockerClient(base_url="https://" + url[len("tcp://"):], tls=_tls_config(rack), timeout=timeout,
+                                     version=API_VERSION)
+    # requests lets REQUESTS_CA_BUNDLE (set on many hosts) override the engine's CA: ignore the
+    # environment, as the engines are reached directly.
+    client.api.trust_env = False
+    return client
 
 
 class Engines:

@@ -31,13 +31,14 @@ def _leftovers() -> dict:
                if "optirack-rack" in sh("ovs-vsctl", "get", "bridge", b, "external_ids")]
     netns = [n.split()[0] for n in sh("ip", "netns", "list").splitlines() if n.startswith("optirack-")]
     intfs = [line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-o", "link").splitlines()
-             if any(line.split(":")[1].strip().startswith(p) for p in ("ocs1-p", "as1-p", "as2-p", "as3-p", "core-p"))]
+             if any(line.split(":")[1].strip().startswith(p)
+                    for p in ("ocs1-p", "as1-p", "as2-p", "as3-p", "core-p", "mg-", "optirack-mgmt"))]
     shells = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"mininet:" in cmdline:
+                if b"mininet:" in cmdline or b"/run/optirack/engines/" in cmdline or b"/run/optirack/registry/" in cmdline:
                     shells.append(pid + " " + cmdline.replace(b"\0", b" ").decode(errors="replace"))
             except OSError:
                 pass
