@@ -308,23 +308,25 @@ def purge_cache() -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def pull_all(rack: Rack, plans: list[EnginePlan], refs: list[str], log=print) -> dict[str, float]:
-    """Each engine pulls each image it lacks (all engines at once); returns seconds per server."""
+def pull_all(rack: Rack, plans: list[EnginePlan], images: dict[str, str], log=print) -> dict[str, float]:
+    """Each engine pulls each image (name -> repo@digest) it lacks, all engines at once, and tags
+    it REGISTRY/NAME (its copy, should the registry be down); returns seconds per server."""
     from controller.drivers.engines import engine_client
 
     def pull(plan: EnginePlan) -> float:
         client, t0 = engine_client(rack, plan.server, timeout=600), time.monotonic()
-        for ref in refs:
+        for name, ref in images.items():
             try:
                 client.images.get(ref)
                 continue
             except Exception as e:  # noqa: BLE001
                 if e.__class__.__name__ != "ImageNotFound":
                     raise
-            repo, _, tag = ref.partition("@") if "@" in ref else ref.rpartition(":")
-            for line in client.api.pull(repo, tag=tag, stream=True, decode=True):
+            repo, _, digest = ref.partition("@")
+            for line in client.api.pull(repo, tag=digest, stream=True, decode=True):
                 if "error" in line:
                     raise EngineError(f"{plan.server} could not pull {ref}: {line['error']}")
+            client.api.tag(ref, repo, name.rsplit(":", 1)[1])
         return time.monotonic() - t0
 
     took: dict[str, float] = {}

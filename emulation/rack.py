@@ -209,7 +209,7 @@ def _start_engines(rack: Rack, state: RackState) -> None:
         state.save()
     engines.start_all_wait(rack, plans, _log)
     if state.images:
-        engines.pull_all(rack, plans, list(state.images.values()), _log)
+        engines.pull_all(rack, plans, state.images, _log)
     _log(f"  {len(plans)} engines ready in {time.monotonic() - t0:.1f} s")
 
 

@@ -13,6 +13,7 @@ The controller itself makes no namespace or netlink call: everything happens thr
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from controller.core.rack import Rack
@@ -23,6 +24,7 @@ LABEL_RACK = "org.optirack.rack"
 LABEL_JOB = "org.optirack.job"
 LABEL_GPU = "org.optirack.gpu"
 LABEL_ROLE = "org.optirack.role"  # sandbox | worker | helper
+HELPER_TTL = 30.0  # seconds a resolved helper digest is used before the registry is asked again
 SANDBOX_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": "0"}  # RoCE keeps line rate across idle time
 HELPER_CAPS = ["NET_ADMIN", "SYS_ADMIN"]  # --privileged fails on these hosts (DESIGN.md)
 
@@ -68,6 +70,7 @@ class ContainerDriver:
         self.helper = rack.spec.engines.helper_image
         self.home = _home_settings(rack) if nic_home == "emulated" else {}
         self._gpu_hosts: dict[str, bool] = {}
+        self._helpers: dict[str, tuple[str, float]] = {}  # server -> (repo@digest, when resolved)
 
     # --- engines --------------------------------------------------------------------------------
     def client(self, server: str):
@@ -90,30 +93,50 @@ class ContainerDriver:
         return f"{self.registry}/{name}" if self.registry else name
 
     def worker_image(self, server: str) -> str:
-        """The worker image as repo@digest (resolved from the registry's tag now), pulled if missing."""
+        """The worker image as repo@digest (the registry's tag resolved now), pulled if missing."""
         client, ref = self.client(server), self._remote(self.image)
         if not self.registry:
             client.images.get(ref)  # ImageNotFound names it
             return ref
-        digest = client.images.get_registry_data(ref).id
-        pinned = f"{ref.rsplit(':', 1)[0]}@{digest}"
-        self._ensure(client, pinned, server)
+        pinned = f"{ref.rsplit(':', 1)[0]}@{client.images.get_registry_data(ref).id}"
+        self._ensure(client, pinned, server, ref)
         return pinned
 
-    def _ensure(self, client, ref: str, server: str) -> None:
+    def helper_image(self, server: str) -> str:
+        """The NIC helper as repo@digest, resolved at most every HELPER_TTL seconds. With the
+        registry unreachable, the engine's own copy of the tag serves (jobs go on without it)."""
+        client, ref = self.client(server), self._remote(self.helper)
+        if not self.registry:
+            return ref
+        cached = self._helpers.get(server)
+        if cached and time.monotonic() - cached[1] < HELPER_TTL:
+            return cached[0]
+        try:
+            pinned = f"{ref.rsplit(':', 1)[0]}@{client.images.get_registry_data(ref).id}"
+        except Exception as e:  # noqa: BLE001 (registry down: fall back to the engine's copy)
+            try:
+                client.images.get(ref)
+            except Exception:  # noqa: BLE001
+                raise ContainerError(f"{server}: the NIC helper {ref} is not on the engine and the registry does not "
+                                     f"answer ({_text(e)})") from None
+            LOG.warning("%s: registry unreachable (%s); using the engine's copy of %s", server, _text(e), ref)
+            return ref
+        self._ensure(client, pinned, server, ref)
+        self._helpers[server] = (pinned, time.monotonic())
+        return pinned
+
+    @staticmethod
+    def _ensure(client, pinned: str, server: str, tag: str) -> None:
+        """Pull repo@digest if the engine lacks it, and tag it (the copy used if the registry is down)."""
         import docker
 
         try:
-            client.images.get(ref)
+            client.images.get(pinned)
         except docker.errors.ImageNotFound:
-            LOG.info("pulling %s on %s", ref, server)
-            repo, sep, tag = ref.partition("@") if "@" in ref else ref.rpartition(":")
-            client.api.pull(repo, tag=tag)
-
-    def helper_image(self, server: str) -> str:
-        ref = self._remote(self.helper)
-        self._ensure(self.client(server), ref, server)
-        return ref
+            LOG.info("pulling %s on %s", pinned, server)
+            repo, _, digest = pinned.partition("@")
+            client.api.pull(repo, tag=digest)
+            client.api.tag(pinned, *tag.rsplit(":", 1))
 
     # --- the NIC hand-over ----------------------------------------------------------------------
     def nic(self, server: str, action: str, env: dict[str, str], args: tuple[str, ...] = ()) -> str:
