@@ -274,8 +274,8 @@ def unmount_leftovers(plan: EnginePlan) -> int:
         if point.startswith(roots):
             points.append(point)
     for point in sorted(points, key=len, reverse=True):
-        if subprocess.run(["umount", point], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", point], capture_output=True)
+        if subprocess.run(["umount", point], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
     return len(points)
 
 

@@ -4,7 +4,8 @@ NIC helper runs there with the CNI plugins, and every NIC the rack file names is
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
 from dataclasses import dataclass
 
 from controller.core.rack import Rack
@@ -73,7 +74,22 @@ def _gpus_present(driver: ContainerDriver, server: str, indexes: list[int]) -> s
     return None if len(listed) == len(indexes) else f"nvidia-smi lists {len(listed)} GPUs, the rack file names {len(indexes)}"
 
 
-def check_rack(driver: ContainerDriver, gpus_emulated: bool) -> list[ServerCheck]:
+def check_rack(driver: ContainerDriver, gpus_emulated: bool, timeout: float = 300.0) -> list[ServerCheck]:
+    """Every server at once; one that does not answer within `timeout` fails with that cause."""
     servers = list(driver.rack.servers)
-    with ThreadPoolExecutor(max(1, len(servers))) as pool:
-        return list(pool.map(lambda s: check_server(driver, s, gpus_emulated), servers))
+    results: dict[str, ServerCheck] = {}
+
+    def one(server: str) -> None:
+        try:
+            results[server] = check_server(driver, server, gpus_emulated)
+        except Exception as e:  # noqa: BLE001 (a check that broke fails its server, with the reason)
+            results[server] = ServerCheck(server, driver.rack.servers[server].docker, False, f"check failed: {e}")
+
+    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in servers]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [results.get(s) or ServerCheck(s, driver.rack.servers[s].docker, False, f"no answer within {timeout:g} s")
+            for s in servers]

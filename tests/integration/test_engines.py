@@ -11,11 +11,11 @@ import pytest
 from controller.client import ApiError
 from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerDriver, container_name, sandbox_name
-from emulation import engines
+from emulation import engines, registry
 from emulation import netns as ns
 from emulation.harness import ControllerProcess, Testbed
 from emulation.plan import netns_of
-from tests.integration.helpers import BIN, PAPER, ROOT, optirack_rack, sh, wait_for, worker_image
+from tests.integration.helpers import BIN, PAPER, ROOT, sh, wait_for, worker_image
 
 RACK = load_rack(PAPER)
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
@@ -51,6 +51,12 @@ def fresh(bed):
 @pytest.fixture
 def driver():
     return ContainerDriver(RACK, worker_image())
+
+
+def optirack_rack(*args: str) -> str:
+    proc = subprocess.run([str(BIN / "optirack-rack"), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, f"optirack-rack {' '.join(args)}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
 
 
 def docker_cli(server: str, *args: str) -> str:
@@ -117,17 +123,19 @@ def test_rack_check_asks_every_engine(fresh, driver):
     out = rack_check()
     assert out.returncode == 1 and "srv3: engine unreachable" in out.stderr, out.stdout + out.stderr
     optirack_rack("engine", "start", "srv3")
-    # the plugin missing from one server: that server's helper image lacks host-device
+    # the plugins missing from one server: its engine lacks the helper that carries them, and the
+    # registry is down so it cannot pull it (the others still have theirs)
     helper = f"{RACK.spec.engines.registry}/{RACK.spec.engines.helper_image}"
-    docker_cli("srv2", "run", "--name", "broken", "--entrypoint", "/bin/rm", helper, "/usr/lib/cni/host-device")
-    docker_cli("srv2", "commit", "broken", helper)
-    docker_cli("srv2", "rm", "broken")
+    for image_id in set(docker_cli("srv2", "images", "-q", helper.rsplit(":", 1)[0]).split()):
+        docker_cli("srv2", "rmi", "-f", image_id)
+    registry.stop()
     try:
         out = rack_check()
-        assert out.returncode == 1 and "srv2: NIC helper: plugin host-device: missing" in out.stderr, out.stdout + out.stderr
+        assert out.returncode == 1 and "srv2: NIC helper" in out.stderr and "not on the engine" in out.stderr, \
+            out.stdout + out.stderr
         assert [line.split()[2] for line in out.stdout.splitlines() if line.startswith("srv")] == ["ok:", "FAIL:", "ok:", "ok:"]
     finally:
-        docker_cli("srv2", "rmi", helper)  # the next use pulls the registry's again
+        registry.start(RACK)
     assert rack_check().returncode == 0
 
 
