@@ -252,16 +252,18 @@ def stop_containerd(plan: EnginePlan) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process runs; a zombie is gone (reaped here if it is our own child, e.g. an
+    engine that rack-up started in this process)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
         return False
-    try:  # a zombie child of ours counts as gone once reaped
-        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+    if state == "Z":
+        try:
             os.waitpid(pid, os.WNOHANG)
-            return False
-    except (OSError, ChildProcessError):
-        pass
+        except ChildProcessError:
+            pass
+        return False
     return True
 
 
