@@ -201,3 +201,17 @@ def test_sweep_removes_only_jobs_that_are_over():
     driver.start(GpuContainer("job-2", "gpu5", "srv1", 1, "TitanV", "gpu5", "198.18.0.5/24", []))
     assert driver.sweep("srv1", keep_jobs={"job-2"}) == ["gpu1"]
     assert sorted(engines["srv1"].containers.by_name) == [container_name("job-2", "gpu5"), sandbox_name("job-2", "gpu5")]
+
+
+def test_rack_check_names_the_server_and_the_cause():
+    from controller.drivers.rackcheck import check_rack
+
+    driver, engines = _driver(down={"srv4"})
+    engines["srv2"].helper_fails = True  # its helper exits non-zero, saying why
+    results = {r.server: r for r in check_rack(driver, gpus_emulated=True)}
+    assert results["srv1"].ok and "GPUs emulated (gpu1, gpu5)" in results["srv1"].text
+    assert not results["srv2"].ok and "NIC helper" in results["srv2"].text and "no interface gpu1" in results["srv2"].text
+    assert not results["srv4"].ok and "engine unreachable" in results["srv4"].text and "refused" in results["srv4"].text
+    assert results["srv4"].line().startswith("srv4") and " FAIL: " in results["srv4"].line()
+    needs_gpus = {r.server: r for r in check_rack(driver, gpus_emulated=False)}
+    assert not needs_gpus["srv1"].ok and "no NVIDIA runtime" in needs_gpus["srv1"].text
