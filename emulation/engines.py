@@ -166,6 +166,7 @@ def start(rack: Rack, plan: EnginePlan) -> int:
         raise EngineError(f"the engine of {plan.server} is already running (PID {pid_of(plan)})")
     if containerd_pid(plan) is None:  # after a crash its containerd runs on, and the new engine adopts it
         unmount_leftovers(plan)
+    plan.pidfile.unlink(missing_ok=True)  # a crashed engine's (dockerd refuses to start over one)
     tls = rack.spec.engines.tls
     plan.run_dir.mkdir(parents=True, exist_ok=True)
     plan.data_root.mkdir(parents=True, exist_ok=True)

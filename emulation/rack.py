@@ -239,7 +239,8 @@ def _stop_engines(state: RackState, quiet: bool) -> dict[str, int]:
     plans = [engines.EnginePlan(**e) for e in state.engines]
     for plan in plans:
         try:
-            if rack is not None and engines.pid_of(plan) is None and plan.data_root.exists():
+            crashed = engines.pid_of(plan) is None and engines.containerd_pid(plan) is not None
+            if rack is not None and crashed:  # its containers run on under its containerd
                 engines.start(rack, plan)
                 engines.wait_ready(rack, plan, timeout=30)
             if rack is not None and engines.pid_of(plan):

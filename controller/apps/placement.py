@@ -180,7 +180,8 @@ class PlacementApp(app_manager.RyuApp):
         except EngineDown as e:
             raise ContainerError(str(e)) from None
         except Exception as e:  # noqa: BLE001 (registry or engine refused: fail the job with the reason)
-            raise ContainerError(f"cannot resolve the worker image {self.driver.image}: {e}") from None
+            raise ContainerError(f"cannot start the containers: the worker image {self.driver.image} cannot be had "
+                                 f"({str(e).strip().splitlines()[-1] if str(e).strip() else e.__class__.__name__})") from None
         job.image = image
 
         def one(rank: int, gpu: str) -> None:
