@@ -11,6 +11,7 @@ from controller.core.circuits import CircuitMap
 from controller.core.rack import load_rack
 from emulation import ovs
 from emulation.calibrate import RateCheck, without_shapers
+from emulation.plan import nic_port
 from emulation.shaping import QUEUE_FRAMES
 from tests.integration.helpers import (
     PAPER,
@@ -34,13 +35,14 @@ def _leftovers() -> dict:
                if "optirack-rack" in sh("ovs-vsctl", "get", "bridge", b, "external_ids")]
     netns = [n.split()[0] for n in sh("ip", "netns", "list").splitlines() if n.startswith("optirack-")]
     intfs = [line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-o", "link").splitlines()
-             if any(line.split(":")[1].strip().startswith(p) for p in ("ocs1-p", "as1-p", "as2-p", "as3-p", "core-p"))]
+             if any(line.split(":")[1].strip().startswith(p)
+                    for p in ("ocs1-p", "as1-p", "as2-p", "as3-p", "core-p", "mg-", "optirack-mgmt"))]
     shells = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"mininet:" in cmdline:
+                if b"mininet:" in cmdline or b"/run/optirack/engines/" in cmdline or b"/run/optirack/registry/" in cmdline:
                     shells.append(pid + " " + cmdline.replace(b"\0", b" ").decode(errors="replace"))
             except OSError:
                 pass
@@ -145,8 +147,8 @@ def test_line_rate_is_the_scaled_nic_rate(paper_rack):
     install_forwarding_by_hand(rack, CircuitMap.parse(rack, [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"]]))
     ip = {g: rack.addresses[g][0] for g in rack.gpus}
     rate = rack.spec.emulation.mbps(rack.gpus["gpu1"].nic.rate_gbps)
-    # gpu1 -> gpu2: shaped at gpu1's own NIC and at the OCS port facing gpu2 (both the NIC's rate)
-    _check_path(rack, [("gpu1", "optirack-srv1"), ("ocs1-p2", None)], rate,
+    # gpu1 -> gpu2: shaped at gpu1's NIC port and at the OCS port facing gpu2 (both the NIC's rate)
+    _check_path(rack, [(nic_port("gpu1"), "optirack-srv1"), ("ocs1-p2", None)], rate,
                 "optirack-srv2", ip["gpu2"], "optirack-srv1", ip["gpu1"], "same switch")
 
 

@@ -23,12 +23,12 @@ from controller.core.circuits import CircuitMap
 from controller.core.forwarding import compute_tables
 from controller.core.jobs import ACTIVE
 from controller.core.rack import Rack
-from controller.drivers import netns as ns
-from controller.drivers.containers import LABEL_GPU, LABEL_JOB, ContainerDriver
-from emulation import harness, ovs
+from controller.drivers.containers import LABEL_GPU, LABEL_JOB, LABEL_RACK, ContainerDriver
+from emulation import harness, nics, ovs
+from emulation import netns as ns
 from emulation import rack as rackmod
-from emulation.nics import EmulatedNicHome
-from emulation.plan import netns_of
+from emulation.plan import netns_of, nic_plans
+from tests.integration.helpers import worker_image
 
 LOG = logging.getLogger("optirack.tests")
 JOB_END_TIMEOUT = 120.0  # seconds to wait for jobs to stop before rebuilding the testbed
@@ -91,7 +91,7 @@ class SharedTestbed(harness.Testbed):
         super().__init__(rack, rack_file, workdir)
         self.workdir = Path(workdir)
         self.initial = CircuitMap.initial(rack).to_json()
-        self.driver = ContainerDriver(rack, "optirack-worker:latest", EmulatedNicHome(rack))
+        self.driver = ContainerDriver(rack, worker_image())
         self.up = False
 
     # --- bring up, take down ------------------------------------------------------------
@@ -200,30 +200,30 @@ class SharedTestbed(harness.Testbed):
             time.sleep(0.2)
 
     def containers(self) -> list:
-        """Every container labelled as this rack's, on every server's engine."""
-        found = {}
-        for server in self.driver.engines:
-            for c in self.driver.containers(server):
-                found[c.id] = (server, c)
-        return list(found.values())
+        """Every container labelled as this rack's (workers and their sandboxes), on every server's engine."""
+        found = []
+        for server in self.rack.servers:
+            found += [(server, c) for c in self.driver.client(server).containers.list(
+                all=True, filters={"label": f"{LABEL_RACK}={self.rack.name}"})]
+        return found
 
     def remove_containers(self) -> None:
-        """By label, handing each NIC back first (the driver recreates one a dead container took)."""
+        """By label, handing each NIC back first (the helper recreates one that died with its sandbox)."""
         for server, c in self.containers():
             gpu = c.labels.get(LABEL_GPU)
             if gpu in self.rack.gpus:
-                self.driver.remove(c.labels.get(LABEL_JOB, ""), gpu, server, self.rack.interface(gpu))
+                self.driver.remove(c.labels.get(LABEL_JOB, ""), gpu, server)
+        for _, c in self.containers():  # one the driver did not name (made by hand, or by an older driver)
             try:
-                c.remove(force=True)  # one the driver did not name (made by hand, or by an older driver)
+                c.remove(force=True)
             except docker.errors.NotFound:
                 pass
 
     def nics_home(self) -> None:
-        """Every GPU NIC back in its server's namespace (recreated if a crash destroyed it)."""
-        home = EmulatedNicHome(self.rack)
-        for gpu, server in self.rack.server_of.items():
-            if not ns.has_link(self.rack.interface(gpu), netns_of(server)):
-                home.recreate(gpu)
+        """Every GPU NIC back in its server's namespace (remade on its port if a crash destroyed it)."""
+        for plan in nic_plans(self.rack):
+            if not ns.has_link(plan.ifname, netns_of(plan.server)):
+                nics.make(plan, self.rack)
 
     def check_clean(self) -> None:
         """Raise `Unclean` naming what is left; checks the devices, not only the controller's record."""
