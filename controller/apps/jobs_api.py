@@ -77,7 +77,7 @@ class JobsApi(OptirackController):
             raise ApiError(400, f"unknown state {', '.join(sorted(unknown))} (states: {', '.join(ACTIVE + TERMINAL)})", "state")
         before = req.GET.get("before")
         if before is not None and before not in self.placement.jobs:
-            raise ApiError(400, f"no job {before!r} (it may have been pruned)", "before")
+            raise ApiError(404, f"no job {before!r} (it may have been pruned)", "before")
         jobs, older = self.placement.page(int_param(req, "limit", 100, hi=10_000), before, states)
         return json_response({"jobs": [j.to_json() for j in jobs], "older": older})
 

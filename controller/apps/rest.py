@@ -273,13 +273,17 @@ def openapi_for(rack) -> dict:
 
 
 def allowed_methods(path: str) -> set[str]:
-    """Methods the OpenAPI document lists for a concrete path (a template like {job_id} matches one segment)."""
+    """Methods the OpenAPI document lists for a concrete path (a template like {job_id} matches one
+    segment; a literal path such as /jobs/prune wins over /jobs/{job_id})."""
     parts = path.rstrip("/").split("/")
+    best: tuple[int, set[str]] = (-1, set())
     for template, ops in _openapi()["paths"].items():
         tparts = (PREFIX + template).split("/")
         if len(tparts) == len(parts) and all(t == p or (t.startswith("{") and p) for t, p in zip(tparts, parts, strict=True)):
-            return {m.upper() for m in ops}
-    return set()
+            literal = sum(t == p for t, p in zip(tparts, parts, strict=True))
+            if literal > best[0]:
+                best = (literal, {m.upper() for m in ops})
+    return best[1]
 
 
 class NotFound(CountedController):
