@@ -25,9 +25,10 @@ JOB_ID = {"job_id": r"[^/]+"}  # any segment: an id that names no job is a JSON 
 class PruneRequest(BaseModel):
     """The body of POST /jobs/prune: which finished jobs to forget."""
 
-    model_config = ConfigDict(extra="forbid")
-    older_than_s: float | None = Field(None, ge=0, description="ended at least this many seconds ago")
-    keep: int | None = Field(None, ge=0, description="always keep the newest this many finished jobs")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as the OpenAPI document says
+    # Absent means "no such limit"; null is not a number (the document says so too).
+    older_than_s: float = Field(None, ge=0, description="ended at least this many seconds ago")
+    keep: int = Field(None, ge=0, description="always keep the newest this many finished jobs")
     events: bool = Field(False, description="also forget reconfiguration events older than older_than_s")
 
     @model_validator(mode="after")
