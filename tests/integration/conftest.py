@@ -76,9 +76,20 @@ def bed(testbed):
     testbed.clean()
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _rack_owner(request):
-    """A test that does not share the testbed may bring up its own rack: take the shared one down."""
+    """A module whose tests do not share the testbed may bring up its own rack (often in a
+    module-scoped fixture): take the shared one down first. Module scope and autouse put this
+    before the module's own fixtures."""
+    mine = [item for item in request.session.items if item.module is request.module]
+    if _shared is not None and not any("testbed" in item.fixturenames for item in mine):
+        _shared.release()
+
+
+@pytest.fixture(autouse=True)
+def _rack_owner_of_test(request):
+    """The same for one test, in a module where others share the testbed (function-scoped
+    fixtures that bring up a rack come after this one)."""
     if "testbed" not in request.fixturenames and _shared is not None:
         _shared.release()
 
