@@ -50,22 +50,22 @@ def own_map(circuits: CircuitMap) -> CircuitMap:
     return wrapped
 
 
-def protected(rack: Rack, circuits: CircuitMap, jobs: Iterable[tuple[str, ...]]) -> set[PortRef]:
-    """OCS ports of other jobs' GPUs and the other ends of their circuits."""
+def ports(rack: Rack, circuits: CircuitMap, gpus: Iterable[str]) -> set[PortRef]:
+    """What a job protects from other jobs' plans: its GPUs' OCS ports and the other ends of their circuits."""
     out = set()
-    for gpus in jobs:
-        for g in gpus:
-            p = rack.gpu_port(g)
-            out.add(p)
-            other = circuits.partner(p)
-            if other is not None:
-                out.add(other)
+    for g in gpus:
+        p = rack.gpu_port(g)
+        out.add(p)
+        other = circuits.partner(p)
+        if other is not None:
+            out.add(other)
     return out
 
 
-def place(rack: Rack, circuits: CircuitMap, busy: set[str], others: Iterable[tuple[str, ...]], gpus: int,
+def place(rack: Rack, circuits: CircuitMap, busy: set[str], protected: Iterable[PortRef], gpus: int,
           names: tuple[str, ...], policy: str) -> Placement | None:
-    """Where a job goes now, or None when it must wait (too few free GPUs, or none placeable)."""
+    """Where a job goes now, or None when it must wait (too few free GPUs, or none placeable).
+    `protected`: the ports of every other job (`ports`)."""
     circuits = own_map(circuits)
     if names:
         if busy.intersection(names):
@@ -79,17 +79,18 @@ def place(rack: Rack, circuits: CircuitMap, busy: set[str], others: Iterable[tup
         except core.PlacementError:
             return None
     try:
-        p = core.plan(rack, circuits, chosen, policy, protected(rack, circuits, others))
+        p = core.plan(rack, circuits, chosen, policy, protected)
     except core.PlacementError:
         return None
     return Placement(p.gpus, own_map(p.target), p.switches, p.note)
 
 
-def regroup(rack: Rack, circuits: CircuitMap, gpus: tuple[str, ...], others: Iterable[tuple[str, ...]]) -> Placement | None:
-    """A running job's move under fewer switches, or None when its switch count would not fall."""
+def regroup(rack: Rack, circuits: CircuitMap, gpus: tuple[str, ...], protected: Iterable[PortRef]) -> Placement | None:
+    """A running job's move under fewer switches, or None when its switch count would not fall.
+    `protected`: the ports of every other job (`ports`)."""
     circuits = own_map(circuits)
     try:
-        p = core.plan_regroup(rack, circuits, list(gpus), protected(rack, circuits, others))
+        p = core.plan_regroup(rack, circuits, list(gpus), protected)
     except core.PlacementError:
         return None
     where = circuits.gpu_locations(rack)

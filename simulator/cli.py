@@ -63,6 +63,8 @@ def add_parser(sub) -> None:
     out.add_argument("--out", type=Path, required=True, help="folder for summary.md, results.json, jobs.csv and plots")
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
+    out.add_argument("--workers", type=int, default=0,
+                     help="processes to run the policies in (default: one per core, at most one per policy)")
     p.set_defaults(func=main)
 
 
@@ -139,7 +141,7 @@ def main(args) -> int:
         return 2
     options = engine.Options(net, Limits(), args.control_overhead_ms / 1000,
                              None if args.interference == "auto" else args.interference, args.step_model)
-    study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet)
+    study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
     meta = {"command": "optirack simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["simulate"]
             else "optirack simulate", "rack": {"name": rack.name, "source": rack.source, "gpus": len(rack.gpus),
                                                "summary": rack.summary().splitlines()[0]},

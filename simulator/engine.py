@@ -133,6 +133,8 @@ class Run:
         self.results = {i: JobResult(j.id, j.gpus, j.model, j.iterations, j.arrival_s, label=j.label)
                         for i, j in self.jobs.items()}
         self.held: dict[int, tuple[str, ...]] = {}
+        self.owned: dict[int, set] = {}  # job -> the ports it protects (adapter.ports)
+        self.owner: dict = {}  # port -> job
         self.busy_gpus: set[str] = set()
         self.running: set[int] = set()  # on the fabric now
         self.queue: deque[int] = deque()
@@ -189,11 +191,12 @@ class Run:
             key = self.queue[0]
             job = self.jobs[key]
             policy = job.policy or self.policy.placement
-            p = adapter.place(self.rack, self.circuits, self.busy_gpus, self.held.values(), job.gpus, job.names, policy)
+            p = adapter.place(self.rack, self.circuits, self.busy_gpus, self.owner.keys(), job.gpus, job.names, policy)
             if p is None:
                 return
             self.queue.popleft()
             ready = self._reconfigure(t, p.circuits)
+            self._own(key, p.gpus)
             r = self.results[key]
             r.placed_s, r.placement, r.switches = t, p.gpus, len(p.switches)
             self.held[key] = p.gpus
@@ -219,6 +222,15 @@ class Run:
         self.out.circuits_changed += len(diff.remove) + len(diff.add)
         self.out.dark_s += dark
         return self.ocs_free
+
+    def _own(self, key: int, gpus: tuple[str, ...]) -> None:
+        """Record the ports `key` protects now (none: it ended)."""
+        for port in self.owned.pop(key, ()):
+            del self.owner[port]
+        if gpus:
+            self.owned[key] = adapter.ports(self.rack, self.circuits, gpus)
+            for port in self.owned[key]:
+                self.owner[port] = key
 
     def _ring(self, key: int) -> Ring:
         job, gpus = self.jobs[key], self.held[key]
@@ -255,6 +267,7 @@ class Run:
         r.end_s, r.shared, r.stopped = t, key in self.inter.shared, stopped
         self.running.discard(key)
         gpus = self.held.pop(key)
+        self._own(key, ())
         self.busy_gpus.difference_update(gpus)
         self.out.held.append((r.placed_s, t, len(gpus)))
         for k in [k for k in self.running if self.jobs[k].stops_with == self.jobs[key].id]:
@@ -266,12 +279,13 @@ class Run:
         for key in sorted(self.running, key=lambda k: (-len(self.held[k]), k)):
             if self.results[key].switches < 2 or key in self.moving:
                 continue
-            others = [g for k, g in self.held.items() if k != key]
+            others = [port for port, k in self.owner.items() if k != key]
             p = adapter.regroup(self.rack, self.circuits, self.held[key], others)
             if p is None:
                 continue
             begin = max(t, self.ocs_free)
             ready = self._reconfigure(t, p.circuits)
+            self._own(key, p.gpus)
             self.moving.add(key)
             self.push(begin, MOVE, key, (p, ready))
         if self.running or self.queue or any(k == ARRIVE for _, k, *_ in self.heap):

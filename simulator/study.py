@@ -1,6 +1,8 @@
-"""Run one workload under each policy, with one progress bar over all of them."""
+"""Run one workload under each policy (in parallel processes where there are cores), with one progress bar."""
 from __future__ import annotations
 
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -44,15 +46,55 @@ class Study:
     wall_s: dict[str, float]
 
 
-def run_all(rack: Rack, jobs: list[JobSpec], policies: list[Policy], options: Options, quiet: bool = False) -> Study:
+_COUNTERS = None  # in worker processes: jobs finished per policy, shared with the parent
+
+
+def _one(args, tick: Callable[[int], None] | None = None) -> tuple[str, RunResult, float]:
+    index, rack, jobs, policy, options = args
+    if tick is None and _COUNTERS is not None:
+        def tick(done: int) -> None:
+            _COUNTERS[index] = done
+
+    t0 = time.monotonic()
+    result = Run(rack, jobs, policy, options, tick).run()
+    return policy.name, result, time.monotonic() - t0
+
+
+def _init(counters) -> None:
+    global _COUNTERS
+    _COUNTERS = counters
+
+
+def run_all(rack: Rack, jobs: list[JobSpec], policies: list[Policy], options: Options, quiet: bool = False,
+            workers: int | None = None) -> Study:
+    """Each policy's run; every run is independent and deterministic, so the order they finish in changes nothing."""
+    workers = min(len(policies), workers or os.cpu_count() or 1)
     bar = Progress(len(jobs) * len(policies))
+    tasks = [(i, rack, jobs, p, options) for i, p in enumerate(policies)]
     runs, wall = {}, {}
-    for i, policy in enumerate(policies):
-        base = i * len(jobs)
-        bar.label = f"policy {policy.name} ({i + 1}/{len(policies)})"
-        t0 = time.monotonic()
-        runs[policy.name] = Run(rack, jobs, policy, options, None if quiet else (lambda d, b=base: bar.step(d, b))).run()
-        wall[policy.name] = time.monotonic() - t0
+
+    def finished(name: str, result: RunResult, seconds: float) -> None:
+        runs[name], wall[name] = result, seconds
         if not quiet:
-            bar.note(f"simulate: {policy.name}: {len(jobs)} jobs in {wall[policy.name]:.1f} s")
-    return Study(rack, jobs, runs, wall)
+            bar.note(f"simulate: {name}: {len(jobs)} jobs in {seconds:.1f} s")
+
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        for task in tasks:
+            bar.label = f"policy {task[3].name}"
+            base = task[0] * len(jobs)
+            finished(*_one(task, None if quiet else (lambda done, b=base: bar.step(done, b))))
+    else:
+        ctx = multiprocessing.get_context("fork")
+        counters = ctx.Array("i", len(policies), lock=False)
+        bar.label = f"{len(policies)} policies in {workers} processes"
+        with ctx.Pool(workers, _init, (counters,)) as pool:
+            pending = pool.imap_unordered(_one, tasks)
+            for _ in tasks:
+                while True:
+                    try:
+                        finished(*pending.next(timeout=0.25))
+                        break
+                    except multiprocessing.TimeoutError:
+                        if not quiet:
+                            bar.step(sum(counters), 0)
+    return Study(rack, jobs, {p.name: runs[p.name] for p in policies}, {p.name: wall[p.name] for p in policies})

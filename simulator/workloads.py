@@ -57,12 +57,12 @@ def read_trace(path: str | Path, max_gpus: int | None = None) -> list[JobSpec]:
     header_no, header = lines[0]
     names = [h.strip() for h in next(csv.reader([header]))]
     if names != list(TRACE_FIELDS):
-        raise TraceError(f"{path}:{header_no}: header is {','.join(names)!r}; expected {','.join(TRACE_FIELDS)}")
+        raise TraceError(f"{path}: line {header_no}: header is {','.join(names)!r}; expected {','.join(TRACE_FIELDS)}")
     jobs = []
     for no, line in lines[1:]:
         row = [x.strip() for x in next(csv.reader([line]))]
         if len(row) != len(TRACE_FIELDS):
-            raise TraceError(f"{path}:{no}: {len(row)} fields, expected {len(TRACE_FIELDS)} ({','.join(TRACE_FIELDS)})")
+            raise TraceError(f"{path}: line {no}: {len(row)} fields, expected {len(TRACE_FIELDS)} ({','.join(TRACE_FIELDS)})")
         jobs.append(_trace_job(path, no, dict(zip(TRACE_FIELDS, row, strict=True)), len(jobs), max_gpus))
     if not jobs:
         raise TraceError(f"{path}: no jobs after the header")
@@ -71,7 +71,7 @@ def read_trace(path: str | Path, max_gpus: int | None = None) -> list[JobSpec]:
 
 def _trace_job(path: Path, no: int, row: dict[str, str], index: int, max_gpus: int | None) -> JobSpec:
     def bad(field: str, problem: str) -> TraceError:
-        return TraceError(f"{path}:{no}: {field}: {problem}")
+        return TraceError(f"{path}: line {no}: {field}: {problem}")
 
     try:
         arrival = float(row["arrival_s"])
