@@ -236,7 +236,7 @@ class Run:
         job, gpus = self.jobs[key], self.held[key]
         models = [self.rack.gpus[g].model for g in gpus]
         computes = [compute_seconds(job.model, m) for m in models]
-        net = ring_net(self.fabric, self.circuits, gpus, self.circuits.gpu_locations(self.rack))
+        net = ring_net(self.fabric, self.circuits, gpus)
         return Ring(key, max(computes), statistics.fmean(computes), len(gpus), WORKLOADS[job.model].gradient_bytes,
                     net.cap * self.o.net.efficiency, net.links, self.coarse)
 

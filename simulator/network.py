@@ -77,11 +77,21 @@ class RingNet:
     crossings: int  # flows that leave their switch
 
 
-def ring_net(fabric: Fabric, circuits: CircuitMap, gpus: tuple[str, ...] | list[str],
-             where: dict[str, tuple[str, int]] | None = None) -> RingNet:
+def switch_of(rack: Rack, circuits: CircuitMap, gpus) -> dict[str, str]:
+    """The switch each of `gpus` hangs under (those with a circuit to a switch), looked up per GPU."""
+    out = {}
+    for g in gpus:
+        other = circuits.partner(rack.gpu_port(g))
+        ep = rack.endpoints.get(other) if other else None
+        if ep is not None and ep.kind == "switch":
+            out[g] = ep.name
+    return out
+
+
+def ring_net(fabric: Fabric, circuits: CircuitMap, gpus: tuple[str, ...] | list[str]) -> RingNet:
     """The ring rank i -> rank i+1 over `gpus` (in rank order) on the rack as `circuits` cable it."""
     rack = fabric.rack
-    where = circuits.gpu_locations(rack) if where is None else where
+    where = switch_of(rack, circuits, gpus)
     n = len(gpus)
     rates = [rack.gpus[g].nic.rate_gbps * GBPS for g in gpus]
     links: dict[int, int] = {}
@@ -92,7 +102,7 @@ def ring_net(fabric: Fabric, circuits: CircuitMap, gpus: tuple[str, ...] | list[
         h = gpus[(i + 1) % n]
         if g not in where or h not in where:
             raise ValueError(f"{g if g not in where else h} has no circuit to a switch")
-        route = fabric.route(where[g][0], where[h][0])
+        route = fabric.route(where[g], where[h])
         if route:
             crossings += 1
         for link in route:
