@@ -83,7 +83,7 @@ def _rack(args):
 def _typical_iteration(rack, model: str) -> float:
     """A job's iteration alone under one switch, on the rack's commonest GPU, 8 GPUs: for the offered load."""
     models = [g.model for g in rack.gpus.values()]
-    common = max(set(models), key=models.count)
+    common = max(sorted(set(models)), key=models.count)  # ties to the first by name: the same every run
     nic = min(g.nic.rate_gbps for g in rack.gpus.values()) * GBPS
     return compute_seconds(model, common) + 2 * 7 / 8 * WORKLOADS[model].gradient_bytes / nic
 

@@ -1,5 +1,8 @@
 """The simulator's cluster engine: the controller's decisions, determinism, time shifting, traces, the CLI."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -10,7 +13,7 @@ from controller.core.rack import load_rack
 from simulator.engine import Options, Run, policies
 from simulator.network import NetParams
 from simulator.racks import RackOptions, generate
-from simulator.workloads import TraceError, paper_case, read_trace, synthetic
+from simulator.workloads import TraceError, paper_case, read_trace
 from tests.unit.test_rack import PAPER
 
 POLICIES = policies(300.0)
@@ -40,18 +43,22 @@ def test_the_paper_case_is_placed_by_the_controllers_own_code():
     assert beside.stopped and beside.end_s == concern.end_s  # stopped with the job of concern, as the demo does
 
 
-def test_the_same_seed_gives_the_same_results_and_another_seed_does_not():
-    rack = generate(RackOptions(64, gpus_per_switch=16))
-    per = {"vgg16": 0.3, "resnet50": 0.15}
+def test_the_same_seed_gives_the_same_results_and_another_seed_does_not(tmp_path):
+    """Each run in its own process with its own string hashing, as two users' runs would be."""
+    def results(seed, hashseed):
+        out = tmp_path / f"s{seed}-{hashseed}"
+        cmd = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
+               "simulate", "--gpus", "128", "--gpus-per-switch", "16", "--jobs", "60", "--seed", str(seed),
+               "--load", "1.2", "--out", str(out), "--no-plots", "--quiet", "--workers", "1"]
+        subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": str(hashseed)})
+        record = json.loads((out / "results.json").read_text())
+        return {name: [(j["id"], j["placement"], j["start_s"], j["end_s"]) for j in p["jobs"]]
+                for name, p in record["policies"].items()}
 
-    def rows(seed):
-        r = run(rack, synthetic(40, seed, 64, per, load=1.2), "defrag")
-        return [(j.id, j.placement, j.start_s, j.end_s) for j in r.jobs], r.circuits_changed
-
-    first = rows(3)
-    assert first == rows(3)
-    assert first != rows(4)
-    assert len(first[0]) == 40 and all(end > start >= 0 for _, _, start, end in first[0])
+    first = results(3, 1)
+    assert first == results(3, 2)
+    assert first != results(4, 1)
+    assert all(len(rows) == 60 and all(end > start >= 0 for _, _, start, end in rows) for rows in first.values())
 
 
 def test_jobs_that_do_not_fit_wait_first_come_first_served():
