@@ -92,6 +92,7 @@ class Interference:
         self.segments: list[tuple[int, float, float, float]] = []  # ring, from, to, iterations done in between
         self.stats = {"alone": 0, "detail": 0, "mean": 0, "events": 0}
         self.shared: set[int] = set()  # rings that ever shared a link with another
+        self.duty: dict[int, float] = {}  # the mean-field duty cycles of the last solve, to start the next from
 
     # --- what the engine calls ---------------------------------------------------------
     def add(self, t: float, ring: Ring, iterations: int, state: RingState | None = None) -> None:
@@ -112,6 +113,7 @@ class Interference:
         for link in self.rings[key].links:
             self.users[link].discard(key)
         del self.rings[key], self.targets[key], self.comp[key]
+        self.duty.pop(key, None)
         self.finish.pop(key, None)
         rest = members - {key}
         while rest:
@@ -197,7 +199,8 @@ class Interference:
         if mode == "alone":
             periods = {keys[0]: self.period_alone(self.rings[keys[0]])}
         elif mode == "mean":
-            periods = mean_field([self.rings[k] for k in keys], self.capacity, self.latency)
+            periods, duty = mean_field([self.rings[k] for k in keys], self.capacity, self.latency, self.duty)
+            self.duty.update(duty)
         else:  # detail: start from the alone pace, only to express progress as a fraction
             periods = {k: self.period_alone(self.rings[k]) for k in keys}
         p0 = {k: states[k].done + min(elapsed_of(states[k], self.rings[k], periods[k], self.latency) / periods[k],
