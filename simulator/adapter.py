@@ -1,19 +1,21 @@
 """The one place the simulator calls controller.core.placement: the controller's own decisions.
 
-Today's API (controller/core/placement.py): `pick_gpus` chooses a job's GPUs, `plan` its
-circuits under the job's policy, `plan_regroup` a running job's move. Which ports count as
-another job's (and may not be touched) follows the placement app (controller/apps/placement.py:
-`protected_ports`). A job that cannot be placed now waits, first come first served, as the
-controller's queue will (issue #13).
+`Placer` keeps what the controller keeps (the circuits, which job holds which GPUs) and asks
+core for every decision. Today's API (controller/core/placement.py): `pick_gpus` chooses a
+job's GPUs, `plan` its circuits under the job's policy, `plan_regroup` a running job's move.
+Which ports count as another job's follows the placement app (controller/apps/placement.py:
+`protected_ports`). Defragmentation regroups running jobs one by one, largest first, as the
+app's `regroup_all` does, keeping only moves that put a job under fewer switches; each move is
+its own reconfiguration. A job that cannot be placed now waits (simulator/engine.py keeps the
+queue, first come first served, as issue #13 specifies for the controller).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
 from controller.core import placement as core
-from controller.core.circuits import CircuitMap
+from controller.core.circuits import CircuitDiff, CircuitMap
 from controller.core.rack import PortRef, Rack
 
 
@@ -32,15 +34,7 @@ class _Map(CircuitMap):
         return self._where[key]
 
 
-@dataclass(frozen=True)
-class Placement:
-    gpus: tuple[str, ...]  # rank order
-    circuits: CircuitMap  # the whole map after the change
-    switches: tuple[str, ...]
-    note: str = ""
-
-
-def own_map(circuits: CircuitMap) -> CircuitMap:
+def _own(circuits: CircuitMap) -> CircuitMap:
     """The same map, remembering its GPUs' locations (its state is shared, not rebuilt)."""
     if isinstance(circuits, _Map):
         return circuits
@@ -50,51 +44,112 @@ def own_map(circuits: CircuitMap) -> CircuitMap:
     return wrapped
 
 
-def ports(rack: Rack, circuits: CircuitMap, gpus: Iterable[str]) -> set[PortRef]:
-    """What a job protects from other jobs' plans: its GPUs' OCS ports and the other ends of their circuits."""
-    out = set()
-    for g in gpus:
-        p = rack.gpu_port(g)
-        out.add(p)
-        other = circuits.partner(p)
-        if other is not None:
-            out.add(other)
-    return out
+@dataclass(frozen=True)
+class Placement:
+    gpus: tuple[str, ...]  # rank order
+    switches: tuple[str, ...]
+    diff: CircuitDiff  # what the OCS must change
+    note: str = ""
 
 
-def place(rack: Rack, circuits: CircuitMap, busy: set[str], protected: Iterable[PortRef], gpus: int,
-          names: tuple[str, ...], policy: str) -> Placement | None:
-    """Where a job goes now, or None when it must wait (too few free GPUs, or none placeable).
-    `protected`: the ports of every other job (`ports`)."""
-    circuits = own_map(circuits)
-    if names:
-        if busy.intersection(names):
-            return None
-        chosen = list(names)
-    else:
-        if gpus > len(rack.gpus) - len(busy):
-            return None
+@dataclass(frozen=True)
+class Step:
+    """One reconfiguration of a defragmentation round, and the jobs it moves."""
+
+    diff: CircuitDiff
+    moves: dict[str, Placement]  # job -> where it goes
+
+
+class Placer:
+    """Placement state of one simulated controller: circuits, and the GPUs and ports each job holds."""
+
+    def __init__(self, rack: Rack):
+        self.rack = rack
+        self.circuits: CircuitMap = _own(CircuitMap.initial(rack))
+        self.gpus: dict[str, tuple[str, ...]] = {}  # job -> its GPUs
+        self.busy: set[str] = set()
+        self._ports: dict[str, set[PortRef]] = {}  # job -> ports it protects
+        self._owner: dict[PortRef, str] = {}
+
+    def free(self) -> int:
+        return len(self.rack.gpus) - len(self.busy)
+
+    def place(self, job: str, gpus: int, names: tuple[str, ...], policy: str) -> Placement | None:
+        """Place a new job and commit it, or None when it must wait (too few free GPUs, or no room)."""
+        if names:
+            if self.busy.intersection(names):
+                return None
+            chosen = list(names)
+        else:
+            if gpus > self.free():
+                return None
+            try:
+                chosen = core.pick_gpus(self.rack, self.circuits, self.busy, gpus, policy)
+            except core.PlacementError:
+                return None
         try:
-            chosen = core.pick_gpus(rack, circuits, busy, gpus, policy)
+            p = core.plan(self.rack, self.circuits, chosen, policy, self._owner.keys())
         except core.PlacementError:
             return None
-    try:
-        p = core.plan(rack, circuits, chosen, policy, protected)
-    except core.PlacementError:
-        return None
-    return Placement(p.gpus, own_map(p.target), p.switches, p.note)
+        return self._commit(job, p)
 
+    def release(self, job: str) -> None:
+        """The job ended: its GPUs are free, its circuits stay."""
+        self.busy.difference_update(self.gpus.pop(job))
+        self._protect(job, ())
 
-def regroup(rack: Rack, circuits: CircuitMap, gpus: tuple[str, ...], protected: Iterable[PortRef]) -> Placement | None:
-    """A running job's move under fewer switches, or None when its switch count would not fall.
-    `protected`: the ports of every other job (`ports`)."""
-    circuits = own_map(circuits)
-    try:
-        p = core.plan_regroup(rack, circuits, list(gpus), protected)
-    except core.PlacementError:
-        return None
-    where = circuits.gpu_locations(rack)
-    now = {where[g][0] for g in gpus if g in where}
-    if len(p.switches) >= len(now) or p.target == circuits:
-        return None
-    return Placement(p.gpus, own_map(p.target), p.switches, p.note)
+    def defragment(self, running: dict[str, tuple[str, ...]]) -> list[Step]:
+        """Regroup running jobs under fewer switches; commit and return the reconfigurations, in order."""
+        steps = []
+        for job in sorted(running, key=lambda j: (-len(running[j]), j)):
+            if len(self.switches(running[job])) < 2:
+                continue
+            others = [port for port, owner in self._owner.items() if owner != job]
+            try:
+                p = core.plan_regroup(self.rack, self.circuits, list(running[job]), others)
+            except core.PlacementError:
+                continue
+            if len(p.switches) >= len(self.switches(running[job])) or p.target == self.circuits:
+                continue  # no fewer switches: the job is not touched
+            placed = self._commit(job, p)
+            steps.append(Step(placed.diff, {job: placed}))
+        return steps
+
+    def switch_of(self, gpus) -> dict[str, str]:
+        """The switch each of `gpus` hangs under now."""
+        out = {}
+        for g in gpus:
+            other = self.circuits.partner(self.rack.gpu_port(g))
+            ep = self.rack.endpoints.get(other) if other else None
+            if ep is not None and ep.kind == "switch":
+                out[g] = ep.name
+        return out
+
+    def switches(self, gpus) -> set[str]:
+        return set(self.switch_of(gpus).values())
+
+    def _commit(self, job: str, p: core.Plan) -> Placement:
+        diff = self.circuits.diff(p.target)
+        self.circuits = _own(p.target)
+        if job in self.gpus:
+            self.busy.difference_update(self.gpus[job])
+        self.gpus[job] = tuple(p.gpus)
+        self.busy.update(p.gpus)
+        self._protect(job, p.gpus)
+        return Placement(tuple(p.gpus), tuple(p.switches), diff, p.note)
+
+    def _protect(self, job: str, gpus) -> None:
+        """What a job protects from other jobs' plans: its GPUs' OCS ports and the other ends of their circuits."""
+        for port in self._ports.pop(job, ()):
+            del self._owner[port]
+        if gpus:
+            ports = set()
+            for g in gpus:
+                port = self.rack.gpu_port(g)
+                ports.add(port)
+                other = self.circuits.partner(port)
+                if other is not None:
+                    ports.add(other)
+            self._ports[job] = ports
+            for port in ports:
+                self._owner[port] = job

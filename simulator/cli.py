@@ -30,8 +30,12 @@ def add_parser(sub) -> None:
     rack.add_argument("--gpus", type=int, help="generate a rack of this many GPUs")
     rack.add_argument("--gpus-per-switch", type=int, default=32, help="generated: GPUs per aggregator switch (%(default)s)")
     rack.add_argument("--gpus-per-server", type=int, default=8, help="generated: GPUs per server (%(default)s)")
-    rack.add_argument("--oversubscription", type=float, default=4.0,
-                      help="generated: a switch's downlink capacity over its uplink's (%(default)s)")
+    rack.add_argument("--oversubscription", type=float, default=16.0,
+                      help="generated: a switch's GPUs' NIC capacity over its uplink's (%(default)s: 32 x 100 Gbit/s "
+                           "over 200 Gbit/s)")
+    rack.add_argument("--spare", type=float, default=1.25,
+                      help="generated: a switch's OCS downlinks over its share of the GPUs, the room regrouping "
+                           "moves GPUs into (%(default)s)")
     rack.add_argument("--models", default="V100:0.5,A100:0.5",
                       help="generated: GPU models and their shares of the servers (%(default)s)")
     rack.add_argument("--nic-gbps", type=float, default=100.0, help="generated: NIC line rate (%(default)s)")
@@ -72,8 +76,11 @@ def _rack(args):
     if args.rack and args.gpus:
         raise ValueError("give --rack or --gpus, not both")
     if args.gpus:
+        if args.spare < 1:
+            raise ValueError("--spare must be at least 1 (every GPU needs a downlink)")
         return racks.generate(racks.RackOptions(args.gpus, args.gpus_per_switch, args.gpus_per_server,
-                                                args.oversubscription, args.nic_gbps, racks.parse_models(args.models)))
+                                                args.oversubscription, args.nic_gbps, racks.parse_models(args.models),
+                                                spare=args.spare))
     path = args.rack or ("topologies/paper-testbed.yaml" if args.case else None)
     if not path:
         raise ValueError("give a rack: --rack FILE, or --gpus N for a generated one")
@@ -123,6 +130,24 @@ def _net(args, rack):
                  "description": desc}
 
 
+def _against_emulation(args, record: dict) -> str:
+    """The job of concern per policy, and the demo's emulated figures beside the simulated ones when recorded."""
+    from simulator import fidelity
+
+    lines = ["| policy | job of concern: switches | mean iteration | completion |", "| --- | --- | --- | --- |"]
+    for name, p in record["policies"].items():
+        job = p["jobs"][0]
+        lines.append(f"| {name} | {job['switches']} | {job['mean_iteration_s']:.3f} s | {job['jct_s']:.1f} s |")
+    demo = calibration.load_record(args.calibration)
+    if demo is None:
+        lines += ["", f"({args.calibration} is absent: run `make demo` to compare with the emulation.)"]
+    else:
+        rows, cal = fidelity.compare(demo, args.case)
+        record["fidelity"] = [vars(r) | {"error": r.error} for r in rows]
+        lines += ["", fidelity.table(rows, cal)]
+    return "\n".join(lines)
+
+
 def main(args) -> int:
     t0 = time.monotonic()
     try:
@@ -149,12 +174,17 @@ def main(args) -> int:
             "options": {"policies": names, "defrag_interval_s": args.defrag_interval, "step_model": args.step_model,
                         "interference": args.interference, "control_overhead_ms": args.control_overhead_ms}}
     record = report.build(study, meta)
-    files = report.write(args.out, record)
+    extra = ""
+    if args.case:
+        extra = _against_emulation(args, record)
+    files = report.write(args.out, record, extra)
     if not args.no_plots:
         from simulator import plots
 
         files += plots.write(args.out, record)
     print(report.table(record))
+    if extra:
+        print("\n" + extra)
     if "timeshift" in record:
         print("\n" + report.timeshift_text(record["timeshift"]))
     print(f"\nwrote {', '.join(str(f) for f in files)} in {time.monotonic() - t0:.1f} s")

@@ -1,9 +1,9 @@
 """One simulated run: a workload on a rack under one policy, from the first arrival to the last job's end.
 
 Events: arrivals, a job's first iteration (after its circuits are set and any time shift),
-a ring's last iteration (from simulator/interference.py), defragmentation rounds, and the end
-of a moved job's stall. Placement goes through simulator/adapter.py, so every decision is the
-controller's own; jobs that cannot be placed wait first come, first served.
+a ring's last iteration (from simulator/interference.py), defragmentation rounds, and the start
+and end of a moved job's stall. Placement goes through simulator/adapter.py, so every decision
+is the controller's own; jobs that cannot be placed wait, first come first served.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from containers.profiles import WORKLOADS, compute_seconds
-from controller.core.circuits import CircuitDiff, CircuitMap
+from controller.core.circuits import CircuitDiff
 from controller.core.rack import Rack
-from simulator import adapter
+from simulator.adapter import Placer
 from simulator.interference import Interference, Limits
 from simulator.network import Fabric, NetParams, ring_net
 from simulator.rings import Ring
@@ -122,28 +122,25 @@ class Run:
     def __init__(self, rack: Rack, jobs: list[JobSpec], policy: Policy, options: Options = Options(),
                  progress: Callable[[int], None] | None = None):
         self.rack, self.policy, self.o, self.progress = rack, policy, options, progress
-        self.jobs = {i: j for i, j in enumerate(jobs)}
+        self.jobs = dict(enumerate(jobs))
         self.fabric = Fabric(rack)
-        eff = options.net.efficiency
         self.coarse = options.coarse(rack)
         limits = options.limits if self.coarse else replace(options.limits, window=max(options.limits.window, 1000))
+        eff = options.net.efficiency
         self.inter = Interference([c * eff for c in self.fabric.capacity], options.net.step_latency_s, limits,
                                   options.force)
-        self.circuits: CircuitMap = adapter.own_map(CircuitMap.initial(rack))
+        self.placer = Placer(rack)
         self.results = {i: JobResult(j.id, j.gpus, j.model, j.iterations, j.arrival_s, label=j.label)
                         for i, j in self.jobs.items()}
-        self.held: dict[int, tuple[str, ...]] = {}
-        self.owned: dict[int, set] = {}  # job -> the ports it protects (adapter.ports)
-        self.owner: dict = {}  # port -> job
-        self.busy_gpus: set[str] = set()
+        self.key_of = {j.id: i for i, j in self.jobs.items()}
         self.running: set[int] = set()  # on the fabric now
+        self.moving: set[int] = set()
+        self.pending: dict[int, tuple[Ring, float]] = {}  # placed, not started: ring and start time
         self.queue: deque[int] = deque()
         self.heap: list[tuple[float, int, int, int, object]] = []
         self.seq = 0
         self.ocs_free = 0.0
         self.out = RunResult(policy, [], [], [])
-        self.moving: set[int] = set()
-        self.pending: dict[int, tuple[Ring, float]] = {}  # placed, not started: ring and start time
 
     def push(self, t: float, kind: int, key: int = -1, data: object = None) -> None:
         self.seq += 1
@@ -155,6 +152,8 @@ class Run:
         if self.policy.defrag_s > 0:
             self.push(self.policy.defrag_s, DEFRAG)
         finished = 0
+        handlers = {ARRIVE: self._arrive, START: self._start, MOVE: self._move, RESUME: self._resume,
+                    DEFRAG: self._defragment}
         while True:
             nf = self.inter.next_finish()
             if nf is not None and (not self.heap or nf[0] <= self.heap[0][0]):
@@ -166,17 +165,7 @@ class Run:
             if not self.heap:
                 break
             t, kind, _, key, data = heapq.heappop(self.heap)
-            if kind == ARRIVE:
-                self.queue.append(key)
-                self._admit(t)
-            elif kind == START:
-                self._start(t, key)
-            elif kind == MOVE:
-                self._move(t, key, data)
-            elif kind == RESUME:
-                self._resume(t, key, data)
-            elif kind == DEFRAG:
-                self._defragment(t)
+            handlers[kind](t, key, data)
         if self.queue:
             stuck = ", ".join(self.jobs[k].id for k in list(self.queue)[:5])
             raise RuntimeError(f"{len(self.queue)} jobs could never be placed (first: {stuck})")
@@ -186,21 +175,21 @@ class Run:
         return self.out
 
     # --- admission ---------------------------------------------------------------------
+    def _arrive(self, t: float, key: int, _) -> None:
+        self.queue.append(key)
+        self._admit(t)
+
     def _admit(self, t: float) -> None:
         while self.queue:
             key = self.queue[0]
             job = self.jobs[key]
-            policy = job.policy or self.policy.placement
-            p = adapter.place(self.rack, self.circuits, self.busy_gpus, self.owner.keys(), job.gpus, job.names, policy)
+            p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement)
             if p is None:
                 return
             self.queue.popleft()
-            ready = self._reconfigure(t, p.circuits)
-            self._own(key, p.gpus)
+            ready = self._reconfigure(t, p.diff)
             r = self.results[key]
             r.placed_s, r.placement, r.switches = t, p.gpus, len(p.switches)
-            self.held[key] = p.gpus
-            self.busy_gpus.update(p.gpus)
             ring = self._ring(key)
             r.alone_iteration_s = self.inter.period_alone(ring)
             if self.policy.timeshift and ring.links:
@@ -208,11 +197,9 @@ class Run:
             self.pending[key] = (ring, ready + r.shift_s)
             self.push(ready + r.shift_s, START, key)
 
-    def _reconfigure(self, t: float, target: CircuitMap) -> float:
-        """Apply a new circuit map: changes wait for the previous one (the controller does one at a
-        time); return when the new circuits carry traffic."""
-        diff = self.circuits.diff(target)
-        self.circuits = target
+    def _reconfigure(self, t: float, diff: CircuitDiff) -> float:
+        """An OCS change: it waits for the previous one (the controller makes one at a time);
+        return when the new circuits carry traffic."""
         if not diff:
             return t
         begin = max(t, self.ocs_free)
@@ -223,20 +210,10 @@ class Run:
         self.out.dark_s += dark
         return self.ocs_free
 
-    def _own(self, key: int, gpus: tuple[str, ...]) -> None:
-        """Record the ports `key` protects now (none: it ended)."""
-        for port in self.owned.pop(key, ()):
-            del self.owner[port]
-        if gpus:
-            self.owned[key] = adapter.ports(self.rack, self.circuits, gpus)
-            for port in self.owned[key]:
-                self.owner[port] = key
-
     def _ring(self, key: int) -> Ring:
-        job, gpus = self.jobs[key], self.held[key]
-        models = [self.rack.gpus[g].model for g in gpus]
-        computes = [compute_seconds(job.model, m) for m in models]
-        net = ring_net(self.fabric, self.circuits, gpus)
+        job, gpus = self.jobs[key], self.placer.gpus[self.jobs[key].id]
+        computes = [compute_seconds(job.model, self.rack.gpus[g].model) for g in gpus]
+        net = ring_net(self.fabric, gpus, self.placer.switch_of(gpus))
         return Ring(key, max(computes), statistics.fmean(computes), len(gpus), WORKLOADS[job.model].gradient_bytes,
                     net.cap * self.o.net.efficiency, net.links, self.coarse)
 
@@ -245,8 +222,8 @@ class Run:
         (where they are in their iterations at `t`) and those about to start."""
         peers = []
         for k in sorted({k for link in ring.links for k in self.inter.users.get(link, ()) if k in self.running}):
-            progress = self.inter.peek(t, k)[1]
-            peers.append((self.inter.rings[k], self.inter.period(k), (progress % 1.0) * self.inter.period(k)))
+            progress, period = self.inter.peek(t, k)[1], self.inter.period(k)
+            peers.append((self.inter.rings[k], period, (progress % 1.0) * period))
         for _, (other, start) in sorted(self.pending.items()):
             if set(other.links) & set(ring.links):
                 peers.append((other, self.inter.period_alone(other), t - start))
@@ -254,7 +231,7 @@ class Run:
             return 0.0, 0.0, 0.0
         return best_shift(ring, self.inter.period_alone(ring), peers, self.inter.capacity)
 
-    def _start(self, t: float, key: int) -> None:
+    def _start(self, t: float, key: int, _) -> None:
         self.pending.pop(key, None)
         self.results[key].start_s = t
         self.running.add(key)
@@ -263,44 +240,38 @@ class Run:
     def _finish(self, t: float, key: int, stopped: bool = False) -> None:
         _, done = self.inter.remove(t, key)
         r = self.results[key]
-        r.done = done if stopped else float(r.iterations)
         r.end_s, r.shared, r.stopped = t, key in self.inter.shared, stopped
+        r.done = done if stopped else float(r.iterations)
         self.running.discard(key)
-        gpus = self.held.pop(key)
-        self._own(key, ())
-        self.busy_gpus.difference_update(gpus)
-        self.out.held.append((r.placed_s, t, len(gpus)))
-        for k in [k for k in self.running if self.jobs[k].stops_with == self.jobs[key].id]:
+        self.placer.release(self.jobs[key].id)
+        self.out.held.append((r.placed_s, t, r.gpus))
+        for k in sorted(k for k in self.running if self.jobs[k].stops_with == self.jobs[key].id):
             self._finish(t, k, stopped=True)
         self._admit(t)
 
     # --- defragmentation -----------------------------------------------------------------
-    def _defragment(self, t: float) -> None:
-        for key in sorted(self.running, key=lambda k: (-len(self.held[k]), k)):
-            if self.results[key].switches < 2 or key in self.moving:
-                continue
-            others = [port for port, k in self.owner.items() if k != key]
-            p = adapter.regroup(self.rack, self.circuits, self.held[key], others)
-            if p is None:
-                continue
+    def _defragment(self, t: float, *_) -> None:
+        running = {self.jobs[k].id: self.placer.gpus[self.jobs[k].id] for k in self.running if k not in self.moving}
+        for step in self.placer.defragment(running):
             begin = max(t, self.ocs_free)
-            ready = self._reconfigure(t, p.circuits)
-            self._own(key, p.gpus)
-            self.moving.add(key)
-            self.push(begin, MOVE, key, (p, ready))
-        if self.running or self.queue or any(k == ARRIVE for _, k, *_ in self.heap):
+            ready = self._reconfigure(t, step.diff)
+            for job, p in step.moves.items():
+                key = self.key_of[job]
+                self.moving.add(key)
+                self.results[key].switches = len(p.switches)
+                self.push(begin, MOVE, key, ready)
+        if self.running or self.queue or any(kind == ARRIVE for _, kind, *_ in self.heap):
             self.push(t + self.policy.defrag_s, DEFRAG)
 
-    def _move(self, t: float, key: int, data) -> None:
-        p, ready = data
-        if key not in self.running:  # it ended before its turn came; the circuits were changed all the same
+    def _move(self, t: float, key: int, ready: float) -> None:
+        """A moved job's circuits go dark: it stalls until `ready`, then goes on where it was."""
+        if key not in self.running:  # it ended before its turn came
             self.moving.discard(key)
             return
         state, _ = self.inter.remove(t, key)
         self.running.discard(key)
-        self.held[key] = p.gpus
         r = self.results[key]
-        r.switches, r.moves, r.stall_s = len(p.switches), r.moves + 1, r.stall_s + (ready - t)
+        r.moves, r.stall_s = r.moves + 1, r.stall_s + (ready - t)
         self.push(ready, RESUME, key, state)
 
     def _resume(self, t: float, key: int, state) -> None:

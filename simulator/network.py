@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from controller.core.circuits import CircuitMap
 from controller.core.forwarding import next_hop_ports, switch_links
 from controller.core.rack import Rack
 
@@ -77,21 +76,9 @@ class RingNet:
     crossings: int  # flows that leave their switch
 
 
-def switch_of(rack: Rack, circuits: CircuitMap, gpus) -> dict[str, str]:
-    """The switch each of `gpus` hangs under (those with a circuit to a switch), looked up per GPU."""
-    out = {}
-    for g in gpus:
-        other = circuits.partner(rack.gpu_port(g))
-        ep = rack.endpoints.get(other) if other else None
-        if ep is not None and ep.kind == "switch":
-            out[g] = ep.name
-    return out
-
-
-def ring_net(fabric: Fabric, circuits: CircuitMap, gpus: tuple[str, ...] | list[str]) -> RingNet:
-    """The ring rank i -> rank i+1 over `gpus` (in rank order) on the rack as `circuits` cable it."""
+def ring_net(fabric: Fabric, gpus: tuple[str, ...] | list[str], where: dict[str, str]) -> RingNet:
+    """The ring rank i -> rank i+1 over `gpus` (in rank order); `where`: the switch each hangs under."""
     rack = fabric.rack
-    where = switch_of(rack, circuits, gpus)
     n = len(gpus)
     rates = [rack.gpus[g].nic.rate_gbps * GBPS for g in gpus]
     links: dict[int, int] = {}

@@ -13,11 +13,12 @@ class RackOptions:
     gpus: int
     gpus_per_switch: int = 32
     gpus_per_server: int = 8
-    oversubscription: float = 4.0  # a switch's downlink capacity : its uplink's
+    oversubscription: float = 16.0  # a switch's GPUs' NIC capacity : its uplink's
     nic_gbps: float = 100.0
     models: tuple[tuple[str, float], ...] = (("V100", 0.5), ("A100", 0.5))
     ocs_ports: int = 1024  # at most this many ports per OCS: more GPUs take more OCS
     switching_time_ms: float = 25.0
+    spare: float = 1.25  # a switch's downlinks over its share of the GPUs: room to regroup into
 
 
 def parse_models(text: str) -> tuple[tuple[str, float], ...]:
@@ -47,13 +48,13 @@ def generate(o: RackOptions) -> Rack:
     switches = o.gpus // o.gpus_per_switch
     ocs = 1
     # rackgen gives each OCS gpus/ocs GPU ports and as many switch ports, every switch an equal share
-    while 2 * o.gpus // ocs > o.ocs_ports or o.gpus % ocs or o.gpus_per_switch % ocs:
+    while o.gpus / ocs * (1 + o.spare) > o.ocs_ports or o.gpus % ocs or o.gpus_per_switch % ocs:
         ocs += 1
         if ocs > o.gpus:
             raise ValueError(f"no OCS count splits {o.gpus} GPUs into OCS of at most {o.ocs_ports} ports")
     uplink = o.gpus_per_switch * o.nic_gbps / o.oversubscription
     spec = rack_spec(o.gpus, gpus_per_server=o.gpus_per_server, switches=switches, ocs=ocs, nic_gbps=o.nic_gbps,
-                     uplink_gbps=round(uplink, 3), name=f"g{o.gpus}")
+                     uplink_gbps=round(uplink, 3), name=f"g{o.gpus}", spare=o.spare)
     total = sum(share for _, share in o.models)
     servers, bounds, acc = spec["servers"], [], 0.0
     for name, share in o.models:

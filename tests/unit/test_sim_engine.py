@@ -17,7 +17,7 @@ from simulator.workloads import TraceError, paper_case, read_trace
 from tests.unit.test_rack import PAPER
 
 POLICIES = policies(300.0)
-SAMPLE_RACK = RackOptions(32, gpus_per_switch=8, gpus_per_server=4, oversubscription=8, models=(("V100", 1.0),))
+SAMPLE_RACK = RackOptions(32, gpus_per_switch=8, gpus_per_server=4, oversubscription=8, models=(("V100", 1.0),), spare=1.0)
 
 
 def run(rack, jobs, policy, **kw):
