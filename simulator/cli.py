@@ -100,7 +100,13 @@ def _workload(args, rack):
     if len(given) != 1:
         raise ValueError("give one workload: --case a|b, --trace FILE or --jobs N")
     if args.case:
+        if args.iterations < 1:
+            raise ValueError("--iterations must be at least 1")
         jobs = workloads.paper_case(args.case, args.iterations)
+        missing = sorted({g for j in jobs for g in j.names} - set(rack.gpus))
+        if missing:
+            raise ValueError(f"--case {args.case} names GPUs {', '.join(missing)}, which rack {rack.name} lacks "
+                             "(use the paper's rack: topologies/paper-testbed.yaml)")
         return jobs, {"kind": "case", "case": args.case, "jobs": len(jobs),
                       "description": f"the paper's case ({args.case}): {jobs[0].gpus} + {jobs[1].gpus} GPUs, both at once, "
                                      f"{args.iterations} iterations of the job of concern"}
@@ -161,12 +167,18 @@ def main(args) -> int:
             raise ValueError(f"--policies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(table)})")
         if args.defrag_interval <= 0:
             raise ValueError("--defrag-interval must be positive")
+        if args.out.exists() and not args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a file, not a folder")
     except (ValueError, RackError, workloads.TraceError) as e:
         print(f"optirack simulate: error: {e}", file=sys.stderr)
         return 2
     options = engine.Options(net, Limits(), args.control_overhead_ms / 1000,
                              None if args.interference == "auto" else args.interference, args.step_model)
-    study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
+    try:
+        study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
+    except engine.Unplaceable as e:
+        print(f"optirack simulate: error: {e}", file=sys.stderr)
+        return 1
     meta = {"command": "optirack simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["simulate"]
             else "optirack simulate", "rack": {"name": rack.name, "source": rack.source, "gpus": len(rack.gpus),
                                                "summary": rack.summary().splitlines()[0]},

@@ -26,6 +26,10 @@ from simulator.workloads import JobSpec
 ARRIVE, START, MOVE, RESUME, DEFRAG = range(5)
 
 
+class Unplaceable(RuntimeError):
+    """Jobs were left waiting with nothing left to free room for them."""
+
+
 @dataclass(frozen=True)
 class Policy:
     name: str
@@ -168,7 +172,8 @@ class Run:
             handlers[kind](t, key, data)
         if self.queue:
             stuck = ", ".join(self.jobs[k].id for k in list(self.queue)[:5])
-            raise RuntimeError(f"{len(self.queue)} jobs could never be placed (first: {stuck})")
+            raise Unplaceable(f"policy {self.policy.name}: {len(self.queue)} jobs could never be placed, even on an "
+                              f"otherwise empty rack (first: {stuck})")
         self.out.jobs = [self.results[i] for i in sorted(self.results)]
         self.out.busy = self._busy()
         self.out.stats = dict(self.inter.stats)

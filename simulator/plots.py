@@ -17,10 +17,10 @@ def _plt():
 
 def _cdf(ax, record: dict, key: str, xlabel: str) -> None:
     for name, p in record["policies"].items():
-        values = sorted(max(row[key], 1e-3) for row in p["jobs"])
+        values = sorted(max(row[key], 0.0) for row in p["jobs"])
         ys = [(i + 1) / len(values) for i in range(len(values))]
         ax.step(values, ys, where="post", color=COLORS.get(name), label=p["label"], linewidth=1.5)
-    ax.set_xscale("log")
+    ax.set_xscale("symlog", linthresh=1.0)  # linear below a second (no wait at 0), logarithmic above
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of jobs")
     ax.grid(alpha=0.3)
@@ -38,7 +38,7 @@ def _utilization(ax, record: dict) -> None:
     ax.set_ylabel("cluster GPUs (%)")
     ax.set_ylim(0, 105)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, loc="lower center", ncol=2)
+    ax.legend(fontsize=6, loc="upper right", ncol=2)
 
 
 def _bars(ax, record: dict) -> None:
@@ -66,7 +66,7 @@ def write(out: Path, record: dict) -> list[Path]:
     title = record["rack"]["summary"] + "\n" + record["workload"]["description"]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
     _cdf(axes[0][0], record, "jct_s", "job completion time (s, log)")
-    _cdf(axes[0][1], record, "queue_s", "queueing delay (s, log; jobs that never waited at the left edge)")
+    _cdf(axes[0][1], record, "queue_s", "queueing delay (s, log above 1 s)")
     _utilization(axes[1][0], record)
     _bars(axes[1][1], record)
     fig.suptitle(title, fontsize=9)
