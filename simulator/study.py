@@ -16,7 +16,8 @@ from simulator.workloads import JobSpec
 class Progress:
     """A one-line progress bar on stderr (a line per policy when stderr is not a terminal)."""
 
-    def __init__(self, total: int, stream=sys.stderr, every_s: float = 0.25, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, total: int, stream=None, every_s: float = 0.25, clock: Callable[[], float] = time.monotonic):
+        stream = stream or sys.stderr  # looked up now: it may have been replaced since import
         self.total, self.stream, self.every_s, self.clock = max(total, 1), stream, every_s, clock
         self.done, self.label, self.t0, self.shown = 0, "", clock(), 0.0
         self.tty = hasattr(stream, "isatty") and stream.isatty()
