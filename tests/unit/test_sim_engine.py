@@ -156,3 +156,27 @@ def test_a_generated_rack_has_the_asked_shape_and_model_mix():
 def test_net_params_are_checked():
     with pytest.raises(ValueError, match="efficiency"):
         NetParams(efficiency=1.5)
+
+
+def test_the_progress_bar_draws_on_a_terminal_and_keeps_quiet_elsewhere():
+    import io
+
+    from simulator.study import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    now = [0.0]
+    tty = Tty()
+    bar = Progress(200, tty, every_s=0.25, clock=lambda: now[0])
+    bar.label = "policy fixed"
+    for done in range(0, 101, 10):
+        now[0] += 0.3
+        bar.step(done, 0)
+    assert "[###############               ]  50.0 %  policy fixed" in tty.getvalue()
+    pipe = io.StringIO()
+    quiet = Progress(10, pipe, clock=lambda: now[0])
+    quiet.step(5, 0)
+    quiet.note("simulate: fixed: 10 jobs in 0.1 s")
+    assert pipe.getvalue() == "simulate: fixed: 10 jobs in 0.1 s\n"  # a log line, no carriage returns
