@@ -158,18 +158,21 @@ class Run:
         finished = 0
         handlers = {ARRIVE: self._arrive, START: self._start, MOVE: self._move, RESUME: self._resume,
                     DEFRAG: self._defragment}
+        now = 0.0
         while True:
-            nf = self.inter.next_finish()
-            if nf is not None and (not self.heap or nf[0] <= self.heap[0][0]):
-                self._finish(*nf)
-                finished += 1
-                if self.progress:
-                    self.progress(finished)
-                continue
+            if not self.heap or self.heap[0][0] > now:  # events of this instant first: their changes are solved once
+                nf = self.inter.next_finish()
+                if nf is not None and (not self.heap or nf[0] <= self.heap[0][0]):
+                    now = nf[0]
+                    self._finish(*nf)
+                    finished += 1
+                    if self.progress:
+                        self.progress(finished)
+                    continue
             if not self.heap:
                 break
-            t, kind, _, key, data = heapq.heappop(self.heap)
-            handlers[kind](t, key, data)
+            now, kind, _, key, data = heapq.heappop(self.heap)
+            handlers[kind](now, key, data)
         if self.queue:
             stuck = ", ".join(self.jobs[k].id for k in list(self.queue)[:5])
             raise Unplaceable(f"policy {self.policy.name}: {len(self.queue)} jobs could never be placed, even on an "

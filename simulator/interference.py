@@ -93,37 +93,61 @@ class Interference:
         self.stats = {"alone": 0, "detail": 0, "mean": 0, "events": 0}
         self.shared: set[int] = set()  # rings that ever shared a link with another
         self.duty: dict[int, float] = {}  # the mean-field duty cycles of the last solve, to start the next from
+        self._pending: dict[int, tuple[RingState, float | None]] = {}  # settled at _pending_t, not yet solved
+        self._pending_t = 0.0
 
     # --- what the engine calls ---------------------------------------------------------
     def add(self, t: float, ring: Ring, iterations: int, state: RingState | None = None) -> None:
         """Put a ring on the fabric at `t` (from `state`, or the start of its first iteration)."""
+        self._take(t, {k for link in ring.links for k in self.users.get(link, ())})
         self.rings[ring.key], self.targets[ring.key] = ring, iterations
-        affected = {m for link in ring.links for k in self.users.get(link, ()) for m in self.comp[k].keys}
-        states = self._settle(t, affected)
-        states[ring.key] = state.copy() if state else RingState(remaining=ring.compute_s)
         for link in ring.links:
             self.users.setdefault(link, set()).add(ring.key)
-        self._solve(t, sorted(affected | {ring.key}), states)
+        self._pending[ring.key] = (state.copy() if state else RingState(remaining=ring.compute_s), None)
 
     def remove(self, t: float, key: int) -> tuple[RingState, float]:
         """Take a ring off the fabric (it finished, or stalls to move); return its state and progress."""
-        members = set(self.comp[key].keys)
-        progress: dict[int, float] = {}
-        states = self._settle(t, members, progress)
+        self._take(t, {key})
+        state, progress = self._pending.pop(key)
+        if progress is None:  # it joined at this very instant
+            progress = state.done + self._fraction(state, self.rings[key], self.period_alone(self.rings[key]))
         for link in self.rings[key].links:
             self.users[link].discard(key)
-        del self.rings[key], self.targets[key], self.comp[key]
+        del self.rings[key], self.targets[key]
         self.duty.pop(key, None)
         self.finish.pop(key, None)
-        rest = members - {key}
+        return state, progress
+
+    def _take(self, t: float, keys: set[int]) -> None:
+        """Settle the components of `keys` at `t` and hold them unsolved: several changes at one
+        instant (a job ends, the next starts) are solved once."""
+        if self._pending and t != self._pending_t:
+            self._flush()
+        fresh = {k for k in keys if k not in self._pending}
+        if fresh:
+            progress: dict[int, float] = {}
+            states = self._settle(t, fresh, progress)
+            for k, state in states.items():
+                self._pending[k] = (state, progress[k])
+                del self.comp[k]
+                self.finish.pop(k, None)
+        self._pending_t = t
+
+    def _flush(self) -> None:
+        """Solve the components of the rings held by `_take`."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        states = {k: s for k, (s, _) in pending.items()}
+        rest = set(pending)
         while rest:
             group = self._connected(next(iter(rest)), rest)
             rest -= group
-            self._solve(t, sorted(group), states)
-        return states[key], progress[key]
+            self._solve(self._pending_t, sorted(group), states)
 
     def next_finish(self) -> tuple[float, int] | None:
         """The earliest predicted end of a ring's last iteration."""
+        self._flush()
         while self._heap:
             t, key = self._heap[0]
             if self.finish.get(key) == t:
@@ -133,6 +157,7 @@ class Interference:
 
     def peek(self, t: float, key: int) -> tuple[RingState, float]:
         """A running ring's state and progress at `t` (no later than any coming change), changing nothing."""
+        self._flush()
         comp, ring = self.comp[key], self.rings[key]
         f = comp.fluid[key]
         if t < comp.horizon:
@@ -143,13 +168,19 @@ class Interference:
 
     def period(self, key: int) -> float:
         """The ring's current iteration time (measured or predicted)."""
+        self._flush()
         return self.comp[key].fluid[key].period
 
     def mode(self, key: int) -> str:
+        self._flush()
         return self.comp[key].mode
 
     def component(self, key: int) -> list[int]:
+        self._flush()
         return list(self.comp[key].keys)
+
+    def _fraction(self, s: RingState, ring: Ring, period: float) -> float:
+        return min(elapsed_of(s, ring, period, self.latency) / period, ALMOST_ONE)
 
     def period_alone(self, ring: Ring) -> float:
         return iteration_time(ring, alone_rate(ring, self.capacity), self.latency)
