@@ -6,8 +6,9 @@ rate (x its flows there) while it communicates. For a candidate delay of the new
 compatibility score of a link is 1 - (demand above capacity, integrated) / (capacity x horizon),
 as in CASSINI (Rajasekaran et al.; seed 003's slides: score = 1 - sum Excess / (|A| C)); the
 horizon, HORIZON_PERIODS of the longest period, stands in for the least common multiple of
-the periods. The delay with the best summed score wins, the smallest on a tie; no delay unless
-one scores better than none.
+the periods. Links whose summed peak demand fits their capacity cannot gain and are left out.
+The delay with the best mean score wins, the smallest on a tie; no delay unless one scores
+better than none.
 """
 from __future__ import annotations
 
@@ -29,9 +30,12 @@ def _windows(compute: float, period: float, elapsed: float, horizon: float) -> l
     return out
 
 
-def excess(patterns: list[tuple[list[tuple[float, float]], float]], capacity: float) -> float:
-    """Integral over time of max(0, summed demand - capacity); `patterns`: (intervals, demand)."""
-    edges = sorted((t, d if k == 0 else -d) for intervals, d in patterns for iv in intervals for k, t in enumerate(iv))
+def _edges(intervals: list[tuple[float, float]], demand: float) -> list[tuple[float, float]]:
+    return [e for a, b in intervals for e in ((a, demand), (b, -demand))]
+
+
+def excess(edges: list[tuple[float, float]], capacity: float) -> float:
+    """Integral over time of max(0, summed demand - capacity); `edges`: sorted (time, demand change)."""
     level, last, total = 0.0, 0.0, 0.0
     for t, delta in edges:
         if level > capacity:
@@ -40,34 +44,39 @@ def excess(patterns: list[tuple[list[tuple[float, float]], float]], capacity: fl
     return total
 
 
-def scores(ring: Ring, period: float, delay: float, peers: list[tuple[Ring, float, float]], capacity: list[float]) \
-        -> dict[int, float]:
-    """Compatibility score of each link the new ring shares, if it starts `delay` from now.
-    `peers`: (ring, its period now, seconds into its current iteration; negative: it starts that much later)."""
-    horizon = HORIZON_PERIODS * max([period] + [p for _, p, _ in peers])
-    out = {}
-    for link, flows in ring.links.items():
-        patterns = [(_windows(ring.compute_s, period, -delay, horizon), flows * alone_rate(ring, capacity))]
-        for peer, p, elapsed in peers:
-            if link in peer.links:
-                patterns.append((_windows(peer.compute_s, p, elapsed, horizon),
-                                 peer.links[link] * alone_rate(peer, capacity)))
-        if len(patterns) > 1:
-            out[link] = 1 - excess(patterns, capacity[link]) / (capacity[link] * horizon)
-    return out
-
-
 def best_shift(ring: Ring, period: float, peers: list[tuple[Ring, float, float]], capacity: list[float]) \
         -> tuple[float, float, float]:
-    """(delay, summed score without delay, summed score with it) for a new ring among `peers`."""
-    candidates = {i * period / GRID for i in range(GRID)}
+    """(delay, mean score of the shared links without delay, with it) for a new ring among `peers`:
+    (ring, its period now, seconds into its current iteration; negative: it starts that much later)."""
+    horizon = HORIZON_PERIODS * max([period] + [p for _, p, _ in peers])
+    links = []  # (own demand, the peers' edges, capacity) of each link where demand can exceed capacity
+    for link, flows in ring.links.items():
+        own = flows * alone_rate(ring, capacity)
+        sharing = [(peer, p, elapsed) for peer, p, elapsed in peers if link in peer.links]
+        demands = [peer.links[link] * alone_rate(peer, capacity) for peer, _, _ in sharing]
+        if not sharing or own + sum(demands) <= capacity[link] * (1 + 1e-9):
+            continue
+        edges = sorted(e for (peer, p, elapsed), d in zip(sharing, demands, strict=True)
+                       for e in _edges(_windows(peer.compute_s, p, elapsed, horizon), d))
+        links.append((own, edges, capacity[link]))
+    if not links:
+        return 0.0, 1.0, 1.0
+
+    def score(delay: float) -> float:
+        own_windows = _windows(ring.compute_s, period, -delay, horizon)
+        total = 0.0
+        for own, edges, cap in links:
+            total += 1 - excess(sorted(edges + _edges(own_windows, own)), cap) / (cap * horizon)
+        return total / len(links)
+
+    candidates = {round(i * period / GRID, 9) for i in range(GRID)}
     for _, p, elapsed in peers:  # start communicating just as a peer stops
-        for k in range(HORIZON_PERIODS):
-            candidates.add(((k + 1) * p - elapsed - ring.compute_s) % period)
-    base = sum(scores(ring, period, 0.0, peers, capacity).values())
+        for k in (1, 2):
+            candidates.add(round((k * p - elapsed - ring.compute_s) % period, 9))
+    base = score(0.0)
     best = (base, 0.0)
     for delay in sorted(candidates):
-        total = sum(scores(ring, period, delay, peers, capacity).values())
-        if total > best[0] + 1e-9:
-            best = (total, delay)
+        s = score(delay)
+        if s > best[0] + 1e-9:
+            best = (s, delay)
     return best[1], base, best[0]
