@@ -180,3 +180,21 @@ def test_the_progress_bar_draws_on_a_terminal_and_keeps_quiet_elsewhere():
     quiet.step(5, 0)
     quiet.note("simulate: fixed: 10 jobs in 0.1 s")
     assert pipe.getvalue() == "simulate: fixed: 10 jobs in 0.1 s\n"  # a log line, no carriage returns
+
+
+def test_defragmentation_moves_a_spread_running_job_which_stalls_once_and_speeds_up():
+    from dataclasses import replace
+
+    from simulator.engine import Policy
+
+    rack = load_rack(PAPER)
+    concern, beside = paper_case("a", iterations=200)
+    jobs = [replace(concern, policy="fixed"), beside]  # placed spread, as the fixed policy leaves it
+    moved = Run(rack, jobs, Policy("defrag", "regroup", defrag_s=5.0), Options()).run()
+    still = Run(rack, jobs, POLICIES["fixed"], Options()).run()
+    job, other = moved.jobs
+    assert job.moves == 1 and job.switches == 1
+    assert other.moves == 1 and other.switches == 1  # the job beside was spread too: 2 GPUs, 1 moves
+    assert moved.reconfigurations == 2 and moved.circuits_changed == 4 + 2  # today's API: one change per job
+    assert job.stall_s == pytest.approx(0.025 + 0.010)  # one dark window and the control overhead
+    assert job.end_s < still.jobs[0].end_s - 1.0  # it ran faster after the move
