@@ -1,13 +1,16 @@
 """The one place the simulator calls controller.core.placement: the controller's own decisions.
 
 `Placer` keeps what the controller keeps (the circuits, which job holds which GPUs) and asks
-core for every decision. Today's API (controller/core/placement.py): `pick_gpus` chooses a
-job's GPUs, `plan` its circuits under the job's policy, `plan_regroup` a running job's move.
-Which ports count as another job's follows the placement app (controller/apps/placement.py:
-`protected_ports`). Defragmentation regroups running jobs one by one, largest first, as the
-app's `regroup_all` does, keeping only moves that put a job under fewer switches; each move is
-its own reconfiguration. A job that cannot be placed now waits (simulator/engine.py keeps the
-queue, first come first served, as issue #13 specifies for the controller).
+core for every decision. Two backends, chosen by what controller.core provides:
+- the occupancy API (issue #13: `controller.core.occupancy.Occupancy`, `placement.plan` with a
+  `Request`, `defrag.plan_defrag`): model-aware GPU choice, fewest switches then fewest circuit
+  changes, and one joint defragmentation applied as one bulk change;
+- today's API (`pick_gpus`, `plan`, `plan_regroup` on whole circuit maps): protected ports as
+  the placement app computes them (`protected_ports`), and defragmentation as the app's
+  `regroup_all` does it, job by job, largest first, one change each, keeping only moves that
+  put a job under fewer switches.
+A job that cannot be placed now waits (simulator/engine.py keeps the queue, first come first
+served, as the controller's queue does).
 """
 from __future__ import annotations
 
@@ -17,6 +20,92 @@ from functools import cached_property
 from controller.core import placement as core
 from controller.core.circuits import CircuitDiff, CircuitMap
 from controller.core.rack import PortRef, Rack
+
+try:  # issue #13's incremental placement state
+    from controller.core.occupancy import Occupancy
+
+    from controller.core import defrag as core_defrag
+except ImportError:  # pragma: no cover - before issue #13 is merged
+    Occupancy = None
+
+
+class Unplaceable(ValueError):
+    """A job that no state of the rack could ever place as asked; the message says why."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    gpus: tuple[str, ...]  # rank order
+    switches: tuple[str, ...]
+    diff: CircuitDiff  # what the OCS must change
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One reconfiguration of a defragmentation round, and the jobs it moves."""
+
+    diff: CircuitDiff
+    moves: dict[str, Placement]  # job -> where it goes
+
+class OccupancyPlacer:
+    """Placement state of one simulated controller, in core's own incremental `Occupancy`."""
+
+    def __init__(self, rack: Rack):
+        self.rack = rack
+        self.occ = Occupancy(rack, CircuitMap.initial(rack), {})
+        self.gpus: dict[str, tuple[str, ...]] = {}  # job -> its GPUs in rank order
+
+    def free(self) -> int:
+        return sum(self.occ.free_model)
+
+    def place(self, job: str, gpus: int, names: tuple[str, ...], policy: str, workload: str = "vgg16") \
+            -> Placement | None:
+        """Place a new job and commit it, or None when it must wait."""
+        if not names and gpus > self.free():
+            return None
+        try:
+            p = core.plan(self.occ, core.Request(names or gpus, policy, None, workload))
+        except core.NoRoomNow:
+            return None
+        except core.PlacementError as e:
+            raise Unplaceable(f"job {job}: {e}") from None
+        self.occ.apply(p.remove, p.add)
+        self.occ.hold(job, p.gpus)
+        self.gpus[job] = tuple(p.gpus)
+        return Placement(tuple(p.gpus), tuple(p.switches), p.diff, p.note)
+
+    def release(self, job: str) -> None:
+        """The job ended: its GPUs are free, its circuits stay."""
+        self.occ.release(job)
+        del self.gpus[job]
+
+    def defragment(self, running: dict[str, tuple[str, ...]]) -> list[Step]:
+        """The controller's joint regrouping of running jobs, committed, as one bulk reconfiguration."""
+        d = core_defrag.plan_defrag(self.occ, running)
+        if not d.moves:
+            return []
+        self.occ.apply(d.remove, d.add)
+        moves = {}
+        for m in d.moves:
+            gpus = self.gpus[m.job]
+            order = {w: i for i, w in enumerate(m.after)}
+            ranked = tuple(sorted(gpus, key=lambda g: order.get(d.where.get(g), len(order))))  # switch by switch
+            self.gpus[m.job] = ranked
+            moves[m.job] = Placement(ranked, m.after, CircuitDiff(m.remove, m.add))
+        return [Step(d.diff, moves)]
+
+    def switch_of(self, gpus) -> dict[str, str]:
+        """The switch each of `gpus` hangs under now."""
+        out = {}
+        for g in gpus:
+            w = self.occ.switch_of(g)
+            if w is not None:
+                out[g] = w
+        return out
+
+    def switches(self, gpus) -> set[str]:
+        return set(self.switch_of(gpus).values())
 
 
 class _Map(CircuitMap):
@@ -44,24 +133,8 @@ def _own(circuits: CircuitMap) -> CircuitMap:
     return wrapped
 
 
-@dataclass(frozen=True)
-class Placement:
-    gpus: tuple[str, ...]  # rank order
-    switches: tuple[str, ...]
-    diff: CircuitDiff  # what the OCS must change
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class Step:
-    """One reconfiguration of a defragmentation round, and the jobs it moves."""
-
-    diff: CircuitDiff
-    moves: dict[str, Placement]  # job -> where it goes
-
-
-class Placer:
-    """Placement state of one simulated controller: circuits, and the GPUs and ports each job holds."""
+class LegacyPlacer:
+    """Placement state of one simulated controller on today's API: circuits, and the GPUs and ports each job holds."""
 
     def __init__(self, rack: Rack):
         self.rack = rack
@@ -74,7 +147,8 @@ class Placer:
     def free(self) -> int:
         return len(self.rack.gpus) - len(self.busy)
 
-    def place(self, job: str, gpus: int, names: tuple[str, ...], policy: str) -> Placement | None:
+    def place(self, job: str, gpus: int, names: tuple[str, ...], policy: str, workload: str = "vgg16") \
+            -> Placement | None:
         """Place a new job and commit it, or None when it must wait (too few free GPUs, or no room)."""
         if names:
             if self.busy.intersection(names):
@@ -153,3 +227,6 @@ class Placer:
             self._ports[job] = ports
             for port in ports:
                 self._owner[port] = job
+
+
+Placer = OccupancyPlacer if Occupancy is not None else LegacyPlacer

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from containers.profiles import WORKLOADS, compute_seconds
 from controller.core.circuits import CircuitDiff
 from controller.core.rack import Rack
-from simulator.adapter import Placer
+from simulator.adapter import Placer, Unplaceable
 from simulator.interference import Interference, Limits
 from simulator.network import Fabric, NetParams, ring_net
 from simulator.rings import Ring
@@ -26,8 +26,6 @@ from simulator.workloads import JobSpec
 ARRIVE, START, MOVE, RESUME, DEFRAG = range(5)
 
 
-class Unplaceable(RuntimeError):
-    """Jobs were left waiting with nothing left to free room for them."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +189,7 @@ class Run:
         while self.queue:
             key = self.queue[0]
             job = self.jobs[key]
-            p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement)
+            p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement, job.model)
             if p is None:
                 return
             self.queue.popleft()
