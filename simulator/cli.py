@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
     rack.add_argument("--oversubscription", type=float, default=16.0,
                       help="generated: a switch's GPUs' NIC capacity over its uplink's (%(default)s: 32 x 100 Gbit/s "
                            "over 200 Gbit/s)")
-    rack.add_argument("--spare", type=float, default=1.25,
+    rack.add_argument("--spare", type=float, default=2.0,
                       help="generated: a switch's OCS downlinks over its share of the GPUs, the room regrouping "
                            "moves GPUs into (%(default)s)")
     rack.add_argument("--models", default="V100:0.5,A100:0.5",

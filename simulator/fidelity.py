@@ -54,6 +54,8 @@ def _iterations(summary: dict) -> list[float]:
 
 def points(record: dict) -> list[Point]:
     """Every point the fidelity test compares: both cases at the demo's rack, case (a) at each sweep point."""
+    if "points" in record:
+        return _medians(record)
     uplink = min(u["rate_gbps"] for w in record["rack"]["switches"] for u in w.get("uplinks", []))
     out = []
     for run in record["runs"]:
@@ -67,6 +69,20 @@ def points(record: dict) -> list[Point]:
                 continue  # the sweep's 1:1 point is case (a) at the demo's rack, compared above
             out.append(Point("a", f"case (a), NIC:uplink 1:{sweep['nic_to_uplink']:g}", sweep["uplink_gbps"], policy,
                              _median(values), values))
+    return out
+
+
+def _medians(record: dict) -> list[Point]:
+    """The demo's record with repeats: `points` (each case on the fitted rack) and `sweep` (case (a) per
+    uplink rate, whose `fitted` entry repeats case (a)'s point), each with per-policy medians."""
+    out = []
+    for p in record["points"] + [s for s in record.get("sweep", []) if not s.get("name", "").startswith("fitted")]:
+        label = (f"case ({p['case']}), demo rack (1:{p['nic_to_uplink']:.3g})" if p in record["points"]
+                 else f"case ({p['case']}), NIC:uplink 1:{p['nic_to_uplink']:g}")
+        for policy in ("fixed", "regroup"):
+            figures = p[policy]
+            values = figures.get("mean_iteration_rack_s_values") or [figures["mean_iteration_rack_s"]]
+            out.append(Point(p["case"], label, p["uplink_gbps"], policy, figures["mean_iteration_rack_s"], values))
     return out
 
 

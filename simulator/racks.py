@@ -18,7 +18,7 @@ class RackOptions:
     models: tuple[tuple[str, float], ...] = (("V100", 0.5), ("A100", 0.5))
     ocs_ports: int = 1024  # at most this many ports per OCS: more GPUs take more OCS
     switching_time_ms: float = 25.0
-    spare: float = 1.25  # a switch's downlinks over its share of the GPUs: room to regroup into
+    spare: float = 2.0  # a switch's downlinks over its share of the GPUs: room to regroup into
 
 
 def parse_models(text: str) -> tuple[tuple[str, float], ...]:

@@ -52,6 +52,30 @@ def test_the_recorded_points_are_read_as_the_demo_wrote_them():
                    ("a", 25, "fixed", 1.0, 2), ("a", 25, "regroup", 0.3, 1)]
 
 
+def test_the_demos_repeated_points_and_calibration_are_read():
+    """The record with repeats: medians per point, the fitted point once, the calibration at the rate used."""
+    def fig(*its):
+        return {"mean_iteration_rack_s": sorted(its)[len(its) // 2], "mean_iteration_rack_s_values": list(its)}
+
+    def point(name, case, k, uplink, fixed, regroup):
+        return {"name": name, "case": case, "nic_to_uplink": k, "uplink_gbps": uplink, "fixed": fixed, "regroup": regroup}
+
+    main_a = point("case a", "a", 5.0, 20.0, fig(1.0, 1.2, 1.1), fig(0.3, 0.3, 0.31))
+    rack = {"servers": [{"gpus": [{"nic": {"rate_gbps": 100}}]}], "emulation": {"rate_scale": 0.001}}
+    rec = {"rack": rack, "rate_scale": 0.0005,
+           "points": [main_a, point("case b", "b", 5.0, 20.0, fig(0.9), fig(0.28))],
+           "sweep": [point("sweep 1:2", "a", 2, 50.0, fig(0.5), fig(0.3)), {**main_a, "name": "fitted 1:5"}],
+           "calibration": {"runs": [{"rate_mbps": 100.0, "fraction": 0.5},  # at the rate it gave up on
+                                    {"rate_mbps": 50.0, "fraction": 0.93}, {"rate_mbps": 50.0, "fraction": 0.95},
+                                    {"rate_mbps": 50.0, "fraction": 0.97}]}}
+    got = [(p.case, p.uplink_gbps, p.policy, p.emulated_s, len(p.runs)) for p in fidelity.points(rec)]
+    assert got == [("a", 20.0, "fixed", 1.1, 3), ("a", 20.0, "regroup", 0.3, 3), ("b", 20.0, "fixed", 0.9, 1),
+                   ("b", 20.0, "regroup", 0.28, 1), ("a", 50.0, "fixed", 0.5, 1), ("a", 50.0, "regroup", 0.3, 1)]
+    cal = calibration.from_record(rec)
+    assert cal.efficiency == pytest.approx(0.95) and cal.step_latency_emulated_s == calibration.LOOPBACK_STEP_S
+    assert calibration.from_record({"runs": []}) == calibration.PROVISIONAL
+
+
 def test_calibration_takes_the_per_step_latency_out_of_a_measured_ring():
     # a ring of 4 that runs at 90 % of line rate and pays 5 ms per step
     n, size, rate, latency = 4, 8e6, 50e6, 0.005
