@@ -174,11 +174,7 @@ def main(args) -> int:
         return 2
     options = engine.Options(net, Limits(), args.control_overhead_ms / 1000,
                              None if args.interference == "auto" else args.interference, args.step_model)
-    try:
-        study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
-    except engine.Unplaceable as e:
-        print(f"optirack simulate: error: {e}", file=sys.stderr)
-        return 1
+    study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
     meta = {"command": "optirack simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["simulate"]
             else "optirack simulate", "rack": {"name": rack.name, "source": rack.source, "gpus": len(rack.gpus),
                                                "summary": rack.summary().splitlines()[0]},

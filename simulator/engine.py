@@ -80,6 +80,7 @@ class JobResult:
     label: str = ""
     stopped: bool = False  # stopped with the job it ran beside
     done: float = 0.0  # iterations done (all of them, unless stopped)
+    failed: str = ""  # why the controller gave up on it (it could never be placed)
 
     @property
     def jct_s(self) -> float:
@@ -171,10 +172,6 @@ class Run:
                 break
             now, kind, _, key, data = heapq.heappop(self.heap)
             handlers[kind](now, key, data)
-        if self.queue:
-            stuck = ", ".join(self.jobs[k].id for k in list(self.queue)[:5])
-            raise Unplaceable(f"policy {self.policy.name}: {len(self.queue)} jobs could never be placed, even on an "
-                              f"otherwise empty rack (first: {stuck})")
         self.out.jobs = [self.results[i] for i in sorted(self.results)]
         self.out.busy = self._busy()
         self.out.stats = dict(self.inter.stats)
@@ -189,9 +186,18 @@ class Run:
         while self.queue:
             key = self.queue[0]
             job = self.jobs[key]
-            p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement, job.model)
+            try:
+                p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement, job.model)
+            except Unplaceable as e:  # the controller fails such a job and goes on with the queue
+                self.queue.popleft()
+                self._fail(t, key, str(e))
+                continue
             if p is None:
-                return
+                if self.running or self.pending or self.moving:
+                    return  # it waits for GPUs to free up
+                self.queue.popleft()  # nothing holds a GPU: no end of a job will make room for it
+                self._fail(t, key, "could not be placed on the rack with no other job on it")
+                continue
             self.queue.popleft()
             ready = self._reconfigure(t, p.diff)
             r = self.results[key]
@@ -202,6 +208,10 @@ class Run:
                 r.shift_s, r.score_before, r.score_after = self._shift(ready, ring)
             self.pending[key] = (ring, ready + r.shift_s)
             self.push(ready + r.shift_s, START, key)
+
+    def _fail(self, t: float, key: int, reason: str) -> None:
+        r = self.results[key]
+        r.failed, r.placed_s, r.start_s, r.end_s = reason, t, t, t
 
     def _reconfigure(self, t: float, diff: CircuitDiff) -> float:
         """An OCS change: it waits for the previous one (the controller makes one at a time);

@@ -50,7 +50,7 @@ def utilization(run: RunResult, gpus: int, bins: int = BINS) -> dict[str, list[f
 
 
 def summary(run: RunResult, gpus: int, wall_s: float) -> dict:
-    jobs: list[JobResult] = run.jobs
+    jobs: list[JobResult] = [j for j in run.jobs if not j.failed]
     end = max((j.end_s for j in jobs), default=0.0)
     held = sum((b - a) * n for a, b, n in run.held)
     busy = sum(x for _, _, x in run.busy)
@@ -61,7 +61,8 @@ def summary(run: RunResult, gpus: int, wall_s: float) -> dict:
         "reconfigurations": run.reconfigurations, "circuits_changed": run.circuits_changed, "dark_s": run.dark_s,
         "stalled_gpu_s": sum(j.stall_s * j.gpus for j in jobs), "moves": sum(j.moves for j in jobs),
         "spread_jobs": sum(j.switches > 1 for j in jobs), "shared_jobs": sum(j.shared for j in jobs),
-        "shifted_jobs": sum(j.shift_s > 0 for j in jobs), "interference": run.stats, "wall_s": wall_s,
+        "shifted_jobs": sum(j.shift_s > 0 for j in jobs), "failed_jobs": sum(bool(j.failed) for j in run.jobs),
+        "interference": run.stats, "wall_s": wall_s,
     }
 
 
@@ -74,6 +75,8 @@ def job_rows(run: RunResult, placements: bool) -> list[dict]:
                "stall_s": j.stall_s, "mean_iteration_s": j.mean_iteration_s, "alone_iteration_s": j.alone_iteration_s}
         if j.label:
             row["label"] = j.label
+        if j.failed:
+            row["failed"] = j.failed
         if placements:
             row["placement"] = list(j.placement)
         rows.append(row)
@@ -86,7 +89,7 @@ def timeshift_gain(unshifted: RunResult, shifted: RunResult) -> dict:
     same, differ = [], 0
     for j in unshifted.jobs:
         k = by_id[j.id]
-        if not j.shared:
+        if not j.shared or j.failed or k.failed:
             continue
         if j.placement == k.placement:
             same.append((j, k))

@@ -17,7 +17,7 @@ def _plt():
 
 def _cdf(ax, record: dict, key: str, xlabel: str) -> None:
     for name, p in record["policies"].items():
-        values = sorted(max(row[key], 0.0) for row in p["jobs"])
+        values = sorted(max(row[key], 0.0) for row in p["jobs"] if not row.get("failed"))
         ys = [(i + 1) / len(values) for i in range(len(values))]
         ax.step(values, ys, where="post", color=COLORS.get(name), label=p["label"], linewidth=1.5)
     ax.set_xscale("symlog", linthresh=1.0)  # linear below a second (no wait at 0), logarithmic above

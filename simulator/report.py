@@ -60,6 +60,10 @@ def markdown(record: dict, extra: str = "") -> str:
              f"Command: `{record['command']}`", "", table(record), ""]
     if "timeshift" in record:
         lines += [timeshift_text(record["timeshift"]), ""]
+    failed = {name: p["summary"]["failed_jobs"] for name, p in record["policies"].items() if p["summary"]["failed_jobs"]}
+    if failed:
+        lines += ["Jobs that could never be placed (failed, as the controller fails them, and left out of the "
+                  "figures): " + ", ".join(f"{name} {n}" for name, n in failed.items()) + ".", ""]
     if extra:
         lines += [extra, ""]
     lines += ["JCT: arrival to last iteration. Queueing: arrival to GPUs granted. GPUs held / computing: time "
