@@ -96,8 +96,24 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
                     continue  # (re)connecting: its resync installs the full table
                 msgs = table_changes(self.installed[name], desired[name])
                 if msgs:
-                    self.rpc.confirm(dp, msgs, self.timeout, f"forwarding on {name}")
+                    try:
+                        self.rpc.confirm(dp, msgs, self.timeout, f"forwarding on {name}")
+                    except of.SwitchError:
+                        # What the switch holds is unknown now: it gets its full table again, retried.
+                        del self.installed[name]
+                        hub.spawn(self._resync_until_done, name)
+                        raise
                 self.installed[name] = desired[name]
+
+    def _resync_until_done(self, name: str, delay: float = 0.5, most: float = 30.0) -> None:
+        """Retry a full resync of a switch that did not confirm, with backoff, while it stays connected."""
+        while name in self.dps and name not in self.installed:
+            hub.sleep(delay)
+            try:
+                self.resync(name)
+            except of.SwitchError as e:
+                delay = min(delay * 2, most)
+                LOG.warning("switch %s: resynchronisation failed (%s); next try in %.1f s", name, e, delay)
 
     def sync_quietly(self) -> None:
         try:

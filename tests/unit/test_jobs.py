@@ -105,7 +105,7 @@ def test_stop_and_regroup_of_a_running_job(tmp_path):
     ev = placement.regroup(job.id)
     assert ev is not None and ev.kind == "regroup" and len(job.switches) == 1
     assert placement.regroup(job.id) is None  # already grouped
-    stopped = placement.stop(job.id)
+    stopped = placement.stop_job(job.id)
     assert stopped.state == "stopped" and placement.busy_gpus() == {}
     with pytest.raises(Conflict, match="only a running job"):
         placement.regroup(job.id)
