@@ -309,6 +309,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("regroup", help="regroup a running job under one switch (or all running jobs)")
     p.add_argument("job", nargs="?", help="a job id; without it, every running job")
     p.set_defaults(func=_regroup)
+
+    from simulator.cli import add_parser as add_simulate  # runs offline: no controller needed
+
+    add_simulate(sub)
     return parser
 
 
