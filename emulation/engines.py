@@ -164,7 +164,13 @@ def start(rack: Rack, plan: EnginePlan) -> int:
     """Start the engine of one server in its namespace (not waiting for it); returns its PID."""
     if pid_of(plan):
         raise EngineError(f"the engine of {plan.server} is already running (PID {pid_of(plan)})")
-    if containerd_pid(plan) is None:  # after a crash its containerd runs on, and the new engine adopts it
+    if containerd_pid(plan) is not None:
+        # After a crash its containerd runs on, its stdout a pipe to the dead engine: the first line
+        # it logs kills it (SIGPIPE), often while a new engine is adopting it ("timeout waiting for
+        # containerd to start"). Stop it instead; the containers' shims survive, and the new
+        # engine's containerd takes them over, as after a containerd upgrade.
+        stop_containerd(plan)
+    else:
         unmount_leftovers(plan)
     plan.pidfile.unlink(missing_ok=True)  # a crashed engine's (dockerd refuses to start over one)
     tls = rack.spec.engines.tls
