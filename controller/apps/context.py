@@ -78,6 +78,8 @@ class Optirack:
         self.ports = PortHistory(c.monitor_history)
         self.store = Store(self.state_dir / "state.json")
         self.saved = self._load_saved()
+        self.circuits_version = 0  # bumps on every change of `circuits` (see the property below)
+        self._circuits = CircuitMap()
         self.circuits = self._initial_circuits()
         self.adopt_device_circuits = "circuits" not in self.saved
         self.lock = hub.BoundedSemaphore(1)  # one reconfiguration at a time
@@ -85,6 +87,18 @@ class Optirack:
         self.ocs = None
         self.fabric = None
         self.placement = None
+
+    # Minimal stand-in for helper "robust"'s versioned circuit map (issue #16): every applied
+    # change of the map bumps `circuits_version`, so a plan made from an older map can be refused.
+    @property
+    def circuits(self) -> CircuitMap:
+        return self._circuits
+
+    @circuits.setter
+    def circuits(self, value: CircuitMap) -> None:
+        if value != self._circuits:
+            self.circuits_version += 1
+        self._circuits = value
 
     def _load_saved(self) -> dict:
         try:

@@ -120,6 +120,20 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             if not self.drivers[ocs].connected:
                 raise OcsUnavailable(f"OCS {ocs} is not connected")
 
+    def change(self, plan, kind: str, reason: str, job: str | None = None,
+               wait: float | None = 0) -> ReconfigEvent | None:
+        """Plan and apply under the reconfiguration lock: `plan(current)` returns the target map, or
+        None for no change (it may raise to refuse). Minimal stand-in for helper "robust"'s API."""
+        if not self.ctx.lock.acquire(blocking=wait != 0, timeout=wait or None):
+            raise Busy("another reconfiguration is in progress; try again when it is done")
+        try:
+            target = plan(self.ctx.circuits)
+            if target is None or target == self.ctx.circuits:
+                return None
+            return self._reconfigure(target, kind, reason, job)
+        finally:
+            self.ctx.lock.release()
+
     def reconfigure(self, target: CircuitMap, kind: str, reason: str, job: str | None = None,
                     wait: float | None = 0) -> ReconfigEvent:
         """Apply `target`: OCS diff (confirmed), then forwarding (confirmed). All or nothing."""

@@ -1,6 +1,8 @@
 """Jobs: what a job asked for, its state, and what its workers reported.
 
-States: pending -> configuring -> running -> done | failed (with the reason) | stopped (DELETE).
+States: [queued ->] pending -> configuring -> running -> done | failed (with the reason) | stopped (DELETE).
+A job that cannot be placed when it arrives waits `queued` (first in, first out) unless it asked
+not to (`queue: false`).
 A job's record keeps its GPUs in rank order, the switches and circuits it used, its times, and
 each rank's per-iteration reports (compute and communication time, GPU utilization).
 """
@@ -14,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from containers.profiles import WORKLOADS
 
-ACTIVE = ("pending", "configuring", "running")
+ACTIVE = ("pending", "configuring", "running")  # these hold GPUs
+QUEUED = "queued"
 TERMINAL = ("done", "failed", "stopped")
 
 
@@ -40,6 +43,8 @@ class JobRequest(BaseModel):
     name: str = Field("", max_length=64)
     gpus: int | list[str] = Field(..., description="how many GPUs, or which ones")
     policy: Literal["fixed", "regroup"] = "regroup"
+    gpu_model: str | None = Field(None, description="only GPUs of this model; default: any, one model if one has enough")
+    queue: bool = Field(True, description="wait (first in, first out) if it cannot be placed now; false: 409 instead")
     workload: Workload = Workload()
 
     @model_validator(mode="after")
@@ -65,6 +70,7 @@ class Job:
     started_at: float | None = None  # containers started
     ended_at: float | None = None
     events: list[int] = field(default_factory=list)  # reconfiguration event ids
+    position: int | None = None  # place in the queue (1 = next) while queued
     reports: dict[str, list[dict]] = field(default_factory=dict)  # gpu -> worker JSON lines
     exit_codes: dict[str, int] = field(default_factory=dict)
 
