@@ -23,11 +23,12 @@ from controller.drivers import openflow as of
 LOG = logging.getLogger("optirack.fabric")
 
 
-def table_changes(installed: Table, desired: Table) -> list:
-    """Flow-mods that turn `installed` into `desired` (deletions first)."""
+def table_changes(installed: Table, desired: Table) -> list[bytes]:
+    """Flow-mods that turn `installed` into `desired`: deletions for addresses that leave, and adds
+    (which replace a rule with the same match) for those that are new or move."""
     msgs = []
-    for ip, port in installed.items():
-        if desired.get(ip) != port:
+    for ip in installed:
+        if ip not in desired:
             msgs += of.forward_delete(ip)
     for ip, port in desired.items():
         if installed.get(ip) != port:
@@ -64,8 +65,8 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
 
 
 
-    def desired(self) -> dict[str, Table]:
-        return compute_tables(self.ctx.rack, self.ctx.circuits)
+    def desired(self, circuits=None) -> dict[str, Table]:
+        return compute_tables(self.ctx.rack, self.ctx.circuits if circuits is None else circuits)
 
     def resync(self, name: str) -> None:
         """Delete every flow of a (re)connected switch and install its full table."""
@@ -86,18 +87,29 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
         except of.SwitchError as e:
             LOG.warning("switch %s: resynchronisation failed: %s", name, e)
 
-    def sync(self) -> None:
-        """Bring every connected switch to the desired tables; returns once all confirmed."""
-        desired = self.desired()
-        for name in sorted(self.dps):
-            with self._locks[name]:
+    def sync(self, circuits=None) -> None:
+        """Bring every connected switch to the tables of `circuits` (default: the current map), all
+        switches at once, each in one bundle; returns once all confirmed."""
+        desired = self.desired(circuits)
+        names = sorted(self.dps)
+        for name in names:
+            self._locks[name].acquire()
+        try:
+            batches, tables = [], {}
+            for name in names:
                 dp = self.dps.get(name)
                 if dp is None or name not in self.installed:
                     continue  # (re)connecting: its resync installs the full table
                 msgs = table_changes(self.installed[name], desired[name])
                 if msgs:
-                    self.rpc.confirm(dp, msgs, self.timeout, f"forwarding on {name}")
-                self.installed[name] = desired[name]
+                    batches.append((dp, msgs, f"forwarding on {name}"))
+                tables[name] = desired[name]
+            if batches:
+                self.rpc.confirm_all(batches, self.timeout)  # bundles: on failure the old tables stand
+            self.installed.update(tables)
+        finally:
+            for name in names:
+                self._locks[name].release()
 
     def sync_quietly(self) -> None:
         try:

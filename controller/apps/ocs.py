@@ -32,6 +32,32 @@ def _pairs(circuits) -> set[tuple[int, int]]:
     return {(a.port, b.port) for a, b in circuits}
 
 
+class _WhenDark:
+    """Runs `work` in its own thread once `count` OCS have reported their old circuits gone."""
+
+    def __init__(self, work, count: int):
+        self.work, self.left, self.thread = work, count, None
+
+    def dark(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.thread = hub.spawn(self.work, raise_error=True)
+
+    def join(self) -> None:
+        """Wait for the work (run it now if it never started); re-raise its error."""
+        if self.thread is None:
+            self.work()
+        else:
+            self.thread.wait()
+
+    def join_quietly(self) -> None:
+        if self.thread is not None:
+            try:
+                self.thread.wait()
+            except DEVICE_ERRORS:
+                pass
+
+
 class OcsApp(ConfirmingApp, app_manager.RyuApp):
     OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
     _CONTEXTS = {"optirack": Optirack}
@@ -145,23 +171,37 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             self.ctx.lock.release()
 
     def _reconfigure(self, target: CircuitMap, kind: str, reason: str, job: str | None) -> ReconfigEvent:
+        """Every OCS in the diff at once; the packet switches are re-programmed for `target` while the
+        changed circuits are dark (once every OCS confirmed its old circuits gone), so that the
+        switches' confirmation overlaps the switching time. All or nothing."""
         ctx = self.ctx
         diff = ctx.circuits.diff(target)
         ev = ctx.events.start(kind, reason, ctx.clock(), job=job,
                               removed=CircuitMap(diff.remove).to_json(), added=CircuitMap(diff.add).to_json())
-        previous = ctx.circuits
+        previous, parts = ctx.circuits, diff.by_ocs()
+        fabric = _WhenDark(lambda: ctx.fabric.sync(target), len(parts))
         try:
             self.check_available(target)
-            for ocs, part in diff.by_ocs().items():
-                result = self.drivers[ocs].apply(_pairs(part.remove), _pairs(part.add))
-                ctx.circuits = ctx.circuits.apply(part)
+            threads = {ocs: hub.spawn(self.drivers[ocs].apply, _pairs(part.remove), _pairs(part.add), fabric.dark,
+                                      raise_error=True) for ocs, part in parts.items()}
+            results, errors = [], []
+            for thread in threads.values():
+                try:
+                    results.append(thread.wait())
+                except DEVICE_ERRORS as e:
+                    errors.append(e)
+            if errors:
+                fabric.join_quietly()
+                raise errors[0]
+            ctx.circuits = target
+            for result in results:
                 ev.switching_time_s = max(ev.switching_time_s, result.switching_time_s)
                 ev.dark_start = min(x for x in (ev.dark_start, result.dark_start) if x is not None)
                 if result.dark_end is not None:
                     ev.dark_end = max(ev.dark_end or 0.0, result.dark_end)
             ev.ocs_confirmed_at = ctx.clock()
             ctx.save()
-            ctx.fabric.sync()
+            fabric.join()
             ev.flows_confirmed_at = ctx.clock()
             ev.status = "ok"
             LOG.info("reconfiguration %d (%s): -%d +%d circuits, dark %.1f ms, flows confirmed after %.1f ms",
@@ -170,12 +210,12 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         except DEVICE_ERRORS as e:
             ev.status, ev.error = "failed", str(e)
             LOG.error("reconfiguration %d (%s) failed: %s; rolling back", ev.id, reason, e)
-            self._roll_back(previous)
+            self._roll_back(previous, parts)
             raise ReconfigFailed(ev) from None
 
-    def _roll_back(self, previous: CircuitMap) -> None:
+    def _roll_back(self, previous: CircuitMap, touched) -> None:
         ctx = self.ctx
-        for ocs in ctx.circuits.diff(previous).by_ocs():
+        for ocs in touched:
             try:
                 self.drivers[ocs].replace(_pairs(previous.on(ocs)))
             except DEVICE_ERRORS as e:

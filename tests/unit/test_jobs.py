@@ -180,7 +180,8 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path):
     ctx, placement, ocs = make(tmp_path, FakeDriver(block=True))
     red = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="fixed", workload={"iterations": 10}))
     blue = placement.submit(req(gpus=["gpu5", "gpu6"], policy="fixed", workload={"iterations": 10}))
-    wait_until(lambda: red.state == blue.state == "running")  # the fake workers report 3 iterations
+    wait_until(lambda: red.state == blue.state == "running" and len(red.iterations()) == len(blue.iterations()) == 3,
+               what="both jobs running, their fake workers' 3 iterations read")
     before, events, flows = ctx.circuits, len(ctx.events.recent()), dict(ocs.flows)
     plan = placement.regroup_all(dry_run=True)
     assert ctx.circuits == before and len(ctx.events.recent()) == events and ocs.flows == flows  # nothing changed
