@@ -1,8 +1,9 @@
-"""The placement app: runs jobs. Plan (core.placement) -> OCS diff and flows (OCS app, confirmed)
--> one container per GPU (container driver) -> watch the workers -> clean up. A failure at any
-step undoes what was done: the job's circuit changes are reversed, its containers removed, its
-GPUs freed, and the job fails with the reason. Jobs and circuits are persisted, so a restarted
-controller takes its running jobs back.
+"""The placement app: runs jobs. Admit or queue (first in, first out) -> plan (core.placement) ->
+OCS diff and flows (OCS app, confirmed) -> one container per GPU (container driver) -> watch the
+workers -> clean up, and start the queued jobs that fit now. A failure at any step undoes what
+was done: the job's circuit changes are reversed, its containers removed, its GPUs freed, and the
+job fails with the reason. Defragmentation (core.defrag) moves running jobs in one change. Jobs
+and circuits are persisted, so a restarted controller takes its running jobs and its queue back.
 """
 from __future__ import annotations
 
@@ -68,7 +69,8 @@ class PlacementApp(app_manager.RyuApp):
         self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
         self._threads: dict[str, list] = {}
         hub.spawn(self._recover)
-        hub.spawn(self._drain_queue)
+        if self.queue:
+            hub.spawn(self._drain_when_ready)
 
     # --- what other apps and the REST API ask ---------------------------------------
     def busy_gpus(self) -> dict[str, str]:
@@ -174,6 +176,14 @@ class PlacementApp(app_manager.RyuApp):
                 self._admit_job(job, p)
             self._number_queue()
             self.save()
+
+    def _drain_when_ready(self, timeout: float = 60.0) -> None:
+        """After a restart: start queued jobs once every OCS is back in sync (or after `timeout` s)."""
+        waited = 0.0
+        while self.ctx.ocs and set(self.ctx.ocs.synchronised) != set(self.ctx.rack.ocs) and waited < timeout:
+            hub.sleep(0.2)
+            waited += 0.2
+        self._drain_queue()
 
     def _placement(self, job: Job) -> CircuitDiff | None:
         """Plan the job's circuits from the map the reconfiguration lock protects, and apply them."""
