@@ -39,8 +39,7 @@ class Churn:
     def commit(self, p) -> None:
         self.ids += 1
         job = f"job-{self.ids}"
-        self.occ.apply(p.remove, p.add)
-        self.occ.hold(job, p.gpus)
+        self.occ.commit(job, p)
         self.running.append(job)
 
     def busy(self) -> int:

@@ -207,6 +207,11 @@ class Occupancy:
                 raise ValueError(f"{name} is held by {self.holder[gi]}")
             self._hold(gi, job)
 
+    def commit(self, job: str, plan) -> None:
+        """Apply a placement plan (controller.core.placement.Plan): its circuits, and its GPUs held by `job`."""
+        self.apply(plan.remove, plan.add)
+        self.hold(job, plan.gpus)
+
     def release(self, job: str) -> None:
         """Free every GPU `job` holds (their circuits stay)."""
         for gi in list(self.jobs.get(job, ())):

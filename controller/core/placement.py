@@ -19,7 +19,7 @@ API (pure: nothing here does I/O or keeps global state; the simulator and the co
     occ = Occupancy(rack, circuits, holders)          # controller.core.occupancy; incremental
     p = plan(occ, Request(gpus=8, policy="regroup", gpu_model=None, workload="vgg16"))
     p.gpus, p.switches, p.remove, p.add, p.note      # a diff, not a whole circuit map
-    occ.apply(p.remove, p.add); occ.hold("job-1", p.gpus)   # commit (the caller decides)
+    occ.commit("job-1", p)                           # = occ.apply(p.remove, p.add); occ.hold("job-1", p.gpus)
     occ.release("job-1")                             # the job ended; its circuits stay
     plan_regroup(occ, gpus_of_a_running_job)         # one job; see controller.core.defrag for all
     fragmentation(occ)                               # the largest job one switch could take now

@@ -244,8 +244,7 @@ def test_random_states_keep_every_invariant(seed):
             p = plan(o, Request(rng.randrange(1, 9), rng.choice(["fixed", "regroup"])))
         except NoRoomNow:
             continue
-        o.apply(p.remove, p.add)
-        o.hold(f"j{j}", p.gpus)
+        o.commit(f"j{j}", p)
     assert Occupancy(rack, o.circuits, o.holders()).free_model == o.free_model  # incremental == rebuilt
     before, held = snapshot(o), o.holders()
     n = rng.randrange(1, 12)
