@@ -61,6 +61,7 @@ bench: setup
 	$(PY) scripts/bench_reconfig.py
 	$(PY) scripts/bench_allreduce.py
 	$(PY) scripts/bench_placement.py
+	$(PY) scripts/bench_store.py
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

@@ -3,15 +3,18 @@
 Two modes:
   profile  the gradient size and the per-iteration compute time come from the profile table
            (containers/profiles.py) for the workload and this GPU's model; sizes are scaled by
-           the rack's rate scale, compute times are not. The compute phase is waited out; the
-           all-reduce is real traffic on real tensors, and its result is checked every iteration.
+           the rack's rate scale, compute times are not. On a real GPU the compute phase keeps
+           the GPU computing (chained matrix products) for that time, so NVML reads what a
+           training step would; on an emulated GPU it is waited out. The all-reduce is real
+           traffic on real tensors, and its result is checked every iteration.
   real     a real PyTorch model (a small VGG-style CNN) trained on synthetic data, on the GPU
            if one is visible, else on the CPU; gradients are all-reduced and the replicas are
            checked to be identical at the end.
 
-The collective backend is NCCL when a GPU is visible and gloo otherwise; both run ring
-all-reduce. Each iteration prints one JSON line: compute and communication time, and GPU
-utilization (NVML where a GPU exists, the compute-busy fraction otherwise).
+The collective backend is NCCL when a GPU is visible (bound to --cuda-device) and gloo
+otherwise; both run ring all-reduce. Each iteration prints one JSON line: compute and
+communication time, and GPU utilization (NVML where a GPU exists, the compute-busy fraction
+otherwise; the start line says which). Two ranks on one GPU end with one line saying so (exit 4).
 
 In a container the driver sets OPTIRACK_GPU_ID / OPTIRACK_GPU_MODEL and hands over the NIC; to
 debug outside one, run the ranks by hand, e.g. on loopback:
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -53,19 +57,30 @@ def wait_for_nic(ifname: str, timeout: float) -> str:
 
 
 class Utilization:
-    """GPU utilization: NVML's counter where a GPU is visible, else the fraction of time computing."""
+    """GPU utilization: NVML's counter for this process's GPU where one is visible, else the fraction
+    of the iteration spent computing (an emulated GPU is busy exactly while it computes)."""
 
-    def __init__(self, device_index: int | None):
+    def __init__(self, torch=None, cuda_index: int | None = None):
         self.handle = None
-        if device_index is not None:
+        if cuda_index is not None:
             try:
                 import pynvml
 
                 pynvml.nvmlInit()
-                self.handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
                 self.pynvml = pynvml
+                self.handle = self._handle(torch, cuda_index)
             except Exception:  # noqa: BLE001 (no NVML: fall back to the busy fraction)
                 self.handle = None
+
+    def _handle(self, torch, cuda_index: int):
+        """The NVML device of CUDA device `cuda_index`, found by PCI address: the two number GPUs
+        differently whenever CUDA_VISIBLE_DEVICES or a container hides some of them."""
+        props = torch.cuda.get_device_properties(cuda_index)
+        bus = getattr(props, "pci_bus_id", None)
+        if bus is None:
+            return self.pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+        address = f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:{getattr(props, 'pci_device_id', 0):02X}.0"
+        return self.pynvml.nvmlDeviceGetHandleByPciBusId(address)
 
     @property
     def source(self) -> str:
@@ -75,6 +90,51 @@ class Utilization:
         if self.handle is not None:
             return self.pynvml.nvmlDeviceGetUtilizationRates(self.handle).gpu / 100.0
         return busy / total if total > 0 else 0.0
+
+
+class Wait:
+    """Profile mode's compute phase on an emulated GPU: wait it out (the host's cores stay free)."""
+
+    name = "wait"
+
+    def __call__(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class BusyGpu:
+    """Profile mode's compute phase on a real GPU: keep it computing (chained matrix products,
+    synchronised in slices of about 10 ms) for the profile's compute time, so that NVML reads
+    the utilization a training step would cause instead of an idle GPU."""
+
+    name = "gpu-busy"
+
+    def __init__(self, torch, device, size: int = 2048, kernel=None):
+        self.torch, self.device = torch, device
+        a = torch.randn(size, size, device=device)
+        out = torch.empty_like(a)
+        self.kernel = kernel or (lambda: torch.mm(a, a, out=out))
+        self.per_slice = 1
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def __call__(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            t0 = time.monotonic()
+            for _ in range(self.per_slice):
+                self.kernel()
+            self._sync()
+            took = time.monotonic() - t0
+            if took < min(0.005, left / 2):
+                self.per_slice *= 2
+            elif took > 0.02 and self.per_slice > 1:
+                self.per_slice //= 2
+
+
+def compute_phase(torch, device):
+    return BusyGpu(torch, device) if device.type == "cuda" else Wait()
 
 
 def _profile_sizes(args) -> tuple[int, float]:
@@ -121,17 +181,18 @@ def all_reduce(args, dist, torch, tensor) -> None:
         dist.all_reduce(tensor)
 
 
-def run_profile(args, dist, torch, device, util) -> None:
+def run_profile(args, dist, torch, device, util, work=None) -> None:
     elements, compute = _profile_sizes(args)
     grad = torch.empty(elements, dtype=torch.float32, device=device)
     n, rank = dist.get_world_size(), dist.get_rank()
+    work = work or compute_phase(torch, device)
     emit({"event": "start", "rank": rank, "world_size": n, "mode": "profile", "workload": args.workload,
           "time_dilation": args.time_dilation,
-          "gpu_model": args.gpu_model, "gradient_bytes": elements * 4, "compute_s": compute,
+          "gpu_model": args.gpu_model, "gradient_bytes": elements * 4, "compute_s": compute, "compute": work.name,
           "backend": dist.get_backend(), "utilization": util.source, "t": time.time()})
     for it in range(args.iterations):
         t0 = time.time()
-        time.sleep(compute)  # the GPU computes; this process waits it out
+        work(compute)  # a real GPU computes for that long; an emulated one is waited out
         grad.fill_(float(rank + 1 + it))
         t1 = time.time()
         all_reduce(args, dist, torch, grad)
@@ -220,12 +281,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-seconds", type=float, help="override the profile's compute time")
     p.add_argument("--gradient-bytes", type=int, help="override the (scaled) gradient size")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument("--cuda-device", type=int, default=int(env("OPTIRACK_CUDA_DEVICE", "0")),
+                   help="the CUDA device of this rank where a GPU is visible (in a container that holds one GPU: 0)")
     p.add_argument("--allreduce", choices=["ring", "builtin"], default="ring",
                    help="ring: our ring on gloo's point-to-point (NCCL always uses its own ring); builtin: the backend's")
     p.add_argument("--wait-for-nic", type=float, default=0.0, metavar="SECONDS",
                    help="first wait this long for --ifname to get its address (in a container, the driver moves it in)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may stall before failing")
     return p
+
+
+def duplicate_gpu(error: BaseException) -> str | None:
+    """NCCL's refusal of two ranks on one GPU, as one line a user can act on (None: another error)."""
+    text = str(error)
+    if "Duplicate GPU detected" not in text:
+        return None
+    m = re.search(r"rank (\d+) and rank (\d+) both on CUDA device (\w+)", text)
+    who = f"ranks {m.group(2)} and {m.group(1)} are both on CUDA device {m.group(3)}" if m else "two ranks share one GPU"
+    return f"{who}: NCCL needs one GPU per rank (give each rank its own GPU, e.g. one container per GPU)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,14 +313,26 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = torch.cuda.is_available()
     backend = ("nccl" if gpu else "gloo") if args.backend == "auto" else args.backend
-    device = torch.device("cuda", 0) if gpu and backend == "nccl" else torch.device("cpu")
-    util = Utilization(0 if gpu else None)
-    dist.init_process_group(backend, init_method=f"tcp://{args.master}:{args.master_port}", rank=args.rank,
-                            world_size=args.world_size, timeout=timedelta(seconds=args.timeout))
-    dist.barrier()  # start together: the first iteration should not include joining
-    t0 = time.time()
-    (run_profile if args.mode == "profile" else run_real)(args, dist, torch, device, util)
-    dist.barrier()
+    device = torch.device("cuda", args.cuda_device) if gpu and backend == "nccl" else torch.device("cpu")
+    extra = {}
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        extra["device_id"] = device  # NCCL binds this rank to its GPU instead of guessing from the rank
+    util = Utilization(torch, args.cuda_device if gpu else None)
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{args.master}:{args.master_port}", rank=args.rank,
+                                world_size=args.world_size, timeout=timedelta(seconds=args.timeout), **extra)
+        dist.barrier()  # start together: the first iteration should not include joining
+        t0 = time.time()
+        (run_profile if args.mode == "profile" else run_real)(args, dist, torch, device, util)
+        dist.barrier()
+    except Exception as e:  # noqa: BLE001 (one known misconfiguration gets one line; the rest a traceback)
+        why = duplicate_gpu(e)
+        if why is None:
+            raise
+        emit({"event": "error", "rank": args.rank, "error": why})
+        print(f"optirack-worker: rank {args.rank}: {why}", file=sys.stderr, flush=True)
+        return 4
     emit({"event": "done", "rank": args.rank, "iterations": args.iterations, "total_s": time.time() - t0,
           "check": "ok", "t": time.time()})
     sys.stdout.flush()

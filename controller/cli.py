@@ -64,14 +64,16 @@ def _parse_pair(text: str) -> list[str]:
 def _circuits(args) -> int:
     client = _client(args)
     if args.set is not None:
-        data = client.put("/ocs/circuits", {"circuits": [_parse_pair(p) for p in args.set]})
+        headers = {"If-Match": f'"{args.if_match}"'} if args.if_match is not None else None
+        data = client.put("/ocs/circuits", {"circuits": [_parse_pair(p) for p in args.set]}, headers)
         ev = data["event"]
         text = (f"applied: -{len(ev['removed'])} +{len(ev['added'])} circuits; dark {1000 * (ev['dark_window_s'] or 0):.1f} ms, "
-                f"flows confirmed after {1000 * ev['total_s']:.1f} ms")
+                f"flows confirmed after {1000 * ev['total_s']:.1f} ms; now version {data['version']}"
+                if ev else f"nothing to change (version {data['version']})")
         _print(args, data, text)
         return 0
     data = client.get("/ocs/circuits", **({"device": "1"} if args.device else {}))
-    text = "\n".join(f"{a} = {b}" for a, b in data["circuits"]) or "no circuits"
+    text = f"version {data['version']}\n" + ("\n".join(f"{a} = {b}" for a, b in data["circuits"]) or "no circuits")
     if args.device:
         for ocs, have in data.get("device", {}).items():
             text += f"\n{ocs} reports: " + ("unreachable" if have is None else f"{len(have)} circuits")
@@ -89,7 +91,7 @@ def _stats(args) -> int:
 
 
 def _events(args) -> int:
-    data = _client(args).get("/events", limit=args.limit)
+    data = _client(args).get("/events", limit=args.limit, **({"before": args.before} if args.before else {}))
     lines = []
     for e in data["events"]:
         when = time.strftime("%H:%M:%S", time.localtime(e["requested_at"]))
@@ -97,6 +99,8 @@ def _events(args) -> int:
         total = "-" if e["total_s"] is None else f"{1000 * e['total_s']:.1f} ms"
         lines.append(f"#{e['id']:<4} {when} {e['kind']:8s} {e['status']:7s} -{len(e['removed'])} +{len(e['added'])} "
                      f"dark {dark}, done after {total}  {e['reason']}" + (f"  ERROR: {e['error']}" if e["error"] else ""))
+    if data.get("older"):
+        lines.append(f"(older events: optirack events --before {data['older']})")
     _print(args, data, "\n".join(lines) or "no reconfigurations yet")
     return 0
 
@@ -113,8 +117,39 @@ def _job_line(j: dict) -> str:
 
 
 def _jobs(args) -> int:
-    data = _client(args).get("/jobs")
-    _print(args, data, "\n".join(_job_line(j) for j in data["jobs"]) or "no jobs")
+    params = {"limit": args.limit, **({"state": args.state} if args.state else {}), **({"before": args.before} if args.before else {})}
+    data = _client(args).get("/jobs", **params)
+    more = f"\n(older jobs: optirack jobs --before {data['older']})" if data.get("older") else ""
+    _print(args, data, ("\n".join(_job_line(j) for j in data["jobs"]) or "no jobs") + more)
+    return 0
+
+
+def _logs(args) -> int:
+    data = _client(args).get(f"/jobs/{args.job}/logs", tail=args.tail)
+    lines = [f"{data['job']} {data['state']}" + (f": {data['reason']}" if data["reason"] else "") + f" (lines {data['source']})"]
+    for gpu, out in data["logs"].items():
+        lines += [f"--- {gpu}"] + [f"  {line}" for line in out]
+    _print(args, data, "\n".join(lines))
+    return 0
+
+
+def _duration(text: str) -> float:
+    """'90', '90s', '15m', '12h', '7d' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = (text[:-1], text[-1]) if text[-1:] in units else (text, "s")
+    try:
+        return float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a duration like 3600, 90m, 12h or 7d, not {text!r}") from None
+
+
+def _prune(args) -> int:
+    if args.older_than is None and args.keep is None:
+        raise SystemExit("optirack prune: give --older-than, --keep, or both")
+    body = {"older_than_s": args.older_than, "keep": args.keep, "events": args.events}
+    data = _client(args).post("/jobs/prune", body)
+    text = f"forgot {len(data['pruned'])} finished jobs" + (f" and {data['events_pruned']} events" if args.events else "")
+    _print(args, data, text)
     return 0
 
 
@@ -220,6 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("circuits", help="show the circuits, or replace them with --set")
     p.add_argument("--set", nargs="*", metavar="PORT=PORT", help="the new circuit set, e.g. ocs1:1=ocs1:11 ocs1:2=ocs1:12")
     p.add_argument("--device", action="store_true", help="also ask each OCS what it holds")
+    p.add_argument("--if-match", type=int, metavar="VERSION",
+                   help="with --set: apply only if the circuits are still at this version (shown by `optirack circuits`); "
+                        "otherwise the controller refuses with 409 and changes nothing")
     p.set_defaults(func=_circuits)
 
     p = sub.add_parser("stats", help="throughput of each GPU NIC")
@@ -227,11 +265,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_stats)
 
     p = sub.add_parser("events", help="reconfigurations with their timestamps")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=int, default=20, help="how many, the newest first (default %(default)s)")
+    p.add_argument("--before", type=int, metavar="ID", help="the page of events older than event ID")
     p.set_defaults(func=_events)
 
-    p = sub.add_parser("jobs", help="list jobs")
+    p = sub.add_parser("jobs", help="list jobs, the newest last")
+    p.add_argument("--state", help="only jobs in these states, e.g. running or done,failed")
+    p.add_argument("--limit", type=int, default=100, help="how many (default %(default)s)")
+    p.add_argument("--before", metavar="JOB", help="the page of jobs created before JOB")
     p.set_defaults(func=_jobs)
+    p = sub.add_parser("logs", help="a job's last worker output lines (kept after the job ends)")
+    p.add_argument("job")
+    p.add_argument("--tail", type=int, default=50, help="lines per worker, at most 50 (default %(default)s)")
+    p.set_defaults(func=_logs)
+    p = sub.add_parser("prune", help="forget old finished jobs",
+                       description="Forget finished jobs (done, failed, stopped): those that ended longer ago than "
+                                   "--older-than, except the newest --keep. Running jobs are never touched.")
+    p.add_argument("--older-than", type=_duration, metavar="AGE", help="e.g. 3600, 90m, 12h, 7d")
+    p.add_argument("--keep", type=int, metavar="N", help="keep the newest N finished jobs")
+    p.add_argument("--events", action="store_true", help="also forget reconfiguration events older than --older-than")
+    p.set_defaults(func=_prune)
     p = sub.add_parser("submit", help="start a training job")
     p.add_argument("--gpus", required=True, help="how many GPUs (e.g. 4), or which (e.g. gpu1,gpu2)")
     p.add_argument("--policy", choices=["regroup", "fixed"], default="regroup",

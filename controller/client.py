@@ -35,8 +35,8 @@ class Client:
         self.token, self.timeout = token, timeout
         self.session = requests.Session()
 
-    def request(self, method: str, path: str, body: dict | None = None, **params) -> dict:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+    def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None, **params) -> dict:
+        headers = {**({"Authorization": f"Bearer {self.token}"} if self.token else {}), **(headers or {})}
         try:
             resp = self.session.request(method, self.url + path, json=body, params=params or None,
                                         headers=headers, timeout=self.timeout)
@@ -54,8 +54,8 @@ class Client:
     def get(self, path: str, **params) -> dict:
         return self.request("GET", path, **params)
 
-    def put(self, path: str, body: dict) -> dict:
-        return self.request("PUT", path, body)
+    def put(self, path: str, body: dict, headers: dict | None = None) -> dict:
+        return self.request("PUT", path, body, headers)
 
     def post(self, path: str, body: dict | None = None) -> dict:
         return self.request("POST", path, body if body is not None else {})

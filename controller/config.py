@@ -15,6 +15,10 @@ OPTS = [
     cfg.FloatOpt("monitor-interval", default=1.0, help="seconds between port statistics polls"),
     cfg.IntOpt("monitor-history", default=600, help="throughput samples kept per port"),
     cfg.FloatOpt("barrier-timeout", default=10.0, help="seconds to wait for a switch to confirm changes"),
+    cfg.FloatOpt("device-probe-interval", default=5.0,
+                 help="seconds between probes of an OCS that does not connect to the controller (TL1)"),
+    cfg.FloatOpt("device-retry-max", default=30.0,
+                 help="longest wait between tries to reach a lost OCS (the wait doubles from 0.5 s up to this)"),
     cfg.StrOpt("tl1-user", default="admin", help="login for OCS driven by the tl1 driver"),
     cfg.StrOpt("tl1-password", default="", secret=True, help="password for OCS driven by the tl1 driver"),
     cfg.StrOpt("nic-home", default="emulated", choices=["emulated", "host"],
@@ -23,6 +27,10 @@ OPTS = [
 ]
 
 cfg.CONF.register_cli_opts(OPTS, group="optirack")
+# Listed for --help only: controller.launch turns --bind into Ryu's --wsapi-host before parsing.
+cfg.CONF.register_cli_opt(cfg.StrOpt("bind", metavar="ADDR", help="address the REST API, the live page (/) and "
+                                     "/metrics listen on (default 127.0.0.1; 0.0.0.0 for every interface); the same as "
+                                     "--wsapi-host. Reads need no token, changes still do"))
 
 
 def conf():

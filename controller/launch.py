@@ -27,7 +27,22 @@ DEFAULT_APPS = [
     "controller.apps.monitor",  # port statistics
     "controller.apps.placement",  # jobs: placement, containers, regrouping
     "controller.apps.rest",  # the REST API
+    "controller.apps.metrics",  # GET /metrics for Prometheus
+    "controller.apps.live",  # the live page at /
 ]
+
+
+def bind_to_wsapi_host(args: list[str]) -> list[str]:
+    """`--bind ADDR` (or `--bind=ADDR`) is `--wsapi-host ADDR`: where REST, the live page and /metrics listen."""
+    out = []
+    for arg in args:
+        if arg == "--bind":
+            out.append("--wsapi-host")
+        elif arg.startswith("--bind="):
+            out.append("--wsapi-host=" + arg.split("=", 1)[1])
+        else:
+            out.append(arg)
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     # Ryu sends no echo requests unless this is non-zero: a dead switch would go unnoticed.
     conf.set_default("maximum_unreplied_echo_requests", 3)
     conf.set_default("echo_request_interval", 5.0)
-    manager.main(args=sys.argv[1:] if argv is None else argv, prog="optirack-controller")
+    manager.main(args=bind_to_wsapi_host(sys.argv[1:] if argv is None else argv), prog="optirack-controller")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ class NicPlan:
     ocs_port: int
     peer_intf: str  # OCS-side end, root namespace
     mbps: float
+    mtu: int
     ip: str
     mac: str
     table: int  # routing table of this NIC's source route in its server namespace
@@ -39,5 +40,5 @@ def nic_plans(rack: Rack) -> list[NicPlan]:
         ref = gpu.nic.ocs_port
         ip, mac = rack.addresses[name]
         plans.append(NicPlan(name, rack.interface(name), rack.server_of[name], ref.device, ref.port, port_intf(ref.device, ref.port),
-                             scale.mbps(gpu.nic.rate_gbps), ip, mac, 100 + i))
+                             scale.mbps(gpu.nic.rate_gbps), scale.mtu, ip, mac, 100 + i))
     return plans

@@ -20,7 +20,7 @@ from controller.core.rack import Rack
 from controller.drivers import netns as ns
 from emulation import nics, ovs
 from emulation.plan import NETNS_PREFIX, netns_of, nic_plans
-from emulation.topo import RackTopo, check_emulable, downlink_patches
+from emulation.topo import RackTopo, check_emulable, downlink_patches, port_mtus
 
 RUN_DIR = Path(os.environ.get("OPTIRACK_RUN_DIR", "/run/optirack"))
 CONTAINER_LABEL = "org.optirack.rack"
@@ -129,7 +129,7 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
     state.pids = [h.pid for h in net.hosts]
     state.save()
     net.start()
-    ovs.vsctl(*downlink_patches(rack))
+    ovs.vsctl(*downlink_patches(rack), *port_mtus(rack))
     for h in net.hosts:
         h.cmd("ip", "link", "set", "dev", "lo", "up")
         ns.attach(netns_of(h.name), h.pid)

@@ -12,12 +12,25 @@ Only htb, tbf, pfifo and the u32 filter exist in the kernels we target (no fq, n
 from __future__ import annotations
 
 DEV = "{dev}"
+# Each class queues at most this many full frames, like a switch port's shallow buffer. Open
+# vSwitch's userspace datapath sends every packet through ONE packet socket, whose send buffer
+# holds the packets of every port's queue until they leave: a congested port with a deep queue
+# (htb's default is 1,000 frames) would fill it, and then every other port's packets are dropped
+# (ovs-vswitchd.log: "error sending Ethernet packet ... Resource temporarily unavailable").
+QUEUE_FRAMES = 8
 
 
-def htb_commands(mbps: float) -> list[list[str]]:
-    """tc argument lists (after `tc`), with ``{dev}`` where the interface goes."""
+def htb_commands(mbps: float, mtu: int = 1500) -> list[list[str]]:
+    """tc argument lists (after `tc`), with ``{dev}`` where the interface goes.
+
+    The quantum is one full frame, so a jumbo frame is sent in one round. The bucket holds two
+    frames (at least 15 kB): a burst is what a sender gets above the rate after an idle compute
+    phase, so a bigger one would let each all-reduce step beat the line rate."""
     rate, acks, bulk = f"{mbps:g}Mbit", f"{mbps / 10:g}Mbit", f"{mbps * 0.9:g}Mbit"
-    common = ["burst", "15k", "quantum", "1514"]
+    frame = mtu + 14
+    burst = str(max(15_000, 2 * frame))
+    common = ["burst", burst, "cburst", burst, "quantum", str(frame)]
+    queue = ["bfifo", "limit", str(QUEUE_FRAMES * frame)]
     return [
         ["qdisc", "replace", "dev", DEV, "root", "handle", "5:", "htb", "default", "20"],
         ["class", "replace", "dev", DEV, "parent", "5:", "classid", "5:1", "htb", "rate", rate, *common],
@@ -25,6 +38,8 @@ def htb_commands(mbps: float) -> list[list[str]]:
          "prio", "0", *common],
         ["class", "replace", "dev", DEV, "parent", "5:1", "classid", "5:20", "htb", "rate", bulk, "ceil", rate,
          "prio", "1", *common],
+        ["qdisc", "replace", "dev", DEV, "parent", "5:10", "handle", "10:", *queue],
+        ["qdisc", "replace", "dev", DEV, "parent", "5:20", "handle", "20:", *queue],
         ["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32",
          "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "5:10"],
     ]

@@ -7,6 +7,7 @@ port-to-port flows, so traffic follows what the TL1 session set up.
 from __future__ import annotations
 
 import argparse
+import socket
 import socketserver
 import subprocess
 import threading
@@ -96,6 +97,14 @@ class Tl1Ocs:
 
 
 class _Handler(socketserver.StreamRequestHandler):
+    def setup(self):
+        super().setup()
+        self.server.sessions.add(self.request)
+
+    def finish(self):
+        self.server.sessions.discard(self.request)
+        super().finish()
+
     def handle(self):
         device: Tl1Ocs = self.server.device
         session: dict = {}
@@ -122,12 +131,23 @@ class Tl1Server(socketserver.ThreadingTCPServer):
 
     def __init__(self, device: Tl1Ocs, host: str = "127.0.0.1", port: int = DEFAULT_PORT):
         self.device = device
+        self.sessions: set[socket.socket] = set()  # open TL1 sessions, so that a power cut can drop them
         super().__init__((host, port), _Handler)
 
     def start(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, daemon=True)
         t.start()
         return t
+
+    def power_off(self) -> None:
+        """Like pulling the plug: stop listening and drop every session (peers see the connection reset)."""
+        self.shutdown()
+        self.server_close()
+        for sock in list(self.sessions):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:

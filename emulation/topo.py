@@ -43,17 +43,24 @@ def check_emulable(rack: Rack) -> None:
 
 
 class ShapedIntf(TCIntf):
-    """Mininet's TCIntf with optirack's shaping (emulation/shaping.py) instead of its single htb class."""
+    """Mininet's TCIntf with optirack's shaping (emulation/shaping.py) instead of its single htb class,
+    and the rack's MTU set before the shaper is sized for it."""
+
+    def config(self, mtu: int = 1500, **params):
+        self.mtu = mtu
+        self.cmd("ip", "link", "set", "dev", self.name, "mtu", str(mtu))
+        return super().config(**params)
 
     def bwCmds(self, bw=None, **kw):  # noqa: N802 (Mininet's name)
         if bw is None:
             return [], " root "
-        return ["%s " + " ".join("%s" if a == DEV else a for a in args) for args in htb_commands(bw)], " parent 5:20 "
+        return (["%s " + " ".join("%s" if a == DEV else a for a in args) for args in htb_commands(bw, self.mtu)],
+                " parent 5:20 ")
 
 
-def _shaped(mbps: float | None) -> dict:
+def _shaped(mbps: float | None, mtu: int) -> dict:
     # tx checksum offload off: TCP through userspace OVS over veth stalls with it on.
-    params = {"txo": False, "gro": False}
+    params = {"txo": False, "gro": False, "mtu": mtu}
     if mbps is not None:
         params["bw"] = mbps
     return params
@@ -73,7 +80,8 @@ class RackTopo(Topo):
             self.addHost(s.name, ip=None)  # GPU NIC addresses come from the rack file, below
         for nic in nic_plans(rack):
             self.addLink(nic.ocs, nic.server, port1=nic.ocs_port, intfName1=nic.peer_intf, intfName2=nic.ifname,
-                         cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(nic.mbps), params2=_shaped(None),
+                         cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(nic.mbps, nic.mtu),
+                         params2=_shaped(None, nic.mtu),
                          addr2=nic.mac)
         done = set()
         for w in rack.spec.switches:
@@ -85,7 +93,17 @@ class RackTopo(Topo):
                 mbps = scale.mbps(u.rate_gbps)
                 self.addLink(w.name, u.peer.device, port1=u.port, port2=u.peer.port,
                              intfName1=port_intf(w.name, u.port), intfName2=port_intf(u.peer.device, u.peer.port),
-                             cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(mbps), params2=_shaped(mbps))
+                             cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(mbps, scale.mtu),
+                             params2=_shaped(mbps, scale.mtu))
+
+
+def port_mtus(rack: Rack) -> list[str]:
+    """ovs-vsctl arguments that ask OVS for the rack's MTU on every veth port of a bridge (patch
+    ports have none): without it OVS may size a port's buffers for 1500-byte frames."""
+    mtu = rack.spec.emulation.mtu
+    names = [n.peer_intf for n in nic_plans(rack)]
+    names += [port_intf(w.name, u.port) for w in rack.spec.switches for u in w.uplinks]
+    return [a for n in names for a in ("--", "set", "interface", n, f"mtu_request={mtu}")]
 
 
 def downlink_patches(rack: Rack) -> list[str]:

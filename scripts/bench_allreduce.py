@@ -59,6 +59,43 @@ def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: st
     return logs, 100.0 * (delta[3] + delta[4]) / sum(delta)
 
 
+def comm_times(logs: list[list[dict]]) -> list[float]:
+    """Each iteration's communication time: its slowest rank's."""
+    its = zip(*[[x for x in log if x["event"] == "iteration"] for log in logs], strict=True)
+    return [max(r["comm_s"] for r in it) for it in its]
+
+
+def observed_rounds(tb: Testbed, args, gpus: list[str], size: int, bound_s: float, workdir: Path) -> dict:
+    """Alternate runs without and with the live page open and Prometheus scraping every 5 s."""
+    from emulation.observe import Browser, Prometheus
+
+    runs = {"plain": [], "observed": []}
+    for i in range(args.observed):
+        order = ("plain", "observed") if i % 2 == 0 else ("observed", "plain")
+        for kind in order:
+            print(f"  round {i + 1}/{args.observed}: {kind} ...", flush=True)
+            if kind == "plain":
+                logs, _ = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce)
+            else:
+                target = tb.controller.url.removeprefix("http://")
+                with Prometheus(workdir / f"prom-{i}", [target], scrape_interval="5s") as prom, Browser() as browser:
+                    browser.page.goto(tb.controller.url + "/")
+                    browser.page.wait_for_selector("#rack [data-gpu]", timeout=20_000)
+                    logs, _ = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce)
+                    scrapes = prom.query('count_over_time(up{job="optirack"}[10m])')
+                    drawn = browser.page.eval_on_selector_all("#chart-ports polyline", "els => els.length")
+                print(f"    Prometheus scraped {scrapes[0]['value'][1] if scrapes else 0} times; "
+                      f"the page drew {drawn} port series")
+            median = statistics.median(bound_s / c for c in comm_times(logs))
+            runs[kind].append(median)
+            print(f"    {100 * median:.1f} % of the bound", flush=True)
+    plain, observed = statistics.mean(runs["plain"]), statistics.mean(runs["observed"])
+    return {"plain_percent": [round(100 * f, 2) for f in runs["plain"]],
+            "observed_percent": [round(100 * f, 2) for f in runs["observed"]],
+            "plain_mean_percent": 100 * plain, "observed_mean_percent": 100 * observed,
+            "difference_points": 100 * (plain - observed)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topo", type=Path, default=ROOT / "topologies" / "paper-testbed.yaml")
@@ -67,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--image", default="optirack-worker:latest")
     p.add_argument("--allreduce", choices=["ring", "builtin"], default="ring", help="the worker's --allreduce")
+    p.add_argument("--observed", type=int, default=0, metavar="ROUNDS",
+                   help="then ROUNDS pairs of runs, alternately without and with the live page open in headless "
+                        "Chromium and Prometheus scraping /metrics every 5 s; prints both and their difference "
+                        "in percentage points of the bound (needs the chromium and prometheus packages)")
     p.add_argument("--json", type=Path, help="also write the figures here")
     args = p.parse_args(argv)
     rack = load_rack(args.topo)
@@ -83,18 +124,25 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         logs, idle = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce)
         wall = time.monotonic() - t0
-    comm = [max(r["comm_s"] for r in its) for its in zip(*[[x for x in log if x["event"] == "iteration"] for log in logs],
-                                                          strict=True)]
-    fractions = [bound_s / c for c in comm]
+        observed = observed_rounds(tb, args, gpus, size, bound_s, Path(tmp)) if args.observed else None
+    comm = comm_times(logs)
+    fracs = [bound_s / c for c in comm]
     result = {"ring": gpus, "switch": switch, "gradient_bytes": size, "line_mbps": line_bps / 1e6, "bound_s": bound_s,
-              "comm_s": comm, "fraction_median": statistics.median(fractions), "fraction_min": min(fractions),
-              "fraction_max": max(fractions), "bus_mbps_median": statistics.median(2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm),
+              "comm_s": comm, "fraction_median": statistics.median(fracs), "fraction_min": min(fracs),
+              "fraction_max": max(fracs), "bus_mbps_median": statistics.median(2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm),
               "idle_cpu_percent": idle, "wall_s": wall}
     print(f"ring all-reduce of {n} under {switch}: S = {size / 1e6:g} MB, B = {line_bps / 1e6:g} Mbit/s, "
           f"bound 2(n-1)/n*S/B = {bound_s:.2f} s")
     print("  per iteration: " + " ".join(f"{c:.2f}s" for c in comm))
     print(f"  bus bandwidth {result['bus_mbps_median']:.1f} Mbit/s = {100 * result['fraction_median']:.1f} % of the bound "
-          f"(min {100 * min(fractions):.1f} %, max {100 * max(fractions):.1f} %); host idle CPU {idle:.0f} %")
+          f"(min {100 * min(fracs):.1f} %, max {100 * max(fracs):.1f} %); host idle CPU {idle:.0f} %")
+    if observed:
+        result["observed"] = observed
+        print(f"  without the page and Prometheus: {observed['plain_mean_percent']:.1f} % of the bound "
+              f"(runs: {', '.join(f'{x:.1f}' for x in observed['plain_percent'])})")
+        print(f"  with the page open and Prometheus scraping every 5 s: {observed['observed_mean_percent']:.1f} % "
+              f"(runs: {', '.join(f'{x:.1f}' for x in observed['observed_percent'])})")
+        print(f"  difference: {observed['difference_points']:+.1f} percentage points of the bound")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -52,12 +52,13 @@ def _utilization(ax, job: dict, dilation: float, t0: float) -> None:
 
 def fig3(record: dict, case: str, results: Path) -> Path:
     rate_scale, dilation = _scale(record)
-    runs = [r for r in record["runs"] if r["case"] == case]
+    runs = [r for r in record["runs"] if r["case"] == case and "job" in r]  # the first repeat keeps its detail
     fig, axes = plt.subplots(2, len(runs), figsize=(6 * len(runs), 6.5), sharey="row", squeeze=False)
     for col, run in enumerate(runs):
         job, s = run["job"], run["summary"]
         t0 = min((it["t_start"] for it in job["iteration_log"]), default=job["started_at"] or 0)
         title = "fragmented (policy fixed)" if s["policy"] == "fixed" else "regrouped under one switch"
+        title += f", repeat {run.get('repeat', 0) + 1}"
         axes[0][col].set_title(f"{title}: {', '.join(job['gpus'])} under {', '.join(s['switches'])}\n"
                                f"completion {s['completion_rack_s']:.1f} s, mean GPU utilization "
                                f"{100 * s['mean_gpu_util']:.0f} %", fontsize=9)
@@ -74,6 +75,9 @@ def fig3(record: dict, case: str, results: Path) -> Path:
 def sweep_figure(record: dict, results: Path) -> Path:
     points = record["sweep"]
     x = [p["nic_to_uplink"] for p in points]
+    saving = [100 * p["saving"]["median"] for p in points]
+    low = [s - 100 * p["saving"]["min"] for s, p in zip(saving, points, strict=True)]
+    high = [100 * p["saving"]["max"] - s for s, p in zip(saving, points, strict=True)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.plot(x, [p["fixed"]["mean_iteration_rack_s"] for p in points], "o-", color="#c0392b", label="fragmented (fixed)")
     left.plot(x, [p["regroup"]["mean_iteration_rack_s"] for p in points], "s-", color="#1e8449", label="regrouped")
@@ -82,7 +86,8 @@ def sweep_figure(record: dict, results: Path) -> Path:
     left.set_ylim(bottom=0)
     left.grid(alpha=0.3)
     left.legend()
-    right.plot(x, [100 * p["reduction"] for p in points], "o-", color="#2471a3", label="this emulation")
+    right.errorbar(x, saving, yerr=[low, high], fmt="o-", color="#2471a3", capsize=3,
+                   label=f"this emulation (median, min-max of {points[0]['repeats']} runs)")
     right.axhline(73.2, color="#7f8c8d", linestyle="--", label="paper, case (a): 73.2 %")
     right.set_xlabel("k: the uplink runs at 1/k of a GPU NIC's line rate")
     right.set_ylabel("completion time saved by regrouping (%)")
@@ -91,7 +96,7 @@ def sweep_figure(record: dict, results: Path) -> Path:
     right.legend()
     for ax in (left, right):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(x, [f"{v:g}" for v in x])
+        ax.set_xticks(x, [f"{v:.3g}" for v in x])
     fig.suptitle("Case (a) against the rate of the uplink between the two aggregator switches", fontsize=11)
     fig.tight_layout()
     path = results / "sweep-uplink.png"

@@ -8,7 +8,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
 LOG_DIR=${OPTIRACK_LOG_DIR:-/var/log/optirack}
 PACKAGES=(openvswitch-switch mininet docker.io debootstrap iperf3 ethtool iputils-ping iproute2
-          python3-venv python3-dev ca-certificates curl)
+          python3-venv python3-dev ca-certificates curl prometheus chromium)
 CHANGED=0
 
 current_step=""
@@ -39,8 +39,35 @@ else
   changed "installed ${#missing[@]} packages"
 fi
 
+step "kernel settings for the emulated rack"
+# Open vSwitch's userspace datapath sends every packet of every port through one packet socket,
+# made when ovs-vswitchd starts, with the default send buffer. Jumbo frames waiting in the shaped
+# ports' queues fill the usual 208 kB at once, and then OVS drops packets silently (see
+# emulation/shaping.py). The setting is kept in /etc/sysctl.d for the next boot.
+WANT_WMEM=8388608
+RESTART_OVS=0
+if [ "$(sysctl -n net.core.wmem_default)" -ge "$WANT_WMEM" ]; then
+  ok "net.core.wmem_default is $(sysctl -n net.core.wmem_default)"
+else
+  sysctl -qw net.core.wmem_default="$WANT_WMEM" || fail "cannot set net.core.wmem_default"
+  echo "net.core.wmem_default = $WANT_WMEM" >/etc/sysctl.d/60-optirack.conf
+  RESTART_OVS=1
+  changed "net.core.wmem_default = $WANT_WMEM (kept in /etc/sysctl.d/60-optirack.conf)"
+fi
+
 step "Open vSwitch (userspace datapath)"
-if ovs-vsctl --timeout=5 show >/dev/null 2>&1 && ovs-appctl -t ovs-vswitchd version >/dev/null 2>&1; then
+ovs_answers() { ovs-vsctl --timeout=5 show >/dev/null 2>&1 && ovs-appctl -t ovs-vswitchd version >/dev/null 2>&1; }
+if ovs_answers && [ "$RESTART_OVS" -eq 1 ]; then
+  # running since before the setting above: its packet socket still has the small buffer
+  if have_systemd; then
+    systemctl restart openvswitch-switch || fail "systemctl restart openvswitch-switch failed"
+  else
+    /usr/share/openvswitch/scripts/ovs-ctl restart --system-id=random >"$LOG_DIR/ovs-ctl.log" 2>&1 \
+      || fail "ovs-ctl restart failed (see $LOG_DIR/ovs-ctl.log)"
+  fi
+  ovs-vsctl --timeout=10 show >/dev/null || fail "ovs-vsctl does not answer after the restart"
+  changed "restarted, to take the larger socket buffer"
+elif ovs_answers; then
   ok "ovsdb-server and ovs-vswitchd answer ($(ovs-vsctl --version | head -1))"
 else
   if have_systemd; then

@@ -14,10 +14,10 @@ from ryu.lib import hub
 
 from controller.config import conf
 from controller.core.circuits import CircuitError, CircuitMap
-from controller.core.events import EventLog
+from controller.core.events import EventLog, ReconfigEvent
 from controller.core.rack import Rack, RackError, load_rack
 from controller.core.stats import PortHistory
-from controller.core.store import Store
+from controller.store import Store, StoreError
 
 LOG = logging.getLogger("optirack")
 
@@ -55,6 +55,26 @@ def _check_port_free(host: str, port: int, what: str) -> None:
             sys.exit(2)
 
 
+def _open_store(state_dir: Path, rack: str, clock) -> Store:
+    """The state database (importing a legacy state.json); one of another rack is moved aside, not mixed in."""
+    path = state_dir / "state.db"
+    try:
+        store = Store(path, legacy=state_dir / "state.json", clock=clock)
+        other = store.rack()
+        if other not in (None, rack):
+            store.close()
+            aside = path.with_name(f"state-{other}-{int(clock())}.db")
+            for suffix in ("", "-wal", "-shm"):
+                if Path(f"{path}{suffix}").exists():
+                    Path(f"{path}{suffix}").rename(f"{aside}{suffix}")
+            LOG.warning("%s belonged to rack %r, not %r: moved it to %s and started afresh", path, other, rack, aside)
+            store = Store(path, clock=clock)
+    except StoreError as e:
+        LOG.error("cannot start: %s", e)
+        sys.exit(2)
+    return store
+
+
 class Optirack:
     """The rack being controlled, its circuits, and what is known of its datapaths."""
 
@@ -74,42 +94,31 @@ class Optirack:
         self.token = _load_token(Path(c.token_file) if c.token_file else self.state_dir / "token")
         self.known = rack.datapaths()  # dpid -> ("ocs" | "switch", name)
         self.datapaths: dict[int, object] = {}  # connected ones, dpid -> ryu Datapath
-        self.events = EventLog()
         self.ports = PortHistory(c.monitor_history)
-        self.store = Store(self.state_dir / "state.json")
-        self.saved = self._load_saved()
-        self.circuits_version = 0  # bumps on every change of `circuits` (see the property below)
-        self._circuits = CircuitMap()
-        self.circuits = self._initial_circuits()
+        self.store = _open_store(self.state_dir, rack.name, clock)
+        self.saved = self.store.load()  # the state at start: circuits, their version, jobs
+        self.events = self._load_events()
+        # The circuit map and its version (the REST ETag): every change of the map bumps it, so a
+        # change planned from an older version can be refused (OcsApp.change, PUT with If-Match).
+        self.circuits_version = int(self.saved.get("circuits_version", 0))
+        self._circuits = self._initial_circuits()
         self.adopt_device_circuits = "circuits" not in self.saved
         self.lock = hub.BoundedSemaphore(1)  # one reconfiguration at a time
         # Services the apps register themselves as; each is set by its app's constructor.
         self.ocs = None
         self.fabric = None
         self.placement = None
+        self.metrics = None
 
-    # Minimal stand-in for helper "robust"'s versioned circuit map (issue #16): every applied
-    # change of the map bumps `circuits_version`, so a plan made from an older map can be refused.
-    @property
-    def circuits(self) -> CircuitMap:
-        return self._circuits
-
-    @circuits.setter
-    def circuits(self, value: CircuitMap) -> None:
-        if value != self._circuits:
-            self.circuits_version += 1
-        self._circuits = value
-
-    def _load_saved(self) -> dict:
-        try:
-            saved = self.store.load()
-        except ValueError as e:
-            LOG.error("cannot start: %s", e)
-            sys.exit(2)
-        if saved and saved.get("rack") != self.rack.name:
-            LOG.warning("%s belongs to rack %r, not %r: ignoring it", self.store.path, saved.get("rack"), self.rack.name)
-            return {}
-        return saved
+    def _load_events(self) -> EventLog:
+        """The recent events; one left running by a controller that stopped mid-change ends failed."""
+        for data in self.store.unfinished_events():
+            ev = ReconfigEvent.from_state(data)
+            ev.status, ev.error = "failed", "the controller stopped before this change finished"
+            self.store.save(events=[ev.to_state()])
+        log = EventLog(start_id=self.store.last_event_id() + 1)
+        log.load(ReconfigEvent.from_state(d) for d in self.store.events(log.size))
+        return log
 
     def _initial_circuits(self) -> CircuitMap:
         if "circuits" in self.saved:
@@ -117,12 +126,27 @@ class Optirack:
                 return CircuitMap.parse(self.rack, self.saved["circuits"])
             except CircuitError as e:
                 LOG.warning("saved circuits do not fit the rack (%s): starting from the rack file's", e)
+                self.circuits_version += 1
         return CircuitMap.initial(self.rack)
 
-    def save(self, **parts) -> None:
-        """Persist the circuits (always) and any other named parts (jobs, …)."""
-        self.saved.update(parts, rack=self.rack.name, circuits=self.circuits.to_json())
-        self.store.save(self.saved)
+    @property
+    def circuits(self) -> CircuitMap:
+        return self._circuits
+
+    @circuits.setter
+    def circuits(self, value: CircuitMap) -> None:
+        if value != self._circuits:
+            self._circuits = value
+            self.circuits_version += 1
+
+    def save(self, jobs=(), events=()) -> None:
+        """One transaction: the circuit map and its version, and these jobs and events (whole states)."""
+        meta = {"rack": self.rack.name, "circuits": self.circuits.to_json(), "circuits_version": self.circuits_version}
+        self.store.save(meta=meta, jobs=jobs, events=[e.to_state() for e in events])
+
+    def record_event(self, ev: ReconfigEvent) -> None:
+        """Persist one reconfiguration event as it is now (when it starts and when it ends)."""
+        self.store.save(events=[ev.to_state()])
 
     def name_of(self, dpid: int) -> str:
         kind, name = self.known.get(dpid, ("unknown", f"{dpid:#x}"))
@@ -134,6 +158,6 @@ class Optirack:
     def connected(self, name: str) -> bool:
         return self.dpid_of(name) in self.datapaths
 
-    def protected_ports(self) -> dict:
-        """OCS ports whose circuits belong to running jobs: PortRef -> job id."""
-        return self.placement.protected_ports() if self.placement else {}
+    def protected_ports(self, circuits: CircuitMap | None = None) -> dict:
+        """OCS ports whose circuits belong to active jobs (in `circuits`, default the current map): PortRef -> job id."""
+        return self.placement.protected_ports(circuits=circuits) if self.placement else {}

@@ -95,7 +95,7 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
         for name in names:
             self._locks[name].acquire()
         try:
-            batches, tables = [], {}
+            batches, tables, ids = [], {}, {}
             for name in names:
                 dp = self.dps.get(name)
                 if dp is None or name not in self.installed:
@@ -103,13 +103,32 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
                 msgs = table_changes(self.installed[name], desired[name])
                 if msgs:
                     batches.append((dp, msgs, f"forwarding on {name}"))
-                tables[name] = desired[name]
-            if batches:
-                self.rpc.confirm_all(batches, self.timeout)  # bundles: on failure the old tables stand
-            self.installed.update(tables)
+                tables[name], ids[name] = desired[name], dp.id
+            try:
+                if batches:
+                    self.rpc.confirm_all(batches, self.timeout)
+            except of.SwitchError as e:
+                failed = [n for n in tables if ids[n] in e.datapaths]
+                for name in failed:  # what a switch that failed holds is unknown now: its full table, retried
+                    self.installed.pop(name, None)
+                    tables.pop(name)
+                    hub.spawn(self._resync_until_done, name)
+                raise
+            finally:
+                self.installed.update(tables)
         finally:
             for name in names:
                 self._locks[name].release()
+
+    def _resync_until_done(self, name: str, delay: float = 0.5, most: float = 30.0) -> None:
+        """Retry a full resync of a switch that did not confirm, with backoff, while it stays connected."""
+        while name in self.dps and name not in self.installed:
+            hub.sleep(delay)
+            try:
+                self.resync(name)
+            except of.SwitchError as e:
+                delay = min(delay * 2, most)
+                LOG.warning("switch %s: resynchronisation failed (%s); next try in %.1f s", name, e, delay)
 
     def sync_quietly(self) -> None:
         try:

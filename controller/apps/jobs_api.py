@@ -1,16 +1,33 @@
 """REST for jobs: submit (placed or queued), list, inspect, stop, regroup one, defragment all."""
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ryu.app.wsgi import route
 
 from controller.apps.context import Conflict
-from controller.apps.placement import UnknownJob
+from controller.apps.placement import LOG_LINES, UnknownJob
 from controller.apps.rest import PREFIX, ApiError, OptirackController, api, int_param, json_response, read_json
-from controller.core.jobs import JobRequest
+from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, JobRequest
 from controller.core.placement import InvalidRequest, PlacementError
 
 JOB_ID = {"job_id": r"[a-zA-Z0-9_.-]+"}
+
+
+class PruneRequest(BaseModel):
+    """The body of POST /jobs/prune: which finished jobs to forget."""
+
+    model_config = ConfigDict(extra="forbid")
+    older_than_s: float | None = Field(None, ge=0, description="ended at least this many seconds ago")
+    keep: int | None = Field(None, ge=0, description="always keep the newest this many finished jobs")
+    events: bool = Field(False, description="also forget reconfiguration events older than older_than_s")
+
+    @model_validator(mode="after")
+    def _something(self):
+        if self.older_than_s is None and self.keep is None:
+            raise ValueError("give older_than_s, keep, or both")
+        if self.events and self.older_than_s is None:
+            raise ValueError("events: needs older_than_s")
+        return self
 
 
 class RegroupBody(BaseModel):
@@ -58,7 +75,24 @@ class JobsApi(OptirackController):
     @route("jobs", PREFIX + "/jobs", methods=["GET"])
     @api()
     def list(self, req, **_):
-        return json_response({"jobs": [j.to_json() for j in self.placement.jobs.values()]})
+        states = set(filter(None, req.GET.get("state", "").split(",")))
+        known = (QUEUED, *ACTIVE, *TERMINAL)
+        unknown = states - set(known)
+        if unknown:
+            raise ApiError(400, f"unknown state {', '.join(sorted(unknown))} (states: {', '.join(known)})", "state")
+        before = req.GET.get("before")
+        if before is not None and before not in self.placement.jobs:
+            raise ApiError(400, f"no job {before!r} (it may have been pruned)", "before")
+        jobs, older = self.placement.page(int_param(req, "limit", 100, hi=10_000), before, states)
+        return json_response({"jobs": [j.to_json() for j in jobs], "older": older})
+
+    @route("jobs_prune", PREFIX + "/jobs/prune", methods=["POST"])
+    @api(mutation=True)
+    def prune(self, req, **_):
+        body = read_json(req, PruneRequest)
+        gone = self.placement.prune(body.older_than_s, body.keep)
+        events = self.ctx.store.delete_events(self.ctx.clock() - body.older_than_s) if body.events else 0
+        return json_response({"pruned": gone, "events_pruned": events})
 
     @route("job", PREFIX + "/jobs/{job_id}", methods=["GET"], requirements=JOB_ID)
     @api()
@@ -82,18 +116,25 @@ class JobsApi(OptirackController):
             out[gpu] = [{"t": round(s.t, 3), "tx_bps": round(s.rx_bps), "rx_bps": round(s.tx_bps)} for s in samples[-limit:]]
         return out
 
+    @route("job_logs", PREFIX + "/jobs/{job_id}/logs", methods=["GET"], requirements=JOB_ID)
+    @api()
+    def logs(self, req, job_id, **_):
+        job = self._job(job_id)
+        lines, source = self.placement.worker_logs(job, int_param(req, "tail", LOG_LINES, lo=1, hi=LOG_LINES))
+        return json_response({"job": job.id, "state": job.state, "reason": job.reason, "source": source, "logs": lines})
+
     @route("job", PREFIX + "/jobs/{job_id}", methods=["DELETE"], requirements=JOB_ID)
     @api(mutation=True)
     def stop(self, req, job_id, **_):
         self._job(job_id)
-        return json_response({"job": self.placement.stop(job_id).to_json()})
+        return json_response({"job": self.placement.stop_job(job_id).to_json()})
 
     @route("job_regroup", PREFIX + "/jobs/{job_id}/regroup", methods=["POST"], requirements=JOB_ID)
     @api(mutation=True)
     def regroup(self, req, job_id, **_):
         self._job(job_id)
         try:
-            ev, note = self.placement.regroup(job_id)
+            ev, note = self.placement.regroup_with_note(job_id)
         except PlacementError as e:
             raise Conflict(str(e)) from None
         job = self.placement.get(job_id)

@@ -20,8 +20,8 @@ from controller.apps.ocs import ReconfigFailed
 from controller.config import conf
 from controller.core import defrag
 from controller.core import placement as policy
-from controller.core.circuits import CircuitDiff, CircuitMap
-from controller.core.jobs import ACTIVE, QUEUED, Job, JobRequest
+from controller.core.circuits import CircuitDiff, CircuitMap, displaced
+from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, Job, JobRequest, JobTable
 from controller.core.occupancy import Occupancy
 from controller.core.rack import PortRef
 from controller.drivers.containers import (
@@ -36,11 +36,30 @@ from controller.drivers.ocs import OcsUnavailable
 
 LOG = logging.getLogger("optirack.placement")
 RECONFIG_WAIT = 120.0  # seconds a job waits for another reconfiguration to finish
+LOG_LINES = 50  # last lines of each worker's output kept when its job ends
 KEPT_PLANS = 8  # defragmentation plans remembered for `POST /regroup {"version": N}`
+EXPECTED = (policy.PlacementError, ReconfigFailed, OcsUnavailable, Conflict, ContainerError)
 
 
 class UnknownJob(KeyError):
     pass
+
+
+def _reason(e: BaseException) -> str:
+    """A failed job's reason: the message of an error we expect, the error's type too for any other."""
+    return str(e) if not _unexpected(e) else f"{type(e).__name__}: {e}"
+
+
+def _unexpected(e: BaseException | None) -> bool:
+    return e is not None and not isinstance(e, EXPECTED)
+
+
+def _attempt(job: Job, what: str, step, *args) -> None:
+    """Run one clean-up step; log its failure and go on with the next."""
+    try:
+        step(*args)
+    except Exception:  # noqa: BLE001 (clean-up goes on whatever one step raised)
+        LOG.exception("%s: %s failed", job.id, what)
 
 
 def _nic_home(rack):
@@ -59,9 +78,10 @@ class PlacementApp(app_manager.RyuApp):
         self.ctx: Optirack = kwargs["optirack"]
         self.ctx.placement = self
         self.driver = kwargs.get("driver") or ContainerDriver(self.ctx.rack, conf().worker_image, _nic_home(self.ctx.rack))
-        self.jobs: dict[str, Job] = {j["id"]: Job.from_state(j) for j in self.ctx.saved.get("jobs", [])}
+        self.jobs = JobTable(Job.from_state(j) for j in self.ctx.saved.get("jobs", []))
         start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
         self._ids = itertools.count(start)
+        self.admission = hub.Semaphore(1)  # plan and reconfigure one job at a time
         self._admit = hub.Semaphore(1)  # admission (submit and the queue) one job at a time
         self.queue: collections.deque[str] = collections.deque(
             j.id for j in sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id)) if j.state == QUEUED)
@@ -83,15 +103,16 @@ class PlacementApp(app_manager.RyuApp):
         gpus = job.request.get("gpus")
         return gpus if isinstance(gpus, list) else []
 
-    def protected_ports(self, exclude: str | None = None) -> dict[PortRef, str]:
-        """OCS ports of active jobs' GPUs and their circuits' other ends."""
+    def protected_ports(self, exclude: str | None = None, circuits: CircuitMap | None = None) -> dict[PortRef, str]:
+        """OCS ports of active jobs' GPUs and their circuits' other ends (in `circuits`, default the current map)."""
+        circuits = circuits if circuits is not None else self.ctx.circuits
         result = {}
         for job in self.jobs.values():
             if job.active and job.id != exclude:
                 for g in job.gpus:
                     p = self.ctx.rack.gpu_port(g)
                     result[p] = job.id
-                    other = self.ctx.circuits.partner(p)
+                    other = circuits.partner(p)
                     if other is not None:
                         result[other] = job.id
         return result
@@ -101,8 +122,35 @@ class PlacementApp(app_manager.RyuApp):
             raise UnknownJob(job_id)
         return self.jobs[job_id]
 
-    def save(self) -> None:
-        self.ctx.save(jobs=[j.to_state() for j in self.jobs.values()])
+    def save(self, job: Job | None = None) -> None:
+        """Persist `job` (a job that just ended must be named) and every active job, with the circuits:
+        one transaction whose size does not grow with the history of finished jobs."""
+        jobs = self.jobs.to_save(job)
+        self.ctx.save(jobs=[j.to_state() for j in jobs])
+        self.jobs.saved(jobs)
+
+    def page(self, limit: int, before: str | None = None, states: set[str] | None = None) -> tuple[list[Job], str | None]:
+        """The newest `limit` jobs created before job `before` (in `states`), oldest first, and the id
+        to pass as `before` for the page before it (None: no older job)."""
+        jobs = list(self.jobs.values())
+        if before is not None:
+            jobs = jobs[: list(self.jobs).index(self.get(before).id)]
+        if states:
+            jobs = [j for j in jobs if j.state in states]
+        page = jobs[-limit:]
+        return page, (page[0].id if len(jobs) > len(page) else None)
+
+    def prune(self, older_than_s: float | None, keep: int | None) -> list[str]:
+        """Forget finished jobs that ended more than `older_than_s` ago, keeping the newest `keep` of them."""
+        now = self.ctx.clock()
+        finished = [j for j in self.jobs.values() if j.state in TERMINAL]
+        candidates = finished[: max(0, len(finished) - (keep or 0))]
+        gone = [j.id for j in candidates if older_than_s is None or (j.ended_at or j.created_at) <= now - older_than_s]
+        self.ctx.store.delete_jobs(gone)
+        for job_id in gone:
+            del self.jobs[job_id]
+        LOG.info("pruned %d finished jobs", len(gone))
+        return gone
 
     # --- submitting, the queue, and placing --------------------------------------------
     def occ(self, circuits: CircuitMap | None = None, exclude: str | None = None) -> Occupancy:
@@ -140,7 +188,7 @@ class PlacementApp(app_manager.RyuApp):
                 job.state, job.note = QUEUED, f"waiting: {wait}"
                 self.queue.append(job.id)
                 self._number_queue()
-                self.save()
+                self.save(job)
                 LOG.info("%s queued at position %d: %s", job.id, job.position, wait)
             else:
                 self._admit_job(job, p)
@@ -170,6 +218,7 @@ class PlacementApp(app_manager.RyuApp):
                 except policy.PlacementError as e:  # the rack changed under it: it can never run
                     self.queue.popleft()
                     job.state, job.reason, job.ended_at, job.position = "failed", str(e), self.ctx.clock(), None
+                    self.save(job)
                     continue
                 self.queue.popleft()
                 job.position = None
@@ -185,39 +234,45 @@ class PlacementApp(app_manager.RyuApp):
             waited += 0.2
         self._drain_queue()
 
-    def _placement(self, job: Job) -> CircuitDiff | None:
-        """Plan the job's circuits from the map the reconfiguration lock protects, and apply them."""
-        plans = []
-
-        def plan(current: CircuitMap) -> CircuitMap | None:
-            p = policy.plan(self.occ(current, exclude=job.id), self._request(job, named=True))
-            plans.append(p)
-            return p.target(current) if p.changes else None
-
-        ev = self.ctx.ocs.change(plan, "job", f"{job.id}: place {len(job.gpus)} GPUs ({job.request['policy']})",
-                                 job=job.id, wait=RECONFIG_WAIT)
-        p = plans[-1]
-        job.gpus, job.switches = list(p.gpus), list(p.switches)
-        if ev is None:
-            return None
-        job.events.append(ev.id)
-        return p.diff
-
     def _run(self, job: Job) -> None:
-        applied: CircuitDiff | None = None
+        """The job's thread. Every way out ends the job: running on, done, or failed with the reason."""
+        placed: dict = {}  # what the placement changed, for the undo
         try:
-            job.state = "configuring"
-            self.save()
-            applied = self._placement(job)
-            job.circuits = self._circuits_of(job)
+            with self.admission:
+                job.state = "configuring"
+                self.save()
+                self._place(job, placed)
+                job.circuits = self._circuits_of(job)
             self._start_containers(job)
-        except (policy.PlacementError, ReconfigFailed, OcsUnavailable, Conflict, ContainerError) as e:
-            self._fail(job, str(e), applied)
+            job.state, job.started_at = "running", self.ctx.clock()
+            self.save()
+        except Exception as e:  # noqa: BLE001 (the edge: whatever a step raised, the job fails with it)
+            self._fail(job, _reason(e), placed.get("diff"), e)
             return
-        job.state, job.started_at = "running", self.ctx.clock()
-        self.save()
         LOG.info("%s running on %s (switches %s)", job.id, ",".join(job.gpus), ",".join(job.switches))
         self._watch(job)
+
+    def _place(self, job: Job, placed: dict) -> None:
+        """Plan the job's circuits from the map the reconfiguration lock protects, and apply them."""
+        decided: dict = {}
+
+        def plan(current: CircuitMap) -> CircuitMap:
+            p = policy.plan(self.occ(current, exclude=job.id), self._request(job, named=True))
+            decided.update(plan=p, diff=p.diff)
+            return p.target(current)
+
+        ev = self.ctx.ocs.change(plan, "job", f"{job.id}: place {len(job.gpus)} GPUs ({job.request['policy']})",
+                                 job=job.id, wait=RECONFIG_WAIT, note=lambda: self._note(job, decided["diff"]))
+        if ev is not None:
+            placed["diff"] = decided["diff"]
+            job.events.append(ev.id)
+        p = decided["plan"]  # the note made at admission (which GPUs, and why) stands
+        job.gpus, job.switches = list(p.gpus), list(p.switches)
+
+    def _note(self, job: Job, diff: CircuitDiff) -> str:
+        """What the event should say: the idle GPUs whose circuits the job took (no free port was left)."""
+        moved = displaced(self.ctx.rack, diff, job.gpus)
+        return "; ".join(moved) + " (no free switch port was left)" if moved else ""
 
     def _circuits_of(self, job: Job) -> list[list[str]]:
         out = []
@@ -261,42 +316,87 @@ class PlacementApp(app_manager.RyuApp):
             except Exception as e:  # noqa: BLE001 (keep cleaning the others)
                 LOG.error("%s: removing the container of %s: %s", job.id, gpu, e)
 
-    def _fail(self, job: Job, reason: str, applied: CircuitDiff | None) -> None:
-        LOG.error("%s failed: %s", job.id, reason)
+    def _fail(self, job: Job, reason: str, applied: CircuitDiff | None, error: BaseException | None = None) -> None:
+        """End a job that could not run: its circuits back, its containers gone (last log lines kept)."""
+        LOG.error("%s failed: %s", job.id, reason, exc_info=error if _unexpected(error) else None)
         if applied:
-            self._reverse(job, applied)
-        self._remove_containers(job)
-        job.state, job.reason, job.ended_at = "failed", reason, self.ctx.clock()
-        self.save()
-        self._drain_queue()  # its GPUs are free
+            _attempt(job, "restoring the circuits", self._reverse, job, applied)
+        self._end(job, "failed", reason)
+
+    def _end(self, job: Job, state: str, reason: str | None) -> None:
+        """Keep the workers' last lines, remove the containers, record the final state. Never raises."""
+        _attempt(job, "keeping the workers' logs", self._keep_logs, job)
+        _attempt(job, "removing the containers", self._remove_containers, job)
+        job.state, job.reason, job.ended_at = state, reason, self.ctx.clock()
+        _attempt(job, "saving the job", self.save, job)
+        _attempt(job, "starting queued jobs", self._drain_queue)  # its GPUs are free
+
+    def _keep_logs(self, job: Job) -> None:
+        """The last lines of each worker's output (stdout and stderr), read before its container goes."""
+        for gpu in job.gpus:
+            try:
+                container = self.driver.client_for(self.ctx.rack.server_of[gpu]).containers.get(container_name(job.id, gpu))
+                raw = container.logs(stdout=True, stderr=True, tail=LOG_LINES)
+            except Exception as e:  # noqa: BLE001 (no container, or no engine: nothing to keep)
+                LOG.debug("%s: no logs of %s: %s", job.id, gpu, e)
+                continue
+            job.logs[gpu] = raw.decode(errors="replace").splitlines()[-LOG_LINES:]
+
+    def worker_logs(self, job: Job, tail: int = LOG_LINES) -> tuple[dict[str, list[str]], str]:
+        """A running job's live log lines (from its containers), else the lines kept when it ended."""
+        if job.state == "running":
+            live = {}
+            for gpu in job.gpus:
+                try:
+                    c = self.driver.client_for(self.ctx.rack.server_of[gpu]).containers.get(container_name(job.id, gpu))
+                    live[gpu] = c.logs(stdout=True, stderr=True, tail=tail).decode(errors="replace").splitlines()[-tail:]
+                except Exception as e:  # noqa: BLE001 (report what can be read)
+                    live[gpu] = [f"(cannot read the container's log: {e})"]
+            return live, "containers"
+        return {g: lines[-tail:] for g, lines in job.logs.items()}, "kept when the job ended"
 
     def _reverse(self, job: Job, applied: CircuitDiff) -> None:
         """Put back the circuits this job's placement replaced, where nothing else has changed them."""
-        current = self.ctx.circuits
-        keep = [c for c in current.circuits if c not in applied.add]
-        used = {p for c in keep for p in c}
-        back = [c for c in applied.remove if not (set(c) & used)]
+
+        def plan(current: CircuitMap) -> CircuitMap:
+            keep = [c for c in current.circuits if c not in applied.add]
+            used = {p for c in keep for p in c}
+            return CircuitMap(keep + [c for c in applied.remove if not (set(c) & used)])
+
         try:
-            ev = self.ctx.ocs.reconfigure(CircuitMap(keep + back), "job", f"{job.id}: undo placement", job=job.id,
-                                          wait=RECONFIG_WAIT)
-            job.events.append(ev.id)
-        except (ReconfigFailed, OcsUnavailable, Conflict) as e:
+            ev = self.ctx.ocs.change(plan, "job", f"{job.id}: undo placement", job=job.id, wait=RECONFIG_WAIT)
+            if ev is not None:
+                job.events.append(ev.id)
+        except (ReconfigFailed, OcsUnavailable, Conflict) as e:  # anything else: _attempt logs it
             LOG.error("%s: could not restore the circuits: %s", job.id, e)
 
     # --- watching the workers ---------------------------------------------------------
     def _watch(self, job: Job) -> None:
-        threads = [hub.spawn(self._follow, job, gpu) for gpu in job.gpus]
-        self._threads[job.id] = threads
-        hub.joinall(threads)
-        if job.state != "running":
-            return  # stopped or failed meanwhile
-        failed = {g: c for g, c in job.exit_codes.items() if c != 0}
-        if failed:
-            gpu, code = next(iter(failed.items()))
-            last = next((r for r in reversed(job.reports.get(gpu, [])) if r.get("event") == "error"), None)
-            self._finish(job, "failed", f"the worker on {gpu} exited with {code}" + (f": {last['error']}" if last else ""))
-        else:
-            self._finish(job, "done", None)
+        try:
+            threads = [hub.spawn(self._follow, job, gpu, raise_error=True) for gpu in job.gpus]
+            self._threads[job.id] = threads
+            hub.joinall(threads)
+            if job.state != "running":
+                return  # stopped or failed meanwhile
+            unknown = [g for g in job.gpus if g not in job.exit_codes]
+            if unknown:
+                raise RuntimeError(f"the worker on {unknown[0]} ended without an exit code")
+            failed = {g: c for g, c in job.exit_codes.items() if c != 0}
+            if failed:
+                gpu, code = next(iter(failed.items()))
+                last = next((r for r in reversed(job.reports.get(gpu, [])) if r.get("event") == "error"), None)
+                self._finish(job, "failed", f"the worker on {gpu} exited with {code}" + (f": {last['error']}" if last else ""))
+            else:
+                self._finish(job, "done", None)
+        except Exception as e:  # noqa: BLE001 (the edge: a running job never stays running because of a bug)
+            if job.active:
+                LOG.exception("%s: following the workers failed", job.id)
+                self._kill_all(job)
+                self._finish(job, "failed", _reason(e))
+
+    def _kill_all(self, job: Job) -> None:
+        for gpu in job.gpus:
+            _attempt(job, f"stopping the worker on {gpu}", self._kill, job, gpu)
 
     def _follow(self, job: Job, gpu: str) -> None:
         """Read one worker's JSON lines as they come; record its exit code; stop the job if it failed."""
@@ -331,21 +431,18 @@ class PlacementApp(app_manager.RyuApp):
             pass
 
     def _finish(self, job: Job, state: str, reason: str | None) -> None:
-        self._remove_containers(job)
-        job.state, job.reason, job.ended_at = state, reason, self.ctx.clock()
-        self.save()
+        self._end(job, state, reason)
         completion = job.completion_s()
         LOG.info("%s %s%s", job.id, state, f" in {completion:.1f} s" if completion else f": {reason}" if reason else "")
-        self._drain_queue()  # its GPUs are free
 
-    def stop(self, job_id: str) -> Job:
+    def stop_job(self, job_id: str) -> Job:
         job = self.get(job_id)
         if job.state == QUEUED:
             with self._admit:
                 self.queue.remove(job_id)
                 job.state, job.reason, job.ended_at, job.position = "stopped", "stopped while queued", self.ctx.clock(), None
                 self._number_queue()
-                self.save()
+                self.save(job)
             self._drain_queue()  # the next one may fit now
             return job
         if not job.active:
@@ -362,18 +459,25 @@ class PlacementApp(app_manager.RyuApp):
     # --- regrouping running jobs --------------------------------------------------------
     def regroup(self, job_id: str):
         """Bring a running job's GPUs under fewer switches; it stalls for the dark window and goes on.
-        Returns (event or None, note)."""
+        Returns the reconfiguration event, or None if its switch count cannot fall."""
+        return self.regroup_with_note(job_id)[0]
+
+    def regroup_with_note(self, job_id: str):
+        """`regroup`, and what happened in words (e.g. "cannot fall below 2 switches")."""
         job = self.get(job_id)
         if job.state != "running":
             raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
         plans = []
 
         def plan(current: CircuitMap) -> CircuitMap | None:
+            if job.state != "running":
+                raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
             p = policy.plan_regroup(self.occ(current), job.gpus)
             plans.append(p)
             return p.target(current) if p.changes else None
 
-        ev = self.ctx.ocs.change(plan, "regroup", f"{job.id}: regroup", job=job.id, wait=RECONFIG_WAIT)
+        ev = self.ctx.ocs.change(plan, "regroup", lambda: f"{job.id}: regroup under {','.join(plans[-1].switches)}",
+                                 job=job.id, wait=RECONFIG_WAIT, note=lambda: self._note(job, plans[-1].diff))
         p = plans[-1]
         if ev is not None:
             job.switches, job.note = list(p.switches), f"regrouped: {p.note}"
@@ -411,10 +515,12 @@ class PlacementApp(app_manager.RyuApp):
         applies exactly the dry-run plan made from that version, or raises Conflict if the map
         or the running jobs changed since."""
         result: dict = {}
+        decided: dict = {}
 
         def plan(current: CircuitMap) -> CircuitMap | None:
             d, body = self._defrag_plan(current)
             result.update(body)
+            decided["defrag"] = d
             if dry_run:
                 self._plans[body["version"]] = body
                 while len(self._plans) > KEPT_PLANS:
@@ -430,10 +536,17 @@ class PlacementApp(app_manager.RyuApp):
                     raise Conflict("the running jobs changed since the plan was made; make a new plan (dry_run=true)")
             return current.apply(d.diff) if d.changes else None
 
-        ev = self.ctx.ocs.change(plan, "regroup", "defragment", job=None, wait=RECONFIG_WAIT)
+        def reason() -> str:
+            return "defragment: " + ", ".join(f"{m['job']} {'+'.join(m['switches_before'])} -> "
+                                              f"{'+'.join(m['switches_after'])}" for m in result["jobs_moved"])
+
+        def note() -> str:
+            gpus = [g for m in result["jobs_moved"] for g in self.jobs[m["job"]].gpus]
+            moved = displaced(self.ctx.rack, decided["defrag"].diff, gpus)
+            return "; ".join(moved) + " (no free switch port was left)" if moved else ""
+
+        ev = self.ctx.ocs.change(plan, "regroup", reason, job=None, wait=RECONFIG_WAIT, note=note)
         if ev is not None:
-            ev.reason = "defragment: " + ", ".join(f"{m['job']} {'+'.join(m['switches_before'])} -> "
-                                                   f"{'+'.join(m['switches_after'])}" for m in result["jobs_moved"])
             for m in result["jobs_moved"]:
                 job = self.jobs[m["job"]]
                 job.switches, job.note = m["switches_after"], f"regrouped under {', '.join(m['switches_after'])} " \

@@ -10,21 +10,25 @@ import functools
 import hmac
 import json
 import logging
+import re
 from importlib import resources
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from ryu.app.wsgi import ControllerBase, Response, WSGIApplication, route
+from ryu.app.wsgi import Response, WSGIApplication, route
 from ryu.base import app_manager
 
 from controller.apps import views
 from controller.apps.context import Conflict, Optirack
+from controller.apps.metrics import CountedController
 from controller.apps.ocs import ReconfigFailed
 from controller.core.circuits import CircuitError, CircuitMap
+from controller.core.events import ReconfigEvent
 from controller.drivers.ocs import OcsUnavailable
 
 LOG = logging.getLogger("optirack.rest")
 PREFIX = "/api/v1"
 MAX_BODY = 1 << 20
+PUT_WAIT = 10.0  # seconds a PUT waits for a reconfiguration under way before it is refused (409)
 
 
 class ApiError(Exception):
@@ -114,7 +118,40 @@ def int_param(req, name: str, default: int | None, lo: int = 1, hi: int = 100_00
     return int(text)
 
 
-class OptirackController(ControllerBase):
+_ETAG = re.compile(r'^"(\d+)"$')
+
+
+def if_match(req) -> set[int] | None:
+    """The circuit-map versions a request's If-Match header accepts (None: any, as without the header)."""
+    header = req.headers.get("If-Match")
+    if header is None or header.strip() == "*":
+        return None
+    versions = set()
+    for tag in header.split(","):
+        m = _ETAG.match(tag.strip())
+        if not m:
+            raise ApiError(400, f"expected the ETag of GET /ocs/circuits, like \"12\", not {tag.strip()!r}", "If-Match")
+        versions.add(int(m.group(1)))
+    return versions
+
+
+def check_version(expected: set[int] | None, current: int) -> None:
+    """409 if the map changed since the version the client read; 412 if it names a version never issued."""
+    if expected is None or current in expected:
+        return
+    if max(expected) > current:
+        raise ApiError(412, f"If-Match names version {max(expected)}, which this controller has not issued "
+                            f"(the circuits are at version {current}); read them again", "If-Match")
+    raise ApiError(409, f"the circuits changed since version {max(expected)} (now version {current}): "
+                        "read them again and decide afresh", "If-Match")
+
+
+def _versioned(resp: Response, ctx: Optirack) -> Response:
+    resp.headers["ETag"] = f'"{ctx.circuits_version}"'  # the body was read at this version (no yield between)
+    return resp
+
+
+class OptirackController(CountedController):
     """Base of the REST controllers: the context, and the bearer-token check for mutations."""
 
     def __init__(self, req, link, data, **config):
@@ -146,17 +183,28 @@ class Api(OptirackController):
     @route("circuits", PREFIX + "/ocs/circuits", methods=["GET"])
     @api()
     def get_circuits(self, req, **_):
-        return json_response(views.circuits(self.ctx, device=req.GET.get("device") == "1"))
+        return _versioned(json_response(views.circuits(self.ctx, device=req.GET.get("device") == "1")), self.ctx)
 
     @route("circuits", PREFIX + "/ocs/circuits", methods=["PUT"])
     @api(mutation=True)
     def put_circuits(self, req, **_):
         body = read_json(req, CircuitsBody)
         target = CircuitMap.parse(self.ctx.rack, body.circuits)
-        views.check_protected(self.ctx, target)
-        self.ctx.ocs.check_available(target)
-        ev = self.ctx.ocs.reconfigure(target, "circuits", "PUT /ocs/circuits")
-        return json_response({"circuits": self.ctx.circuits.to_json(), "event": ev.to_json()})
+        expected = if_match(req)
+
+        unchanged = {}
+
+        def plan(current: CircuitMap) -> CircuitMap:  # under the reconfiguration lock
+            check_version(expected, self.ctx.circuits_version)
+            views.check_protected(self.ctx, current, target)
+            unchanged.update(version=self.ctx.circuits_version)
+            return target
+
+        ev = self.ctx.ocs.change(plan, "circuits", "PUT /ocs/circuits", wait=PUT_WAIT)
+        version = ev.version if ev else unchanged["version"]  # what this request left, not what came after
+        resp = json_response({"circuits": target.to_json(), "version": version, "event": ev.to_json() if ev else None})
+        resp.headers["ETag"] = f'"{version}"'
+        return resp
 
     @route("stats", PREFIX + "/stats/ports", methods=["GET"])
     @api()
@@ -166,8 +214,11 @@ class Api(OptirackController):
     @route("events", PREFIX + "/events", methods=["GET"])
     @api()
     def events(self, req, **_):
-        limit = int_param(req, "limit", 100)
-        return json_response({"events": [e.to_json() for e in self.ctx.events.recent(limit)]})
+        limit, before = int_param(req, "limit", 100), int_param(req, "before", None, lo=1, hi=1 << 62)
+        rows = self.ctx.store.events(limit + 1, before)  # one more tells whether an older page exists
+        page = rows[-limit:]
+        return json_response({"events": [ReconfigEvent.from_state(r).to_json() for r in page],
+                              "older": page[0]["id"] if len(rows) > len(page) else None})
 
 
 def _openapi() -> dict:
@@ -184,7 +235,7 @@ def _documented_methods(path: str) -> set[str]:
     return set()
 
 
-class NotFound(ControllerBase):
+class NotFound(CountedController):
     """Registered last: a JSON 404 (or 405) for anything under /api/v1 no route took."""
 
     @route("notfound", PREFIX + "/{path}", requirements={"path": ".*"})

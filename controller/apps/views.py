@@ -25,7 +25,7 @@ def topology(ctx: Optirack) -> dict:
         "servers": {s.name: {"docker": s.docker, "gpus": [g.name for g in s.gpus]} for s in rack.spec.servers},
         "gpus": gpus,
         "ocs": {o.name: {"dpid": f"{o.dpid:#x}", "ports": o.ports, "driver": o.driver, "switching_time_ms": o.switching_time_ms,
-                         "reconfiguration_time_ms": o.bulk_time_ms, "connected": ctx.ocs.drivers[o.name].connected if ctx.ocs else False,
+                         "reconfiguration_time_ms": o.bulk_time_ms, **_device_status(ctx, o.name),
                          "synchronised": bool(ctx.ocs and o.name in ctx.ocs.synchronised)}
                 for o in rack.spec.ocs},
         "switches": {w.name: {"dpid": f"{w.dpid:#x}", "role": w.role, "connected": ctx.connected(w.name),
@@ -36,18 +36,25 @@ def topology(ctx: Optirack) -> dict:
     }
 
 
+def _device_status(ctx: Optirack, name: str) -> dict:
+    """connected, last_seen and error as the driver last knew them: a status read never talks to the device."""
+    if not ctx.ocs:
+        return {"connected": False, "last_seen": None, "error": "the OCS app is not loaded"}
+    return ctx.ocs.drivers[name].status()
+
+
 def circuits(ctx: Optirack, device: bool = False) -> dict:
-    body = {"circuits": ctx.circuits.to_json(),
+    body = {"circuits": ctx.circuits.to_json(), "version": ctx.circuits_version,
             "by_ocs": {o: CircuitMap(ctx.circuits.on(o)).to_json() for o in ctx.rack.ocs}}
     if device and ctx.ocs:
         body["device"] = ctx.ocs.device_circuits()
     return body
 
 
-def check_protected(ctx: Optirack, target: CircuitMap) -> None:
-    """Refuse a circuit change that would cut a running job's GPU off its switch."""
-    protected = ctx.protected_ports()
-    diff = ctx.circuits.diff(target)
+def check_protected(ctx: Optirack, current: CircuitMap, target: CircuitMap) -> None:
+    """Refuse a circuit change that would cut an active job's GPU off its switch (call it under the lock)."""
+    protected = ctx.protected_ports(current)
+    diff = current.diff(target)
     for a, b in sorted(diff.remove):
         for ref in (a, b):
             if ref in protected:

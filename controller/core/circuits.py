@@ -107,6 +107,19 @@ class CircuitMap:
         return f"CircuitMap({self.to_json()})"
 
 
+def displaced(rack: Rack, diff: CircuitDiff, own: Iterable[str]) -> list[str]:
+    """What a job's change did to GPUs outside the job (`own`): one line per circuit of another GPU
+    it removed, e.g. "moved gpu6's circuit ocs1:6-ocs1:12"."""
+    own = set(own)
+    lines = []
+    for a, b in sorted(diff.remove):
+        for ref in (a, b):
+            ep = rack.endpoints.get(ref)
+            if ep is not None and ep.kind == "gpu" and ep.name not in own:
+                lines.append(f"moved {ep.name}'s circuit {a}-{b}")
+    return lines
+
+
 def check_circuits(rack: Rack, pairs: list[tuple[PortRef, PortRef]], field: str = "circuits") -> None:
     """Raise CircuitError unless every pair joins a GPU NIC and a switch downlink of equal rate on one OCS."""
     used: dict[PortRef, int] = {}

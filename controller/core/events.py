@@ -1,9 +1,10 @@
-"""Reconfiguration events: every circuit change, with its timestamps, kept in a bounded log."""
+"""Reconfiguration events: every circuit change, with its timestamps; the recent ones kept in memory."""
 from __future__ import annotations
 
 import itertools
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
 
 
 @dataclass
@@ -24,6 +25,8 @@ class ReconfigEvent:
     status: str = "running"  # running | ok | failed
     error: str | None = None
     job: str | None = None
+    version: int | None = None  # the circuit map's version this change left (the REST ETag)
+    note: str = ""  # what a reader should know, e.g. an idle GPU's circuit a placement moved
 
     @property
     def dark_window_s(self) -> float | None:
@@ -35,6 +38,13 @@ class ReconfigEvent:
     def total_s(self) -> float | None:
         end = self.flows_confirmed_at
         return None if end is None else end - self.requested_at
+
+    def to_state(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, data: dict) -> ReconfigEvent:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -48,8 +58,13 @@ class EventLog:
     """The last `size` reconfigurations, newest last."""
 
     def __init__(self, size: int = 1000, start_id: int = 1):
+        self.size = size
         self._events: deque[ReconfigEvent] = deque(maxlen=size)
         self._ids = itertools.count(start_id)
+
+    def load(self, events: Iterable[ReconfigEvent]) -> None:
+        """Events of an earlier run, oldest first (their ids are below start_id)."""
+        self._events.extend(events)
 
     def start(self, kind: str, reason: str, now: float, **kw) -> ReconfigEvent:
         ev = ReconfigEvent(id=next(self._ids), kind=kind, reason=reason, requested_at=now, **kw)

@@ -9,6 +9,7 @@ each rank's per-iteration reports (compute and communication time, GPU utilizati
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
@@ -73,6 +74,7 @@ class Job:
     position: int | None = None  # place in the queue (1 = next) while queued
     reports: dict[str, list[dict]] = field(default_factory=dict)  # gpu -> worker JSON lines
     exit_codes: dict[str, int] = field(default_factory=dict)
+    logs: dict[str, list[str]] = field(default_factory=dict)  # gpu -> last lines of its output, kept at the end
 
     @property
     def active(self) -> bool:
@@ -104,7 +106,7 @@ class Job:
     def summary(self) -> dict:
         its = self.iterations()
         total = self.request.get("workload", {}).get("iterations")
-        d = {k: v for k, v in asdict(self).items() if k not in ("reports",)}
+        d = {k: v for k, v in asdict(self).items() if k not in ("reports", "logs")}
         d.update(iterations_done=len(its), iterations_total=total, completion_s=self.completion_s(),
                  mean_iteration_s=statistics.fmean(i["iter_s"] for i in its) if its else None,
                  mean_gpu_util=statistics.fmean(i["gpu_util"] for i in its) if its else None)
@@ -123,3 +125,38 @@ class Job:
     @classmethod
     def from_state(cls, data: dict) -> Job:
         return cls(**data)
+
+
+class JobTable(dict):
+    """Jobs by id, in creation order. It remembers the jobs that may still change (added since the
+    last save, active or queued), so that a save writes those and not the whole history."""
+
+    def __init__(self, jobs: Iterable[Job] = ()):
+        super().__init__()
+        self.live: dict[str, Job] = {}
+        for job in jobs:
+            super().__setitem__(job.id, job)
+            if job.state not in TERMINAL:  # active or queued
+                self.live[job.id] = job
+
+    def __setitem__(self, job_id: str, job: Job) -> None:
+        super().__setitem__(job_id, job)
+        self.live[job_id] = job
+
+    def update(self, *args, **kw) -> None:
+        for job_id, job in dict(*args, **kw).items():
+            self[job_id] = job
+
+    def __delitem__(self, job_id: str) -> None:
+        super().__delitem__(job_id)
+        self.live.pop(job_id, None)
+
+    def to_save(self, also: Job | None = None) -> list[Job]:
+        """What a save must write: the live jobs, and `also` (a job that changed after it ended)."""
+        return list(self.live.values()) + ([also] if also is not None and also.id not in self.live else [])
+
+    def saved(self, jobs: Iterable[Job]) -> None:
+        """These were written: the ended ones need not be written again unless named."""
+        for job in jobs:
+            if job.state in TERMINAL:
+                self.live.pop(job.id, None)

@@ -140,6 +140,9 @@ class Emulation(_Spec):
     # sizes are both multiplied by it, so every ratio is kept while fixed software latencies of
     # the emulation (tens of ms per all-reduce on 2 cores) weigh less.
     time_dilation: Annotated[float, Field(ge=1, le=100)] = 1.0
+    # MTU of every emulated NIC, uplink and OVS port. Jumbo frames cut the userspace datapath's
+    # work per emulated bit about sixfold (each frame crosses userspace on its own; DESIGN.md).
+    mtu: Annotated[int, Field(ge=1280, le=9000)] = 9000
 
     def mbps(self, rate_gbps: float) -> float:
         """The emulated rate in Mbit/s of a physical rate in Gbit/s."""

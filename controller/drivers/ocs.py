@@ -32,6 +32,15 @@ class OcsDriver(ABC):
 
     def __init__(self, spec: Ocs, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
         self.spec, self.clock, self.sleep = spec, clock, sleep
+        self.last_seen: float | None = None  # when the device last answered
+        self.last_error: str | None = None  # why it last failed to, if it did since
+
+    def seen(self) -> None:
+        self.last_seen, self.last_error = self.clock(), None
+
+    def status(self) -> dict:
+        """What is known of the device without asking it (for status reads: no I/O here)."""
+        return {"connected": self.connected, "last_seen": self.last_seen, "error": self.last_error}
 
     def switching_time_s(self, circuits_made: int) -> float:
         """One new circuit takes the per-connection time; several are set up in parallel in the bulk time."""
@@ -42,7 +51,8 @@ class OcsDriver(ABC):
 
     @property
     @abstractmethod
-    def connected(self) -> bool: ...
+    def connected(self) -> bool:
+        """The last known state of the session; never opens one (status reads must stay fast)."""
 
     @abstractmethod
     def read(self) -> set[Pair]:
@@ -94,6 +104,7 @@ class OpenFlowOcs(OcsDriver):
             outs = [a.port for i in f.instructions for a in getattr(i, "actions", []) if hasattr(a, "port")]
             if in_port is not None and len(outs) == 1:
                 pairs.add((in_port, outs[0]))
+        self.seen()
         return {(min(a, b), max(a, b)) for a, b in pairs if (b, a) in pairs}
 
     def apply(self, remove: set[Pair], add: set[Pair], on_dark: Callable[[], None] | None = None) -> ApplyResult:
@@ -113,7 +124,9 @@ class OpenFlowOcs(OcsDriver):
         self.sleep(max(0.0, switching - (self.clock() - dark_start)))  # the mirrors settle
         self.rpc.commit(batch)
         self.rpc.wait_committed(batch, self.timeout)
+        self.seen()
         return ApplyResult(dark_start, self.clock(), switching)
 
     def replace(self, circuits: set[Pair]) -> None:
         self.rpc.confirm(self._dp(), [of.delete_all(), *_both_ways(circuits)], self.timeout, "restoring circuits")
+        self.seen()

@@ -43,7 +43,11 @@ _OPEN, _COMMIT, _DISCARD = 0, 4, 6
 
 
 class SwitchError(RuntimeError):
-    """A switch refused a message, did not confirm in time, or went away."""
+    """A switch refused a message, did not confirm in time, or went away; `datapaths`: which ones."""
+
+    def __init__(self, message: str, datapaths: set[int] | None = None):
+        super().__init__(message)
+        self.datapaths = datapaths or set()
 
 
 # --- encoding ---------------------------------------------------------------------------------
@@ -238,14 +242,30 @@ class OfRpc:
         self.confirm_all([(dp, msgs, what)], timeout)
 
     def confirm_all(self, batches: list[tuple[object, list[bytes], str]], timeout: float) -> None:
-        """`confirm` on several switches at once: every stage sent before any is waited for, then every commit."""
-        staged = [self.stage(dp, msgs, what) for dp, msgs, what in batches]
+        """`confirm` on several switches at once: every stage sent before any is waited for, then every
+        commit. Switches that confirm are changed even if another fails; the SwitchError raised then
+        names the failed datapaths (`datapaths`)."""
+        staged, errors = [], {}
+        for dp, msgs, what in batches:
+            try:
+                staged.append(self.stage(dp, msgs, what))
+            except SwitchError as e:
+                errors[dp.id] = e
         for b in staged:
-            self.wait_staged(b, timeout)
-        for b in staged:
-            self.commit(b)
-        for b in staged:
-            self.wait_committed(b, timeout)
+            try:
+                self.wait_staged(b, timeout)
+            except SwitchError as e:
+                errors[b.dp.id] = e
+        ready = [b for b in staged if b.dp.id not in errors]
+        for b in ready:
+            try:
+                self.commit(b)
+                self.wait_committed(b, timeout)
+            except SwitchError as e:
+                errors[b.dp.id] = e
+        if errors:
+            first = next(iter(errors.values()))
+            raise SwitchError(str(first), set(errors))
 
     def request(self, dp, msg, timeout: float, what: str = "a statistics request") -> list:
         """Send one multipart request (a Ryu message); return every reply body once the last part arrived."""

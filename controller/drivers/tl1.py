@@ -11,6 +11,8 @@ import itertools
 import re
 import socket
 
+from ryu.lib import hub
+
 from controller.drivers.ocs import ApplyResult, OcsDriver, OcsUnavailable, Pair
 
 DEFAULT_PORT = 3082
@@ -31,6 +33,7 @@ class Tl1Client:
         self.sock: socket.socket | None = None
         self._buf = b""
         self._ctags = itertools.count(1)
+        self._exchange = hub.BoundedSemaphore(1)  # one command and its response at a time
 
     def open(self) -> None:
         self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
@@ -43,16 +46,17 @@ class Tl1Client:
 
     def command(self, verb: str, aid: str = "", params: str = "") -> list[str]:
         """Run ``VERB::AID:CTAG::PARAMS;``; return the quoted lines of a COMPLD, raise Tl1Error on DENY."""
-        if self.sock is None:
-            self.open()
-        ctag = str(next(self._ctags))
-        line = f"{verb}::{aid}:{ctag}" + (f"::{params}" if params else "") + ";"
-        self.sock.sendall(line.encode() + b"\r\n")
-        while True:
-            text = self._read_response()
-            m = _STATUS.search(text)
-            if m and m.group(1) == ctag:
-                break
+        with self._exchange:
+            if self.sock is None:
+                self.open()
+            ctag = str(next(self._ctags))
+            line = f"{verb}::{aid}:{ctag}" + (f"::{params}" if params else "") + ";"
+            self.sock.sendall(line.encode() + b"\r\n")
+            while True:
+                text = self._read_response()
+                m = _STATUS.search(text)
+                if m and m.group(1) == ctag:
+                    break
         lines = _QUOTED.findall(text)
         if m.group(2) == "DENY":
             raise Tl1Error(f"{verb} {aid} denied: {' '.join(lines) or text.strip()}")
@@ -97,29 +101,30 @@ class Tl1Ocs(OcsDriver):
                 self.client.open()
                 self.client.command("ACT-USER", self.user, self.password)
             except (OSError, ConnectionError) as e:
-                self.client.close()
-                raise OcsUnavailable(f"OCS {self.spec.name}: cannot reach TL1 at {self.spec.address}: {e}") from None
+                self._lost(f"cannot reach TL1 at {self.spec.address}: {e}")
             except Tl1Error as e:
-                self.client.close()
-                raise OcsUnavailable(f"OCS {self.spec.name}: login refused: {e}") from None
+                self._lost(f"login refused: {e}")
             self._logged_in = True
         return self.client
 
+    def _lost(self, why: str):
+        self._logged_in = False
+        self.client.close()
+        self.last_error = why
+        raise OcsUnavailable(f"OCS {self.spec.name}: {why}") from None
+
     def _run(self, verb: str, aid: str = "") -> list[str]:
         try:
-            return self._session().command(verb, aid)
+            lines = self._session().command(verb, aid)
         except (OSError, ConnectionError) as e:
-            self._logged_in = False
-            self.client.close()
-            raise OcsUnavailable(f"OCS {self.spec.name}: TL1 session lost: {e}") from None
+            self._lost(f"TL1 session lost: {e}")
+        self.seen()
+        return lines
 
     @property
     def connected(self) -> bool:
-        try:
-            self._session()
-            return True
-        except OcsUnavailable:
-            return False
+        """Logged in as far as we know; a lost session is found by the next command (the OCS app probes)."""
+        return self._logged_in
 
     def read(self) -> set[Pair]:
         return parse_patches(self._run("RTRV-PATCH"))

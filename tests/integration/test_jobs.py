@@ -29,8 +29,7 @@ def bed(tmp_path_factory):
 
 @pytest.fixture
 def fragmented(bed):
-    wait_for(lambda: not any(j["state"] in ("pending", "configuring", "running") for j in bed.client.get("/jobs")["jobs"]),
-             60, "earlier jobs to end")
+    wait_for(lambda: not bed.client.get("/jobs", state="pending,configuring,running")["jobs"], 60, "earlier jobs to end")
     bed.client.put("/ocs/circuits", {"circuits": FRAGMENTED})
     return bed
 

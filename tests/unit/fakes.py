@@ -199,8 +199,9 @@ def wait_until(predicate, timeout: float = 5.0, what: str = "a condition"):
 
 
 class FakeContainer:
-    def __init__(self, name, lines, code, block=False):
+    def __init__(self, name, lines, code, block=False, stderr=()):
         self.name, self.lines, self.code, self.block = name, lines, code, block
+        self.stderr = list(stderr)
         self.killed, self.removed = False, False
         self.labels = {}
 
@@ -209,9 +210,12 @@ class FakeContainer:
         while self.block and not self.killed:  # a worker that runs until it is killed
             hub.sleep(0.01)
 
-    def logs(self, stream=False, follow=False, **_):
+    def logs(self, stream=False, follow=False, stdout=True, stderr=True, tail="all", **_):
         data = [(line + "\n").encode() for line in self.lines]
-        return self._follow(data) if stream else b"".join(data)
+        if stream:
+            return self._follow(data)
+        data += [(line + "\n").encode() for line in self.stderr] if stderr else []
+        return b"".join(data if tail == "all" else data[-tail:])
 
     def wait(self, **_):
         while self.block and not self.killed:
@@ -237,13 +241,17 @@ class FakeContainers:
 class FakeDriver:
     """A container driver that runs no containers: each 'worker' replays scripted JSON lines."""
 
-    def __init__(self, iterations=3, fail_start_on=None, exit_codes=None, block=False):
+    def __init__(self, iterations=3, fail_start_on=None, exit_codes=None, block=False, faults=None, stderr=None):
         self.iterations, self.fail_start_on, self.exit_codes = iterations, fail_start_on, exit_codes or {}
         self.block = block
+        self.faults = faults or {}  # "client" | "start" -> the exception it raises ("start": or {gpu: exception})
+        self.stderr = stderr or {}  # gpu -> lines its worker writes to stderr
         self.running: dict[str, FakeContainer] = {}
         self.started, self.removed = [], []
 
     def client_for(self, server):
+        if "client" in self.faults:
+            raise self.faults["client"]
         driver = self
 
         class Client:
@@ -254,6 +262,12 @@ class FakeDriver:
         import json
 
         from controller.drivers.containers import ContainerError, container_name
+        self.client_for(spec.server)  # as the real driver does: the engine must answer
+        fault = self.faults.get("start")
+        if isinstance(fault, dict):
+            fault = fault.get(spec.gpu)
+        if fault is not None:
+            raise fault
         if spec.gpu == self.fail_start_on:
             raise ContainerError(f"cannot start the container of {spec.gpu}: no such image")
         lines = [json.dumps({"event": "iteration", "iteration": i, "t_start": 10.0 + i, "t_end": 11.0 + i,
@@ -261,7 +275,8 @@ class FakeDriver:
                  for i in range(self.iterations)]
         lines.append(json.dumps({"event": "done", "check": "ok"}))
         name = container_name(spec.job, spec.gpu)
-        self.running[name] = FakeContainer(name, lines, self.exit_codes.get(spec.gpu, 0), self.block)
+        self.running[name] = FakeContainer(name, lines, self.exit_codes.get(spec.gpu, 0), self.block,
+                                           self.stderr.get(spec.gpu, ()))
         self.started.append((spec.job, spec.gpu, spec.command))
         return name
 

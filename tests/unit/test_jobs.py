@@ -96,16 +96,16 @@ def test_a_queued_job_starts_when_a_running_one_ends(tmp_path):
     assert (second.state, second.position, third.state, third.position) == ("queued", 1, "queued", 2)
     assert "3 GPUs asked for, 2 free" in second.note and "1 queued job(s) ahead" in third.note
     assert placement.busy_gpus().keys() == set(first.gpus)
-    placement.stop(first.id)
+    placement.stop_job(first.id)
     wait_until(lambda: second.state == "running" and third.state == "running", what="the queue to drain")
     assert second.position is None and len(second.gpus) == 3 and len(third.gpus) == 1
     assert not set(second.gpus) & set(third.gpus)
     fourth = placement.submit(req(gpus=4))
     assert fourth.state == "queued"
-    placement.stop(fourth.id)
+    placement.stop_job(fourth.id)
     assert fourth.state == "stopped" and fourth.reason == "stopped while queued" and not placement.queue
     for job in (second, third):
-        placement.stop(job.id)
+        placement.stop_job(job.id)
 
 
 def test_a_queued_job_survives_a_restart(tmp_path):
@@ -117,7 +117,7 @@ def test_a_queued_job_survives_a_restart(tmp_path):
     ctx2, placement2, _ = make(tmp_path, FakeDriver(block=True))  # the first job's containers are gone
     wait_until(lambda: placement2.get(waiting.id).state == "running", what="the queued job to start after the restart")
     assert placement2.get(first.id).state == "failed"
-    placement2.stop(waiting.id)
+    placement2.stop_job(waiting.id)
 
 
 def test_a_container_that_fails_to_start_rolls_everything_back(tmp_path):
@@ -146,10 +146,11 @@ def test_stop_and_regroup_of_a_running_job(tmp_path):
     ctx, placement, _ = make(tmp_path, driver)
     job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="fixed"))
     wait_until(lambda: job.state == "running")
-    ev, note = placement.regroup(job.id)
+    ev, note = placement.regroup_with_note(job.id)
     assert ev is not None and ev.kind == "regroup" and len(job.switches) == 1 and "under one switch" in note
-    assert placement.regroup(job.id) == (None, "already under one switch")
-    stopped = placement.stop(job.id)
+    assert placement.regroup_with_note(job.id) == (None, "already under one switch")
+    assert placement.regroup(job.id) is None
+    stopped = placement.stop_job(job.id)
     assert stopped.state == "stopped" and placement.busy_gpus() == {}
     with pytest.raises(Conflict, match="only a running job"):
         placement.regroup(job.id)
@@ -190,7 +191,7 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path):
     assert (plan["switches_before"], plan["switches_after"]) == (4, 2) and plan["expected_stall_s"] == 0.025
     for m in plan["jobs_moved"]:
         assert m["iteration_s_after"] < m["iteration_s_before"] and m["remaining_iterations"] == 7
-    with pytest.raises(Conflict, match="the circuit map is at version 1, the plan was made from version 99"):
+    with pytest.raises(Conflict, match=f"the circuit map is at version {ctx.circuits_version}, the plan was made from version 99"):
         placement.regroup_all(version=99)
     kept, placement._plans = placement._plans, {}  # as after a restart: the plan is forgotten
     with pytest.raises(Conflict, match=f"no plan was made from version {plan['version']}"):
@@ -209,7 +210,7 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path):
     assert again["event"] is None and not again["jobs_moved"]
     assert {u["reason"] for u in again["jobs_untouched"]} == {"already under one switch"}
     for job in (red, blue):
-        placement.stop(job.id)
+        placement.stop_job(job.id)
 
 
 def test_a_plan_is_refused_if_the_jobs_changed(tmp_path):
@@ -218,7 +219,7 @@ def test_a_plan_is_refused_if_the_jobs_changed(tmp_path):
     blue = placement.submit(req(gpus=["gpu5", "gpu6"], policy="fixed"))
     wait_until(lambda: red.state == blue.state == "running")
     plan = placement.regroup_all(dry_run=True)
-    placement.stop(blue.id)  # no circuit changes, but the plan would now differ
+    placement.stop_job(blue.id)  # no circuit changes, but the plan would now differ
     with pytest.raises(Conflict, match="running jobs changed"):
         placement.regroup_all(version=plan["version"])
-    placement.stop(red.id)
+    placement.stop_job(red.id)

@@ -1,0 +1,182 @@
+"""What this host carries now: a short calibration run before figures are measured on it.
+
+An emulated rack is only as good as the CPU that forwards its packets (Open vSwitch's userspace
+datapath) and shapes them. On a shared machine that CPU varies from minute to minute (CPU steal),
+so every experiment first measures, on the rack it is about to use, a ring of TCP flows between
+GPU NICs at home (each NIC sends to the next, all at once, as a ring all-reduce does) against the
+emulated line rate, and reads the host's idle and stolen CPU from /proc/stat while they run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from controller.core.rack import Rack
+from emulation.plan import netns_of
+
+GOOD_FRACTION = 0.9  # each flow of the ring should reach this share of the emulated line rate
+
+
+class CpuMeter:
+    """Idle and stolen CPU over an interval, from /proc/stat (all CPUs together)."""
+
+    def __init__(self):
+        self.start = self._read()
+        self.idle = self.steal = None
+
+    @staticmethod
+    def _read() -> list[int]:
+        return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+    def stop(self) -> CpuMeter:
+        delta = [b - a for a, b in zip(self.start, self._read(), strict=False)]
+        total = sum(delta) or 1
+        self.idle = 100.0 * (delta[3] + delta[4]) / total  # idle + iowait
+        self.steal = 100.0 * (delta[7] if len(delta) > 7 else 0) / total
+        return self
+
+
+def _ovs_cpu_seconds() -> float | None:
+    """CPU time ovs-vswitchd has used so far, or None if it cannot be read."""
+    try:
+        pid = int(Path("/var/run/openvswitch/ovs-vswitchd.pid").read_text())
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass
+class Calibration:
+    """The outcome of one calibration run."""
+
+    rate_mbps: float  # the emulated line rate of the NICs in the ring
+    flows_mbps: list[float]  # what each flow of the ring carried
+    seconds: float
+    idle_percent: float
+    steal_percent: float
+    ovs_core_percent: float | None  # share of one core ovs-vswitchd used
+    ring: list[str] = field(default_factory=list)
+
+    @property
+    def fraction(self) -> float:
+        """The slowest flow's share of the line rate: a ring all-reduce goes at its slowest flow."""
+        return min(self.flows_mbps) / self.rate_mbps if self.flows_mbps else 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.fraction >= GOOD_FRACTION
+
+    def line(self) -> str:
+        ovs = "" if self.ovs_core_percent is None else f", ovs-vswitchd {self.ovs_core_percent:.0f} % of a core"
+        verdict = "ok" if self.ok else f"TOO SLOW (below {100 * GOOD_FRACTION:.0f} %)"
+        return (f"calibration: a ring of {len(self.flows_mbps)} flows at {self.rate_mbps:g} Mbit/s each carried "
+                f"{min(self.flows_mbps):.1f}-{max(self.flows_mbps):.1f} Mbit/s ({100 * self.fraction:.1f} % of the rate, "
+                f"slowest flow) in {self.seconds:g} s; host CPU idle {self.idle_percent:.0f} %, stolen "
+                f"{self.steal_percent:.1f} %{ovs}: {verdict}")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "fraction": self.fraction, "ok": self.ok}
+
+
+def _iperf(netns: str, *args: str) -> list[str]:
+    return ["ip", "netns", "exec", netns, "iperf3", *args]
+
+
+def ring_flows(rack: Rack, gpus: list[str], seconds: float, base_port: int = 5301) -> Calibration:
+    """Each NIC of `gpus` sends to the next one (TCP, iperf3) for `seconds`, all at once.
+
+    The NICs must be at home (no job holds them) and joined by circuits and forwarding; the
+    caller arranges that (e.g. all under one aggregator switch)."""
+    ip = {g: rack.addresses[g][0] for g in gpus}
+    n = len(gpus)
+    servers = [subprocess.Popen(_iperf(netns_of(rack.server_of[g]), "-s", "-1", "-B", ip[g], "-p", str(base_port + i)),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i, g in enumerate(gpus)]
+    try:
+        time.sleep(0.3)  # let the servers listen
+        cpu, ovs0, t0 = CpuMeter(), _ovs_cpu_seconds(), time.monotonic()
+        clients = [subprocess.Popen(_iperf(netns_of(rack.server_of[g]), "-c", ip[gpus[(i + 1) % n]], "-B", ip[g],
+                                           "-p", str(base_port + (i + 1) % n), "-t", f"{seconds:g}", "-O", "1", "-J"),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i, g in enumerate(gpus)]
+        outputs = [c.communicate(timeout=seconds + 30) for c in clients]
+        cpu.stop()
+        ovs1, elapsed = _ovs_cpu_seconds(), time.monotonic() - t0
+    finally:
+        for s in servers:
+            try:
+                s.wait(5)
+            except subprocess.TimeoutExpired:
+                s.kill()
+                s.wait()
+    flows = []
+    for (out, err), g in zip(outputs, gpus, strict=True):
+        try:
+            flows.append(json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6)
+        except (ValueError, KeyError):
+            raise RuntimeError(f"calibration: iperf3 from {g} failed: {err.strip() or out[-300:]}") from None
+    ovs = None if ovs0 is None or ovs1 is None else 100.0 * (ovs1 - ovs0) / elapsed
+    rate = min(rack.spec.emulation.mbps(rack.gpus[g].nic.rate_gbps) for g in gpus)
+    return Calibration(rate, [round(f, 2) for f in flows], seconds, cpu.idle, cpu.steal, ovs, list(gpus))
+
+
+def one_switch_circuits(rack: Rack, gpus: list[str]) -> list[list[str]]:
+    """Circuits that put `gpus` under the first aggregator switch with enough downlinks on their OCS."""
+    for switch in rack.aggregators():
+        free = list(rack.downlink_ports(switch))
+        pairs = []
+        for g in gpus:
+            port = rack.gpu_port(g)
+            pick = next((d for d in free if d.device == port.device
+                         and rack.endpoints[d].rate_gbps == rack.gpus[g].nic.rate_gbps), None)
+            if pick is None:
+                break
+            free.remove(pick)
+            pairs.append([str(port), str(pick)])
+        if len(pairs) == len(gpus):
+            return pairs
+    raise ValueError(f"no aggregator switch can take {', '.join(gpus)} at once")
+
+
+def calibrate(tb, gpus: list[str] | None = None, seconds: float = 4.0) -> Calibration:
+    """Run the ring on a running testbed (emulation.harness.Testbed), then put its circuits back."""
+    rack = tb.rack
+    gpus = gpus or _largest_ring(rack)
+    before = tb.client.get("/ocs/circuits")["circuits"]
+    tb.client.put("/ocs/circuits", {"circuits": one_switch_circuits(rack, gpus)})
+    try:
+        return ring_flows(rack, gpus, seconds)
+    finally:
+        tb.client.put("/ocs/circuits", {"circuits": before})
+
+
+def _largest_ring(rack: Rack, most: int = 4) -> list[str]:
+    """Up to `most` GPUs of one OCS and one line rate, one per server first: two NICs of one server
+    would talk inside its namespace, past the emulated fabric."""
+    groups: dict[tuple, list[str]] = {}
+    for g, spec in rack.gpus.items():
+        groups.setdefault((spec.nic.ocs_port.device, spec.nic.rate_gbps), []).append(g)
+    best: list[str] = []
+    for members in groups.values():
+        ring, servers = [], set()
+        for g in members:
+            if rack.server_of[g] not in servers:
+                ring.append(g)
+                servers.add(rack.server_of[g])
+        best = max(best, ring[:most], key=len)
+    if len(best) < 2:
+        raise ValueError(f"rack {rack.name}: no two GPUs on different servers share an OCS and a line rate")
+    return best
+
+
+def summary(calibrations: list[Calibration]) -> dict:
+    """Median figures over several calibrations (before and after an experiment, say)."""
+    return {"fraction_median": statistics.median(c.fraction for c in calibrations),
+            "fraction_min": min(c.fraction for c in calibrations),
+            "steal_percent_max": max(c.steal_percent for c in calibrations),
+            "idle_percent_min": min(c.idle_percent for c in calibrations),
+            "runs": [c.to_json() for c in calibrations]}

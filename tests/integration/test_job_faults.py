@@ -1,0 +1,112 @@
+"""Faults in a job's life on the emulated rack, where the real parts matter: a worker killed, a NIC
+that cannot be handed over, an OCS bridge that refuses flows. Each job ends failed with the
+reason, its GPUs free, no container or pinned namespace left, every NIC home, no event running,
+and the controller's circuits equal to the OCS bridge's flows. (Faults that need a bug or a
+broken engine injected are unit tests: tests/unit/test_faults.py.)"""
+from __future__ import annotations
+
+import docker
+import pytest
+
+from controller.core.rack import load_rack
+from controller.drivers import netns as ns
+from emulation import ovs
+from emulation.harness import Testbed
+from emulation.nics import EmulatedNicHome
+from emulation.plan import netns_of
+from tests.integration.helpers import PAPER, sh, wait_for
+
+RACK = load_rack(PAPER)
+FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
+              ["ocs1:6", "ocs1:22"], ["ocs1:4", "ocs1:23"]]
+RED = ["gpu1", "gpu2", "gpu3", "gpu4"]
+ACTIVE = "pending,configuring,running"
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    with Testbed(RACK, PAPER, tmp_path_factory.mktemp("faults")) as tb:
+        yield tb
+
+
+@pytest.fixture
+def fragmented(bed):
+    wait_for(lambda: not bed.client.get("/jobs", state=ACTIVE)["jobs"], 120, "earlier jobs to end")
+    bed.client.put("/ocs/circuits", {"circuits": FRAGMENTED})
+    yield bed.client
+    for job in bed.client.get("/jobs", state=ACTIVE)["jobs"]:
+        bed.client.delete(f"/jobs/{job['id']}")
+
+
+def _device_map() -> list[list[str]]:
+    return sorted([f"ocs1:{a}", f"ocs1:{b}"] for a, b in ovs.circuits_of(ovs.circuit_flows("ocs1")))
+
+
+def _ended(client, job_id: str, timeout: float = 180) -> dict:
+    wait_for(lambda: client.get(f"/jobs/{job_id}")["job"]["state"] not in ACTIVE.split(","), timeout, f"{job_id} to end")
+    return client.get(f"/jobs/{job_id}")["job"]
+
+
+def assert_clean(client, job: dict, reason: str, circuits: list[list[str]] | None = None) -> None:
+    assert job["state"] == "failed" and reason in (job["reason"] or ""), (job["state"], job["reason"])
+    assert all(g["job"] is None for g in client.get("/topology")["gpus"].values()), "GPUs still held"
+    assert docker.from_env().containers.list(all=True, filters={"label": "org.optirack.rack"}) == [], "containers left"
+    assert not [n for n in ns.names() if n.startswith("optirack-c-")], "pinned container namespaces left"
+    for gpu in RACK.gpus:
+        assert ns.has_link(RACK.interface(gpu), netns_of(RACK.server_of[gpu])), f"the NIC of {gpu} is not home"
+    running = [e for e in client.get("/events", limit=50)["events"] if e["status"] == "running"]
+    assert running == [], running
+    held = client.get("/ocs/circuits")["circuits"]
+    wait_for(lambda: _device_map() == held, 30, "the OCS bridge to hold the controller's circuits")
+    if circuits is not None:
+        assert held == sorted(circuits)
+
+
+def test_a_worker_killed_mid_job(fragmented):
+    client = fragmented
+    job = client.post("/jobs", {"gpus": ["gpu1", "gpu2"], "policy": "fixed",
+                                "workload": {"iterations": 100000, "compute_seconds": 0.05}})["job"]
+    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 2, 120, "the job to iterate")
+    docker.from_env().containers.get(f"optirack-{job['id']}-gpu2").kill()
+    done = _ended(client, job["id"])
+    assert_clean(client, done, "the worker on gpu2 exited with 137")
+    logs = client.get(f"/jobs/{job['id']}/logs")
+    assert logs["source"] == "kept when the job ended"
+    assert any('"event":"iteration"' in line for line in logs["logs"]["gpu1"]), logs["logs"]
+
+
+def test_a_nic_that_cannot_be_handed_over(fragmented):
+    client = fragmented
+    home, away = netns_of(RACK.server_of["gpu4"]), "gpu4-away"
+    sh("ip", "-n", home, "link", "set", "dev", "gpu4", "down")
+    sh("ip", "-n", home, "link", "set", "dev", "gpu4", "name", away)  # the hand-over finds no gpu4
+    try:
+        before = client.get("/ocs/circuits")["circuits"]
+        job = client.post("/jobs", {"gpus": RED, "policy": "regroup", "workload": {"iterations": 3}})["job"]
+        done = _ended(client, job["id"])
+        assert "gpu4" in done["reason"], done["reason"]
+        assert_clean(client, done, "", circuits=before)  # placed, then undone
+        assert len(done["events"]) == 2
+    finally:
+        if ns.has_link(away, home):  # the clean-up may already have rebuilt gpu4 (its NIC looked lost)
+            sh("ip", "-n", home, "link", "set", "dev", away, "name", "gpu4")
+            EmulatedNicHome(RACK).restore("gpu4")
+
+
+def test_an_ocs_bridge_that_refuses_flows(fragmented):
+    """OVS refuses flow-mods once table 0 of the OCS bridge is full (a real OFPFMFC_TABLE_FULL):
+    the placement fails, is rolled back, and once the table has room the OCS app puts the
+    circuits back by itself."""
+    client = fragmented
+    before = client.get("/ocs/circuits")["circuits"]
+    sh("ovs-vsctl", "--", "--id=@ft", "create", "Flow_Table", "flow_limit=9", "overflow_policy=refuse",
+       "--", "set", "Bridge", "ocs1", "flow_tables:0=@ft")
+    try:
+        job = client.post("/jobs", {"gpus": RED, "policy": "regroup", "workload": {"iterations": 3}})["job"]
+        done = _ended(client, job["id"])
+        events = client.get("/events", limit=5)["events"]
+        failed = [e for e in events if e["id"] in done["events"] or e["job"] == job["id"]]
+        assert failed and failed[-1]["status"] == "failed" and "refused" in failed[-1]["error"], failed
+    finally:
+        sh("ovs-vsctl", "clear", "Bridge", "ocs1", "flow_tables")
+    assert_clean(client, done, "refused", circuits=before)

@@ -1,0 +1,66 @@
+"""The demo's figures over repeats, its checks, and the calibration's ring, without a rack."""
+from __future__ import annotations
+
+import pytest
+
+from controller.core.rack import _port_ref, load_rack
+from emulation.calibrate import Calibration, _largest_ring, one_switch_circuits
+from scripts.paper_experiment import checks, point, rack_variant, uplink_ratio
+from tests.unit.test_rack import PAPER
+
+RACK = load_rack(PAPER)
+
+
+def _run(completion: float, iteration: float = 1.0) -> dict:
+    return {"completion_s": completion, "completion_rack_s": completion / 2, "mean_iteration_rack_s": iteration,
+            "mean_compute_rack_s": 0.2, "mean_comm_rack_s": iteration - 0.2, "mean_gpu_util": 0.2 / iteration}
+
+
+def test_point_takes_medians_and_the_spread_in_percentage_points():
+    pairs = [(_run(100), _run(30)), (_run(110), _run(30)), (_run(90), _run(30))]
+    p = point("case a", "a", 6.0, 16.7, pairs)
+    assert p["saving"]["values"] == pytest.approx([0.7, 1 - 30 / 110, 1 - 30 / 90])
+    assert p["saving"]["median"] == pytest.approx(0.7)
+    assert p["saving"]["spread_pp"] == pytest.approx(100 * ((1 - 30 / 110) - (1 - 30 / 90)))
+    assert p["fixed"]["completion_rack_s"] == 50 and p["regroup"]["completion_rack_s"] == 15
+
+
+def test_checks_catch_a_sign_flip_a_non_monotonic_sweep_and_a_wide_spread():
+    steady = point("case a", "a", 6, 16, [(_run(100), _run(30))] * 3)
+    flip = point("case b", "b", 6, 16, [(_run(100), _run(95)), (_run(100), _run(105)), (_run(100), _run(98))])
+    sweep = [point(f"k{k}", "a", k, 100 / k, [(_run(100), _run(100 - s))] * 3) for k, s in ((1, 20), (2, 40), (4, 30))]
+    c = checks([steady, flip], sweep)
+    assert not c["signs_kept"] and not c["sweep_monotonic"]
+    wide = point("case a", "a", 6, 16, [(_run(100), _run(30)), (_run(100), _run(45))])
+    c = checks([wide], [])
+    assert c["max_spread_pp"] == pytest.approx(15) and not c["spread_ok"]
+    good = checks([steady], sorted(sweep[:2], key=lambda p: p["nic_to_uplink"]))
+    assert good["signs_kept"] and good["sweep_monotonic"] and good["spread_ok"]
+    assert good["case_a_saving_pp_vs_paper"] == pytest.approx(70 - 73.2)
+
+
+def test_rack_variants_change_only_the_uplinks_or_the_rate_scale():
+    import yaml
+
+    base = yaml.safe_load(PAPER.read_text())
+    slow = rack_variant(base, k=8)
+    assert uplink_ratio(slow) == pytest.approx(8)
+    assert slow["servers"] == base["servers"] and slow["circuits"] == base["circuits"]
+    halved = rack_variant(base, rate_scale=base["emulation"]["rate_scale"] / 2)
+    assert halved["emulation"]["rate_scale"] == base["emulation"]["rate_scale"] / 2
+    assert halved["switches"] == base["switches"]
+
+
+def test_calibration_ring_spans_servers_and_fits_under_one_switch():
+    ring = _largest_ring(RACK)
+    assert len({RACK.server_of[g] for g in ring}) == len(ring) == 4
+    pairs = one_switch_circuits(RACK, ring)
+    switches = {RACK.endpoints[_port_ref(downlink)].name for _, downlink in pairs}
+    assert len(switches) == 1 and [p[0] for p in pairs] == [str(RACK.gpu_port(g)) for g in ring]
+
+
+def test_calibration_verdict_is_the_slowest_flow():
+    cal = Calibration(50.0, [49.0, 48.0, 44.0, 49.5], 4, 60.0, 1.0, 30.0, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    assert cal.fraction == pytest.approx(0.88) and not cal.ok
+    assert "TOO SLOW" in cal.line() and "44.0-49.5 Mbit/s" in cal.line()
+    assert Calibration(50.0, [46.0] * 4, 4, 60.0, 1.0, None).ok
