@@ -20,7 +20,8 @@ help:
 	@echo "make rack-up           build the emulated rack (TOPO=...); it stays up"
 	@echo "make rack-status       bridges, ports, rates, circuits and controller connections"
 	@echo "make rack-cli          Mininet CLI on the running rack"
-	@echo "make rack-down         remove everything the rack made (safe to repeat)"
+	@echo "make rack-down         remove everything the rack made (safe to repeat); engines' image stores stay"
+	@echo "make clean             build outputs, and the engines' and registry's caches (takes a rack down)"
 	@echo "make demo              reproduce the paper's experiment (results/)"
 	@echo "make bench             print the benchmarks' figures"
 
@@ -63,8 +64,10 @@ bench: setup
 	$(PY) scripts/bench_placement.py
 	$(PY) scripts/bench_store.py
 
+# Also the caches rack-down keeps: each emulated engine's image store and the registry's storage.
 clean:
 	rm -rf build .pytest_cache .ruff_cache
+	@if [ -x $(VENV)/bin/optirack-rack ]; then $(VENV)/bin/optirack-rack down --purge; fi
 
 # The main job: the paper's experiment on the default rack (results/). ARGS="--quick" for a short run.
 demo: setup

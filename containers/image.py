@@ -1,12 +1,18 @@
-"""Build the worker image with no registry: debootstrap a base, `docker import` it, build on top.
+"""Build the worker image and the NIC helper image, and push them to the rack's registry.
 
-Each image carries a label with the hash of its inputs; a build whose inputs are unchanged is
-skipped, so `make image` is cheap to repeat.
+The worker's base is a debootstrap minbase with python3 and the pinned wheels of
+requirements.txt (installed from this host, so no pip in the image), stripped of what the worker
+never loads (torch's headers, tests, test binaries); the worker is built on top. The helper image
+holds the CNI host-device and static plugins, busybox and iproute2's `ip` with their libraries,
+all taken from Debian packages set-up installs, made with `docker import`. Each image carries a
+label with the hash of its inputs; a build whose inputs are unchanged is skipped, so `make image`
+is cheap to repeat. `push` tags and pushes both to a registry unless it holds them already.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -19,11 +25,19 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 SUITE = "bookworm"
-BASE_PACKAGES = ["python3", "python3-pip", "iproute2", "iputils-ping", "ethtool", "procps", "ca-certificates"]
-BASE_IMAGE = "optirack-base:latest"
-WORKER_IMAGE = "optirack-worker:latest"
+BASE_PACKAGES = ["python3", "iproute2", "iputils-ping", "ethtool", "procps"]
+# OPTIRACK_IMAGE_TAG: build and use the images under another tag (several checkouts on one host).
+TAG = os.environ.get("OPTIRACK_IMAGE_TAG", "latest")
+BASE_IMAGE = f"optirack-base:{TAG}"
+WORKER_IMAGE = f"optirack-worker:{TAG}"
 LABEL = "org.optirack.inputs"
-RECIPE = "2"  # bump when the way the base is made changes
+RECIPE = "3"  # bump when the way the base is made changes
+PYTHON_SITE = "usr/local/lib/python3.11/dist-packages"  # Debian's python3 looks here
+# Never loaded by the worker: C++ headers, torch's own tests and test binaries, docs.
+STRIP = ["torch/include", "torch/test", "torch/share", "torch/bin/protoc", "torch/bin/protoc-3.13.0.0",
+         "torch/bin/FileStoreTest", "torch/bin/HashStoreTest", "torch/bin/TCPStoreTest", "torch/bin/test_aoti_abi_check"]
+DOCS = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt/archives",
+        "var/lib/apt/lists", "var/cache/debconf"]
 
 
 def _digest(*parts: bytes) -> str:
@@ -83,15 +97,18 @@ def build_base(client, workdir: Path) -> None:
     rootfs = workdir / "rootfs"
     _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs), debian_mirror()],
          f"debootstrap {SUITE} (minbase, python3)")
-    wheels = rootfs / "tmp" / "wheels"
-    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheels), "-r", str(HERE / "requirements.txt")],
-         "fetch pinned wheels")
-    shutil.copy(HERE / "requirements.txt", wheels / "requirements.txt")
-    _run(["chroot", str(rootfs), "python3", "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--find-links", "/tmp/wheels",
-          "--break-system-packages", "--no-cache-dir", "-r", "/tmp/wheels/requirements.txt"], "install torch into the rootfs")
-    shutil.rmtree(wheels)
-    for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+    site = rootfs / PYTHON_SITE
+    _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--no-cache-dir", "--target", str(site),
+          "-r", str(HERE / "requirements.txt")], "install the pinned wheels into the rootfs")
+    for junk in STRIP:
+        target = site / junk
+        shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
+    for junk in DOCS:
         shutil.rmtree(rootfs / junk, ignore_errors=True)
+    shutil.rmtree(site / "bin", ignore_errors=True)  # console scripts of the wheels
+    # (torch ships a file of Python 3.12 syntax for its tests: skipped, as pip does)
+    _run([sys.executable, "-m", "compileall", "-q", "-j", "0", "-x", "py312", "-d", f"/{PYTHON_SITE}", str(site)],
+         "byte-compile")
     tar = workdir / "base.tar"
     _run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], "pack the rootfs")
     t0 = time.monotonic()
@@ -110,10 +127,12 @@ def build_worker(client, base_id: str) -> None:
 
 
 def ensure_images(check_only: bool = False, force: bool = False) -> bool:
-    """Build what is missing or stale; returns True if both images are up to date."""
+    """Build what is missing or stale; returns True if all images are up to date."""
     import docker
 
     client = docker.from_env()
+    if not ensure_helper(client, check_only, force):
+        return False
     base = None if force else _labelled(client, BASE_IMAGE, base_inputs())
     if base is None:
         if check_only:
@@ -136,11 +155,129 @@ def ensure_images(check_only: bool = False, force: bool = False) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="build-image", description=__doc__)
+    parser = argparse.ArgumentParser(prog="build-image", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if an image is missing or stale; build nothing")
-    parser.add_argument("--force", action="store_true", help="rebuild both images even if they are up to date")
+    parser.add_argument("--force", action="store_true", help="rebuild the images even if they are up to date")
+    parser.add_argument("--push", metavar="REGISTRY", help="then push both to REGISTRY (HOST:PORT) unless it has them")
     args = parser.parse_args(argv)
-    return 0 if ensure_images(check_only=args.check, force=args.force) else 1
+    if not ensure_images(check_only=args.check, force=args.force):
+        return 1
+    if args.push:
+        import docker
+
+        for ref in push(docker.from_env(), args.push).values():
+            print(f"    {ref}")
+    return 0
+
+
+
+# --- the NIC helper image -------------------------------------------------------------------------
+HELPER_IMAGE = "optirack-cni:1"  # bump the tag when the helper changes (the rack file names it)
+HELPER_FILES = ["/usr/lib/cni/host-device", "/usr/lib/cni/static", "/sbin/ip", "/bin/busybox"]
+HELPER_SCRIPT = HERE / "helper" / "optirack-nic"
+
+
+def _libraries(binary: str) -> list[str]:
+    """The shared libraries a binary loads (from ldd), the dynamic loader included."""
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    libs = []
+    for line in out.splitlines():
+        parts = line.split()
+        path = parts[2] if "=>" in parts and len(parts) > 2 else parts[0]
+        if path.startswith("/"):
+            libs.append(path)
+    return libs
+
+
+def helper_inputs() -> str:
+    files = sorted({f for b in HELPER_FILES for f in [b, *_libraries(b)]})
+    return _digest(HELPER_SCRIPT.read_bytes(), *(f.encode() + Path(f).read_bytes() for f in files))
+
+
+def helper_tar(path: Path) -> None:
+    """A root filesystem of the helper's files, with fixed owners and times (the same bytes each time)."""
+    import tarfile
+
+    files = sorted({f for b in HELPER_FILES for f in [b, *_libraries(b)]})
+    applets = subprocess.run(["/bin/busybox", "--list"], capture_output=True, text=True, check=True).stdout.split()
+
+    def add(tar, name: str, data: bytes | None = None, mode: int = 0o755, link: str | None = None) -> None:
+        info = tarfile.TarInfo(name.lstrip("/"))
+        info.mtime, info.mode = 0, mode
+        if link:
+            info.type, info.linkname = tarfile.SYMTYPE, link
+            tar.addfile(info)
+        elif data is None:
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+        else:
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(path, "w") as tar:
+        for d in ("bin", "sbin", "tmp", "proc", "sys", "dev", "etc", "usr", "usr/lib", "usr/lib/cni", "lib", "lib64",
+                  "lib/x86_64-linux-gnu"):
+            add(tar, d, mode=0o1777 if d == "tmp" else 0o755)
+        for f in files:
+            add(tar, f, Path(f).read_bytes(), mode=0o755)
+        for applet in applets:
+            if applet not in ("ip", "busybox"):
+                add(tar, f"bin/{applet}", link="busybox")
+        add(tar, "bin/optirack-nic", HELPER_SCRIPT.read_bytes())
+
+
+def ensure_helper(client, check_only: bool = False, force: bool = False) -> bool:
+    """Build the helper image if it is missing or its inputs changed."""
+    want = helper_inputs()
+    if not force and _labelled(client, HELPER_IMAGE, want) is not None:
+        print(f"    {HELPER_IMAGE} up to date")
+        return True
+    if check_only:
+        return False
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        tar = Path(tmp) / "helper.tar"
+        helper_tar(tar)
+        with open(tar, "rb") as f:
+            client.api.import_image(src=f, repository=HELPER_IMAGE.split(":")[0], tag=HELPER_IMAGE.split(":")[1],
+                                    changes=[f"LABEL {LABEL}={want}", "LABEL org.optirack.role=helper",
+                                             'ENTRYPOINT ["/bin/optirack-nic"]'])
+    size = client.images.get(HELPER_IMAGE).attrs["Size"]
+    print(f"==> built {HELPER_IMAGE} ({size / 1e6:.1f} MB) in {time.monotonic() - t0:.1f} s", flush=True)
+    return True
+
+
+# --- pushing to a registry ------------------------------------------------------------------------
+def push(client, registry: str, images: tuple[str, ...] = (WORKER_IMAGE, HELPER_IMAGE)) -> dict[str, str]:
+    """Tag and push each image to `registry` unless it holds this very image; returns name -> repo@digest."""
+    refs = {}
+    for name in images:
+        image = client.images.get(name)
+        repo, tag = f"{registry}/{name.split(':')[0]}", name.split(":")[1]
+        known = [d for d in image.attrs.get("RepoDigests") or [] if d.startswith(repo + "@")]
+        if known and _registry_has(client, f"{repo}:{tag}", known[0].split("@")[1]):
+            refs[name] = known[0]
+            continue
+        image.tag(repo, tag)
+        t0 = time.monotonic()
+        print(f"    pushing {name} to {registry} ...", flush=True)
+        for line in client.api.push(repo, tag=tag, stream=True, decode=True):
+            if "error" in line:
+                raise SystemExit(f"pushing {name} to {registry} failed: {line['error']}")
+        image.reload()
+        digest = next(d for d in image.attrs["RepoDigests"] if d.startswith(repo + "@"))
+        print(f"    pushed {name} in {time.monotonic() - t0:.0f} s: {digest}", flush=True)
+        refs[name] = digest
+    return refs
+
+
+def _registry_has(client, ref: str, digest: str) -> bool:
+    """Whether the registry's tag `ref` points at `digest` (asked through the engine)."""
+    try:
+        return client.images.get_registry_data(ref).id == digest
+    except Exception:  # noqa: BLE001 (missing tag or registry down: push)
+        return False
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import sys
 import time
 
 from controller.client import ApiError, Client, find_token
+from controller.config import DEFAULT_RACK
 from controller.core.rack import RackError, load_rack
 
 
@@ -19,6 +20,36 @@ def _check_topology(args) -> int:
     print(rack.summary())
     print(f"{args.file}: OK")
     return 0
+
+
+def _rack_check(args) -> int:
+    from controller.drivers.containers import ContainerDriver
+    from controller.drivers.rackcheck import check_rack
+
+    try:
+        rack = load_rack(args.rack)
+    except RackError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    emulated = args.gpus == "emulated" or (args.gpus == "auto" and _emulated_here(rack.name))
+    driver = ContainerDriver(rack, "", nic_home="host")  # no worker is started: only the NIC helper
+    print(f"rack {rack.name}: asking {len(rack.servers)} engines (GPUs {'emulated' if emulated else 'required'})", flush=True)
+    results = check_rack(driver, emulated)
+    for r in results:
+        print(r.line())
+    failed = [r for r in results if not r.ok]
+    if failed:
+        print("rack-check failed: " + "; ".join(f"{r.server}: {r.text.split('; ')[-1]}" for r in failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _emulated_here(name: str) -> bool:
+    """Whether this host's emulated rack of that name is up (its GPUs are emulated)."""
+    from emulation.rack import RackState
+
+    state = RackState.load()
+    return state is not None and state.name == name
 
 
 def _client(args) -> Client:
@@ -248,6 +279,15 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Validate a rack file. Exit 0 if it is good, 2 with the field at fault if not.")
     p.add_argument("file", help="rack file (YAML), e.g. topologies/paper-testbed.yaml")
     p.set_defaults(func=_check_topology)
+
+    p = sub.add_parser("rack-check", help="ask every server's Docker Engine whether it can run jobs",
+                       description="Ask every server's engine: reachable, GPUs and the NVIDIA runtime, the NIC helper "
+                                   "with the CNI plugins, each NIC the rack file names. One line per server; exit 1 "
+                                   "naming the server and the cause when something is missing, 2 for a bad rack file.")
+    p.add_argument("--rack", default=str(DEFAULT_RACK), help="rack file (default: the paper testbed)")
+    p.add_argument("--gpus", choices=["auto", "required", "emulated"], default="auto",
+                   help="auto: emulated if this host's emulated rack of that name is up, else required")
+    p.set_defaults(func=_rack_check)
 
     p = sub.add_parser("topology", help="the rack as the controller sees it")
     p.set_defaults(func=_topology)

@@ -1,6 +1,7 @@
 """The controller's own options, registered with Ryu's oslo.config as ``--optirack-*`` (section [optirack])."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ryu import cfg
@@ -23,7 +24,12 @@ OPTS = [
     cfg.StrOpt("tl1-password", default="", secret=True, help="password for OCS driven by the tl1 driver"),
     cfg.StrOpt("nic-home", default="emulated", choices=["emulated", "host"],
                help="where GPU NICs live outside containers: the emulated rack's server namespaces, or a real host's"),
-    cfg.StrOpt("worker-image", default="optirack-worker:latest", help="Docker image of the GPU worker"),
+    cfg.FloatOpt("engine-poll", default=2.0,
+                 help="seconds between health checks of the servers' Docker Engines (one that comes back has its "
+                      "stale containers removed)"),
+    cfg.StrOpt("worker-image", default=f"optirack-worker:{os.environ.get('OPTIRACK_IMAGE_TAG', 'latest')}",
+               help="Docker image of the GPU worker (on a rack with a registry: its name there, resolved to a digest "
+                    "at each job's start)"),
 ]
 
 cfg.CONF.register_cli_opts(OPTS, group="optirack")

@@ -180,3 +180,67 @@ def summary(calibrations: list[Calibration]) -> dict:
             "steal_percent_max": max(c.steal_percent for c in calibrations),
             "idle_percent_min": min(c.idle_percent for c in calibrations),
             "runs": [c.to_json() for c in calibrations]}
+
+
+@dataclass
+class RateCheck:
+    """One path's throughput with its shapers in place and, in the same run, without them."""
+
+    rate_mbps: float
+    shaped_mbps: float
+    unshaped_mbps: float
+
+    @property
+    def host_can_tell(self) -> bool:
+        """Does this host carry clearly more than the rate without shapers? Only then can a shaper
+        that does not limit be told from one that does."""
+        return self.unshaped_mbps >= 1.5 * self.rate_mbps
+
+    def problems(self, low: float = 0.8, high: float = 1.05) -> list[str]:
+        """What is wrong with the shaped figure; empty if it is what a working shaper gives. A slow
+        host lowers the bar (the shaped flow need only reach what the unshaped one did), it never
+        fails the check; a shaper that lets more than the rate through fails it wherever the host
+        can carry more."""
+        out = []
+        if self.shaped_mbps > high * self.rate_mbps:
+            out.append(f"shaped {self.shaped_mbps:.1f} Mbit/s is above the rate {self.rate_mbps:g} Mbit/s")
+        floor = low * min(self.rate_mbps, self.unshaped_mbps)
+        if self.shaped_mbps < floor:
+            out.append(f"shaped {self.shaped_mbps:.1f} Mbit/s is below {floor:.1f} Mbit/s ({low:g} x the lesser of the rate "
+                       f"and the {self.unshaped_mbps:.1f} Mbit/s this host carried unshaped)")
+        return out
+
+
+def without_shapers(devices: list[tuple[str, str | None]]):
+    """A context manager that takes the htb root qdisc off (interface, netns) pairs and puts back
+    exactly what was there (re-created with `emulation.shaping.htb_commands` from the saved rate)."""
+    import contextlib
+
+    from emulation.ovs import shaped_mbps
+    from emulation.shaping import DEV, htb_commands
+
+    @contextlib.contextmanager
+    def manage():
+        saved = []
+        for dev, netns in devices:
+            rate = shaped_mbps(dev, netns)
+            saved.append((dev, netns, rate, _mtu(dev, netns)))
+            subprocess.run(["tc", *(["-n", netns] if netns else []), "qdisc", "del", "dev", dev, "root"],
+                           capture_output=True, check=False)
+        try:
+            yield
+        finally:
+            for dev, netns, rate, mtu in saved:
+                if rate is None:
+                    continue
+                for args in htb_commands(rate, mtu):
+                    subprocess.run(["tc", *(["-n", netns] if netns else []), *[dev if a == DEV else a for a in args]],
+                                   capture_output=True, check=True)
+
+    return manage()
+
+
+def _mtu(dev: str, netns: str | None) -> int:
+    out = subprocess.run(["ip", *(["-n", netns] if netns else []), "-j", "link", "show", "dev", dev],
+                         capture_output=True, text=True).stdout
+    return int(json.loads(out)[0]["mtu"]) if out.strip() else 1500

@@ -9,8 +9,8 @@ import sys
 
 from controller.config import DEFAULT_RACK
 from controller.core.rack import RackError, load_rack
-from controller.drivers.netns import has_link
-from emulation import ovs
+from emulation import engines, ovs
+from emulation.netns import has_link
 from emulation.rack import RackConflict, RackState, build, down, end_shells, up
 
 
@@ -40,7 +40,25 @@ def _cmd_up(args) -> int:
 
 
 def _cmd_down(args) -> int:
-    down()
+    down(purge=args.purge)
+    return 0
+
+
+def _cmd_engine(args) -> int:
+    """Start, stop or crash one emulated server's engine (to try failures; rack-up starts them all)."""
+    state = RackState.load()
+    plans = {e["server"]: engines.EnginePlan(**e) for e in (state.engines if state else [])}
+    if args.server not in plans:
+        sys.exit(f"optirack-rack: no emulated engine for server {args.server!r} "
+                 f"(this rack's: {', '.join(plans) or 'none; is a rack up?'})")
+    plan, rack = plans[args.server], load_rack(state.rack_file)
+    if args.action == "start":
+        engines.start(rack, plan)
+        print(f"engine of {plan.server} answers at {plan.url} after {engines.wait_ready(rack, plan):.1f} s")
+    else:
+        ran = engines.stop(plan, signal.SIGKILL if args.action == "kill" else signal.SIGTERM)
+        print(f"engine of {plan.server} {'killed' if args.action == 'kill' else 'stopped'}" if ran else
+              f"engine of {plan.server} was not running")
     return 0
 
 
@@ -64,6 +82,9 @@ def status_dict() -> dict:
         where = state.namespaces[nic["server"]]
         result["nics"][gpu] = {"server": nic["server"], "ip": nic["ip"], "ocs_port": f"{nic['ocs']}:{nic['ocs_port']}",
                                "mbps": nic["mbps"], "present": has_link(nic["ifname"], where)}
+    result["engines"] = {e["server"]: {"url": engines.EnginePlan(**e).url, "pid": engines.pid_of(engines.EnginePlan(**e))}
+                         for e in state.engines}
+    result["registry"] = state.registry
     ocs = {n["ocs"] for n in state.nics.values()}
     result["circuits"] = {o: sorted(ovs.circuits_of(ovs.circuit_flows(o))) for o in ocs if o in existing}
     return result
@@ -91,6 +112,10 @@ def _cmd_status(args) -> int:
     for gpu, n in s["nics"].items():
         where = f"in {n['server']}" if n["present"] else f"not in {n['server']} (in a container?)"
         print(f"    {gpu:6s} {n['ip']:15s} {n['ocs_port']:9s} {n['mbps']:g} Mbit/s  {where}")
+    for server, e in s["engines"].items():
+        print(f"  engine of {server}: {e['url']} " + (f"running (PID {e['pid']})" if e["pid"] else "NOT running"))
+    if s["registry"]:
+        print(f"  registry: {s['registry']}")
     for o, circuits in s["circuits"].items():
         print(f"  circuits on {o}: " + (", ".join(f"{a}<->{b}" for a, b in circuits) or "none"))
     return 0
@@ -128,7 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "benchmarks at hundreds of GPUs, where the full rack takes minutes; carries no traffic)")
     sp.set_defaults(func=_cmd_up)
     sp = sub.add_parser("down", help="remove everything the rack made (safe to repeat)")
+    sp.add_argument("--purge", action="store_true",
+                    help="also remove the caches rack-down keeps: each engine's image store and the registry's storage")
     sp.set_defaults(func=_cmd_down)
+    sp = sub.add_parser("engine", help="start, stop (SIGTERM) or kill (SIGKILL, a crash) one server's engine")
+    sp.add_argument("action", choices=["start", "stop", "kill"])
+    sp.add_argument("server", help="server name, e.g. srv2")
+    sp.set_defaults(func=_cmd_engine)
     sp = sub.add_parser("status", help="bridges, ports, line rates, circuits, controller connections")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(func=_cmd_status)
@@ -147,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     except RackError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (RackConflict, ovs.CommandError) as e:
+    except (RackConflict, ovs.CommandError, engines.EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

@@ -13,6 +13,11 @@ def port_intf(device: str, port: int) -> str:
     return f"{device}-p{port}"
 
 
+def nic_port(gpu: str) -> str:
+    """The server-side end of a GPU NIC's cable: ``gpu1-port`` (GPU names have at most 9 characters)."""
+    return f"{gpu}-port"
+
+
 def netns_of(server: str) -> str:
     """The pinned network namespace of an emulated server."""
     return f"{NETNS_PREFIX}{server}"
@@ -22,6 +27,7 @@ def netns_of(server: str) -> str:
 class NicPlan:
     gpu: str
     ifname: str  # the NIC's interface name (the GPU's name unless the rack file says otherwise)
+    port: str  # the server's end of the NIC's cable (a veth whose peer is the OCS port); the NIC is a macvlan on it
     server: str
     ocs: str
     ocs_port: int
@@ -39,6 +45,6 @@ def nic_plans(rack: Rack) -> list[NicPlan]:
     for i, (name, gpu) in enumerate(rack.gpus.items()):
         ref = gpu.nic.ocs_port
         ip, mac = rack.addresses[name]
-        plans.append(NicPlan(name, rack.interface(name), rack.server_of[name], ref.device, ref.port, port_intf(ref.device, ref.port),
-                             scale.mbps(gpu.nic.rate_gbps), scale.mtu, ip, mac, 100 + i))
+        plans.append(NicPlan(name, rack.interface(name), nic_port(name), rack.server_of[name], ref.device, ref.port,
+                             port_intf(ref.device, ref.port), scale.mbps(gpu.nic.rate_gbps), scale.mtu, ip, mac, 100 + i))
     return plans

@@ -17,8 +17,8 @@ from functools import partial
 from pathlib import Path
 
 from controller.core.rack import Rack
-from controller.drivers import netns as ns
-from emulation import nics, ovs
+from emulation import engines, nics, ovs, registry
+from emulation import netns as ns
 from emulation.plan import NETNS_PREFIX, netns_of, nic_plans
 from emulation.topo import RackTopo, check_emulable, downlink_patches, port_mtus
 
@@ -39,6 +39,9 @@ class RackState:
     namespaces: dict[str, str]  # server -> netns name
     nics: dict[str, dict] = field(default_factory=dict)  # gpu -> NicPlan fields
     pids: list[int] = field(default_factory=list)
+    engines: list[dict] = field(default_factory=list)  # EnginePlan fields of the engines started
+    registry: str | None = None  # the registry this rack started (ADDR:PORT)
+    images: dict[str, str] = field(default_factory=dict)  # image name -> repo@digest the engines hold
     status: str = "building"
     up_seconds: float = 0.0
 
@@ -88,9 +91,11 @@ def _state_for(rack: Rack, topo: RackTopo, controller: str) -> RackState:
         for end in ("1", "2"):
             if info[f"node{end}"] in topo.switches():
                 root_intfs.append(info[f"intfName{end}"])
+    plans = engines.engine_plans(rack)
     return RackState(name=rack.name, rack_file=str(rack.source), controller=controller, bridges=list(topo.switches()),
                      root_intfs=sorted(root_intfs), namespaces={h: netns_of(h) for h in topo.hosts()},
-                     nics={n.gpu: asdict(n) for n in nic_plans(rack)})
+                     nics={n.gpu: asdict(n) for n in nic_plans(rack)}, engines=[asdict(e) for e in plans],
+                     registry=rack.spec.engines.registry if plans else None)
 
 
 def _switch_class(rack_name: str):
@@ -135,7 +140,7 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
         ns.attach(netns_of(h.name), h.pid)
         nics.prepare_server(netns_of(h.name))
     for nic in nic_plans(rack):
-        nics.address(nic, rack)
+        nics.make(nic, rack)
     for a, b in rack.spec.circuits:
         for x, y in ((a, b), (b, a)):
             ovs.ofctl("add-flow", a.device, f"cookie={CIRCUIT_COOKIE},priority=100,in_port={x.port},actions=output:{y.port}")
@@ -172,6 +177,12 @@ def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5
         raise
     end_shells(net)  # the rack stays: bridges in OVS, namespaces pinned by name
     state.pids = []
+    try:
+        _start_engines(rack, state)
+    except BaseException:
+        _log("rack-up failed while starting the engines: removing what was made")
+        down(quiet=True)
+        raise
     state.status = "up"
     state.up_seconds = round(time.monotonic() - t0, 2)
     state.save()
@@ -179,6 +190,80 @@ def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5
     while time.monotonic() < deadline and not all(ovs.controller_connected(b) for b in state.bridges):
         time.sleep(0.2)
     return state
+
+
+def _start_engines(rack: Rack, state: RackState) -> None:
+    """Management network, certificates, registry, one engine per server, images on every engine."""
+    plans = [engines.EnginePlan(**e) for e in state.engines]
+    if not plans:
+        return
+    t0 = time.monotonic()
+    reg = rack.spec.engines.registry
+    engines.make_management(rack, plans)
+    engines.make_certificates(rack, plans, reg.rsplit(":", 1)[0] if reg else None)
+    for p in plans:
+        engines.start(rack, p)
+    if reg:
+        registry.start(rack)
+        state.images = _push_images(reg)
+        state.save()
+    engines.start_all_wait(rack, plans, _log)
+    if state.images:
+        engines.pull_all(rack, plans, state.images, _log)
+    _log(f"  {len(plans)} engines ready in {time.monotonic() - t0:.1f} s")
+
+
+def _push_images(reg: str) -> dict[str, str]:
+    import docker
+
+    from containers import image
+
+    client = docker.from_env(timeout=600)
+    image.ensure_helper(client)
+    try:
+        client.images.get(image.WORKER_IMAGE)
+    except docker.errors.ImageNotFound:
+        raise engines.EngineError(f"no {image.WORKER_IMAGE} on this host to push to the rack's registry: "
+                                  "run make image") from None
+    return image.push(client, reg)
+
+
+def _stop_engines(state: RackState, quiet: bool) -> dict[str, int]:
+    """Remove our containers from each engine, stop it, unmount what it left; then the registry and
+    the management network. An engine that crashed is started again first, so that it removes its
+    own containers (a crash leaves them running under its containerd)."""
+    counts = {"containers": 0, "engines": 0}
+    if not state.engines:
+        return counts
+    rack = _rack_of(state)
+    plans = [engines.EnginePlan(**e) for e in state.engines]
+    for plan in plans:
+        try:
+            crashed = engines.pid_of(plan) is None and engines.containerd_pid(plan) is not None
+            if rack is not None and crashed:  # its containers run on under its containerd
+                engines.start(rack, plan)
+                engines.wait_ready(rack, plan, timeout=30)
+            if rack is not None and engines.pid_of(plan):
+                counts["containers"] += engines.remove_our_containers(rack, plan, f"{CONTAINER_LABEL}={state.name}")
+        except Exception as ex:  # noqa: BLE001 (keep taking the rest down)
+            if not quiet:
+                _log(f"  engine of {plan.server}: {ex.__class__.__name__}: {ex}")
+    counts["engines"] = engines.stop_all(plans)
+    if registry.stop() and not quiet:
+        _log("  registry stopped")
+    if state.registry:
+        registry.untrust(state.registry)
+    engines.remove_management([engines.EnginePlan(**e).leg for e in state.engines])
+    return counts
+
+
+def _rack_of(state: RackState):
+    from controller.core.rack import RackError, load_rack
+
+    try:
+        return load_rack(state.rack_file)
+    except RackError:
+        return None
 
 
 def _remove_containers(rack_name: str | None, quiet: bool) -> int:
@@ -197,11 +282,14 @@ def _remove_containers(rack_name: str | None, quiet: bool) -> int:
     return len(found)
 
 
-def down(quiet: bool = False) -> dict[str, int]:
-    """Remove everything a rack made. Returns counts of what was removed."""
+def down(quiet: bool = False, purge: bool = False) -> dict[str, int]:
+    """Remove everything a rack made (the engines' image stores stay as a cache unless `purge`).
+    Returns counts of what was removed."""
     state = RackState.load()
-    removed = {"containers": 0, "bridges": 0, "interfaces": 0, "namespaces": 0, "processes": 0}
-    removed["containers"] = _remove_containers(state.name if state else None, quiet)
+    removed = {"containers": 0, "engines": 0, "bridges": 0, "interfaces": 0, "namespaces": 0, "processes": 0}
+    if state:
+        removed.update(_stop_engines(state, quiet))
+    removed["containers"] += _remove_containers(state.name if state else None, quiet)
     labelled = ovs.rack_bridges()
     names = set(labelled) | set(state.bridges if state else [])
     for name in sorted(names):
@@ -225,6 +313,9 @@ def down(quiet: bool = False) -> dict[str, int]:
             ovs.run("ip", "link", "delete", "dev", intf, check=False)
             removed["interfaces"] += 1
     RackState.path().unlink(missing_ok=True)
+    if purge:
+        engines.purge_cache()
+        removed["caches"] = 1
     if not quiet:
         what = ", ".join(f"{n} {k}" for k, n in removed.items() if n) or "nothing was left"
         _log(f"rack-down: removed {what}")

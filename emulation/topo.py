@@ -7,9 +7,9 @@ packet then crosses OCS, aggregator and OCS again in one pass with no system cal
 cores triples what the emulated rack carries (measured: four concurrent flows at 100 Mbit/s got
 67 % of the line rate over veth fibres, 79 % over patch ports; DESIGN.md's facts).
 
-Line rates (htb): on the OCS port facing each NIC (traffic to the NIC), on the NIC itself
-(traffic from it; a container that takes the NIC over shapes it again, as moving an interface
-to another namespace drops its qdiscs), and on both ends of every uplink. A circuit joins two
+Line rates (htb): on the OCS port facing each NIC (traffic to the NIC), on the NIC's port in its
+server (traffic from it: the NIC is a macvlan on that port and sends through the port's qdisc,
+wherever the NIC's namespace is), and on both ends of every uplink. A circuit joins two
 ports of the same rate (checked in controller.core.circuits), so a NIC's two directions are
 shaped at its rate wherever its circuit goes.
 """
@@ -79,10 +79,11 @@ class RackTopo(Topo):
         for s in rack.spec.servers:
             self.addHost(s.name, ip=None)  # GPU NIC addresses come from the rack file, below
         for nic in nic_plans(rack):
-            self.addLink(nic.ocs, nic.server, port1=nic.ocs_port, intfName1=nic.peer_intf, intfName2=nic.ifname,
+            # The server's end is the NIC's port; the NIC that moves into containers is a macvlan on
+            # it (emulation/nics.py), so both ends stay put and keep their shaping.
+            self.addLink(nic.ocs, nic.server, port1=nic.ocs_port, intfName1=nic.peer_intf, intfName2=nic.port,
                          cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(nic.mbps, nic.mtu),
-                         params2=_shaped(None, nic.mtu),
-                         addr2=nic.mac)
+                         params2=_shaped(nic.mbps, nic.mtu))
         done = set()
         for w in rack.spec.switches:
             for u in w.uplinks:

@@ -16,10 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from containers.image import WORKER_IMAGE
 from controller.core.rack import load_rack
-from controller.drivers.containers import ContainerDriver, GpuContainer
+from controller.drivers.containers import ContainerDriver, GpuContainer, container_name
 from emulation.harness import ROOT, Testbed
-from emulation.nics import EmulatedNicHome
 
 
 def cpu_times() -> list[int]:
@@ -29,7 +29,7 @@ def cpu_times() -> list[int]:
 def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: str,
              allreduce: str = "ring") -> tuple[list[list[dict]], float]:
     rack = tb.rack
-    driver = ContainerDriver(rack, image, EmulatedNicHome(rack))
+    driver = ContainerDriver(rack, image)
     master = rack.addresses[gpus[0]][0]
     prefix = rack.spec.network.subnet.prefixlen
     started = []
@@ -42,10 +42,9 @@ def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: st
                                       f"{rack.addresses[gpu][0]}/{prefix}", cmd))
             started.append(gpu)
         cpu0 = cpu_times()
-        client = driver.client_for(rack.server_of[gpus[0]])
         logs = []
         for gpu in gpus:
-            c = client.containers.get(f"optirack-bench-{gpu}")
+            c = driver.client(rack.server_of[gpu]).containers.get(container_name("bench", gpu))
             status = c.wait(timeout=600)
             text = c.logs(stdout=True, stderr=False).decode()
             if status["StatusCode"] != 0:
@@ -54,7 +53,7 @@ def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: st
         cpu1 = cpu_times()
     finally:
         for gpu in started:
-            driver.remove("bench", gpu, rack.server_of[gpu], gpu)
+            driver.remove("bench", gpu, rack.server_of[gpu])
     delta = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
     return logs, 100.0 * (delta[3] + delta[4]) / sum(delta)
 
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", default="gpu1,gpu2,gpu3,gpu4", help="the ring (default %(default)s)")
     p.add_argument("--mbytes", type=float, default=12.8, help="gradient size S in MB (default %(default)s)")
     p.add_argument("--iterations", type=int, default=5)
-    p.add_argument("--image", default="optirack-worker:latest")
+    p.add_argument("--image", default=WORKER_IMAGE, help="worker image (default %(default)s)")
     p.add_argument("--allreduce", choices=["ring", "builtin"], default="ring", help="the worker's --allreduce")
     p.add_argument("--observed", type=int, default=0, metavar="ROUNDS",
                    help="then ROUNDS pairs of runs, alternately without and with the live page open in headless "

@@ -7,8 +7,11 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
 LOG_DIR=${OPTIRACK_LOG_DIR:-/var/log/optirack}
+# containernetworking-plugins, busybox-static: the NIC helper image; docker-registry: the emulated
+# rack's registry; openssl: its certificates.
 PACKAGES=(openvswitch-switch mininet docker.io debootstrap iperf3 ethtool iputils-ping iproute2
-          python3-venv python3-dev ca-certificates curl prometheus chromium)
+          python3-venv python3-dev ca-certificates curl prometheus chromium containernetworking-plugins
+          busybox-static docker-registry openssl)
 CHANGED=0
 
 current_step=""

@@ -24,14 +24,8 @@ from controller.core.circuits import CircuitDiff, CircuitMap, displaced
 from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, Job, JobRequest, JobTable
 from controller.core.occupancy import Occupancy
 from controller.core.rack import PortRef
-from controller.drivers.containers import (
-    LABEL_JOB,
-    ContainerDriver,
-    ContainerError,
-    GpuContainer,
-    HostNicHome,
-    container_name,
-)
+from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer
+from controller.drivers.engines import EngineDown
 from controller.drivers.ocs import OcsUnavailable
 
 LOG = logging.getLogger("optirack.placement")
@@ -62,14 +56,6 @@ def _attempt(job: Job, what: str, step, *args) -> None:
         LOG.exception("%s: %s failed", job.id, what)
 
 
-def _nic_home(rack):
-    if conf().nic_home == "host":
-        return HostNicHome()
-    from emulation.nics import EmulatedNicHome
-
-    return EmulatedNicHome(rack)
-
-
 class PlacementApp(app_manager.RyuApp):
     _CONTEXTS = {"optirack": Optirack}
 
@@ -77,7 +63,7 @@ class PlacementApp(app_manager.RyuApp):
         super().__init__(*args, **kwargs)
         self.ctx: Optirack = kwargs["optirack"]
         self.ctx.placement = self
-        self.driver = kwargs.get("driver") or ContainerDriver(self.ctx.rack, conf().worker_image, _nic_home(self.ctx.rack))
+        self.driver = kwargs.get("driver") or ContainerDriver(self.ctx.rack, conf().worker_image, nic_home=conf().nic_home)
         self.jobs = JobTable(Job.from_state(j) for j in self.ctx.saved.get("jobs", []))
         start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
         self._ids = itertools.count(start)
@@ -89,6 +75,8 @@ class PlacementApp(app_manager.RyuApp):
         self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
         self._threads: dict[str, list] = {}
         hub.spawn(self._recover)
+        self.engine_poll = kwargs.get("engine_poll") or conf().engine_poll
+        hub.spawn(self._watch_engines)
         if self.queue:
             hub.spawn(self._drain_when_ready)
 
@@ -153,9 +141,14 @@ class PlacementApp(app_manager.RyuApp):
         return gone
 
     # --- submitting, the queue, and placing --------------------------------------------
-    def occ(self, circuits: CircuitMap | None = None, exclude: str | None = None) -> Occupancy:
-        """The occupancy brought up to date with `circuits` (default: now) and the active jobs' GPUs."""
+    def occ(self, circuits: CircuitMap | None = None, exclude: str | None = None, admitting: bool = False) -> Occupancy:
+        """The occupancy brought up to date with `circuits` (default: now) and the active jobs' GPUs;
+        `admitting`: the GPUs of servers whose Docker Engine is down count as held too (a new job avoids them)."""
         holders = {g: j for g, j in self.busy_gpus().items() if j != exclude}
+        if admitting:
+            down = self.down_servers()
+            holders.update({g: f"the engine of {s} (down)" for g, s in self.ctx.rack.server_of.items()
+                            if s in down and g not in holders})
         self.occupancy.sync(self.ctx.circuits if circuits is None else circuits, holders)
         return self.occupancy
 
@@ -173,9 +166,11 @@ class PlacementApp(app_manager.RyuApp):
         `queue` is false) or policy.PlacementError (this rack can never place it); nothing changes then.
         """
         job = Job(id="", request=req.model_dump(), created_at=self.ctx.clock())
+        if isinstance(req.gpus, list) and set(req.gpus) <= set(self.ctx.rack.gpus):
+            self._refuse_down_engines(req.gpus)  # 409 naming the server, not a wait in the queue
         with self._admit:
             try:
-                p = policy.plan(self.occ(), self._request(job))
+                p = policy.plan(self.occ(admitting=True), self._request(job))
             except policy.NoRoomNow as e:
                 p, wait = None, str(e)
             if p is not None and self.queue:
@@ -211,7 +206,7 @@ class PlacementApp(app_manager.RyuApp):
             while self.queue:
                 job = self.jobs[self.queue[0]]
                 try:
-                    p = policy.plan(self.occ(), self._request(job))
+                    p = policy.plan(self.occ(admitting=True), self._request(job))
                 except policy.NoRoomNow as e:
                     job.note = f"waiting: {e}"
                     break
@@ -233,6 +228,15 @@ class PlacementApp(app_manager.RyuApp):
             hub.sleep(0.2)
             waited += 0.2
         self._drain_queue()
+
+    def _refuse_down_engines(self, gpus: list[str]) -> None:
+        """409 naming the server, for GPUs whose server's engine does not answer now."""
+        servers = sorted({self.ctx.rack.server_of[g] for g in gpus})
+        down = {s: self.down_servers()[s] for s in servers if not self.driver.engines.ping(s)}
+        if down:
+            raise Conflict("gpus: " + "; ".join(f"the Docker Engine of server {s} is down ({why}): "
+                                                f"{', '.join(g for g in gpus if self.ctx.rack.server_of[g] == s)} cannot run"
+                                                for s, why in down.items()))
 
     def _run(self, job: Job) -> None:
         """The job's thread. Every way out ends the job: running on, done, or failed with the reason."""
@@ -297,24 +301,47 @@ class PlacementApp(app_manager.RyuApp):
         return cmd
 
     def _start_containers(self, job: Job) -> None:
+        """One sandbox, NIC and worker per GPU, on each GPU's own server's engine, all at once; the
+        engines are asked first, so a server that is down fails the job at once, naming it."""
         rack, prefix = self.ctx.rack, self.ctx.rack.spec.network.subnet.prefixlen
-        started = []
+        servers = {rack.server_of[g] for g in job.gpus}
         try:
-            for rank, gpu in enumerate(job.gpus):
-                g = rack.gpus[gpu]
-                self.driver.start(GpuContainer(job.id, gpu, rack.server_of[gpu], g.index, g.model, rack.interface(gpu),
-                                               f"{rack.addresses[gpu][0]}/{prefix}", self._command(job, rank)))
-                started.append(gpu)
-        except ContainerError:
-            self._remove_containers(job, started)
-            raise
+            self.driver.check_engines(servers)
+            image = self.driver.worker_image(rack.server_of[job.gpus[0]])
+        except EngineDown as e:
+            raise ContainerError(str(e)) from None
+        except Exception as e:  # noqa: BLE001 (registry or engine refused: fail the job with the reason)
+            raise ContainerError(f"cannot start the containers: the worker image {self.driver.image} cannot be had "
+                                 f"({str(e).strip().splitlines()[-1] if str(e).strip() else e.__class__.__name__})") from None
+        job.image = image
+
+        def one(rank: int, gpu: str) -> None:
+            g = rack.gpus[gpu]
+            self.driver.start(GpuContainer(job.id, gpu, rack.server_of[gpu], g.index, g.model, rack.interface(gpu),
+                                           f"{rack.addresses[gpu][0]}/{prefix}", self._command(job, rank)), image)
+
+        threads = [hub.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)]
+        errors = []
+        for t in threads:
+            try:
+                t.wait()
+            except Exception as e:  # noqa: BLE001 (collected: the first one is the job's reason)
+                errors.append(e)
+        if errors:
+            self._remove_containers(job)
+            raise errors[0]  # the job's edge tells an expected failure from a bug by its type
 
     def _remove_containers(self, job: Job, gpus=None) -> None:
-        for gpu in gpus if gpus is not None else job.gpus:
+        """Give each NIC back and remove the containers, on every engine at once; an engine that is
+        down is skipped (its containers are swept when it comes back)."""
+        def one(gpu: str) -> None:
+            server = self.ctx.rack.server_of[gpu]
             try:
-                self.driver.remove(job.id, gpu, self.ctx.rack.server_of[gpu], self.ctx.rack.interface(gpu))
+                self.driver.remove(job.id, gpu, server)
             except Exception as e:  # noqa: BLE001 (keep cleaning the others)
-                LOG.error("%s: removing the container of %s: %s", job.id, gpu, e)
+                LOG.error("%s: removing the containers of %s on %s: %s", job.id, gpu, server, e)
+
+        hub.joinall([hub.spawn(one, gpu) for gpu in (gpus if gpus is not None else job.gpus)])
 
     def _fail(self, job: Job, reason: str, applied: CircuitDiff | None, error: BaseException | None = None) -> None:
         """End a job that could not run: its circuits back, its containers gone (last log lines kept)."""
@@ -335,12 +362,9 @@ class PlacementApp(app_manager.RyuApp):
         """The last lines of each worker's output (stdout and stderr), read before its container goes."""
         for gpu in job.gpus:
             try:
-                container = self.driver.client_for(self.ctx.rack.server_of[gpu]).containers.get(container_name(job.id, gpu))
-                raw = container.logs(stdout=True, stderr=True, tail=LOG_LINES)
+                job.logs[gpu] = self.driver.tail(job.id, gpu, self.ctx.rack.server_of[gpu], LOG_LINES)
             except Exception as e:  # noqa: BLE001 (no container, or no engine: nothing to keep)
                 LOG.debug("%s: no logs of %s: %s", job.id, gpu, e)
-                continue
-            job.logs[gpu] = raw.decode(errors="replace").splitlines()[-LOG_LINES:]
 
     def worker_logs(self, job: Job, tail: int = LOG_LINES) -> tuple[dict[str, list[str]], str]:
         """A running job's live log lines (from its containers), else the lines kept when it ended."""
@@ -348,8 +372,7 @@ class PlacementApp(app_manager.RyuApp):
             live = {}
             for gpu in job.gpus:
                 try:
-                    c = self.driver.client_for(self.ctx.rack.server_of[gpu]).containers.get(container_name(job.id, gpu))
-                    live[gpu] = c.logs(stdout=True, stderr=True, tail=tail).decode(errors="replace").splitlines()[-tail:]
+                    live[gpu] = self.driver.tail(job.id, gpu, self.ctx.rack.server_of[gpu], tail)
                 except Exception as e:  # noqa: BLE001 (report what can be read)
                     live[gpu] = [f"(cannot read the container's log: {e})"]
             return live, "containers"
@@ -402,10 +425,9 @@ class PlacementApp(app_manager.RyuApp):
         """Read one worker's JSON lines as they come; record its exit code; stop the job if it failed."""
         server = self.ctx.rack.server_of[gpu]
         try:
-            container = self.driver.client_for(server).containers.get(container_name(job.id, gpu))
             job.reports[gpu] = []
             buf = b""
-            for chunk in container.logs(stream=True, follow=True, stdout=True, stderr=False):
+            for chunk in self.driver.logs(job.id, gpu, server):
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
@@ -414,9 +436,12 @@ class PlacementApp(app_manager.RyuApp):
                             job.record(gpu, json.loads(line))
                         except ValueError:
                             pass
-            job.exit_codes[gpu] = container.wait().get("StatusCode", -1)
-        except Exception as e:  # noqa: BLE001 (the container vanished or Docker failed)
-            LOG.error("%s: lost the worker on %s: %s", job.id, gpu, e)
+            job.exit_codes[gpu] = self.driver.wait(job.id, gpu, server)
+        except Exception as e:  # noqa: BLE001 (the container vanished, or its engine went down)
+            why = str(e) if self.driver.engines.ping(server) else \
+                f"the Docker Engine of server {server} went down ({self.driver.down_servers().get(server)})"
+            LOG.error("%s: lost the worker on %s: %s", job.id, gpu, why)
+            job.record(gpu, {"event": "error", "error": why})
             job.exit_codes[gpu] = -1
         if job.exit_codes[gpu] != 0 and job.state == "running":
             LOG.warning("%s: the worker on %s exited with %s; stopping the others", job.id, gpu, job.exit_codes[gpu])
@@ -426,9 +451,9 @@ class PlacementApp(app_manager.RyuApp):
 
     def _kill(self, job: Job, gpu: str) -> None:
         try:
-            self.driver.client_for(self.ctx.rack.server_of[gpu]).containers.get(container_name(job.id, gpu)).kill()
-        except Exception:  # noqa: BLE001 (already gone)
-            pass
+            self.driver.kill(job.id, gpu, self.ctx.rack.server_of[gpu])
+        except Exception as e:  # noqa: BLE001 (already gone, or its engine is down)
+            LOG.debug("%s: kill %s: %s", job.id, gpu, e)
 
     def _finish(self, job: Job, state: str, reason: str | None) -> None:
         self._end(job, state, reason)
@@ -565,6 +590,8 @@ class PlacementApp(app_manager.RyuApp):
 
     # --- after a restart --------------------------------------------------------------------
     def _recover(self) -> None:
+        """After a restart: follow running jobs whose workers are all still there, on every engine;
+        fail the others; then remove what is left of jobs that are over."""
         for job in list(self.jobs.values()):
             if job.state == "running":
                 present = self._present(job)
@@ -572,16 +599,48 @@ class PlacementApp(app_manager.RyuApp):
                     LOG.info("%s: still running after the restart; following its workers again", job.id)
                     hub.spawn(self._watch, job)
                     continue
-                self._fail(job, "its containers went away while the controller was down", None)
+                missing = ", ".join(sorted(set(job.gpus) - set(present)))
+                self._fail(job, f"the workers of {missing} went away while the controller was down", None)
             elif job.state in ACTIVE:
                 self._fail(job, f"the controller restarted while the job was {job.state}", None)
+        for server in self.ctx.rack.servers:
+            self._sweep(server)
 
     def _present(self, job: Job) -> list[str]:
+        """The GPUs of `job` whose worker still runs on its server's engine."""
         found = []
-        for server in {self.ctx.rack.server_of[g] for g in job.gpus}:
+        for server in sorted({self.ctx.rack.server_of[g] for g in job.gpus}):
             try:
-                found += [c.labels.get("org.optirack.gpu") for c in self.driver.containers(server, job.id)
-                          if c.labels.get(LABEL_JOB) == job.id]
-            except Exception as e:  # noqa: BLE001 (Docker unreachable: treat as gone)
+                found += [w["gpu"] for w in self.driver.workers(server, job.id)
+                          if w["role"] == "worker" and w["status"] == "running"]
+            except Exception as e:  # noqa: BLE001 (engine unreachable: its workers count as gone)
                 LOG.error("cannot list containers on %s: %s", server, e)
         return found
+
+    # --- the servers' engines -------------------------------------------------------------------
+    def down_servers(self) -> dict[str, str]:
+        """Servers whose Docker Engine did not answer when last asked: server -> why."""
+        return self.driver.down_servers()
+
+    def _watch_engines(self) -> None:
+        """Ask every engine now and then; one that comes back gets its stale containers removed."""
+        while True:
+            hub.sleep(self.engine_poll)
+            for server in self.ctx.rack.servers:
+                was_down = server in self.driver.down_servers()
+                if self.driver.engines.ping(server) and was_down:
+                    self._sweep(server)
+                    try:
+                        self._drain_queue()  # its GPUs can take queued jobs again
+                    except Exception:  # noqa: BLE001 (the watch goes on; the next job's end drains again)
+                        LOG.exception("starting queued jobs after the engine of %s came back", server)
+
+    def _sweep(self, server: str) -> None:
+        keep = {j.id for j in self.jobs.values() if j.active}
+        try:
+            gone = self.driver.sweep(server, keep)
+        except Exception as e:  # noqa: BLE001 (down again: the next poll retries)
+            LOG.error("cannot remove stale containers on %s: %s", server, e)
+            return
+        if gone:
+            LOG.warning("removed stale containers of GPUs %s on %s", ", ".join(gone), server)

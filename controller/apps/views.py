@@ -9,6 +9,7 @@ def topology(ctx: Optirack) -> dict:
     rack = ctx.rack
     where = ctx.circuits.gpu_locations(rack)
     jobs = ctx.placement.gpu_jobs() if ctx.placement else {}
+    down = ctx.placement.down_servers() if ctx.placement else {}
     gpus = {}
     for name, g in rack.gpus.items():
         ip, mac = rack.addresses[name]
@@ -22,7 +23,8 @@ def topology(ctx: Optirack) -> dict:
         "description": rack.spec.description,
         "fragmentation": ctx.placement.fragmentation() if ctx.placement else None,
         "rate_scale": rack.spec.emulation.rate_scale,
-        "servers": {s.name: {"docker": s.docker, "gpus": [g.name for g in s.gpus]} for s in rack.spec.servers},
+        "servers": {s.name: {"docker": s.docker, "gpus": [g.name for g in s.gpus],
+                             "engine": {"up": s.name not in down, "reason": down.get(s.name)}} for s in rack.spec.servers},
         "gpus": gpus,
         "ocs": {o.name: {"dpid": f"{o.dpid:#x}", "ports": o.ports, "driver": o.driver, "switching_time_ms": o.switching_time_ms,
                          "reconfiguration_time_ms": o.bulk_time_ms, **_device_status(ctx, o.name),

@@ -75,6 +75,7 @@ class Job:
     reports: dict[str, list[dict]] = field(default_factory=dict)  # gpu -> worker JSON lines
     exit_codes: dict[str, int] = field(default_factory=dict)
     logs: dict[str, list[str]] = field(default_factory=dict)  # gpu -> last lines of its output, kept at the end
+    image: str | None = None  # the worker image the job ran (repo@digest where a registry serves it)
 
     @property
     def active(self) -> bool:

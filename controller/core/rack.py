@@ -94,9 +94,49 @@ class Gpu(_Spec):
     nic: Nic
 
 
+def _engine_url(value: object) -> str:
+    """A server's Docker Engine: "local" (this host's), tcp://HOST:PORT (mutual TLS) or ssh://USER@HOST[:PORT]."""
+    if not isinstance(value, str):
+        raise ValueError("expected 'local', 'tcp://HOST:PORT' or 'ssh://USER@HOST'")
+    if value == "local":
+        return value
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in ("tcp", "ssh") or not rest or "/" in rest:
+        raise ValueError(f"{value!r}: expected 'local', 'tcp://HOST:PORT' or 'ssh://USER@HOST[:PORT]'")
+    if scheme == "ssh" and ("@" not in rest or not rest.split("@", 1)[0]):
+        raise ValueError(f"{value!r}: an ssh engine names its user, e.g. ssh://optirack@{rest.split('@')[-1]}")
+    host, colon, port = rest.split("@")[-1].rpartition(":")
+    if scheme == "tcp" and not colon:
+        raise ValueError(f"{value!r}: a tcp engine names its port, e.g. tcp://{rest}:2376")
+    if colon and (not port.isdigit() or not 0 < int(port) < 65536 or not host):
+        raise ValueError(f"{value!r}: {port!r} is not a port number")
+    return value
+
+
+EngineUrl = Annotated[str, BeforeValidator(_engine_url)]
+FilePath = Annotated[str, Field(min_length=1)]
+
+
+class Tls(_Spec):
+    """Mutual TLS to tcp:// engines: the CA that signed the engines' certificates, and our client pair."""
+
+    ca: FilePath
+    cert: FilePath
+    key: FilePath
+
+
+class Engines(_Spec):
+    # Certificates for every tcp:// engine (the emulated rack's are made by rack-up).
+    tls: Optional[Tls] = None
+    # Where engines pull the worker and NIC helper images (HOST:PORT, TLS); none: images are local.
+    registry: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$")]] = None
+    # The NIC helper: the CNI host-device plugin in a short-lived container on each server's engine.
+    helper_image: Annotated[str, Field(min_length=1)] = "optirack-cni:1"
+
+
 class Server(_Spec):
     name: Name
-    docker: str = "local"  # Docker Engine: "local" or a URL (tcp://host:2376, ssh://user@host)
+    docker: EngineUrl = "local"  # Docker Engine: "local" or a URL (tcp://host:2376, ssh://user@host)
     gpus: Annotated[list[Gpu], Field(min_length=1)]
 
 
@@ -143,6 +183,9 @@ class Emulation(_Spec):
     # MTU of every emulated NIC, uplink and OVS port. Jumbo frames cut the userspace datapath's
     # work per emulated bit about sixfold (each frame crosses userspace on its own; DESIGN.md).
     mtu: Annotated[int, Field(ge=1280, le=9000)] = 9000
+    # The emulated servers' management network (their engines' addresses, and the registry on the
+    # bridge's last address). Outside the private ranges labs use.
+    management: ipaddress.IPv4Network = ipaddress.IPv4Network("198.19.0.0/24")
 
     def mbps(self, rate_gbps: float) -> float:
         """The emulated rate in Mbit/s of a physical rate in Gbit/s."""
@@ -157,6 +200,7 @@ class RackSpec(_Spec):
     name: Name
     description: str = ""
     network: Network = Network()
+    engines: Engines = Engines()
     emulation: Emulation = Emulation()
     servers: Annotated[list[Server], Field(min_length=1)]
     ocs: Annotated[list[Ocs], Field(min_length=1)]
@@ -179,6 +223,7 @@ class Rack:
 
     def __init__(self, spec: RackSpec, source: str = "<rack>"):
         self.spec, self.source = spec, source
+        self.servers = {s.name: s for s in spec.servers}
         self.gpus = {g.name: g for s in spec.servers for g in s.gpus}
         self.server_of = {g.name: s.name for s in spec.servers for g in s.gpus}
         self.ocs = {o.name: o for o in spec.ocs}
@@ -208,6 +253,11 @@ class Rack:
             mac = g.nic.mac or "02:00:" + ":".join(f"{b:02x}" for b in ip.packed)
             result[name] = (str(ip), mac)
         return result
+
+    def engine_host(self, server: str) -> str | None:
+        """The address in a server's tcp:// or ssh:// engine URL (None for a local engine)."""
+        url = self.servers[server].docker
+        return None if url == "local" else url.split("://", 1)[1].split("@")[-1].rsplit(":", 1)[0]
 
     def interface(self, gpu: str) -> str:
         """The interface name of a GPU's NIC."""
@@ -368,6 +418,20 @@ def _check_addresses(rack: Rack, src: str) -> None:
         raise RackError(src, "network.subnet", f"{rack.spec.network.subnet} has too few addresses for {len(rack.gpus)} GPUs")
 
 
+def _check_engines(spec: RackSpec, src: str) -> None:
+    urls: dict[str, str] = {}
+    for i, s in enumerate(spec.servers):
+        if s.docker.startswith("tcp://") and spec.engines.tls is None:
+            raise RackError(src, f"servers[{i}].docker", f"{s.docker}: a tcp engine needs engines.tls (a plain TCP "
+                            "engine is root for anyone who reaches it)")
+        if s.docker != "local" and s.docker in urls:
+            raise RackError(src, f"servers[{i}].docker", f"{s.docker} is also the engine of server {urls[s.docker]}")
+        urls[s.docker] = s.name
+    mgmt = spec.emulation.management
+    if any(s.docker != "local" for s in spec.servers) and mgmt.overlaps(spec.network.subnet):
+        raise RackError(src, "emulation.management", f"{mgmt} overlaps network.subnet {spec.network.subnet}")
+
+
 def parse_rack(data: object, source: str = "<rack>") -> Rack:
     """Validate a decoded YAML document into a `Rack`, or raise `RackError`."""
     if data is None:
@@ -383,6 +447,7 @@ def parse_rack(data: object, source: str = "<rack>") -> Rack:
     _check_unique_names(spec, source)
     _check_cabling(spec, source)
     _check_uplinks(spec, source)
+    _check_engines(spec, source)
     rack = Rack(spec, source)
     _check_circuits(spec, source, rack)
     _check_addresses(rack, source)

@@ -1,58 +1,48 @@
-"""The container driver: one container per GPU, holding exactly that GPU and that GPU's NIC.
+"""The container driver: one worker per GPU on its server's own Docker Engine, holding exactly that
+GPU and that GPU's NIC, with no agent of ours on the server.
 
-A container starts with no Docker network. Its network namespace is pinned by name
-(`optirack-c-<gpu>`), so it outlives the container's process; the GPU's NIC is moved from its
-home namespace into it and addressed (the CNI host-device pattern). On a host with GPUs the
-container gets a device request for exactly its GPU; elsewhere the GPU's id and model are passed
-in the environment and the worker emulates it. On removal the NIC goes home before the container
-goes: a veth inside a dying namespace would be destroyed, and its OCS-side peer with it. A NIC
-that a crashed container took down anyway is recreated by the NIC home.
+For each GPU, the way Kubernetes runs a pod: a sandbox container (from the helper image, asleep,
+no Docker network) owns a network namespace; a short-lived helper container on the same engine
+(host network and PID namespaces, NET_ADMIN and SYS_ADMIN) runs the standard CNI host-device
+plugin to move the GPU's NIC into that namespace and address it (`optirack-nic add`); the worker
+joins the sandbox's namespace. The NIC thus outlives the worker, and before the sandbox goes the
+helper gives it back (`optirack-nic del`). On a GPU host the worker gets a device request for
+exactly its GPU; elsewhere the GPU's id and model are in its environment and it emulates the GPU.
+The controller itself makes no namespace or netlink call: everything happens through the engine.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from controller.drivers import netns as ns
+from controller.core.rack import Rack
+from controller.drivers.engines import EngineDown, Engines
 
 LOG = logging.getLogger("optirack.containers")
 LABEL_RACK = "org.optirack.rack"
 LABEL_JOB = "org.optirack.job"
 LABEL_GPU = "org.optirack.gpu"
+LABEL_ROLE = "org.optirack.role"  # sandbox | worker | helper
+HELPER_TTL = 30.0  # seconds a resolved helper digest is used before the registry is asked again
+
+
+def sandbox_sysctls(emulated_mtu: int | None) -> dict[str, str]:
+    """The sandbox namespace's TCP, standing in for RoCE: no slow start after an idle compute phase.
+    On an emulated NIC also TCP small queues of two frames: segments wait in the socket rather than
+    in the shaped NIC's queue, so a round trip is not inflated by its own queue, and TCP does not
+    take that queueing for a loss and retransmit what has not yet left the host."""
+    out = {"net.ipv4.tcp_slow_start_after_idle": "0"}
+    if emulated_mtu:
+        out["net.ipv4.tcp_limit_output_bytes"] = str(2 * (emulated_mtu + 14))
+    return out
+
+
+HELPER_CAPS = ["NET_ADMIN", "SYS_ADMIN"]  # --privileged fails on these hosts (DESIGN.md)
 
 
 class ContainerError(RuntimeError):
     pass
-
-
-class NicHome(Protocol):
-    """Where GPU NICs live when no container holds them."""
-
-    def netns(self, server: str) -> str | None: ...
-
-    def restore(self, gpu: str) -> None: ...
-
-    def adopt(self, gpu: str, netns: str, ifname: str) -> None: ...
-
-    def recreate(self, gpu: str) -> None: ...
-
-
-class HostNicHome:
-    """A real server: NICs (physical ports or SR-IOV VFs) live in the root namespace."""
-
-    def netns(self, server: str) -> str | None:
-        return None
-
-    def restore(self, gpu: str) -> None:  # the host's own network configuration takes over
-        pass
-
-    def adopt(self, gpu: str, netns: str, ifname: str) -> None:  # a real port has its own line rate
-        pass
-
-    def recreate(self, gpu: str) -> None:
-        raise ContainerError(f"the NIC of {gpu} is gone from the host; it reappears when the device is reset")
 
 
 @dataclass
@@ -70,119 +60,237 @@ class GpuContainer:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def pinned_netns(gpu: str) -> str:
-    return f"optirack-c-{gpu}"
-
-
 def container_name(job: str, gpu: str) -> str:
     return f"optirack-{job}-{gpu}"
 
 
-class ContainerDriver:
-    def __init__(self, rack, image: str, home: NicHome, clients: Callable[[str], object] | None = None):
-        self.rack_name, self.image, self.home = rack.name, image, home
-        self.engines = {s.name: s.docker for s in rack.spec.servers}
-        self._clients = clients or docker_clients()
-        self._gpu_hosts: dict[str, bool] = {}
+def sandbox_name(job: str, gpu: str) -> str:
+    return f"optirack-{job}-{gpu}-net"
 
-    def client_for(self, server: str):
-        return self._clients(self.engines[server])
+
+def _not_found(e: Exception) -> bool:
+    import docker
+
+    return isinstance(e, docker.errors.NotFound)
+
+
+class ContainerDriver:
+    def __init__(self, rack: Rack, image: str, engines: Engines | None = None, nic_home: str = "emulated"):
+        self.rack, self.image = rack, image
+        self.engines = engines or Engines(rack)
+        self.registry = rack.spec.engines.registry
+        self.helper = rack.spec.engines.helper_image
+        self.home = _home_settings(rack) if nic_home == "emulated" else {}
+        self._gpu_hosts: dict[str, bool] = {}
+        self._helpers: dict[str, tuple[str, float]] = {}  # server -> (repo@digest, when resolved)
+
+    # --- engines --------------------------------------------------------------------------------
+    def client(self, server: str):
+        return self.engines.client(server)
+
+    def check_engines(self, servers) -> None:
+        """Raise EngineDown naming the first server whose engine does not answer."""
+        self.engines.check(servers)
+
+    def down_servers(self) -> dict[str, str]:
+        return self.engines.down_servers()
 
     def _has_gpus(self, server: str) -> bool:
         if server not in self._gpu_hosts:
-            info = self.client_for(server).info()
-            self._gpu_hosts[server] = "nvidia" in (info.get("Runtimes") or {})
+            self._gpu_hosts[server] = "nvidia" in (self.client(server).info().get("Runtimes") or {})
         return self._gpu_hosts[server]
 
-    def start(self, spec: GpuContainer) -> str:
-        """Start the container and hand it the NIC; returns the container id. All or nothing."""
+    # --- images ---------------------------------------------------------------------------------
+    def _remote(self, name: str) -> str:
+        return f"{self.registry}/{name}" if self.registry else name
+
+    def worker_image(self, server: str) -> str:
+        """The worker image as repo@digest (the registry's tag resolved now), pulled if missing."""
+        client, ref = self.client(server), self._remote(self.image)
+        if not self.registry:
+            client.images.get(ref)  # ImageNotFound names it
+            return ref
+        pinned = f"{ref.rsplit(':', 1)[0]}@{client.images.get_registry_data(ref).id}"
+        self._ensure(client, pinned, server, ref)
+        return pinned
+
+    def helper_image(self, server: str) -> str:
+        """The NIC helper as repo@digest, resolved at most every HELPER_TTL seconds. With the
+        registry unreachable, the engine's own copy of the tag serves (jobs go on without it)."""
+        client, ref = self.client(server), self._remote(self.helper)
+        if not self.registry:
+            return ref
+        cached = self._helpers.get(server)
+        if cached and time.monotonic() - cached[1] < HELPER_TTL:
+            return cached[0]
+        try:
+            pinned = f"{ref.rsplit(':', 1)[0]}@{client.images.get_registry_data(ref).id}"
+        except Exception as e:  # noqa: BLE001 (registry down: fall back to the engine's copy)
+            try:
+                client.images.get(ref)
+            except Exception:  # noqa: BLE001
+                raise ContainerError(f"{server}: the NIC helper {ref} is not on the engine and the registry does not "
+                                     f"answer ({_text(e)})") from None
+            LOG.warning("%s: registry unreachable (%s); using the engine's copy of %s", server, _text(e), ref)
+            return ref
+        self._ensure(client, pinned, server, ref)
+        self._helpers[server] = (pinned, time.monotonic())
+        return pinned
+
+    @staticmethod
+    def _ensure(client, pinned: str, server: str, tag: str) -> None:
+        """Pull repo@digest if the engine lacks it, and tag it (the copy used if the registry is down)."""
         import docker
 
-        if self.engines[spec.server] != "local":
-            raise ContainerError(f"server {spec.server} uses the Docker Engine at {self.engines[spec.server]}: containers "
-                                 "can be run there, but handing them a NIC needs an agent on that host, not built yet")
-        client = self.client_for(spec.server)
+        try:
+            client.images.get(pinned)
+        except docker.errors.ImageNotFound:
+            LOG.info("pulling %s on %s", pinned, server)
+            repo, _, digest = pinned.partition("@")
+            client.api.pull(repo, tag=digest)
+            client.api.tag(pinned, *tag.rsplit(":", 1))
+
+    # --- the NIC hand-over ----------------------------------------------------------------------
+    def nic(self, server: str, action: str, env: dict[str, str], args: tuple[str, ...] = ()) -> str:
+        """Run the helper (`optirack-nic ACTION`) on the server's engine; returns its output."""
+        import docker
+
+        client = self.client(server)
+        try:
+            out = client.containers.run(self.helper_image(server), [action, *args], environment=env, network_mode="host",
+                                        pid_mode="host", cap_add=HELPER_CAPS, remove=True, stdout=True, stderr=True,
+                                        labels={LABEL_RACK: self.rack.name, LABEL_ROLE: "helper"})
+        except docker.errors.ContainerError as e:
+            err = (e.stderr or b"").decode(errors="replace").strip()
+            raise ContainerError(f"{server}: optirack-nic {action} exited {e.exit_status}: {err}") from None
+        return out.decode(errors="replace")
+
+    def _nic_env(self, spec_gpu: str, ifname: str, cidr: str, netns: str, cid: str) -> dict[str, str]:
+        env = {"NIC": ifname, "NETNS": netns, "CIDR": cidr, "ID": cid, "SUBNET": str(self.rack.spec.network.subnet)}
+        env.update(self.home.get(spec_gpu, {}))
+        return env
+
+    # --- one GPU's containers -------------------------------------------------------------------
+    def start(self, spec: GpuContainer, image: str | None = None) -> str:
+        """Sandbox, NIC, worker; returns the worker's id. All or nothing: a failure removes what was made."""
+        import docker
+
+        try:
+            client = self.client(spec.server)
+            image = image or self.worker_image(spec.server)
+            labels = {LABEL_RACK: self.rack.name, LABEL_JOB: spec.job, LABEL_GPU: spec.gpu}
+            sandbox = client.containers.run(self.helper_image(spec.server), None, detach=True,
+                                            entrypoint=["/bin/sleep", "2147483647"], name=sandbox_name(spec.job, spec.gpu), network_mode="none",
+                                            sysctls=sandbox_sysctls(self.rack.spec.emulation.mtu if self.home else None), init=True, labels={**labels, LABEL_ROLE: "sandbox"})
+            sandbox.reload()
+            netns = f"/proc/{sandbox.attrs['State']['Pid']}/ns/net"
+            self.nic(spec.server, "add", self._nic_env(spec.gpu, spec.ifname, spec.cidr, netns, sandbox.id))
+            worker = client.containers.run(image, spec.command, detach=True, name=container_name(spec.job, spec.gpu),
+                                           network_mode=f"container:{sandbox.id}", labels={**labels, LABEL_ROLE: "worker"},
+                                           **self._gpu_args(spec))
+            return worker.id
+        except (docker.errors.DockerException, ContainerError, EngineDown, OSError) as e:
+            LOG.error("starting the containers of %s on %s failed: %s; undoing", spec.gpu, spec.server, e)
+            try:
+                self.remove(spec.job, spec.gpu, spec.server)
+            except Exception as undo:  # noqa: BLE001 (report the first failure; the sweep finishes the rest)
+                LOG.error("undoing %s on %s: %s", spec.gpu, spec.server, undo)
+            raise ContainerError(f"cannot start the container of {spec.gpu} on {spec.server}: {_text(e)}") from None
+
+    def _gpu_args(self, spec: GpuContainer) -> dict:
+        import docker
+
         env = {"OPTIRACK_GPU_ID": spec.gpu, "OPTIRACK_GPU_INDEX": str(spec.gpu_index),
                "OPTIRACK_GPU_MODEL": spec.gpu_model, "OPTIRACK_IFNAME": spec.ifname, **spec.env}
-        kwargs = {}
         if self._has_gpus(spec.server):
-            kwargs["device_requests"] = [docker.types.DeviceRequest(device_ids=[str(spec.gpu_index)], capabilities=[["gpu"]])]
-        else:
-            env["NVIDIA_VISIBLE_DEVICES"] = "void"
-        labels = {LABEL_RACK: self.rack_name, LABEL_JOB: spec.job, LABEL_GPU: spec.gpu}
-        pin, home = pinned_netns(spec.gpu), self.home.netns(spec.server)
-        container, moved = None, False
-        try:
-            container = client.containers.run(self.image, spec.command, name=container_name(spec.job, spec.gpu),
-                                              detach=True, network_mode="none", labels=labels, environment=env,
-                                              cap_add=["NET_ADMIN"], **kwargs)
-            container.reload()
-            pid = container.attrs["State"]["Pid"]
-            if not pid:
-                raise ContainerError(f"container for {spec.gpu} exited at once: {container.logs(tail=5).decode(errors='replace')}")
-            ns.delete(pin)
-            ns.attach(pin, pid)
-            ns.move_link(spec.ifname, home, pin)
-            moved = True
-            ns.address(spec.ifname, pin, spec.cidr)
-            self.home.adopt(spec.gpu, pin, spec.ifname)
-            return container.id
-        except (docker.errors.DockerException, ns.NetnsError, ContainerError) as e:
-            LOG.error("starting the container of %s failed: %s; undoing", spec.gpu, e)
-            self._undo(spec.gpu, spec.server, spec.ifname, container, moved)
-            raise ContainerError(f"cannot start the container of {spec.gpu}: {e}") from None
+            return {"environment": env, "device_requests": [
+                docker.types.DeviceRequest(device_ids=[str(spec.gpu_index)], capabilities=[["gpu"]])]}
+        return {"environment": {**env, "NVIDIA_VISIBLE_DEVICES": "void"}}
 
-    def _undo(self, gpu: str, server: str, ifname: str, container, moved: bool) -> None:
-        pin = pinned_netns(gpu)
+    def remove(self, job: str, gpu: str, server: str) -> None:
+        """Give the NIC back, then remove the worker and the sandbox. Safe to repeat."""
+        client = self.client(server)
+        sandbox = self._get(client, sandbox_name(job, gpu))
+        pid = sandbox.attrs["State"]["Pid"] if sandbox is not None else 0
+        ifname, cidr = self.rack.interface(gpu), f"{self.rack.addresses[gpu][0]}/{self.rack.spec.network.subnet.prefixlen}"
+        failed = None
         try:
-            if moved or (ns.exists(pin) and ns.has_link(ifname, pin)):
-                self._hand_back(gpu, server, ifname)
-        finally:
-            ns.delete(pin)
-            if container is not None:
+            self.nic(server, "del", self._nic_env(gpu, ifname, cidr, f"/proc/{pid or 'gone'}/ns/net",
+                                                  sandbox.id if sandbox else gpu))
+        except ContainerError as e:  # still remove the containers: nothing is left running
+            failed = e
+        for name in (container_name(job, gpu), sandbox_name(job, gpu)):
+            c = self._get(client, name)
+            if c is not None:
                 try:
-                    container.remove(force=True)
-                except Exception as e:  # noqa: BLE001 (already gone is fine)
-                    LOG.warning("removing the container of %s: %s", gpu, e)
+                    c.remove(force=True)
+                except Exception as e:  # noqa: BLE001
+                    if not _not_found(e):
+                        raise
+        if failed is not None:
+            raise failed
 
-    def _hand_back(self, gpu: str, server: str, ifname: str) -> None:
-        pin, home = pinned_netns(gpu), self.home.netns(server)
-        if home is None:
-            ns.move_link_to_root(ifname, pin)
-        else:
-            ns.move_link(ifname, pin, home)
-        self.home.restore(gpu)
-
-    def remove(self, job: str, gpu: str, server: str, ifname: str) -> None:
-        """Hand the NIC back, unpin the namespace, remove the container. Safe to repeat."""
-        import docker
-
-        pin = pinned_netns(gpu)
-        if ns.exists(pin) and ns.has_link(ifname, pin):
-            self._hand_back(gpu, server, ifname)
-        ns.delete(pin)
-        if not ns.has_link(ifname, self.home.netns(server)):
-            LOG.warning("the NIC of %s is gone (its container died holding it): recreating it", gpu)
-            self.home.recreate(gpu)
+    @staticmethod
+    def _get(client, name: str):
         try:
-            self.client_for(server).containers.get(container_name(job, gpu)).remove(force=True)
-        except docker.errors.NotFound:
-            pass
+            return client.containers.get(name)
+        except Exception as e:  # noqa: BLE001
+            if _not_found(e):
+                return None
+            raise
 
-    def containers(self, server: str, job: str | None = None) -> list:
-        labels = [f"{LABEL_RACK}={self.rack_name}"] + ([f"{LABEL_JOB}={job}"] if job else [])
-        return self.client_for(server).containers.list(all=True, filters={"label": labels})
+    # --- following a worker ---------------------------------------------------------------------
+    def logs(self, job: str, gpu: str, server: str):
+        """The worker's stdout as it comes (an iterator of byte chunks)."""
+        return self.client(server).containers.get(container_name(job, gpu)).logs(stream=True, follow=True, stdout=True,
+                                                                                  stderr=False)
+
+    def tail(self, job: str, gpu: str, server: str, lines: int) -> list[str]:
+        """The worker's last `lines` lines of output, stdout and stderr (raises if it is gone)."""
+        raw = self.client(server).containers.get(container_name(job, gpu)).logs(stdout=True, stderr=True, tail=lines)
+        return raw.decode(errors="replace").splitlines()[-lines:]
+
+    def wait(self, job: str, gpu: str, server: str) -> int:
+        return self.client(server).containers.get(container_name(job, gpu)).wait().get("StatusCode", -1)
+
+    def kill(self, job: str, gpu: str, server: str) -> None:
+        c = self._get(self.client(server), container_name(job, gpu))
+        if c is not None and c.status == "running":
+            try:
+                c.kill()
+            except Exception as e:  # noqa: BLE001 (exited meanwhile)
+                LOG.debug("kill %s: %s", c.name, e)
+
+    def image_of(self, job: str, gpu: str, server: str) -> str:
+        """The image a worker runs, as repo@digest where the engine knows one (else its id)."""
+        c = self.client(server).containers.get(container_name(job, gpu))
+        ref = c.attrs["Config"]["Image"]
+        return ref if "@" in ref else c.attrs["Image"]
+
+    # --- what is on an engine -------------------------------------------------------------------
+    def workers(self, server: str, job: str | None = None) -> list[dict]:
+        """Our containers on the server: [{job, gpu, role, status}]."""
+        labels = [f"{LABEL_RACK}={self.rack.name}"] + ([f"{LABEL_JOB}={job}"] if job else [])
+        found = self.client(server).containers.list(all=True, filters={"label": labels})
+        return [{"job": c.labels.get(LABEL_JOB), "gpu": c.labels.get(LABEL_GPU), "role": c.labels.get(LABEL_ROLE),
+                 "status": c.status} for c in found]
+
+    def sweep(self, server: str, keep_jobs: set[str]) -> list[str]:
+        """Remove our containers of jobs not in `keep_jobs` (NIC given back first); returns their GPUs."""
+        stale = {(w["job"], w["gpu"]) for w in self.workers(server) if w["job"] and w["job"] not in keep_jobs}
+        for job, gpu in sorted(stale):
+            LOG.warning("removing stale containers of %s (GPU %s) on %s", job, gpu, server)
+            self.remove(job, gpu, server)
+        return [g for _, g in sorted(stale)]
 
 
-def docker_clients() -> Callable[[str], object]:
-    """A client per Docker Engine URL ("local" is this host's engine), made on first use."""
-    import docker
+def _home_settings(rack: Rack) -> dict[str, dict[str, str]]:
+    """Per GPU, what the helper needs to rebuild the emulated NIC at home (its port, MAC, route table)."""
+    from emulation.plan import nic_plans
 
-    cache: dict[str, object] = {}
+    return {p.gpu: {"PORT": p.port, "MAC": p.mac, "TABLE": str(p.table)} for p in nic_plans(rack)}
 
-    def client_for(url: str):
-        if url not in cache:
-            cache[url] = docker.from_env(timeout=120) if url == "local" else docker.DockerClient(base_url=url, timeout=120)
-        return cache[url]
 
-    return client_for
+def _text(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[-1] if text else e.__class__.__name__

@@ -81,3 +81,28 @@ def iperf_mbps(server_ns: str, server_ip: str, client_ns: str, client_ip: str, s
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
     finally:
         server.wait(10)
+
+
+def worker_image() -> str:
+    """The worker image the tests run (OPTIRACK_IMAGE_TAG picks another tag, as `make image` does)."""
+    from containers.image import WORKER_IMAGE
+
+    return WORKER_IMAGE
+
+
+def our_containers() -> dict[str, list]:
+    """Containers of any optirack rack on this host's engine and on every emulated server's engine."""
+    import docker
+
+    from controller.core.rack import load_rack
+    from controller.drivers.containers import LABEL_RACK
+    from controller.drivers.engines import engine_client
+    from emulation.rack import RackState
+
+    found = {"local": docker.from_env().containers.list(all=True, filters={"label": LABEL_RACK})}
+    state = RackState.load()
+    if state and state.engines:
+        rack = load_rack(state.rack_file)
+        for e in state.engines:
+            found[e["server"]] = engine_client(rack, e["server"], 30).containers.list(all=True, filters={"label": LABEL_RACK})
+    return {k: v for k, v in found.items() if v}

@@ -1,18 +1,18 @@
-"""GPU containers on the emulated rack: each holds one GPU's NIC, workers all-reduce correctly,
-and removing them returns every NIC and leaves nothing behind."""
+"""GPU containers on the emulated rack's own engines: each worker runs on its server's engine and
+holds exactly its GPU's NIC (moved by the CNI plugin in a helper container), workers all-reduce
+correctly through the shaped ports, and removing them gives every NIC back."""
 from __future__ import annotations
 
 import json
 
-import docker
 import pytest
 
 from controller.core.rack import load_rack
-from controller.drivers import netns as ns
-from controller.drivers.containers import ContainerDriver, GpuContainer, container_name, pinned_netns
+from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer, container_name, sandbox_name
+from emulation import netns as ns
 from emulation.harness import Testbed
-from emulation.nics import EmulatedNicHome
-from tests.integration.helpers import PAPER, ping, sh, wait_for
+from emulation.plan import nic_port
+from tests.integration.helpers import PAPER, ping, sh, wait_for, worker_image
 
 RACK = load_rack(PAPER)
 UNDER_AS1 = [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"], ["ocs1:3", "ocs1:13"], ["ocs1:4", "ocs1:14"],
@@ -28,12 +28,10 @@ def bed(tmp_path_factory):
 
 @pytest.fixture
 def driver(bed):
-    d = ContainerDriver(RACK, "optirack-worker:latest", EmulatedNicHome(RACK))
+    d = ContainerDriver(RACK, worker_image())
     yield d
-    for server in {s.name for s in RACK.spec.servers}:
-        for c in d.containers(server):
-            gpu = c.labels["org.optirack.gpu"]
-            d.remove(c.labels["org.optirack.job"], gpu, server, gpu)
+    for server in RACK.servers:
+        d.sweep(server, keep_jobs=set())
 
 
 def _start(driver, job, gpus, *extra):
@@ -46,10 +44,9 @@ def _start(driver, job, gpus, *extra):
 
 
 def _results(driver, job, gpus) -> list[list[dict]]:
-    client = docker.from_env()
     out = []
     for gpu in gpus:
-        c = client.containers.get(container_name(job, gpu))
+        c = driver.client(RACK.server_of[gpu]).containers.get(container_name(job, gpu))
         status = c.wait(timeout=300)
         logs = c.logs().decode()
         assert status["StatusCode"] == 0, logs[-2000:]
@@ -57,42 +54,49 @@ def _results(driver, job, gpus) -> list[list[dict]]:
     return out
 
 
-def _root_links() -> set[str]:
-    return {line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-o", "link").splitlines()}
-
-
 def _check_all_home(driver):
     for gpu in RACK.gpus:
         home = f"optirack-{RACK.server_of[gpu]}"
         assert ns.has_link(gpu, home), f"{gpu} is not back in {home}"
         assert RACK.addresses[gpu][0] in sh("ip", "-n", home, "-o", "addr", "show", "dev", gpu)
-        assert not ns.exists(pinned_netns(gpu))
-    assert docker.from_env().containers.list(all=True, filters={"label": "org.optirack.rack"}) == []
+    for server in RACK.servers:  # asked of each engine
+        assert driver.workers(server) == [], server
+
+
+def _sent_bytes(netns: str | None, dev: str) -> int:
+    out = sh("tc", *(["-n", netns] if netns else []), "-s", "class", "show", "dev", dev)
+    return sum(int(line.split()[1]) for line in out.splitlines() if line.strip().startswith("Sent"))
 
 
 @pytest.mark.parametrize("gpus", [["gpu1", "gpu2"], ["gpu1", "gpu2", "gpu3", "gpu4"]], ids=["2 GPUs", "4 GPUs"])
 def test_profile_workers_all_reduce_correctly(driver, gpus):
-    links = _root_links()
+    port_bytes = {g: _sent_bytes(f"optirack-{RACK.server_of[g]}", nic_port(g)) for g in gpus}
     _start(driver, "t", gpus, "--iterations", "3", "--workload", "resnet50", "--compute-seconds", "0.05")
-    client = docker.from_env()
-    for gpu in gpus:  # each container sees only loopback and its own NIC, and its own GPU id
-        c = client.containers.get(container_name("t", gpu))
-        names = sorted(line.split(":")[1].strip().split("@")[0] for line in
-                       c.exec_run(["ip", "-o", "link"]).output.decode().splitlines())
-        assert names == sorted(["lo", gpu])
+    for gpu in gpus:  # each worker is on its own server's engine, and sees only loopback and its own NIC
+        server = RACK.server_of[gpu]
+        c = driver.client(server).containers.get(container_name("t", gpu))
+        addrs = c.exec_run(["ip", "-o", "-4", "addr"]).output.decode().splitlines()
+        assert sorted(line.split()[1] for line in addrs) == sorted(["lo", gpu])
+        assert f"{RACK.addresses[gpu][0]}/24" in next(line for line in addrs if line.split()[1] == gpu)
         env = c.exec_run(["sh", "-c", "echo $OPTIRACK_GPU_ID $OPTIRACK_GPU_MODEL"]).output.decode().split()
         assert env == [gpu, RACK.gpus[gpu].model]
-        assert not ns.has_link(gpu, f"optirack-{RACK.server_of[gpu]}")  # gone from its server
+        assert not ns.has_link(gpu, f"optirack-{server}")  # gone from its server
+        assert "initcwnd 64" in c.exec_run(["ip", "route"]).output.decode()
+        sysctl = c.exec_run(["cat", "/proc/sys/net/ipv4/tcp_slow_start_after_idle"]).output.decode().strip()
+        assert sysctl == "0"
+        for other in RACK.servers:
+            if other != server:
+                assert driver.client(other).containers.list(all=True, filters={"name": container_name("t", gpu)}) == []
     results = _results(driver, "t", gpus)
     for rank, records in enumerate(results):
         its = [r for r in records if r["event"] == "iteration"]
         assert len(its) == 3 and all(r["bytes"] == round(25_557_032 * RACK.spec.emulation.rate_scale) * 4 for r in its)
         done = records[-1]
         assert done["event"] == "done" and done["check"] == "ok" and done["rank"] == rank
-    for gpu in gpus:
-        driver.remove("t", gpu, RACK.server_of[gpu], gpu)
+    for gpu in gpus:  # what the NIC sent went through its port's shaper, though the NIC was in a container
+        assert _sent_bytes(f"optirack-{RACK.server_of[gpu]}", nic_port(gpu)) - port_bytes[gpu] > 3 * 12_000
+        driver.remove("t", gpu, RACK.server_of[gpu])
     _check_all_home(driver)
-    assert _root_links() == links  # no veth gained or lost
     assert ping("optirack-srv1", RACK.addresses["gpu2"][0], src=RACK.addresses["gpu1"][0])
 
 
@@ -101,31 +105,30 @@ def test_real_model_trains_in_containers(driver):
     _start(driver, "r", gpus, "--mode", "real", "--iterations", "3", "--batch", "8")
     results = _results(driver, "r", gpus)
     assert all(r[-1]["check"] == "ok" for r in results)
-    losses = [x["loss"] for x in results[0] if x["event"] == "iteration"]
-    assert len(losses) == 3
+    assert len([x["loss"] for x in results[0] if x["event"] == "iteration"]) == 3
     for gpu in gpus:
-        driver.remove("r", gpu, RACK.server_of[gpu], gpu)
+        driver.remove("r", gpu, RACK.server_of[gpu])
     _check_all_home(driver)
 
 
-def test_a_crashed_container_gives_its_nic_back(driver):
+def test_a_nic_outlives_its_worker_and_a_dead_sandbox_costs_only_the_nic(driver):
     _start(driver, "c", ["gpu1", "gpu2"], "--iterations", "1000", "--compute-seconds", "1")
-    docker.from_env().containers.get(container_name("c", "gpu1")).kill()
-    # the namespace is pinned: the NIC survived its container and goes home
-    driver.remove("c", "gpu1", "srv1", "gpu1")
-    # worse: the namespace is gone too, taking the NIC and its OCS port with it
-    docker.from_env().containers.get(container_name("c", "gpu2")).kill()
-    ns.delete(pinned_netns("gpu2"))
-    wait_for(lambda: not ns.has_link("ocs1-p2", None), 10, "the kernel to destroy the namespace and the veth")
-    driver.remove("c", "gpu2", "srv2", "gpu2")  # recreates the NIC and its OCS port
+    srv1, srv2 = driver.client("srv1"), driver.client("srv2")
+    srv1.containers.get(container_name("c", "gpu1")).kill()  # the worker dies: the sandbox keeps the NIC
+    assert not ns.has_link("gpu1", "optirack-srv1")
+    driver.remove("c", "gpu1", "srv1")
+    # worse: the sandbox dies, and the NIC (a macvlan) with its namespace; its port and the OCS port stay
+    srv2.containers.get(sandbox_name("c", "gpu2")).kill()
+    srv2.containers.get(container_name("c", "gpu2")).kill()
+    wait_for(lambda: srv2.containers.get(sandbox_name("c", "gpu2")).status == "exited", 10, "the sandbox to die")
+    assert ns.has_link(nic_port("gpu2"), "optirack-srv2") and ns.has_link("ocs1-p2", None)
+    driver.remove("c", "gpu2", "srv2")  # the helper recreates the NIC on its port
     _check_all_home(driver)
-    assert sh("ovs-vsctl", "get", "interface", "ocs1-p2", "ofport").strip() == "2"
     assert ping("optirack-srv1", RACK.addresses["gpu2"][0], src=RACK.addresses["gpu1"][0])
 
 
 def test_failed_start_changes_nothing(driver):
-    bad = ContainerDriver(RACK, "optirack-no-such-image:latest", EmulatedNicHome(RACK))
-    from controller.drivers.containers import ContainerError
-    with pytest.raises(ContainerError, match="cannot start the container of gpu3"):
+    bad = ContainerDriver(RACK, "optirack-no-such-image:latest")
+    with pytest.raises(ContainerError, match="cannot start the container of gpu3 on srv3"):
         bad.start(GpuContainer("f", "gpu3", "srv3", 0, "M40", "gpu3", "198.18.0.4/24", ["--help"]))
     _check_all_home(driver)

@@ -1,20 +1,19 @@
 """Faults in a job's life on the emulated rack, where the real parts matter: a worker killed, a NIC
 that cannot be handed over, an OCS bridge that refuses flows. Each job ends failed with the
-reason, its GPUs free, no container or pinned namespace left, every NIC home, no event running,
+reason, its GPUs free, no container left on any engine, every NIC home, no event running,
 and the controller's circuits equal to the OCS bridge's flows. (Faults that need a bug or a
 broken engine injected are unit tests: tests/unit/test_faults.py.)"""
 from __future__ import annotations
 
-import docker
 import pytest
 
 from controller.core.rack import load_rack
-from controller.drivers import netns as ns
-from emulation import ovs
+from controller.drivers.engines import engine_client
+from emulation import netns as ns
+from emulation import nics, ovs
 from emulation.harness import Testbed
-from emulation.nics import EmulatedNicHome
-from emulation.plan import netns_of
-from tests.integration.helpers import PAPER, sh, wait_for
+from emulation.plan import netns_of, nic_plans
+from tests.integration.helpers import PAPER, our_containers, sh, wait_for
 
 RACK = load_rack(PAPER)
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
@@ -50,8 +49,7 @@ def _ended(client, job_id: str, timeout: float = 180) -> dict:
 def assert_clean(client, job: dict, reason: str, circuits: list[list[str]] | None = None) -> None:
     assert job["state"] == "failed" and reason in (job["reason"] or ""), (job["state"], job["reason"])
     assert all(g["job"] is None for g in client.get("/topology")["gpus"].values()), "GPUs still held"
-    assert docker.from_env().containers.list(all=True, filters={"label": "org.optirack.rack"}) == [], "containers left"
-    assert not [n for n in ns.names() if n.startswith("optirack-c-")], "pinned container namespaces left"
+    assert our_containers() == {}, "containers left on some engine"
     for gpu in RACK.gpus:
         assert ns.has_link(RACK.interface(gpu), netns_of(RACK.server_of[gpu])), f"the NIC of {gpu} is not home"
     running = [e for e in client.get("/events", limit=50)["events"] if e["status"] == "running"]
@@ -67,7 +65,7 @@ def test_a_worker_killed_mid_job(fragmented):
     job = client.post("/jobs", {"gpus": ["gpu1", "gpu2"], "policy": "fixed",
                                 "workload": {"iterations": 100000, "compute_seconds": 0.05}})["job"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 2, 120, "the job to iterate")
-    docker.from_env().containers.get(f"optirack-{job['id']}-gpu2").kill()
+    engine_client(RACK, RACK.server_of["gpu2"], 30).containers.get(f"optirack-{job['id']}-gpu2").kill()
     done = _ended(client, job["id"])
     assert_clean(client, done, "the worker on gpu2 exited with 137")
     logs = client.get(f"/jobs/{job['id']}/logs")
@@ -88,9 +86,12 @@ def test_a_nic_that_cannot_be_handed_over(fragmented):
         assert_clean(client, done, "", circuits=before)  # placed, then undone
         assert len(done["events"]) == 2
     finally:
-        if ns.has_link(away, home):  # the clean-up may already have rebuilt gpu4 (its NIC looked lost)
-            sh("ip", "-n", home, "link", "set", "dev", away, "name", "gpu4")
-            EmulatedNicHome(RACK).restore("gpu4")
+        if ns.has_link(away, home):
+            if ns.has_link("gpu4", home):  # the clean-up rebuilt gpu4 on its port (its NIC looked lost)
+                sh("ip", "-n", home, "link", "delete", "dev", away)
+            else:
+                sh("ip", "-n", home, "link", "set", "dev", away, "name", "gpu4")
+        nics.make(next(n for n in nic_plans(RACK) if n.gpu == "gpu4"), RACK)
 
 
 def test_an_ocs_bridge_that_refuses_flows(fragmented):

@@ -6,14 +6,13 @@ import statistics
 import subprocess
 import time
 
-import docker
 import pytest
 
 from controller.client import ApiError
 from controller.core.rack import load_rack
 from emulation import ovs
 from emulation.harness import ControllerProcess, Testbed
-from tests.integration.helpers import BIN, PAPER, ROOT, wait_for
+from tests.integration.helpers import BIN, PAPER, ROOT, our_containers, wait_for
 
 RACK = load_rack(PAPER)
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
@@ -79,7 +78,7 @@ def test_regrouping_a_fragmented_running_job(fragmented):
     assert statistics.median(after) < 0.9 * statistics.median(before)
     client.delete(f"/jobs/{blue['id']}")
     assert wait_job(client, blue["id"])["state"] == "stopped"
-    assert docker.from_env().containers.list(all=True, filters={"label": "org.optirack.rack"}) == []
+    assert our_containers() == {}
 
 
 def test_regroup_all_and_bad_requests(fragmented):
@@ -131,7 +130,7 @@ def test_a_container_that_cannot_start_rolls_back(fragmented):
         assert client.get("/ocs/circuits")["circuits"] == before
         assert sorted([f"ocs1:{a}", f"ocs1:{b}"] for a, b in ovs.circuits_of(ovs.circuit_flows("ocs1"))) == before
         assert all(g["job"] is None for g in client.get("/topology")["gpus"].values())
-        assert docker.from_env().containers.list(all=True, filters={"label": "org.optirack.rack"}) == []
+        assert our_containers() == {}
     finally:
         restart(fragmented)
 

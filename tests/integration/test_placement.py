@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 
-import docker
 import pytest
 
 from controller.client import ApiError
 from controller.core.rack import PortRef, load_rack
 from emulation import ovs
 from emulation.harness import Testbed
-from tests.integration.helpers import BIN, ROOT, wait_for
+from tests.integration.helpers import BIN, ROOT, our_containers, wait_for
 
 RACK_FILE = ROOT / "topologies" / "rack8-3as.yaml"
 RACK = load_rack(RACK_FILE)  # 8 GPUs; as1: gpu1-3, as2: gpu4-6, as3: gpu7-8; four downlinks a switch
@@ -121,4 +120,4 @@ def test_defragment_in_one_change_and_a_queued_job_starts_when_gpus_free_up(bed)
         assert e["started_at"] >= first_end  # it could only start once a running job had ended
     finally:
         stop_everything(client)
-    assert docker.from_env().containers.list(all=True, filters={"label": f"org.optirack.rack={RACK.name}"}) == []
+    assert our_containers() == {}, "containers left on some engine"

@@ -9,6 +9,10 @@ import pytest
 
 from controller.core.circuits import CircuitMap
 from controller.core.rack import load_rack
+from emulation import ovs
+from emulation.calibrate import RateCheck, without_shapers
+from emulation.plan import nic_port
+from emulation.shaping import QUEUE_FRAMES
 from tests.integration.helpers import (
     PAPER,
     RACK8,
@@ -31,13 +35,14 @@ def _leftovers() -> dict:
                if "optirack-rack" in sh("ovs-vsctl", "get", "bridge", b, "external_ids")]
     netns = [n.split()[0] for n in sh("ip", "netns", "list").splitlines() if n.startswith("optirack-")]
     intfs = [line.split(":")[1].strip().split("@")[0] for line in sh("ip", "-o", "link").splitlines()
-             if any(line.split(":")[1].strip().startswith(p) for p in ("ocs1-p", "as1-p", "as2-p", "as3-p", "core-p"))]
+             if any(line.split(":")[1].strip().startswith(p)
+                    for p in ("ocs1-p", "as1-p", "as2-p", "as3-p", "core-p", "mg-", "optirack-mgmt"))]
     shells = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"mininet:" in cmdline:
+                if b"mininet:" in cmdline or b"/run/optirack/engines/" in cmdline or b"/run/optirack/registry/" in cmdline:
                     shells.append(pid + " " + cmdline.replace(b"\0", b" ").decode(errors="replace"))
             except OSError:
                 pass
@@ -111,15 +116,40 @@ def test_same_switch_and_across_the_uplink(paper_rack):
     assert not ping("optirack-srv1", ip["gpu4"], count=1)
 
 
+def _configured(dev: str, netns: str | None) -> tuple[float | None, int]:
+    """The htb root rate of an interface (Mbit/s) and the bfifo limit of its bulk class (bytes)."""
+    out = sh("tc", *(["-n", netns] if netns else []), "qdisc", "show", "dev", dev)
+    limit = next((int(w[:-1]) if w.endswith("b") else int(w) for line in out.splitlines() if "bfifo 20:" in line
+                  for w in [line.split("limit ")[1].split()[0]]), 0)
+    return ovs.shaped_mbps(dev, netns), limit
+
+
+def _check_path(rack, devices, rate, server_ns, server_ip, client_ns, client_ip, what):
+    """The configured rates exactly, then throughput shaped and unshaped through the same bridges."""
+    frame = rack.spec.emulation.mtu + 14
+    for dev, netns in devices:
+        assert _configured(dev, netns) == (rate, QUEUE_FRAMES * frame), (dev, netns)
+    shaped = iperf_mbps(server_ns, server_ip, client_ns, client_ip, seconds=3)
+    with without_shapers(devices):
+        unshaped = iperf_mbps(server_ns, server_ip, client_ns, client_ip, seconds=3)
+    for dev, netns in devices:  # put back exactly as it was
+        assert _configured(dev, netns) == (rate, QUEUE_FRAMES * frame), (dev, netns)
+    check = RateCheck(rate, shaped, unshaped)
+    print(f"{what}: shaped {shaped:.1f} Mbit/s at a rate of {rate:g}; unshaped {unshaped:.1f} Mbit/s"
+          + ("" if check.host_can_tell else " (this host cannot carry much more than the rate unshaped)"))
+    assert not check.problems(), check.problems()
+    return check
+
+
 def test_line_rate_is_the_scaled_nic_rate(paper_rack):
     rack, _ = paper_rack
     set_circuits_by_hand("ocs1", [(1, 11), (2, 12)])
     install_forwarding_by_hand(rack, CircuitMap.parse(rack, [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"]]))
     ip = {g: rack.addresses[g][0] for g in rack.gpus}
-    mbps = iperf_mbps("optirack-srv2", ip["gpu2"], "optirack-srv1", ip["gpu1"])
     rate = rack.spec.emulation.mbps(rack.gpus["gpu1"].nic.rate_gbps)
-    print(f"same switch: {mbps:.1f} Mbit/s (scaled line rate {rate:g})")
-    assert 0.85 * rate <= mbps <= 1.15 * rate
+    # gpu1 -> gpu2: shaped at gpu1's NIC port and at the OCS port facing gpu2 (both the NIC's rate)
+    _check_path(rack, [(nic_port("gpu1"), "optirack-srv1"), ("ocs1-p2", None)], rate,
+                "optirack-srv2", ip["gpu2"], "optirack-srv1", ip["gpu1"], "same switch")
 
 
 def test_rack8_up_rates_and_down():
@@ -131,10 +161,11 @@ def test_rack8_up_rates_and_down():
         install_forwarding_by_hand(rack, circuits)
         ip = {g: rack.addresses[g][0] for g in rack.gpus}
         assert ping("optirack-srv1", ip["gpu2"]) and ping("optirack-srv1", ip["gpu7"])
-        mbps = iperf_mbps("optirack-srv4", ip["gpu7"], "optirack-srv1", ip["gpu1"])
         rate = rack.spec.emulation.mbps(rack.switches["as1"].uplinks[0].rate_gbps)
-        print(f"across two {rate:g} Mbit/s uplinks: {mbps:.1f} Mbit/s")
-        assert 0.85 * rate <= mbps <= 1.15 * rate
+        # gpu1 (as1) -> gpu7 (as3) crosses as1 -> core -> as3: the narrowest hops are the uplinks
+        uplinks = [(f"{w.name}-p{u.port}", None) for w in rack.spec.switches for u in w.uplinks]
+        _check_path(rack, uplinks, rate, "optirack-srv4", ip["gpu7"], "optirack-srv1", ip["gpu1"],
+                    f"across two {rate:g} Mbit/s uplinks")
     finally:
         optirack_rack("down")
     assert _leftovers() == {}

@@ -226,43 +226,57 @@ class FakeContainer:
         self.killed = True
 
 
-class FakeContainers:
-    def __init__(self, driver):
-        self.driver = driver
+class FakeEngines:
+    """Every engine answers unless a test marks its server down."""
 
-    def get(self, name):
-        import docker
+    def __init__(self):
+        self.down: dict[str, str] = {}
 
-        if name not in self.driver.running:
-            raise docker.errors.NotFound(name)
-        return self.driver.running[name]
+    def ping(self, server):
+        return server not in self.down
 
 
 class FakeDriver:
-    """A container driver that runs no containers: each 'worker' replays scripted JSON lines."""
+    """A container driver that runs no containers: each 'worker' replays scripted JSON lines.
+
+    `faults`: {"client": exception} makes every engine call raise it (an engine that cannot be
+    reached); {"start": exception or {gpu: exception}} makes starting (that GPU's) container raise.
+    `stderr`: gpu -> lines its worker writes to stderr."""
+
+    image = "optirack-worker:latest"
 
     def __init__(self, iterations=3, fail_start_on=None, exit_codes=None, block=False, faults=None, stderr=None):
         self.iterations, self.fail_start_on, self.exit_codes = iterations, fail_start_on, exit_codes or {}
         self.block = block
-        self.faults = faults or {}  # "client" | "start" -> the exception it raises ("start": or {gpu: exception})
-        self.stderr = stderr or {}  # gpu -> lines its worker writes to stderr
+        self.faults = faults or {}
+        self.stderr = stderr or {}
         self.running: dict[str, FakeContainer] = {}
         self.started, self.removed = [], []
+        self.engines = FakeEngines()
 
-    def client_for(self, server):
+    def _engine(self, server):
         if "client" in self.faults:
             raise self.faults["client"]
-        driver = self
 
-        class Client:
-            containers = FakeContainers(driver)
-        return Client()
+    def check_engines(self, servers):
+        from controller.drivers.engines import EngineDown
+        for s in sorted(servers):
+            self._engine(s)
+            if s in self.engines.down:
+                raise EngineDown(s, f"tcp://{s}:2376", self.engines.down[s])
 
-    def start(self, spec):
+    def down_servers(self):
+        return dict(self.engines.down)
+
+    def worker_image(self, server):
+        self._engine(server)
+        return "registry:5000/optirack-worker@sha256:" + "0" * 64
+
+    def start(self, spec, image=None):
         import json
 
         from controller.drivers.containers import ContainerError, container_name
-        self.client_for(spec.server)  # as the real driver does: the engine must answer
+        self._engine(spec.server)
         fault = self.faults.get("start")
         if isinstance(fault, dict):
             fault = fault.get(spec.gpu)
@@ -280,10 +294,35 @@ class FakeDriver:
         self.started.append((spec.job, spec.gpu, spec.command))
         return name
 
-    def remove(self, job, gpu, server, ifname):
+    def _get(self, job, gpu, server):
+        import docker
+
+        from controller.drivers.containers import container_name
+        self._engine(server)
+        name = container_name(job, gpu)
+        if name not in self.running:
+            raise docker.errors.NotFound(name)
+        return self.running[name]
+
+    def logs(self, job, gpu, server):
+        return self._get(job, gpu, server).logs(stream=True, follow=True)
+
+    def tail(self, job, gpu, server, lines):
+        return self._get(job, gpu, server).logs(stdout=True, stderr=True, tail=lines).decode().splitlines()
+
+    def wait(self, job, gpu, server):
+        return self._get(job, gpu, server).wait()["StatusCode"]
+
+    def kill(self, job, gpu, server):
+        self._get(job, gpu, server).kill()
+
+    def remove(self, job, gpu, server):
         from controller.drivers.containers import container_name
         self.running.pop(container_name(job, gpu), None)
         self.removed.append((job, gpu))
 
-    def containers(self, server, job=None):
+    def workers(self, server, job=None):
+        return []
+
+    def sweep(self, server, keep_jobs):
         return []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-import docker
 import pytest
 
 from controller.apps.context import Optirack
@@ -22,7 +21,7 @@ from controller.core.forwarding import compute_tables
 from controller.core.jobs import JobRequest
 from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerError
-from controller.drivers.netns import NetnsError
+from controller.drivers.engines import EngineDown
 from tests.unit.fakes import FakeDriver, FakeSwitch, wait_until
 from tests.unit.test_rack import PAPER
 
@@ -79,10 +78,10 @@ class Rig:
 
 
 @pytest.mark.parametrize("fault, reason", [
-    ({"client": docker.errors.DockerException("Error while fetching server API version: Connection refused")},
-     "Connection refused"),
+    ({"client": EngineDown("srv1", "tcp://198.19.0.1:2376", "Connection refused")}, "Connection refused"),
     ({"start": {"gpu3": ContainerError("cannot start the container of gpu3: no such image")}}, "no such image"),
-    ({"start": {"gpu2": NetnsError("cannot move gpu2 into optirack-c-gpu2: no such device")}}, "no such device"),
+    ({"start": {"gpu2": ContainerError("srv2: optirack-nic add exited 4: no interface gpu2 on this server")}},
+     "no interface gpu2"),
     ({"start": {"gpu4": KeyError("Pid")}}, "KeyError: 'Pid'"),
 ], ids=["engine-unreachable", "container-create", "nic-hand-over", "bug-in-start"])
 def test_a_container_step_that_fails_fails_the_job_and_undoes_the_placement(tmp_path, fault, reason):

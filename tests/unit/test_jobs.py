@@ -108,6 +108,24 @@ def test_a_queued_job_starts_when_a_running_one_ends(tmp_path):
         placement.stop_job(job.id)
 
 
+def test_new_jobs_avoid_a_server_whose_engine_is_down(tmp_path):
+    driver = FakeDriver(block=True)
+    ctx, placement, _ = make(tmp_path, driver)
+    down = RACK.server_of["gpu1"]
+    on_down = {g for g, s in RACK.server_of.items() if s == down}
+    driver.engines.down[down] = "connection refused"
+    with pytest.raises(Conflict, match=f"the Docker Engine of server {down} is down .*gpu1 cannot run"):
+        placement.submit(req(gpus=["gpu1"]))
+    assert not placement.jobs  # refused, not queued
+    job = placement.submit(req(gpus=len(RACK.gpus) - len(on_down)))
+    wait_until(lambda: job.state == "running")
+    assert not set(job.gpus) & on_down
+    waiting = placement.submit(req(gpus=1))  # the only free GPUs are on the server that is down
+    assert waiting.state == "queued" and "1 GPUs asked for, 0 free" in waiting.note, waiting.note
+    placement.stop_job(waiting.id)
+    placement.stop_job(job.id)
+
+
 def test_a_queued_job_survives_a_restart(tmp_path):
     ctx, placement, _ = make(tmp_path, FakeDriver(block=True))
     first = placement.submit(req(gpus=6))

@@ -1,0 +1,210 @@
+"""The paper rack as four machines: one Docker Engine per server, reached over mutual TLS. A job
+spread over three servers runs each worker on its own server's engine, holding exactly its NIC;
+rack-check asks every engine; engine failures leave nothing behind on any engine; a restarted
+controller adopts a job that runs on three engines."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from controller.client import ApiError
+from controller.core.rack import load_rack
+from controller.drivers.containers import ContainerDriver, container_name, sandbox_name
+from emulation import engines, registry
+from emulation import netns as ns
+from emulation.harness import ControllerProcess, Testbed
+from emulation.plan import netns_of
+from tests.integration.helpers import BIN, PAPER, ROOT, sh, wait_for, worker_image
+
+RACK = load_rack(PAPER)
+FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
+              ["ocs1:6", "ocs1:22"], ["ocs1:4", "ocs1:23"]]
+SPREAD = ["gpu1", "gpu5", "gpu2", "gpu3"]  # srv1 (2), srv2, srv3: three servers, two switches
+PLANS = {p.server: p for p in engines.engine_plans(RACK)}
+TLS = RACK.spec.engines.tls
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory):
+    with Testbed(RACK, PAPER, tmp_path_factory.mktemp("engines")) as tb:
+        yield tb
+
+
+@pytest.fixture
+def fresh(bed):
+    """The fragmented start, every engine up, no job active; afterwards the same (pass or fail)."""
+    def settle():
+        for server, plan in PLANS.items():
+            if engines.pid_of(plan) is None:
+                optirack_rack("engine", "start", server)
+        wait_for(lambda: not any(j["state"] in ("pending", "configuring", "running")
+                                 for j in bed.client.get("/jobs")["jobs"]), 120, "earlier jobs to end")
+        wait_for(lambda: all(s["engine"]["up"] for s in bed.client.get("/topology")["servers"].values()), 30,
+                 "the controller to see every engine up")
+    settle()
+    bed.client.put("/ocs/circuits", {"circuits": FRAGMENTED})
+    yield bed
+    settle()
+
+
+@pytest.fixture
+def driver():
+    return ContainerDriver(RACK, worker_image())
+
+
+def optirack_rack(*args: str) -> str:
+    proc = subprocess.run([str(BIN / "optirack-rack"), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, f"optirack-rack {' '.join(args)}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+def docker_cli(server: str, *args: str) -> str:
+    """The docker CLI against a server's engine over mutual TLS, as a user would."""
+    return sh("docker", "-H", PLANS[server].url, "--tlsverify", "--tlscacert", TLS.ca, "--tlscert", TLS.cert,
+              "--tlskey", TLS.key, *args)
+
+
+def ours_on_every_engine(driver) -> dict[str, list]:
+    return {s: driver.workers(s) for s in RACK.servers}
+
+
+def wait_job(client, job_id: str, timeout: float = 300) -> dict:
+    wait_for(lambda: client.get(f"/jobs/{job_id}")["job"]["state"] not in ("pending", "configuring", "running"),
+             timeout, f"{job_id} to end")
+    return client.get(f"/jobs/{job_id}")["job"]
+
+
+def rack_check(*extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "optirack"), "rack-check", "--rack", str(PAPER), *extra],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_four_engines_answer_over_tls_at_the_rack_files_addresses(bed):
+    for server, plan in PLANS.items():
+        assert RACK.servers[server].docker == plan.url
+        assert docker_cli(server, "info", "--format", "{{.DockerRootDir}}").strip() == str(plan.data_root)
+    with pytest.raises(AssertionError, match="exited"):  # no client certificate: refused
+        sh("docker", "-H", PLANS["srv1"].url, "--tlsverify", "--tlscacert", TLS.ca, "info")
+
+
+def test_a_job_over_three_servers_runs_on_their_engines_holding_their_nics_and_regroups(fresh, driver):
+    client = fresh.client
+    job = client.post("/jobs", {"gpus": SPREAD, "policy": "fixed", "workload": {"iterations": 40, "compute_seconds": 0.05}})["job"]
+    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 3, 120, "the job to run")
+    for gpu in SPREAD:
+        server = RACK.server_of[gpu]
+        names = docker_cli(server, "ps", "--format", "{{.Names}}").split()
+        assert container_name(job["id"], gpu) in names and sandbox_name(job["id"], gpu) in names
+        for other in set(RACK.servers) - {server}:
+            assert container_name(job["id"], gpu) not in docker_cli(other, "ps", "-a", "--format", "{{.Names}}")
+        inside = docker_cli(server, "exec", container_name(job["id"], gpu), "ip", "-o", "-4", "addr").splitlines()
+        assert sorted(line.split()[1] for line in inside) == sorted(["lo", gpu])
+        assert f"{RACK.addresses[gpu][0]}/24" in next(line for line in inside if line.split()[1] == gpu)
+        assert not ns.has_link(gpu, netns_of(server))
+    body = client.post(f"/jobs/{job['id']}/regroup")
+    assert len(body["job"]["switches"]) == 1
+    done = wait_job(client, job["id"])
+    assert done["state"] == "done" and done["iterations_done"] == 40, done["reason"]
+    assert done["image"].startswith(f"{RACK.spec.engines.registry}/optirack-worker@sha256:")
+    assert all(v == [] for v in ours_on_every_engine(driver).values())
+    for gpu in SPREAD:
+        assert RACK.addresses[gpu][0] in sh("ip", "-n", netns_of(RACK.server_of[gpu]), "-o", "addr", "show", "dev", gpu)
+
+
+def test_rack_check_asks_every_engine(fresh, driver):
+    out = rack_check()
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("srv")]
+    assert [line.split()[0] for line in lines] == list(RACK.servers) and all(" ok: " in line for line in lines)
+    assert all("CNI host-device, static" in line for line in lines)
+    # one engine stopped
+    optirack_rack("engine", "stop", "srv3")
+    out = rack_check()
+    assert out.returncode == 1 and "srv3: engine unreachable" in out.stderr, out.stdout + out.stderr
+    optirack_rack("engine", "start", "srv3")
+    # the plugins missing from one server: its engine lacks the helper that carries them, and the
+    # registry is down so it cannot pull it (the others still have theirs)
+    helper = f"{RACK.spec.engines.registry}/{RACK.spec.engines.helper_image}"
+    for image_id in set(docker_cli("srv2", "images", "-q", helper.rsplit(":", 1)[0]).split()):
+        docker_cli("srv2", "rmi", "-f", image_id)
+    registry.stop()
+    try:
+        out = rack_check()
+        assert out.returncode == 1 and "srv2: NIC helper" in out.stderr and "not on the engine" in out.stderr, \
+            out.stdout + out.stderr
+        assert [line.split()[2] for line in out.stdout.splitlines() if line.startswith("srv")] == ["ok:", "FAIL:", "ok:", "ok:"]
+    finally:
+        registry.start(RACK)
+    assert rack_check().returncode == 0
+
+
+def test_an_engine_down_before_submit_is_refused_and_avoided(fresh, driver):
+    client = fresh.client
+    optirack_rack("engine", "stop", "srv2")
+    with pytest.raises(ApiError) as info:
+        client.post("/jobs", {"gpus": ["gpu1", "gpu2"], "policy": "fixed"})
+    assert info.value.status == 409 and "server srv2" in info.value.message and "gpu2" in info.value.message
+    wait_for(lambda: not client.get("/topology")["servers"]["srv2"]["engine"]["up"], 10, "srv2 seen down")
+    job = client.post("/jobs", {"gpus": 5, "policy": "regroup", "workload": {"iterations": 3}})["job"]
+    assert "gpu2" not in job["gpus"]
+    assert wait_job(client, job["id"])["state"] == "done"
+    optirack_rack("engine", "start", "srv2")
+    assert all(v == [] for v in ours_on_every_engine(driver).values())
+
+
+def test_an_engine_down_between_admission_and_start_fails_the_job_at_once(bed, driver, fresh):
+    restart(bed, "--optirack-engine-poll", "3600")  # placement learns of it only at the start
+    try:
+        client = bed.client
+        optirack_rack("engine", "stop", "srv3")
+        job = client.post("/jobs", {"gpus": 4, "policy": "fixed", "workload": {"iterations": 3}})["job"]
+        assert "gpu3" in job["gpus"]  # admitted: the controller had not asked srv3 since
+        done = wait_job(client, job["id"], 60)
+        assert done["state"] == "failed" and "server srv3" in done["reason"], done["reason"]
+        assert all(g["job"] is None for g in client.get("/topology")["gpus"].values())
+        optirack_rack("engine", "start", "srv3")
+        assert all(v == [] for v in ours_on_every_engine(driver).values())
+    finally:
+        restart(bed)
+
+
+def test_an_engine_killed_mid_job_fails_it_and_comes_back_clean(fresh, driver):
+    client = fresh.client
+    job = client.post("/jobs", {"gpus": ["gpu1", "gpu2", "gpu3"], "policy": "fixed",
+                                "workload": {"iterations": 1000, "compute_seconds": 0.05}})["job"]
+    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 2, 120, "the job to run")
+    optirack_rack("engine", "kill", "srv2")  # a crash: its containers run on under its containerd
+    done = wait_job(client, job["id"], 60)
+    assert done["state"] == "failed" and "srv2" in done["reason"], done["reason"]
+    assert all(g["job"] is None for g in client.get("/topology")["gpus"].values())
+    for server in ("srv1", "srv3"):  # the job's containers on the other engines are gone
+        assert driver.workers(server) == []
+    optirack_rack("engine", "start", "srv2")  # back, with the stale containers of a job that is over
+    wait_for(lambda: driver.workers("srv2") == [], 60, "the controller to remove srv2's stale containers")
+    assert RACK.addresses["gpu2"][0] in sh("ip", "-n", "optirack-srv2", "-o", "addr", "show", "dev", "gpu2")
+    assert all(v == [] for v in ours_on_every_engine(driver).values())
+
+
+def test_a_restarted_controller_adopts_a_job_on_three_engines(fresh, driver):
+    client = fresh.client
+    job = client.post("/jobs", {"gpus": SPREAD, "policy": "regroup", "workload": {"iterations": 30, "compute_seconds": 0.1}})["job"]
+    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 3, 120, "the job to run")
+    before = {s: sorted(w["gpu"] for w in driver.workers(s, job["id"]) if w["role"] == "worker") for s in ("srv1", "srv2", "srv3")}
+    assert before == {"srv1": ["gpu1", "gpu5"], "srv2": ["gpu2"], "srv3": ["gpu3"]}
+    restart(fresh)
+    client = fresh.client
+    assert client.get(f"/jobs/{job['id']}")["job"]["state"] == "running"
+    done = wait_job(client, job["id"])
+    assert done["state"] == "done" and done["iterations_done"] == 30, done["reason"]
+    assert all(v == [] for v in ours_on_every_engine(driver).values())
+
+
+def restart(tb: Testbed, *extra: str) -> None:
+    """Stop the controller and start it again on the same ports and state."""
+    old = tb.controller
+    old.stop()
+    tb.controller = ControllerProcess(old.state_dir.parent, tb.rack_file, list(extra), old.of_port, old.rest_port)
+    tb.controller.start()
+    tb.client = tb.controller.client()
+    wait_for(tb._ready, 30, "the restarted controller to resynchronise")
