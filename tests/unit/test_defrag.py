@@ -103,13 +103,16 @@ def test_iteration_model_on_the_paper_rack():
     vgg = WORKLOADS["vgg16"]
     compute = compute_seconds("vgg16", "M40")
     ring = 2 * 3 / 4 * vgg.gradient_bytes * 8 / 100e9  # four ranks at 100 Gbit/s
+    uplink = RACK.switches["as1"].uplinks[0].rate_gbps
+    assert uplink < 50  # the paper rack's fitted uplink: narrower than two NICs' share of it
     jobs = {"red": RED, "blue": BLUE}
     where = {g: s for g, (s, _) in INITIAL.gpu_locations(RACK).items()}
     t = iteration_seconds(RACK, jobs, where, {"red": "vgg16", "blue": "vgg16"})
-    # red and blue each cross the as1-as2 uplink once each way: two flows share 100 Gbit/s
-    assert t["red"] == pytest.approx(compute + 2 * ring)
+    # red and blue each cross the as1-as2 uplink once each way: two flows share it
+    assert t["red"] == pytest.approx(compute + ring * 100 / (uplink / 2))
     grouped = dict(where, gpu3="as1", gpu4="as1")
     t = iteration_seconds(RACK, jobs, grouped, {"red": "vgg16", "blue": "vgg16"})
     assert t["red"] == pytest.approx(compute + ring)
-    assert t["blue"] == pytest.approx(compute_seconds("vgg16", "TitanV") + 2 * 1 / 2 * vgg.gradient_bytes * 8 / 100e9)
+    # blue still crosses the uplink, alone now: the uplink is its narrowest hop
+    assert t["blue"] == pytest.approx(compute_seconds("vgg16", "TitanV") + 2 * 1 / 2 * vgg.gradient_bytes * 8 / (uplink * 1e9))
     assert iteration_seconds(RACK, {"one": ("gpu1",)}, where, {})["one"] == pytest.approx(compute)
