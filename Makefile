@@ -29,16 +29,16 @@ setup:
 	@bash scripts/setup.sh
 
 lint: setup
-	$(VENV)/bin/ruff check controller emulation containers scripts tests
+	$(VENV)/bin/ruff check controller emulation containers simulator scripts tests
 
 test: setup lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 test-unit:
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration" tests $(PYTEST_ARGS)
 
 test-integration: setup
-	$(PY) -m pytest tests/integration $(PYTEST_ARGS)
+	$(PY) -m pytest -m integration tests $(PYTEST_ARGS)
 
 controller: setup
 	$(VENV)/bin/optirack-controller --optirack-rack $(TOPO) $(ARGS)
@@ -63,6 +63,7 @@ bench: setup
 	$(PY) scripts/bench_allreduce.py
 	$(PY) scripts/bench_placement.py
 	$(PY) scripts/bench_store.py
+	$(PY) scripts/bench_simulate.py
 
 # Also the caches rack-down keeps: each emulated engine's image store and the registry's storage.
 clean:

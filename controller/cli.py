@@ -218,7 +218,7 @@ def _show(args) -> int:
 
 
 def _stop(args) -> int:
-    job = _client(args).delete(f"/jobs/{args.job}")["job"]
+    job = _client(args).post(f"/jobs/{args.job}/stop")["job"]
     _print(args, {"job": job}, _job_line(job))
     return 0
 
@@ -356,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="show the plan (moves, circuits, stall, predicted gain)")
     p.add_argument("--version", type=int, metavar="N", help="apply the dry-run plan made from circuit-map version N")
     p.set_defaults(func=_regroup)
+
+    from simulator.cli import add_parser as add_simulate  # runs offline: no controller needed
+
+    add_simulate(sub)
     return parser
 
 

@@ -21,6 +21,11 @@ from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerDriver, GpuContainer, container_name
 from emulation.harness import ROOT, Testbed
 
+try:
+    from scripts.stats import add_json_option, show, spread, write_json
+except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scripts/ itself is on sys.path
+    from stats import add_json_option, show, spread, write_json
+
 
 def cpu_times() -> list[int]:
     return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -107,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="then ROUNDS pairs of runs, alternately without and with the live page open in headless "
                         "Chromium and Prometheus scraping /metrics every 5 s; prints both and their difference "
                         "in percentage points of the bound (needs the chromium and prometheus packages)")
-    p.add_argument("--json", type=Path, help="also write the figures here")
+    add_json_option(p)
     args = p.parse_args(argv)
     rack = load_rack(args.topo)
     gpus = args.gpus.split(",")
@@ -125,16 +130,16 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.monotonic() - t0
         observed = observed_rounds(tb, args, gpus, size, bound_s, Path(tmp)) if args.observed else None
     comm = comm_times(logs)
-    fracs = [bound_s / c for c in comm]
+    fraction = spread([bound_s / c for c in comm], 100)
+    bus = spread([2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm])
     result = {"ring": gpus, "switch": switch, "gradient_bytes": size, "line_mbps": line_bps / 1e6, "bound_s": bound_s,
-              "comm_s": comm, "fraction_median": statistics.median(fracs), "fraction_min": min(fracs),
-              "fraction_max": max(fracs), "bus_mbps_median": statistics.median(2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm),
+              "comm_s": spread(comm), "percent_of_bound": fraction, "bus_mbps": bus,
               "idle_cpu_percent": idle, "wall_s": wall}
     print(f"ring all-reduce of {n} under {switch}: S = {size / 1e6:g} MB, B = {line_bps / 1e6:g} Mbit/s, "
           f"bound 2(n-1)/n*S/B = {bound_s:.2f} s")
     print("  per iteration: " + " ".join(f"{c:.2f}s" for c in comm))
-    print(f"  bus bandwidth {result['bus_mbps_median']:.1f} Mbit/s = {100 * result['fraction_median']:.1f} % of the bound "
-          f"(min {100 * min(fracs):.1f} %, max {100 * max(fracs):.1f} %); host idle CPU {idle:.0f} %")
+    print(f"  median (min–max) over {len(comm)} iterations: bus bandwidth {show(bus, 'Mbit/s')} = "
+          f"{show(fraction, '%')} of the bound; host idle CPU {idle:.0f} %")
     if observed:
         result["observed"] = observed
         print(f"  without the page and Prometheus: {observed['plain_mean_percent']:.1f} % of the bound "
@@ -142,8 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  with the page open and Prometheus scraping every 5 s: {observed['observed_mean_percent']:.1f} % "
               f"(runs: {', '.join(f'{x:.1f}' for x in observed['observed_percent'])})")
         print(f"  difference: {observed['difference_points']:+.1f} percentage points of the bound")
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+    write_json(args.json, result)
     return 0
 
 

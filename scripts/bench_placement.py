@@ -12,17 +12,20 @@ Prints min / median / max planning time per rack size, kind and job size.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from controller.core.circuits import CircuitMap
 from controller.core.occupancy import Occupancy
 from controller.core.placement import NoRoomNow, Request, plan
 from controller.core.rackgen import generate
+
+try:
+    from scripts.stats import add_json_option, write_json
+except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scripts/ itself is on sys.path
+    from stats import add_json_option, write_json
 
 RACKS = {1024: dict(switches=32, ocs=4, gpus_per_server=8), 4096: dict(switches=64, ocs=8, gpus_per_server=8),
          16384: dict(switches=128, ocs=16, gpus_per_server=8)}
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--racks", default="1024,4096,16384",
                     help=f"rack sizes in GPUs, of {', '.join(map(str, RACKS))} (default %(default)s)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", type=Path, help="also write the rows here, as a JSON list")
+    add_json_option(ap)
     args = ap.parse_args(argv)
     try:
         sizes = [int(s) for s in args.sizes.split(",")]
@@ -126,8 +129,7 @@ def main(argv=None) -> int:
     rows = []
     for gpus in racks:
         rows += bench_rack(gpus, kinds, sizes, args.rounds, rng)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(args.json, rows)
     return 0
 
 

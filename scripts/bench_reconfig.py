@@ -12,7 +12,6 @@ takes minutes. Needs root (it brings racks up).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -25,6 +24,11 @@ from controller.core.circuits import CircuitMap
 from controller.core.rack import Rack, load_rack, parse_rack
 from controller.core.rackgen import rack_spec
 from emulation.harness import ROOT, Testbed
+
+try:
+    from scripts.stats import add_json_option, write_json
+except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scripts/ itself is on sys.path
+    from stats import add_json_option, write_json
 
 
 def _targets(rack: Rack) -> dict[str, CircuitMap]:
@@ -92,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                         "one downlink per GPU: 512 GPUs make a 1,024-port OCS) (default %(default)s)")
     p.add_argument("--bare-from", type=int, default=256, metavar="GPUS",
                    help="bring racks of this many GPUs or more up bare (default %(default)s)")
-    p.add_argument("--json", type=Path, help="also write the rows here, as a JSON list")
+    add_json_option(p)
     args = p.parse_args(argv)
     try:
         sizes = [int(x) for x in args.gpus.split(",")]
@@ -118,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['rack']:8s} {r['gpus']:5d} {r['ports']:5d} {r['change']:13s} {r['circuits']:8d} "
               f"{r['switching_ms']:8.1f}ms {r['total_ms_median']:7.1f}ms {r['min_ms']:10.1f}ms {r['median_ms']:6.1f}ms "
               f"{r['max_ms']:6.1f}ms {r['rest_roundtrip_ms_median']:7.1f}ms")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(args.json, rows)
     return 0
 
 

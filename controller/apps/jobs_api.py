@@ -1,4 +1,4 @@
-"""REST for jobs: submit (placed or queued), list, inspect, stop, regroup one, defragment all."""
+"""REST for jobs: submit (placed or queued), list, inspect, logs, stop, delete, prune, regroup one, defragment all."""
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -6,19 +6,29 @@ from ryu.app.wsgi import route
 
 from controller.apps.context import Conflict
 from controller.apps.placement import LOG_LINES, UnknownJob
-from controller.apps.rest import PREFIX, ApiError, OptirackController, api, int_param, json_response, read_json
+from controller.apps.rest import (
+    PREFIX,
+    ApiError,
+    OptirackController,
+    api,
+    int_param,
+    json_response,
+    path_text,
+    read_json,
+)
 from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, JobRequest
 from controller.core.placement import InvalidRequest, PlacementError
 
-JOB_ID = {"job_id": r"[a-zA-Z0-9_.-]+"}
+JOB_ID = {"job_id": r"[^/]+"}  # any segment: an id that names no job is a JSON 404, not a routing miss
 
 
 class PruneRequest(BaseModel):
     """The body of POST /jobs/prune: which finished jobs to forget."""
 
-    model_config = ConfigDict(extra="forbid")
-    older_than_s: float | None = Field(None, ge=0, description="ended at least this many seconds ago")
-    keep: int | None = Field(None, ge=0, description="always keep the newest this many finished jobs")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as the OpenAPI document says
+    # Absent means "no such limit"; null is not a number (the document says so too).
+    older_than_s: float = Field(None, ge=0, description="ended at least this many seconds ago")
+    keep: int = Field(None, ge=0, description="always keep the newest this many finished jobs")
     events: bool = Field(False, description="also forget reconfiguration events older than older_than_s")
 
     @model_validator(mode="after")
@@ -56,7 +66,7 @@ class JobsApi(OptirackController):
         try:
             return self.placement.get(job_id)
         except UnknownJob:
-            raise ApiError(404, f"no job {job_id!r}", "job_id") from None
+            raise ApiError(404, f"no job {path_text(job_id)!r}", "job_id") from None
 
     @route("jobs", PREFIX + "/jobs", methods=["POST"])
     @api(mutation=True)
@@ -82,7 +92,7 @@ class JobsApi(OptirackController):
             raise ApiError(400, f"unknown state {', '.join(sorted(unknown))} (states: {', '.join(known)})", "state")
         before = req.GET.get("before")
         if before is not None and before not in self.placement.jobs:
-            raise ApiError(400, f"no job {before!r} (it may have been pruned)", "before")
+            raise ApiError(404, f"no job {before!r} (it may have been pruned)", "before")
         jobs, older = self.placement.page(int_param(req, "limit", 100, hi=10_000), before, states)
         return json_response({"jobs": [j.to_json() for j in jobs], "older": older})
 
@@ -123,11 +133,22 @@ class JobsApi(OptirackController):
         lines, source = self.placement.worker_logs(job, int_param(req, "tail", LOG_LINES, lo=1, hi=LOG_LINES))
         return json_response({"job": job.id, "state": job.state, "reason": job.reason, "source": source, "logs": lines})
 
-    @route("job", PREFIX + "/jobs/{job_id}", methods=["DELETE"], requirements=JOB_ID)
+    @route("job_stop", PREFIX + "/jobs/{job_id}/stop", methods=["POST"], requirements=JOB_ID)
     @api(mutation=True)
     def stop(self, req, job_id, **_):
+        """Stop a running job and clean up; its record stays (an ended job is answered as it is)."""
         self._job(job_id)
         return json_response({"job": self.placement.stop_job(job_id).to_json()})
+
+    @route("job", PREFIX + "/jobs/{job_id}", methods=["DELETE"], requirements=JOB_ID)
+    @api(mutation=True)
+    def delete(self, req, job_id, **_):
+        """Stop the job if it runs, then forget it: the answer is its last record, and GET then says 404."""
+        self._job(job_id)
+        job = self.placement.stop_job(job_id)  # 409 while it is still being placed
+        self.ctx.store.delete_jobs([job_id])
+        del self.placement.jobs[job_id]
+        return json_response({"job": job.to_json()})
 
     @route("job_regroup", PREFIX + "/jobs/{job_id}/regroup", methods=["POST"], requirements=JOB_ID)
     @api(mutation=True)

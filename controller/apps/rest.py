@@ -1,8 +1,15 @@
 """The REST app: optirack's northbound API on Ryu's WSGI server, under /api/v1.
 
-Reads are open; mutations (PUT, POST, DELETE) need ``Authorization: Bearer <token>``. Errors are
-JSON, ``{"error": {"status": 400, "field": "circuits[1]", "message": "…"}}``, and a refused
-request changes nothing.
+Reads are open; mutations (PUT, POST, DELETE) need ``Authorization: Bearer <token>``. Every error,
+on every path, is JSON of one shape, ``{"error": {"status": 400, "field": "circuits[1]", "message":
+"…"}}``, and a refused request changes nothing. The OpenAPI document (openapi.json) is the
+contract: schemathesis checks the live controller against it (tests/integration/test_contract.py).
+
+To add an endpoint: a handler with ``@route(...)`` and ``@api(...)`` on a subclass of
+`OptirackController`, registered in `RestApp`; raise `ApiError` (or a domain error `api` maps) for
+every refusal; document the path, its parameters with their bounds, and every status it answers
+(errors as ``$ref: '#/components/responses/Error'``) in openapi.json. tests/unit/test_rest.py
+checks that the routes served and the operations documented are the same.
 """
 from __future__ import annotations
 
@@ -42,11 +49,12 @@ def json_response(body, status: int = 200) -> Response:
                     body=json.dumps(body, indent=1).encode() + b"\n")
 
 
-def error_response(e: ApiError) -> Response:
+def error_response(e: ApiError, **extra) -> Response:
+    """The one shape of every error: {"error": {"status", "message", "field"?}}, plus `extra` keys."""
     err = {"status": e.status, "message": e.message}
     if e.field:
         err["field"] = e.field
-    resp = json_response({"error": err}, e.status)
+    resp = json_response({"error": err, **extra}, e.status)
     if e.status == 401:
         resp.headers["WWW-Authenticate"] = 'Bearer realm="optirack"'
     return resp
@@ -60,7 +68,8 @@ def _pydantic_error(e: ValidationError) -> ApiError:
 
 
 def api(mutation: bool = False):
-    """Wrap a handler: bearer token for mutations, ApiError and domain errors to JSON statuses."""
+    """Wrap a handler: bearer token for mutations; every refusal and failure to the JSON error shape.
+    This is the one place where errors become responses."""
 
     def wrap(handler):
         @functools.wraps(handler)
@@ -78,8 +87,12 @@ def api(mutation: bool = False):
             except OcsUnavailable as e:
                 return error_response(ApiError(503, str(e)))
             except ReconfigFailed as e:
-                return json_response({"error": {"status": 502, "message": f"the device failed: {e}; rolled back"},
-                                      "event": e.event.to_json()}, 502)
+                return error_response(ApiError(502, f"the device failed: {e}; rolled back"), event=e.event.to_json())
+            except UnicodeDecodeError:
+                return error_response(ApiError(400, "the request is not valid UTF-8"))
+            except Exception as e:  # a bug: still answer in the documented shape, and log it
+                LOG.exception("%s %s failed", req.method, req.environ.get("PATH_INFO", "?"))
+                return error_response(ApiError(500, f"internal error ({e.__class__.__name__}); see the controller's log"))
 
         return wrapper
 
@@ -110,12 +123,28 @@ class CircuitsBody(BaseModel):
 
 
 def int_param(req, name: str, default: int | None, lo: int = 1, hi: int = 100_000) -> int | None:
+    """A query parameter that must be an integer in [lo, hi] (document the same bounds in openapi.json)."""
     text = req.GET.get(name)
     if text is None:
         return default
-    if not text.isdigit() or not lo <= int(text) <= hi:
+    if not re.fullmatch(r"[0-9]{1,19}", text) or not lo <= int(text) <= hi:
         raise ApiError(400, f"expected an integer from {lo} to {hi}", name)
     return int(text)
+
+
+def choice_param(req, name: str, choices: tuple[str, ...], default: str) -> str:
+    text = req.GET.get(name, default)
+    if text not in choices:
+        raise ApiError(400, f"expected one of {', '.join(choices)}", name)
+    return text
+
+
+def path_text(value: str) -> str:
+    """A path segment as the client wrote it (WSGI hands it over as Latin-1)."""
+    try:
+        return value.encode("latin-1").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        return value
 
 
 _ETAG = re.compile(r'^"(\d+)"$')
@@ -172,8 +201,9 @@ class Api(OptirackController):
     """Handlers are a few lines each: parse, call the context's services, render with `views`."""
 
     @route("openapi", PREFIX + "/openapi.json", methods=["GET"])
+    @api()
     def openapi(self, req, **_):
-        return json_response(_openapi())
+        return json_response(openapi_for(self.ctx.rack))
 
     @route("topology", PREFIX + "/topology", methods=["GET"])
     @api()
@@ -183,7 +213,8 @@ class Api(OptirackController):
     @route("circuits", PREFIX + "/ocs/circuits", methods=["GET"])
     @api()
     def get_circuits(self, req, **_):
-        return _versioned(json_response(views.circuits(self.ctx, device=req.GET.get("device") == "1")), self.ctx)
+        device = choice_param(req, "device", ("0", "1"), "0") == "1"
+        return _versioned(json_response(views.circuits(self.ctx, device=device)), self.ctx)
 
     @route("circuits", PREFIX + "/ocs/circuits", methods=["PUT"])
     @api(mutation=True)
@@ -221,31 +252,54 @@ class Api(OptirackController):
                               "older": page[0]["id"] if len(rows) > len(page) else None})
 
 
+@functools.cache
+def _openapi_text() -> str:
+    return resources.files("controller.apps").joinpath("openapi.json").read_text()
+
+
 def _openapi() -> dict:
-    return json.loads(resources.files("controller.apps").joinpath("openapi.json").read_text())
+    """The document as written (a fresh copy)."""
+    return json.loads(_openapi_text())
 
 
-def _documented_methods(path: str) -> set[str]:
-    """Methods the OpenAPI document lists for a concrete path (templates like {id} match one segment)."""
+def openapi_for(rack) -> dict:
+    """The document as this controller serves it: its rack's GPU names and OCS ports as enums, so a
+    client (or a fuzzer) knows which names exist."""
+    doc = _openapi()
+    schemas = doc["components"]["schemas"]
+    schemas["GpuName"]["enum"] = sorted(rack.gpus)
+    schemas["PortName"]["enum"] = [str(p) for p in sorted(rack.endpoints, key=lambda p: (p.device, p.port))]
+    return doc
+
+
+def allowed_methods(path: str) -> set[str]:
+    """Methods the OpenAPI document lists for a concrete path (a template like {job_id} matches one
+    segment; a literal path such as /jobs/prune wins over /jobs/{job_id})."""
     parts = path.rstrip("/").split("/")
+    best: tuple[int, set[str]] = (-1, set())
     for template, ops in _openapi()["paths"].items():
         tparts = (PREFIX + template).split("/")
         if len(tparts) == len(parts) and all(t == p or (t.startswith("{") and p) for t, p in zip(tparts, parts, strict=True)):
-            return {m.upper() for m in ops}
-    return set()
+            literal = sum(t == p for t, p in zip(tparts, parts, strict=True))
+            if literal > best[0]:
+                best = (literal, {m.upper() for m in ops})
+    return best[1]
 
 
 class NotFound(CountedController):
-    """Registered last: a JSON 404 (or 405) for anything under /api/v1 no route took."""
+    """Registered last: takes every request no other route took, on any path: a JSON 405 (with
+    Allow) for a documented path asked with another method, else a JSON 404."""
 
-    @route("notfound", PREFIX + "/{path}", requirements={"path": ".*"})
+    @route("notfound", "/{path}", requirements={"path": r"[\s\S]*"})
+    @api()
     def not_found(self, req, **_):
-        methods = _documented_methods(req.path)
-        if methods:
+        path = path_text(req.environ.get("PATH_INFO", ""))
+        methods = allowed_methods(path)
+        if methods and req.method not in methods:
             resp = error_response(ApiError(405, f"{req.method} is not allowed here; use {', '.join(sorted(methods))}"))
             resp.headers["Allow"] = ", ".join(sorted(methods))
             return resp
-        return error_response(ApiError(404, f"no such endpoint: {req.path} (see {PREFIX}/openapi.json)"))
+        return error_response(ApiError(404, f"no such endpoint: {path} (see {PREFIX}/openapi.json)"))
 
 
 class RestApp(app_manager.RyuApp):
@@ -255,5 +309,12 @@ class RestApp(app_manager.RyuApp):
         super().__init__(*args, **kwargs)
         from controller.apps.jobs_api import JobsApi
 
-        for cls in (Api, JobsApi, NotFound):  # NotFound last: it takes whatever the others did not
-            kwargs["wsgi"].register(cls, {"optirack": kwargs["optirack"]})
+        self.wsgi, self.ctx = kwargs["wsgi"], kwargs["optirack"]
+        for cls in (Api, JobsApi):
+            self.wsgi.register(cls, {"optirack": self.ctx})
+
+    def start(self):
+        # After every app's constructor registered its routes (/metrics, the live page at /): the
+        # catch-all comes last, or it would take their paths.
+        self.wsgi.register(NotFound, {"optirack": self.ctx})
+        return super().start()

@@ -1,8 +1,8 @@
 """Jobs: what a job asked for, its state, and what its workers reported.
 
-States: [queued ->] pending -> configuring -> running -> done | failed (with the reason) | stopped (DELETE).
-A job that cannot be placed when it arrives waits `queued` (first in, first out) unless it asked
-not to (`queue: false`).
+States: [queued ->] pending -> configuring -> running -> done | failed (with the reason) | stopped
+(POST /jobs/{id}/stop; DELETE also forgets the job). A job that cannot be placed when it arrives
+waits `queued` (first in, first out) unless it asked not to (`queue: false`).
 A job's record keeps its GPUs in rank order, the switches and circuits it used, its times, and
 each rank's per-iteration reports (compute and communication time, GPU utilization).
 """
@@ -23,7 +23,7 @@ TERMINAL = ("done", "failed", "stopped")
 
 
 class Workload(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as the OpenAPI document says: no "5" for 5
     mode: Literal["profile", "real"] = "profile"
     model: str = Field("vgg16", description="profile mode's workload (containers/profiles.py)")
     iterations: int = Field(50, ge=1, le=1_000_000)
@@ -32,7 +32,7 @@ class Workload(BaseModel):
 
     @model_validator(mode="after")
     def _known_model(self):
-        if self.mode == "profile" and self.model not in WORKLOADS:
+        if self.model not in WORKLOADS:  # real mode ignores it, but the document lists the names
             raise ValueError(f"unknown model {self.model!r} (known: {', '.join(sorted(WORKLOADS))})")
         return self
 
@@ -40,7 +40,7 @@ class Workload(BaseModel):
 class JobRequest(BaseModel):
     """The body of POST /jobs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     name: str = Field("", max_length=64)
     gpus: int | list[str] = Field(..., description="how many GPUs, or which ones")
     policy: Literal["fixed", "regroup"] = "regroup"

@@ -1,4 +1,5 @@
-"""Helpers shared by the integration tests: a controller process, polling, OVS queries."""
+"""Helpers shared by the integration tests: the shared testbed and its cleanup, a controller
+process, polling, OVS queries and flow counters."""
 from __future__ import annotations
 
 import subprocess

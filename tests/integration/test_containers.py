@@ -10,7 +10,6 @@ import pytest
 from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer, container_name, sandbox_name
 from emulation import netns as ns
-from emulation.harness import Testbed
 from emulation.plan import nic_port
 from tests.integration.helpers import PAPER, ping, sh, wait_for, worker_image
 
@@ -19,15 +18,11 @@ UNDER_AS1 = [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"], ["ocs1:3", "ocs1:13"]
              ["ocs1:5", "ocs1:21"], ["ocs1:6", "ocs1:22"]]
 
 
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory):
-    with Testbed(RACK, PAPER, tmp_path_factory.mktemp("bed")) as tb:
-        tb.client.put("/ocs/circuits", {"circuits": UNDER_AS1})
-        yield tb
-
-
 @pytest.fixture
 def driver(bed):
+    """The container driver itself, no controller in the way; every GPU under as1 (one ring, one switch).
+    The `bed` fixture removes what a test leaves, by label, NICs handed back first."""
+    bed.client.put("/ocs/circuits", {"circuits": UNDER_AS1})
     d = ContainerDriver(RACK, worker_image())
     yield d
     for server in RACK.servers:

@@ -55,11 +55,13 @@ def test_echo_keepalive_is_on_by_default(tmp_path):
         with socket.create_connection(("127.0.0.1", proc.of_port), timeout=10) as sock:
             sock.sendall(struct.pack("!BBHI", 4, 0, 8, 1))  # OFPT_HELLO, OpenFlow 1.3
             seen = set()
-            deadline = time.monotonic() + 8
+            deadline = time.monotonic() + 30  # one a second is due; the bound only catches none
             while 2 not in seen and time.monotonic() < deadline:  # 2 = OFPT_ECHO_REQUEST
                 version, msg_type = _recv_message(sock)
                 assert version == 4
                 seen.add(msg_type)
             assert 2 in seen, f"no echo request; saw message types {sorted(seen)}"
+        # Ryu shuts down slowly (10 s) while it still holds the half-closed connection: let it see the close.
+        wait_for(lambda: not sh("ss", "-Htn", f"sport = :{proc.of_port}").strip(), 10, "the controller to drop the connection")
     finally:
         proc.stop()

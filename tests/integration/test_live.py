@@ -192,6 +192,6 @@ def test_live_page_in_a_browser(fragmented, tmp_path):
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 20_000
 
-        client.delete(f"/jobs/{job_id}")
+        client.post(f"/jobs/{job_id}/stop")  # DELETE would forget the job: the page must show it stopped
         page.wait_for_selector(f'#jobs tr[data-job="{job_id}"][data-state="stopped"]', timeout=30_000)
         assert drawn_circuits(page) == api_circuits(client)

@@ -1,0 +1,47 @@
+"""What every benchmark reports over its repetitions (min, median, max), and how it records them (--json)."""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def spread(values, scale: float = 1.0, digits: int = 3) -> dict:
+    """min, median and max of `values` times `scale`, with n and the values themselves."""
+    xs = [v * scale for v in values]
+    if not xs:
+        raise ValueError("no repetitions to summarise")
+    r = lambda v: round(v, digits)  # noqa: E731
+    return {"n": len(xs), "min": r(min(xs)), "median": r(statistics.median(xs)), "max": r(max(xs)),
+            "values": [r(v) for v in xs]}
+
+
+def show(s: dict, unit: str = "", digits: int = 1) -> str:
+    """'12.3 (10.1–15.0) ms': the median, then min–max over the repetitions."""
+    f = f"{{:.{digits}f}}"
+    return f"{f.format(s['median'])} ({f.format(s['min'])}–{f.format(s['max'])}){' ' + unit if unit else ''}"
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="also write every figure, with min/median/max and the raw repetitions, to PATH")
+
+
+def write_json(path: Path | None, results) -> None:
+    """Write `results` with what produced them: the command, the host, the time."""
+    if path is None:
+        return
+    record = {"command": [Path(sys.argv[0]).name, *sys.argv[1:]], "host": platform.node(),
+              "cpus": _cpus(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "results": results}
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {path}")
+
+
+def _cpus() -> int | None:
+    import os
+
+    return os.cpu_count()

@@ -1,0 +1,1 @@
+"""optirack's cluster simulator: controller.core's own placement decisions over a simulated cluster."""

@@ -1,0 +1,206 @@
+"""`optirack simulate`: the controller's placement over a simulated cluster (see the README's section)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from containers.profiles import WORKLOADS, compute_seconds
+from controller.core.rack import RackError
+from simulator import calibration, engine, racks, report, workloads
+from simulator.interference import Limits
+from simulator.network import GBPS
+from simulator.study import run_all
+
+DEMO_RECORD = Path("results/paper-experiment.json")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "simulate", help="simulate a cluster under the controller's placement policies",
+        description="Simulate training jobs on a rack (a rack file or a generated one) under each placement policy, "
+                    "with the controller's own placement code, and write a table, JSON and plots to --out.",
+        epilog="Examples: optirack simulate --rack topologies/paper-testbed.yaml --case a --out sim-a;  "
+               "optirack simulate --gpus 4096 --jobs 2000 --seed 7 --out sim-4096;  "
+               "optirack simulate --gpus 32 --gpus-per-switch 8 --trace traces/sample.csv --out sim-trace")
+    rack = p.add_argument_group("rack (one of)")
+    rack.add_argument("--rack", help="a rack file (default with --case: topologies/paper-testbed.yaml)")
+    rack.add_argument("--gpus", type=int, help="generate a rack of this many GPUs")
+    rack.add_argument("--gpus-per-switch", type=int, default=32, help="generated: GPUs per aggregator switch (%(default)s)")
+    rack.add_argument("--gpus-per-server", type=int, default=8, help="generated: GPUs per server (%(default)s)")
+    rack.add_argument("--oversubscription", type=float, default=16.0,
+                      help="generated: a switch's GPUs' NIC capacity over its uplink's (%(default)s: 32 x 100 Gbit/s "
+                           "over 200 Gbit/s)")
+    rack.add_argument("--spare", type=float, default=2.0,
+                      help="generated: a switch's OCS downlinks over its share of the GPUs, the room regrouping "
+                           "moves GPUs into (%(default)s)")
+    rack.add_argument("--models", default="V100:0.5,A100:0.5",
+                      help="generated: GPU models and their shares of the servers (%(default)s)")
+    rack.add_argument("--nic-gbps", type=float, default=100.0, help="generated: NIC line rate (%(default)s)")
+    work = p.add_argument_group("workload (one of)")
+    work.add_argument("--case", choices=["a", "b"], help="the paper's case, as make demo runs it")
+    work.add_argument("--trace", help="a CSV trace: arrival_s,gpus,model,iterations")
+    work.add_argument("--jobs", type=int, help="this many synthetic jobs (see --seed, --load)")
+    work.add_argument("--seed", type=int, default=1, help="synthetic jobs: random seed (%(default)s)")
+    work.add_argument("--load", type=float, default=0.9, help="synthetic jobs: offered load, in GPU-seconds over "
+                      "the cluster's (%(default)s)")
+    work.add_argument("--iterations", type=int, default=60, help="--case: iterations of the job of concern (%(default)s)")
+    pol = p.add_argument_group("policies and models")
+    pol.add_argument("--policies", default="fixed,regroup,defrag,timeshift", help="which to compare (%(default)s)")
+    pol.add_argument("--defrag-interval", type=float, default=300.0, help="defrag: seconds between rounds (%(default)s)")
+    pol.add_argument("--net", choices=["rack", "emulation"],
+                     help="rack: a real rack's protocol efficiency and step latency (assumed); emulation: calibrated "
+                          "to this project's emulated rack (default: emulation with --case, rack otherwise)")
+    pol.add_argument("--efficiency", type=float, help="override the protocol efficiency (0-1]")
+    pol.add_argument("--step-latency-us", type=float, help="override the per-step latency (rack microseconds)")
+    pol.add_argument("--calibration", type=Path, default=DEMO_RECORD,
+                     help="--net emulation: the demo's record to calibrate from (%(default)s; provisional figures if absent)")
+    pol.add_argument("--step-model", choices=["auto", "exact", "phase"], default="auto",
+                     help="exact: every ring step an event; phase: whole all-reduces (auto: exact up to 64 GPUs)")
+    pol.add_argument("--interference", choices=["auto", "detail", "mean"], default="auto",
+                     help="rings that share links: stepped through (detail) or the mean-field model (auto: by size)")
+    pol.add_argument("--control-overhead-ms", type=float, default=10.0,
+                     help="controller time per reconfiguration besides switching (%(default)s; make bench measures it)")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", type=Path, required=True, help="folder for summary.md, results.json, jobs.csv and plots")
+    out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    out.add_argument("--quiet", action="store_true", help="no progress bar")
+    out.add_argument("--workers", type=int, default=0,
+                     help="processes to run the policies in (default: one per core, at most one per policy)")
+    p.set_defaults(func=main)
+
+
+def _rack(args):
+    if args.rack and args.gpus:
+        raise ValueError("give --rack or --gpus, not both")
+    if args.gpus:
+        if args.spare < 1:
+            raise ValueError("--spare must be at least 1 (every GPU needs a downlink)")
+        return racks.generate(racks.RackOptions(args.gpus, args.gpus_per_switch, args.gpus_per_server,
+                                                args.oversubscription, args.nic_gbps, racks.parse_models(args.models),
+                                                spare=args.spare))
+    path = args.rack or ("topologies/paper-testbed.yaml" if args.case else None)
+    if not path:
+        raise ValueError("give a rack: --rack FILE, or --gpus N for a generated one")
+    return racks.load(path)
+
+
+def _typical_iteration(rack, model: str) -> float:
+    """A job's iteration alone under one switch, on the rack's commonest GPU, 8 GPUs: for the offered load."""
+    models = [g.model for g in rack.gpus.values()]
+    common = max(sorted(set(models)), key=models.count)  # ties to the first by name: the same every run
+    nic = min(g.nic.rate_gbps for g in rack.gpus.values()) * GBPS
+    return compute_seconds(model, common) + 2 * 7 / 8 * WORKLOADS[model].gradient_bytes / nic
+
+
+def _workload(args, rack):
+    given = [x for x in (args.case, args.trace, args.jobs) if x is not None]
+    if len(given) != 1:
+        raise ValueError("give one workload: --case a|b, --trace FILE or --jobs N")
+    if args.case:
+        if args.iterations < 1:
+            raise ValueError("--iterations must be at least 1")
+        jobs = workloads.paper_case(args.case, args.iterations)
+        missing = sorted({g for j in jobs for g in j.names} - set(rack.gpus))
+        if missing:
+            raise ValueError(f"--case {args.case} names GPUs {', '.join(missing)}, which rack {rack.name} lacks "
+                             "(use the paper's rack: topologies/paper-testbed.yaml)")
+        return jobs, {"kind": "case", "case": args.case, "jobs": len(jobs),
+                      "description": f"the paper's case ({args.case}): {jobs[0].gpus} + {jobs[1].gpus} GPUs, both at once, "
+                                     f"{args.iterations} iterations of the job of concern"}
+    if args.trace:
+        jobs = workloads.read_trace(args.trace, len(rack.gpus))
+        return jobs, {"kind": "trace", "trace": args.trace, "jobs": len(jobs), "description": f"trace {args.trace}, {len(jobs)} jobs"}
+    per = {m: _typical_iteration(rack, m) for m in WORKLOADS}
+    jobs = workloads.synthetic(args.jobs, args.seed, len(rack.gpus), per, args.load)
+    return jobs, {"kind": "synthetic", "jobs": args.jobs, "seed": args.seed, "load": args.load,
+                  "description": f"{args.jobs} synthetic jobs, seed {args.seed}, offered load {args.load:g}"}
+
+
+def _net(args, rack):
+    mode = args.net or ("emulation" if args.case else "rack")
+    if mode == "emulation":
+        cal = calibration.from_record(calibration.load_record(args.calibration))
+        net, source = cal.net(rack), cal.source
+    else:
+        net, source = calibration.RACK, "assumed for a real rack"
+    if args.efficiency is not None or args.step_latency_us is not None:
+        net = calibration.NetParams(args.efficiency if args.efficiency is not None else net.efficiency,
+                                    args.step_latency_us / 1e6 if args.step_latency_us is not None else net.step_latency_s)
+        source = "given on the command line"
+    desc = (f"{mode} model, efficiency {100 * net.efficiency:.1f} % of line rate, {1e6 * net.step_latency_s:,.0f} µs per "
+            f"ring step ({source})")
+    return net, {"model": mode, "efficiency": net.efficiency, "step_latency_s": net.step_latency_s, "source": source,
+                 "description": desc}
+
+
+def _against_emulation(args, record: dict) -> str:
+    """The job of concern per policy, and the demo's emulated figures beside the simulated ones when recorded."""
+    from simulator import fidelity
+
+    lines = ["| policy | job of concern: switches | mean iteration | completion |", "| --- | --- | --- | --- |"]
+    for name, p in record["policies"].items():
+        job = p["jobs"][0]
+        lines.append(f"| {name} | {job['switches']} | {job['mean_iteration_s']:.3f} s | {job['jct_s']:.1f} s |")
+    demo = calibration.load_record(args.calibration)
+    if demo is None:
+        lines += ["", f"({args.calibration} is absent: run `make demo` to compare with the emulation.)"]
+    else:
+        rows, cal = fidelity.compare(demo, args.case)
+        record["fidelity"] = [vars(r) | {"error": r.error} for r in rows]
+        lines += ["", fidelity.table(rows, cal)]
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    t0 = time.monotonic()
+    try:
+        rack = _rack(args)
+        jobs, wmeta = _workload(args, rack)
+        net, nmeta = _net(args, rack)
+        table = engine.policies(args.defrag_interval)
+        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        unknown = [n for n in names if n not in table]
+        if unknown or not names:
+            raise ValueError(f"--policies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(table)})")
+        if args.defrag_interval <= 0:
+            raise ValueError("--defrag-interval must be positive")
+        if args.out.exists() and not args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a file, not a folder")
+    except (ValueError, RackError, workloads.TraceError) as e:
+        print(f"optirack simulate: error: {e}", file=sys.stderr)
+        return 2
+    options = engine.Options(net, Limits(), args.control_overhead_ms / 1000,
+                             None if args.interference == "auto" else args.interference, args.step_model)
+    study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
+    meta = {"command": "optirack simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["simulate"]
+            else "optirack simulate", "rack": {"name": rack.name, "source": rack.source, "gpus": len(rack.gpus),
+                                               "summary": rack.summary().splitlines()[0]},
+            "workload": wmeta, "net": nmeta,
+            "options": {"policies": names, "defrag_interval_s": args.defrag_interval, "step_model": args.step_model,
+                        "interference": args.interference, "control_overhead_ms": args.control_overhead_ms}}
+    record = report.build(study, meta)
+    extra = ""
+    if args.case:
+        extra = _against_emulation(args, record)
+    files = report.write(args.out, record, extra)
+    if not args.no_plots:
+        from simulator import plots
+
+        files += plots.write(args.out, record)
+    print(report.table(record))
+    if extra:
+        print("\n" + extra)
+    if "timeshift" in record:
+        print("\n" + report.timeshift_text(record["timeshift"]))
+    print(f"\nwrote {', '.join(str(f) for f in files)} in {time.monotonic() - t0:.1f} s")
+    return 0
+
+
+def standalone(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="optirack")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,302 @@
+"""One simulated run: a workload on a rack under one policy, from the first arrival to the last job's end.
+
+Events: arrivals, a job's first iteration (after its circuits are set and any time shift),
+a ring's last iteration (from simulator/interference.py), defragmentation rounds, and the start
+and end of a moved job's stall. Placement goes through simulator/adapter.py, so every decision
+is the controller's own; jobs that cannot be placed wait, first come first served.
+"""
+from __future__ import annotations
+
+import heapq
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from containers.profiles import WORKLOADS, compute_seconds
+from controller.core.circuits import CircuitDiff
+from controller.core.rack import Rack
+from simulator.adapter import Placer, Unplaceable
+from simulator.interference import Interference, Limits
+from simulator.network import Fabric, NetParams, ring_net
+from simulator.rings import Ring
+from simulator.timeshift import best_shift
+from simulator.workloads import JobSpec
+
+ARRIVE, START, MOVE, RESUME, DEFRAG = range(5)
+
+
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    placement: str  # the controller's policy at admission: fixed | regroup
+    defrag_s: float = 0.0  # defragment every this many seconds (0: never)
+    timeshift: bool = False
+    label: str = ""
+
+
+def policies(defrag_s: float) -> dict[str, Policy]:
+    return {p.name: p for p in (
+        Policy("fixed", "fixed", label="fixed: today's cabling"),
+        Policy("regroup", "regroup", label="regroup at admission"),
+        Policy("defrag", "regroup", defrag_s=defrag_s, label=f"regroup + defragment every {defrag_s:g} s"),
+        Policy("timeshift", "regroup", timeshift=True, label="regroup + time shifting of rings that share"),
+    )}
+
+
+@dataclass(frozen=True)
+class Options:
+    net: NetParams = NetParams()
+    limits: Limits = Limits()
+    control_overhead_s: float = 0.010  # controller work per reconfiguration besides switching
+    force: str | None = None  # 'detail' or 'mean' for every shared component
+    step_model: str = "auto"  # exact: every ring step an event; phase: whole all-reduces; auto: exact up to 64 GPUs
+
+    def coarse(self, rack: Rack) -> bool:
+        return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
+
+
+@dataclass
+class JobResult:
+    id: str
+    gpus: int
+    model: str
+    iterations: int
+    arrival_s: float
+    placed_s: float = -1.0  # GPUs granted
+    start_s: float = -1.0  # first iteration
+    end_s: float = -1.0
+    placement: tuple[str, ...] = ()
+    switches: int = 0
+    shift_s: float = 0.0
+    score_before: float = 0.0  # summed compatibility score of its shared links, unshifted (time shifting)
+    score_after: float = 0.0  # and with the chosen shift
+    stall_s: float = 0.0  # dark time after the start (moves)
+    moves: int = 0
+    shared: bool = False
+    alone_iteration_s: float = 0.0  # where it was first placed, with no other traffic
+    label: str = ""
+    stopped: bool = False  # stopped with the job it ran beside
+    done: float = 0.0  # iterations done (all of them, unless stopped)
+    failed: str = ""  # why the controller gave up on it (it could never be placed)
+
+    @property
+    def jct_s(self) -> float:
+        return self.end_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> float:
+        return self.placed_s - self.arrival_s
+
+    @property
+    def mean_iteration_s(self) -> float:
+        return (self.end_s - self.start_s - self.stall_s) / self.done if self.done else float("nan")
+
+
+@dataclass
+class RunResult:
+    policy: Policy
+    jobs: list[JobResult]
+    held: list[tuple[float, float, int]]  # from, to, GPUs held
+    busy: list[tuple[float, float, float]]  # from, to, GPU-seconds computed
+    reconfigurations: int = 0
+    circuits_changed: int = 0
+    dark_s: float = 0.0  # summed dark windows
+    stats: dict = field(default_factory=dict)
+
+
+def dark_time(rack: Rack, diff: CircuitDiff) -> float:
+    """Switching time of a change, as the OCS drivers model it (controller/drivers/ocs.py): one new
+    circuit takes the per-connection time, several the bulk time; OCS switch in parallel."""
+    worst = 0.0
+    for name, part in diff.by_ocs().items():
+        made = len(part.add)
+        if made:
+            spec = rack.ocs[name]
+            worst = max(worst, (spec.switching_time_ms if made == 1 else spec.bulk_time_ms) / 1000)
+    return worst
+
+
+class Run:
+    """Simulate `jobs` on `rack` under `policy`."""
+
+    def __init__(self, rack: Rack, jobs: list[JobSpec], policy: Policy, options: Options = Options(),
+                 progress: Callable[[int], None] | None = None):
+        self.rack, self.policy, self.o, self.progress = rack, policy, options, progress
+        self.jobs = dict(enumerate(jobs))
+        self.fabric = Fabric(rack)
+        self.coarse = options.coarse(rack)
+        limits = options.limits if self.coarse else replace(options.limits, window=max(options.limits.window, 1000))
+        eff = options.net.efficiency
+        self.inter = Interference([c * eff for c in self.fabric.capacity], options.net.step_latency_s, limits,
+                                  options.force)
+        self.placer = Placer(rack)
+        self.results = {i: JobResult(j.id, j.gpus, j.model, j.iterations, j.arrival_s, label=j.label)
+                        for i, j in self.jobs.items()}
+        self.key_of = {j.id: i for i, j in self.jobs.items()}
+        self.running: set[int] = set()  # on the fabric now
+        self.moving: set[int] = set()
+        self.pending: dict[int, tuple[Ring, float]] = {}  # placed, not started: ring and start time
+        self.queue: deque[int] = deque()
+        self.heap: list[tuple[float, int, int, int, object]] = []
+        self.seq = 0
+        self.ocs_free = 0.0
+        self.out = RunResult(policy, [], [], [])
+
+    def push(self, t: float, kind: int, key: int = -1, data: object = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, key, data))
+
+    def run(self) -> RunResult:
+        for i, j in self.jobs.items():
+            self.push(j.arrival_s, ARRIVE, i)
+        if self.policy.defrag_s > 0:
+            self.push(self.policy.defrag_s, DEFRAG)
+        finished = 0
+        handlers = {ARRIVE: self._arrive, START: self._start, MOVE: self._move, RESUME: self._resume,
+                    DEFRAG: self._defragment}
+        now = 0.0
+        while True:
+            if not self.heap or self.heap[0][0] > now:  # events of this instant first: their changes are solved once
+                nf = self.inter.next_finish()
+                if nf is not None and (not self.heap or nf[0] <= self.heap[0][0]):
+                    now = nf[0]
+                    self._finish(*nf)
+                    finished += 1
+                    if self.progress:
+                        self.progress(finished)
+                    continue
+            if not self.heap:
+                break
+            now, kind, _, key, data = heapq.heappop(self.heap)
+            handlers[kind](now, key, data)
+        self.out.jobs = [self.results[i] for i in sorted(self.results)]
+        self.out.busy = self._busy()
+        self.out.stats = dict(self.inter.stats)
+        return self.out
+
+    # --- admission ---------------------------------------------------------------------
+    def _arrive(self, t: float, key: int, _) -> None:
+        self.queue.append(key)
+        self._admit(t)
+
+    def _admit(self, t: float) -> None:
+        while self.queue:
+            key = self.queue[0]
+            job = self.jobs[key]
+            try:
+                p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement, job.model)
+            except Unplaceable as e:  # the controller fails such a job and goes on with the queue
+                self.queue.popleft()
+                self._fail(t, key, str(e))
+                continue
+            if p is None:
+                if self.running or self.pending or self.moving:
+                    return  # it waits for GPUs to free up
+                self.queue.popleft()  # nothing holds a GPU: no end of a job will make room for it
+                self._fail(t, key, "could not be placed on the rack with no other job on it")
+                continue
+            self.queue.popleft()
+            ready = self._reconfigure(t, p.diff)
+            r = self.results[key]
+            r.placed_s, r.placement, r.switches = t, p.gpus, len(p.switches)
+            ring = self._ring(key)
+            r.alone_iteration_s = self.inter.period_alone(ring)
+            if self.policy.timeshift and ring.links:
+                r.shift_s, r.score_before, r.score_after = self._shift(ready, ring)
+            self.pending[key] = (ring, ready + r.shift_s)
+            self.push(ready + r.shift_s, START, key)
+
+    def _fail(self, t: float, key: int, reason: str) -> None:
+        r = self.results[key]
+        r.failed, r.placed_s, r.start_s, r.end_s = reason, t, t, t
+
+    def _reconfigure(self, t: float, diff: CircuitDiff) -> float:
+        """An OCS change: it waits for the previous one (the controller makes one at a time);
+        return when the new circuits carry traffic."""
+        if not diff:
+            return t
+        begin = max(t, self.ocs_free)
+        dark = dark_time(self.rack, diff)
+        self.ocs_free = begin + dark + self.o.control_overhead_s
+        self.out.reconfigurations += 1
+        self.out.circuits_changed += len(diff.remove) + len(diff.add)
+        self.out.dark_s += dark
+        return self.ocs_free
+
+    def _ring(self, key: int) -> Ring:
+        job, gpus = self.jobs[key], self.placer.gpus[self.jobs[key].id]
+        computes = [compute_seconds(job.model, self.rack.gpus[g].model) for g in gpus]
+        net = ring_net(self.fabric, gpus, self.placer.switch_of(gpus))
+        return Ring(key, max(computes), statistics.fmean(computes), len(gpus), WORKLOADS[job.model].gradient_bytes,
+                    net.cap * self.o.net.efficiency, net.links, self.coarse)
+
+    def _shift(self, t: float, ring: Ring) -> tuple[float, float, float]:
+        """The delay that interleaves a new ring with the rings it shares links with: those running
+        (where they are in their iterations at `t`) and those about to start."""
+        peers = []
+        for k in sorted({k for link in ring.links for k in self.inter.users.get(link, ()) if k in self.running}):
+            progress, period = self.inter.peek(t, k)[1], self.inter.period(k)
+            peers.append((self.inter.rings[k], period, (progress % 1.0) * period))
+        for _, (other, start) in sorted(self.pending.items()):
+            if set(other.links) & set(ring.links):
+                peers.append((other, self.inter.period_alone(other), t - start))
+        if not peers:
+            return 0.0, 0.0, 0.0
+        return best_shift(ring, self.inter.period_alone(ring), peers, self.inter.capacity)
+
+    def _start(self, t: float, key: int, _) -> None:
+        self.pending.pop(key, None)
+        self.results[key].start_s = t
+        self.running.add(key)
+        self.inter.add(t, self._ring(key), self.jobs[key].iterations)
+
+    def _finish(self, t: float, key: int, stopped: bool = False) -> None:
+        _, done = self.inter.remove(t, key)
+        r = self.results[key]
+        r.end_s, r.shared, r.stopped = t, key in self.inter.shared, stopped
+        r.done = done if stopped else float(r.iterations)
+        self.running.discard(key)
+        self.placer.release(self.jobs[key].id)
+        self.out.held.append((r.placed_s, t, r.gpus))
+        for k in sorted(k for k in self.running if self.jobs[k].stops_with == self.jobs[key].id):
+            self._finish(t, k, stopped=True)
+        self._admit(t)
+
+    # --- defragmentation -----------------------------------------------------------------
+    def _defragment(self, t: float, *_) -> None:
+        running = {self.jobs[k].id: self.placer.gpus[self.jobs[k].id] for k in self.running if k not in self.moving}
+        for step in self.placer.defragment(running):
+            begin = max(t, self.ocs_free)
+            ready = self._reconfigure(t, step.diff)
+            for job, p in step.moves.items():
+                key = self.key_of[job]
+                self.moving.add(key)
+                self.results[key].switches = len(p.switches)
+                self.push(begin, MOVE, key, ready)
+        if self.running or self.queue or any(kind == ARRIVE for _, kind, *_ in self.heap):
+            self.push(t + self.policy.defrag_s, DEFRAG)
+
+    def _move(self, t: float, key: int, ready: float) -> None:
+        """A moved job's circuits go dark: it stalls until `ready`, then goes on where it was."""
+        if key not in self.running:  # it ended before its turn came
+            self.moving.discard(key)
+            return
+        state, _ = self.inter.remove(t, key)
+        self.running.discard(key)
+        r = self.results[key]
+        r.moves, r.stall_s = r.moves + 1, r.stall_s + (ready - t)
+        self.push(ready, RESUME, key, state)
+
+    def _resume(self, t: float, key: int, state) -> None:
+        self.moving.discard(key)
+        self.running.add(key)
+        self.inter.add(t, self._ring(key), self.jobs[key].iterations, state)
+
+    def _busy(self) -> list[tuple[float, float, float]]:
+        """GPU-seconds of computing in each stretch a ring ran at one pace (every rank computes each iteration)."""
+        per_iteration = {key: sum(compute_seconds(self.jobs[key].model, self.rack.gpus[g].model) for g in r.placement)
+                         for key, r in self.results.items()}
+        return [(t0, t1, iterations * per_iteration[key]) for key, t0, t1, iterations in self.inter.segments]

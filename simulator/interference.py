@@ -1,0 +1,281 @@
+"""Running rings grouped by the links they share, and each ring's progress over time.
+
+A ring alone on its links advances at its closed-form iteration time. Rings that share a link
+form a component, solved one of two ways: stepped through in detail (simulator/detail.py) for
+a window of iterations, after which they go on at the iteration times measured in the window's
+second half; or, when the component is too large to step through, by the mean-field fixed point
+(simulator/meanfield.py). A component is solved again whenever a ring joins or leaves it.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from simulator.detail import COMPUTE, TRANSFER, Detail, RingState
+from simulator.meanfield import mean_field
+from simulator.rings import Ring, alone_rate, iteration_time
+
+ALMOST_ONE = 1 - 1e-9
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a component is stepped through in detail, and for how long."""
+
+    rings: int = 16  # at most this many rings
+    round_events: int = 512  # and at most this many events while each of its rings does one iteration
+    window: int = 30  # iterations of each ring stepped through before it goes on at the measured pace
+    events: int = 200_000  # and at most this many events per solve
+
+
+@dataclass
+class _Fluid:
+    t: float
+    done: float  # iterations, fractional
+    period: float
+
+
+@dataclass
+class _Comp:
+    keys: list[int]
+    mode: str  # alone | detail | mean
+    t0: float
+    start: dict[int, RingState]  # states at t0
+    p0: dict[int, float]  # progress at t0
+    horizon: float = -math.inf  # detail: stepped through until here, fluid after
+    fluid: dict[int, _Fluid] = field(default_factory=dict)
+
+
+def elapsed_of(s: RingState, ring: Ring, period: float, latency: float) -> float:
+    """Seconds since the iteration began, for a ring whose steps share `period` evenly."""
+    if s.phase == COMPUTE or not ring.steps:
+        return ring.compute_s - s.remaining
+    step = (period - ring.compute_s) / ring.steps
+    if ring.coarse:
+        return ring.compute_s + (ring.steps - s.remaining) * step
+    transfer = max(step - latency, 0.0)
+    base = ring.compute_s + s.step * step
+    if s.phase == TRANSFER:
+        return base + transfer * (1 - s.remaining / ring.step_bytes)
+    return base + transfer + (latency - s.remaining)
+
+
+def state_of(progress: float, ring: Ring, period: float, latency: float) -> RingState:
+    """The inverse of `elapsed_of` for `progress` iterations done (fractional)."""
+    done = math.floor(progress + 1e-9)
+    elapsed = max(0.0, (progress - done) * period)
+    if elapsed < ring.compute_s or not ring.steps:
+        return RingState(COMPUTE, ring.compute_s - min(elapsed, ring.compute_s), 0, done)
+    step = (period - ring.compute_s) / ring.steps
+    if ring.coarse:
+        return RingState(TRANSFER, max(ring.steps - (elapsed - ring.compute_s) / step, 1e-12), 0, done)
+    k = min(int((elapsed - ring.compute_s) / step), ring.steps - 1)
+    into = elapsed - ring.compute_s - k * step
+    transfer = max(step - latency, 0.0)
+    if into < transfer:
+        return RingState(TRANSFER, ring.step_bytes * (1 - into / transfer), k, done)
+    return RingState(2, max(latency - (into - transfer), 0.0), k, done)
+
+
+class Interference:
+    """Rings on the fabric: add and remove them at times that never go back; ask when they finish."""
+
+    def __init__(self, capacity: list[float], latency: float, limits: Limits = Limits(), force: str | None = None):
+        self.capacity, self.latency, self.limits, self.force = capacity, latency, limits, force
+        self.rings: dict[int, Ring] = {}
+        self.targets: dict[int, int] = {}
+        self.comp: dict[int, _Comp] = {}
+        self.users: dict[int, set[int]] = {}  # link -> rings
+        self.finish: dict[int, float] = {}
+        self._heap: list[tuple[float, int]] = []
+        self.segments: list[tuple[int, float, float, float]] = []  # ring, from, to, iterations done in between
+        self.stats = {"alone": 0, "detail": 0, "mean": 0, "events": 0}
+        self.shared: set[int] = set()  # rings that ever shared a link with another
+        self.duty: dict[int, float] = {}  # the mean-field duty cycles of the last solve, to start the next from
+        self._pending: dict[int, tuple[RingState, float | None]] = {}  # settled at _pending_t, not yet solved
+        self._pending_t = 0.0
+
+    # --- what the engine calls ---------------------------------------------------------
+    def add(self, t: float, ring: Ring, iterations: int, state: RingState | None = None) -> None:
+        """Put a ring on the fabric at `t` (from `state`, or the start of its first iteration)."""
+        self._take(t, {k for link in ring.links for k in self.users.get(link, ())})
+        self.rings[ring.key], self.targets[ring.key] = ring, iterations
+        for link in ring.links:
+            self.users.setdefault(link, set()).add(ring.key)
+        self._pending[ring.key] = (state.copy() if state else RingState(remaining=ring.compute_s), None)
+
+    def remove(self, t: float, key: int) -> tuple[RingState, float]:
+        """Take a ring off the fabric (it finished, or stalls to move); return its state and progress."""
+        self._take(t, {key})
+        state, progress = self._pending.pop(key)
+        if progress is None:  # it joined at this very instant
+            progress = state.done + self._fraction(state, self.rings[key], self.period_alone(self.rings[key]))
+        for link in self.rings[key].links:
+            self.users[link].discard(key)
+        del self.rings[key], self.targets[key]
+        self.duty.pop(key, None)
+        self.finish.pop(key, None)
+        return state, progress
+
+    def _take(self, t: float, keys: set[int]) -> None:
+        """Settle the components of `keys` at `t` and hold them unsolved: several changes at one
+        instant (a job ends, the next starts) are solved once."""
+        if self._pending and t != self._pending_t:
+            self._flush()
+        fresh = {k for k in keys if k not in self._pending}
+        if fresh:
+            progress: dict[int, float] = {}
+            states = self._settle(t, fresh, progress)
+            for k, state in states.items():
+                self._pending[k] = (state, progress[k])
+                del self.comp[k]
+                self.finish.pop(k, None)
+        self._pending_t = t
+
+    def _flush(self) -> None:
+        """Solve the components of the rings held by `_take`."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        states = {k: s for k, (s, _) in pending.items()}
+        rest = set(pending)
+        while rest:
+            group = self._connected(next(iter(rest)), rest)
+            rest -= group
+            self._solve(self._pending_t, sorted(group), states)
+
+    def next_finish(self) -> tuple[float, int] | None:
+        """The earliest predicted end of a ring's last iteration."""
+        self._flush()
+        while self._heap:
+            t, key = self._heap[0]
+            if self.finish.get(key) == t:
+                return t, key
+            heapq.heappop(self._heap)
+        return None
+
+    def peek(self, t: float, key: int) -> tuple[RingState, float]:
+        """A running ring's state and progress at `t` (no later than any coming change), changing nothing."""
+        self._flush()
+        comp, ring = self.comp[key], self.rings[key]
+        f = comp.fluid[key]
+        if t < comp.horizon:
+            s = self._replay(comp, t)[key]
+            return s, s.done + min(elapsed_of(s, ring, f.period, self.latency) / f.period, ALMOST_ONE)
+        p = f.done + (t - f.t) / f.period
+        return state_of(p, ring, f.period, self.latency), p
+
+    def period(self, key: int) -> float:
+        """The ring's current iteration time (measured or predicted)."""
+        self._flush()
+        return self.comp[key].fluid[key].period
+
+    def mode(self, key: int) -> str:
+        self._flush()
+        return self.comp[key].mode
+
+    def component(self, key: int) -> list[int]:
+        self._flush()
+        return list(self.comp[key].keys)
+
+    def _fraction(self, s: RingState, ring: Ring, period: float) -> float:
+        return min(elapsed_of(s, ring, period, self.latency) / period, ALMOST_ONE)
+
+    def period_alone(self, ring: Ring) -> float:
+        return iteration_time(ring, alone_rate(ring, self.capacity), self.latency)
+
+    # --- components ------------------------------------------------------------------------
+    def _connected(self, start: int, pool: set[int]) -> set[int]:
+        seen, todo = {start}, [start]
+        while todo:
+            for link in self.rings[todo.pop()].links:
+                for k in self.users.get(link, ()):
+                    if k in pool and k not in seen:
+                        seen.add(k)
+                        todo.append(k)
+        return seen
+
+    def _settle(self, t: float, keys: set[int], progress: dict[int, float] | None = None) -> dict[int, RingState]:
+        """States of `keys` at `t`; what each did since its component was solved becomes a segment."""
+        out: dict[int, RingState] = {}
+        for comp in {id(self.comp[k]): self.comp[k] for k in keys}.values():
+            replayed = self._replay(comp, t) if t < comp.horizon else None
+            for k in comp.keys:
+                ring, f = self.rings[k], comp.fluid[k]
+                if replayed is not None:
+                    s = replayed[k]
+                    p = s.done + min(elapsed_of(s, ring, f.period, self.latency) / f.period, ALMOST_ONE)
+                else:
+                    p = f.done + (t - f.t) / f.period
+                    s = state_of(p, ring, f.period, self.latency)
+                out[k] = s
+                if progress is not None:
+                    progress[k] = p
+                if t > comp.t0:
+                    self.segments.append((k, comp.t0, t, max(0.0, p - comp.p0[k])))
+        return out
+
+    def _mode(self, keys: list[int]) -> str:
+        if len(keys) == 1:
+            return "alone"
+        if self.force:
+            return self.force
+        per_round = sum(2 if self.rings[k].coarse else 2 * self.rings[k].steps + 1 for k in keys)
+        small = len(keys) <= self.limits.rings and per_round <= self.limits.round_events
+        return "detail" if small else "mean"
+
+    def _solve(self, t: float, keys: list[int], states: dict[int, RingState]) -> None:
+        mode = self._mode(keys)
+        if mode == "alone":
+            periods = {keys[0]: self.period_alone(self.rings[keys[0]])}
+        elif mode == "mean":
+            periods, duty = mean_field([self.rings[k] for k in keys], self.capacity, self.latency, self.duty)
+            self.duty.update(duty)
+        else:  # detail: start from the alone pace, only to express progress as a fraction
+            periods = {k: self.period_alone(self.rings[k]) for k in keys}
+        p0 = {k: states[k].done + min(elapsed_of(states[k], self.rings[k], periods[k], self.latency) / periods[k],
+                                      ALMOST_ONE) for k in keys}
+        comp = _Comp(keys, mode, t, {k: states[k].copy() for k in keys}, p0)
+        comp.fluid = {k: _Fluid(t, p0[k], periods[k]) for k in keys}
+        for k in keys:
+            self.comp[k] = comp
+        if len(keys) > 1:
+            self.shared.update(keys)
+        self.stats[mode] += 1
+        if mode == "detail":
+            self._step_through(comp)
+        for k in keys:
+            f = comp.fluid[k]
+            when = f.t + max(0.0, self.targets[k] - f.done) * f.period
+            self.finish[k] = when
+            heapq.heappush(self._heap, (when, k))
+
+    def _detail(self, comp: _Comp) -> Detail:
+        return Detail([self.rings[k] for k in comp.keys], self.capacity, self.latency,
+                      {k: s.copy() for k, s in comp.start.items()})
+
+    def _step_through(self, comp: _Comp) -> None:
+        """Step the component until a ring finishes or each has done the window; then go on fluid."""
+        d = self._detail(comp)
+        window = {k: s.done + self.limits.window for k, s in comp.start.items()}
+        out = d.run(comp.t0, math.inf, targets=self.targets, max_events=self.limits.events, window=window)
+        self.stats["events"] += out.events
+        comp.horizon = out.t
+        for k in comp.keys:
+            s, ring = d.states[k], self.rings[k]
+            tail = s.ends[len(s.ends) // 2:]
+            if len(tail) >= 2:
+                period = (tail[-1] - tail[0]) / (len(tail) - 1)
+            else:  # too few iterations to measure: the average pace since t0
+                moved = s.done + min(elapsed_of(s, ring, comp.fluid[k].period, self.latency) / comp.fluid[k].period,
+                                     ALMOST_ONE) - comp.p0[k]
+                period = (out.t - comp.t0) / moved if moved > 0 and out.t > comp.t0 else comp.fluid[k].period
+            done = float(self.targets[k]) if k in out.finished else \
+                s.done + min(elapsed_of(s, ring, period, self.latency) / period, ALMOST_ONE)
+            comp.fluid[k] = _Fluid(out.t, done, period)
+
+    def _replay(self, comp: _Comp, t: float) -> dict[int, RingState]:
+        d = self._detail(comp)
+        d.run(comp.t0, t)
+        return d.states

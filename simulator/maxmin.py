@@ -1,0 +1,41 @@
+"""Weighted max-min fair rates: every ring gets one rate, and uses it on each of its flows.
+
+A ring step ends when its slowest flow ends, so a ring is modelled as moving all its flows at
+one rate x_j (a coflow): on link l it uses w_jl * x_j, where w_jl counts its flows on l. Rates
+are max-min fair over the rings, capped by each ring's NICs (progressive filling).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+def max_min(caps: Mapping[int, float], uses: Mapping[int, Mapping[int, int]], capacity: Mapping[int, float] | list[float]) \
+        -> dict[int, float]:
+    """Rates for rings `caps` (ring -> own cap), `uses` (ring -> {link: flows}), link `capacity`."""
+    if len(caps) == 1:  # alone: its cap or its narrowest link
+        (j, cap), = caps.items()
+        return {j: min([cap] + [capacity[link] / w for link, w in uses.get(j, {}).items()])}
+    rates: dict[int, float] = {}
+    remaining: dict[int, float] = {}
+    users: dict[int, set[int]] = {}
+    for j, links in uses.items():
+        for link in links:
+            if link not in remaining:
+                remaining[link] = capacity[link]
+                users[link] = set()
+            users[link].add(j)
+    active = set(caps)
+    while active:
+        level, tight = min(((caps[j], None) for j in active), key=lambda x: x[0])
+        for link, js in users.items():
+            weight = sum(uses[j][link] for j in js if j in active)
+            if weight and remaining[link] / weight < level:
+                level, tight = remaining[link] / weight, link
+        frozen = {j for j in active if caps[j] <= level} if tight is None else \
+            {j for j in users[tight] if j in active}
+        for j in frozen:
+            rates[j] = level
+            for link, w in uses.get(j, {}).items():
+                remaining[link] = max(0.0, remaining[link] - w * level)
+        active -= frozen
+    return rates

@@ -1,0 +1,97 @@
+"""The network a simulated job's ring crosses: links from the rack file, routes from the controller.
+
+A GPU's NIC caps each of its flows; packet switches are non-blocking; every inter-switch hop is a
+directed link (one per uplink port and direction) with the uplink's rate. Routes are the
+controller's own (`controller.core.forwarding.next_hop_ports`), so a simulated flow crosses
+exactly the links the fabric app would send it over.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.core.forwarding import next_hop_ports, switch_links
+from controller.core.rack import Rack
+
+GBPS = 1e9 / 8  # bytes per second in one Gbit/s
+
+
+@dataclass(frozen=True)
+class NetParams:
+    """What sets a ring step's time besides the link rates (see simulator/calibration.py).
+
+    efficiency: the fraction of a link's line rate one transfer's payload reaches (protocol
+      headers, the transport's own losses); applied to every NIC and uplink.
+    step_latency_s: a fixed cost per ring step (software, synchronisation), in rack seconds.
+    """
+
+    efficiency: float = 0.95
+    step_latency_s: float = 20e-6
+
+    def __post_init__(self):
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"efficiency must be in (0, 1], not {self.efficiency}")
+        if self.step_latency_s < 0:
+            raise ValueError(f"step_latency_s must be >= 0, not {self.step_latency_s}")
+
+
+class Fabric:
+    """Directed inter-switch links of a rack (ids 0..n-1) and the route between any two switches."""
+
+    def __init__(self, rack: Rack):
+        self.rack = rack
+        self.link_ids: dict[tuple[str, int], int] = {}  # (switch, uplink port) -> id, for the direction out of it
+        self.capacity: list[float] = []  # bytes/s at line rate
+        self.names: list[str] = []
+        for w in rack.spec.switches:
+            for u in w.uplinks:
+                self.link_ids[(w.name, u.port)] = len(self.capacity)
+                self.capacity.append(u.rate_gbps * GBPS)
+                self.names.append(f"{w.name}:{u.port}->{u.peer}")
+        hops, links = next_hop_ports(rack), switch_links(rack)
+        self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
+        for src in rack.switches:
+            for dst in hops.get(src, {}):
+                route, at = [], src
+                while at != dst:
+                    port = hops[at][dst]
+                    route.append(self.link_ids[(at, port)])
+                    at = next(n for n, p in links[at].items() if p == port)
+                self._routes[(src, dst)] = tuple(route)
+
+    def route(self, src: str, dst: str) -> tuple[int, ...]:
+        if src == dst:
+            return ()
+        try:
+            return self._routes[(src, dst)]
+        except KeyError:
+            raise ValueError(f"no path between switches {src} and {dst}") from None
+
+
+@dataclass(frozen=True)
+class RingNet:
+    """A placed job's ring as the network sees it: one flow per rank to the next rank."""
+
+    cap: float  # bytes/s: the slowest NIC among the ring's flows, at line rate
+    links: dict[int, int]  # link id -> how many of the ring's flows cross it (one direction)
+    crossings: int  # flows that leave their switch
+
+
+def ring_net(fabric: Fabric, gpus: tuple[str, ...] | list[str], where: dict[str, str]) -> RingNet:
+    """The ring rank i -> rank i+1 over `gpus` (in rank order); `where`: the switch each hangs under."""
+    rack = fabric.rack
+    n = len(gpus)
+    rates = [rack.gpus[g].nic.rate_gbps * GBPS for g in gpus]
+    links: dict[int, int] = {}
+    crossings = 0
+    if n < 2:
+        return RingNet(min(rates), {}, 0)
+    for i, g in enumerate(gpus):
+        h = gpus[(i + 1) % n]
+        if g not in where or h not in where:
+            raise ValueError(f"{g if g not in where else h} has no circuit to a switch")
+        route = fabric.route(where[g], where[h])
+        if route:
+            crossings += 1
+        for link in route:
+            links[link] = links.get(link, 0) + 1
+    return RingNet(min(rates), links, crossings)
