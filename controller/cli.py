@@ -72,6 +72,11 @@ def _topology(args) -> int:
                      f"{'connected' if o['connected'] else 'NOT connected'}")
     for name, w in t["switches"].items():
         lines.append(f"  switch {name} ({w['role']}): {'connected' if w['connected'] else 'NOT connected'}")
+    frag = t.get("fragmentation")
+    if frag:
+        by_model = ", ".join(f"{m} {n}" for m, n in frag["largest_by_model"].items())
+        lines.append(f"  free GPUs: {frag['free_gpus']}; the largest job one switch can take now: "
+                     f"{frag['largest_job_one_switch']} ({by_model})")
     lines.append(f"  {'GPU':6s} {'model':7s} {'server':6s} {'address':14s} {'OCS port':9s} {'switch':9s} job")
     for name, g in t["gpus"].items():
         sw = f"{g['switch']['name']}:{g['switch']['port']}" if g["switch"] else "-"
@@ -136,7 +141,9 @@ def _job_line(j: dict) -> str:
     mean = "-" if j["mean_iteration_s"] is None else f"{j['mean_iteration_s']:.3f}s"
     took = "" if j["completion_s"] is None else f" completed in {j['completion_s']:.1f}s"
     reason = f"  ({j['reason']})" if j.get("reason") else ""
-    return (f"{j['id']:8s} {j['state']:11s} {','.join(j['gpus']):24s} {','.join(j['switches']) or '-':10s} "
+    state = f"queued #{j['position']}" if j["state"] == "queued" else j["state"]
+    gpus = ",".join(j["gpus"]) or f"({j['request']['gpus']} GPUs)"
+    return (f"{j['id']:8s} {state:11s} {gpus:24s} {','.join(j['switches']) or '-':10s} "
             f"iter {done:>9s} mean {mean}{took}{reason}")
 
 
@@ -183,9 +190,14 @@ def _submit(args) -> int:
     if args.compute_seconds is not None:
         workload["compute_seconds"] = args.compute_seconds
     client = _client(args)
-    job = client.post("/jobs", {"gpus": gpus, "policy": args.policy, "workload": workload, "name": args.name})["job"]
+    body = {"gpus": gpus, "policy": args.policy, "workload": workload, "name": args.name, "queue": not args.no_queue}
+    if args.gpu_model:
+        body["gpu_model"] = args.gpu_model
+    job = client.post("/jobs", body)["job"]
+    if job["note"] and not args.json:
+        print(f"{job['id']}: {job['note']}", file=sys.stderr)
     if args.wait:
-        while job["state"] in ("pending", "configuring", "running"):
+        while job["state"] in ("queued", "pending", "configuring", "running"):
             time.sleep(1)
             job = client.get(f"/jobs/{job['id']}")["job"]
             print(f"\r{_job_line(job)}", end="", flush=True)
@@ -211,17 +223,41 @@ def _stop(args) -> int:
     return 0
 
 
+def _plan_text(data: dict) -> str:
+    """A defragmentation plan (or its result) for people."""
+    lines = []
+    for m in data["jobs_moved"]:
+        lines.append(f"  {m['job']}: {'+'.join(m['switches_before'])} -> {'+'.join(m['switches_after'])}, "
+                     f"-{len(m['circuits_removed'])} +{len(m['circuits_added'])} circuits; iteration "
+                     f"{m['iteration_s_before']:.3f} s -> {m['iteration_s_after']:.3f} s (predicted), "
+                     f"{m['remaining_iterations']} to go: saves {m['predicted_saving_s']:.1f} s")
+    for u in data["jobs_untouched"]:
+        lines.append(f"  {u['job']}: untouched, {u['reason']}")
+    head = (f"{'plan' if not data['applied'] else 'applied'} (circuit map version {data['version']}): "
+            f"{len(data['jobs_moved'])} job(s) moved, {data['circuits_changed']} circuits changed in one "
+            f"reconfiguration, switches summed over jobs {data['switches_before']} -> {data['switches_after']}, "
+            f"expected stall {1000 * data['expected_stall_s']:.0f} ms")
+    if data["applied"] and data["event"]:
+        ev = data["event"]
+        head += f"; event #{ev['id']}, dark {1000 * (ev['dark_window_s'] or 0):.1f} ms"
+    elif not data["applied"] and data["jobs_moved"]:
+        lines.append(f"apply exactly this plan: optirack regroup --version {data['version']}")
+    return "\n".join([head, *lines]) if data["jobs_moved"] or data["jobs_untouched"] else "no running jobs"
+
+
 def _regroup(args) -> int:
     client = _client(args)
     if args.job:
+        if args.dry_run or args.version is not None:
+            raise SystemExit("optirack: --dry-run and --version plan all running jobs; leave out the job id")
         data = client.post(f"/jobs/{args.job}/regroup")
         ev = data["event"]
         text = (f"{args.job} regrouped under {','.join(data['job']['switches'])}: -{len(ev['removed'])} +{len(ev['added'])} "
                 f"circuits, dark {1000 * ev['dark_window_s']:.1f} ms" if ev else f"{args.job}: {data['note']}")
     else:
-        data = client.post("/regroup")
-        text = "\n".join(f"{r['job']}: " + (r.get("error") or f"under {','.join(r['switches'])} {r.get('note', '')}")
-                         for r in data["results"]) or "no running jobs"
+        body = {"version": args.version} if args.version is not None else None
+        data = client.request("POST", "/regroup", body or {}, **({"dry_run": "true"} if args.dry_run else {}))
+        text = _plan_text(data)
     _print(args, data, text)
     return 0
 
@@ -293,12 +329,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", required=True, help="how many GPUs (e.g. 4), or which (e.g. gpu1,gpu2)")
     p.add_argument("--policy", choices=["regroup", "fixed"], default="regroup",
                    help="regroup: under one aggregator switch; fixed: keep the cabling (default %(default)s)")
+    p.add_argument("--gpu-model", metavar="MODEL",
+                   help="only GPUs of this model (e.g. V100); default: any, one model when one has enough free")
+    p.add_argument("--no-queue", action="store_true",
+                   help="fail (409) if it cannot be placed now, instead of waiting its turn in the queue")
     p.add_argument("--mode", choices=["profile", "real"], default="profile")
     p.add_argument("--model", default="vgg16", help="profile mode's workload (default %(default)s)")
     p.add_argument("--iterations", type=int, default=50)
     p.add_argument("--compute-seconds", type=float, help="override the profile's compute time per iteration")
     p.add_argument("--name", default="")
-    p.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    p.add_argument("--wait", action="store_true", help="follow the job (queued, then running) until it ends")
     p.set_defaults(func=_submit)
     p = sub.add_parser("show", help="one job in detail")
     p.add_argument("job")
@@ -306,8 +346,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stop", help="stop a job and clean up")
     p.add_argument("job")
     p.set_defaults(func=_stop)
-    p = sub.add_parser("regroup", help="regroup a running job under one switch (or all running jobs)")
+    p = sub.add_parser("regroup", help="regroup a running job, or defragment: all running jobs in one change",
+                       description="With a job id: bring that running job under fewer switches. Without: plan the "
+                                   "joint move of every running job (fewest switches summed over jobs, then fewest "
+                                   "circuits; a job that cannot gain is not touched) and apply it in one bulk OCS "
+                                   "change, so each moved job stalls once. --dry-run shows the plan and changes "
+                                   "nothing; --version N applies exactly the plan a dry run made from version N.")
     p.add_argument("job", nargs="?", help="a job id; without it, every running job")
+    p.add_argument("--dry-run", action="store_true", help="show the plan (moves, circuits, stall, predicted gain)")
+    p.add_argument("--version", type=int, metavar="N", help="apply the dry-run plan made from circuit-map version N")
     p.set_defaults(func=_regroup)
 
     from simulator.cli import add_parser as add_simulate  # runs offline: no controller needed

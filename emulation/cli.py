@@ -21,8 +21,14 @@ def _need_root() -> None:
 
 def _cmd_up(args) -> int:
     rack = load_rack(args.topo)
-    print(f"bringing up rack {rack.name} from {args.topo} (controller {args.controller})", flush=True)
-    state = up(rack, args.controller, wait_connected=args.wait)
+    print(f"bringing up {'a bare ' if args.bare else ''}rack {rack.name} from {args.topo} (controller {args.controller})",
+          flush=True)
+    if args.bare:
+        from emulation.bare import up_bare
+
+        state = up_bare(rack, args.controller, wait_connected=args.wait)
+    else:
+        state = up(rack, args.controller, wait_connected=args.wait)
     connected = [b for b in state.bridges if ovs.controller_connected(b)]
     print(f"rack {state.name} is up in {state.up_seconds:.1f} s: {len(state.bridges)} bridges, "
           f"{len(state.nics)} GPU NICs, {len(state.namespaces)} servers")
@@ -142,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("up", help="build the rack; it stays up until 'down'")
     with_topo(sp)
     sp.add_argument("--wait", type=float, default=5.0, help="seconds to wait for controller connections (default 5)")
+    sp.add_argument("--bare", action="store_true",
+                    help="bridges only, no servers: GPU NICs are patch ports to a stub bridge (for control-plane "
+                         "benchmarks at hundreds of GPUs, where the full rack takes minutes; carries no traffic)")
     sp.set_defaults(func=_cmd_up)
     sp = sub.add_parser("down", help="remove everything the rack made (safe to repeat)")
     sp.add_argument("--purge", action="store_true",

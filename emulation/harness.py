@@ -98,17 +98,23 @@ class Testbed:
 
     __test__ = False  # not a pytest test class, despite its name
 
-    def __init__(self, rack: Rack, rack_file: Path, workdir: Path, extra: list[str] | None = None, quiet: bool = True):
-        self.rack, self.rack_file = rack, rack_file
+    def __init__(self, rack: Rack, rack_file: Path, workdir: Path, extra: list[str] | None = None, quiet: bool = True,
+                 bare: bool = False):
+        self.rack, self.rack_file, self.bare = rack, rack_file, bare  # bare: bridges only (emulation.bare)
         self.controller = ControllerProcess(workdir, rack_file, extra)
         self.quiet = quiet
 
     def __enter__(self) -> Testbed:
         self.controller.start()
         try:
-            self.state = rackmod.up(self.rack, self.controller.of_target[4:], wait_connected=10)
+            if self.bare:
+                from emulation.bare import up_bare
+
+                self.state = up_bare(self.rack, self.controller.of_target[4:], wait_connected=30)
+            else:
+                self.state = rackmod.up(self.rack, self.controller.of_target[4:], wait_connected=10)
             self.client = self.controller.client()
-            wait_for(self._ready, 30, "every datapath to connect and get its flows")
+            wait_for(self._ready, 120 if self.bare else 30, "every datapath to connect and get its flows")
         except BaseException:
             self.__exit__(None, None, None)
             raise

@@ -23,11 +23,12 @@ from controller.drivers import openflow as of
 LOG = logging.getLogger("optirack.fabric")
 
 
-def table_changes(installed: Table, desired: Table) -> list:
-    """Flow-mods that turn `installed` into `desired` (deletions first)."""
+def table_changes(installed: Table, desired: Table) -> list[bytes]:
+    """Flow-mods that turn `installed` into `desired`: deletions for addresses that leave, and adds
+    (which replace a rule with the same match) for those that are new or move."""
     msgs = []
-    for ip, port in installed.items():
-        if desired.get(ip) != port:
+    for ip in installed:
+        if ip not in desired:
             msgs += of.forward_delete(ip)
     for ip, port in desired.items():
         if installed.get(ip) != port:
@@ -64,8 +65,8 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
 
 
 
-    def desired(self) -> dict[str, Table]:
-        return compute_tables(self.ctx.rack, self.ctx.circuits)
+    def desired(self, circuits=None) -> dict[str, Table]:
+        return compute_tables(self.ctx.rack, self.ctx.circuits if circuits is None else circuits)
 
     def resync(self, name: str) -> None:
         """Delete every flow of a (re)connected switch and install its full table."""
@@ -86,24 +87,38 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
         except of.SwitchError as e:
             LOG.warning("switch %s: resynchronisation failed: %s", name, e)
 
-    def sync(self) -> None:
-        """Bring every connected switch to the desired tables; returns once all confirmed."""
-        desired = self.desired()
-        for name in sorted(self.dps):
-            with self._locks[name]:
+    def sync(self, circuits=None) -> None:
+        """Bring every connected switch to the tables of `circuits` (default: the current map), all
+        switches at once, each in one bundle; returns once all confirmed."""
+        desired = self.desired(circuits)
+        names = sorted(self.dps)
+        for name in names:
+            self._locks[name].acquire()
+        try:
+            batches, tables, ids = [], {}, {}
+            for name in names:
                 dp = self.dps.get(name)
                 if dp is None or name not in self.installed:
                     continue  # (re)connecting: its resync installs the full table
                 msgs = table_changes(self.installed[name], desired[name])
                 if msgs:
-                    try:
-                        self.rpc.confirm(dp, msgs, self.timeout, f"forwarding on {name}")
-                    except of.SwitchError:
-                        # What the switch holds is unknown now: it gets its full table again, retried.
-                        del self.installed[name]
-                        hub.spawn(self._resync_until_done, name)
-                        raise
-                self.installed[name] = desired[name]
+                    batches.append((dp, msgs, f"forwarding on {name}"))
+                tables[name], ids[name] = desired[name], dp.id
+            try:
+                if batches:
+                    self.rpc.confirm_all(batches, self.timeout)
+            except of.SwitchError as e:
+                failed = [n for n in tables if ids[n] in e.datapaths]
+                for name in failed:  # what a switch that failed holds is unknown now: its full table, retried
+                    self.installed.pop(name, None)
+                    tables.pop(name)
+                    hub.spawn(self._resync_until_done, name)
+                raise
+            finally:
+                self.installed.update(tables)
+        finally:
+            for name in names:
+                self._locks[name].release()
 
     def _resync_until_done(self, name: str, delay: float = 0.5, most: float = 30.0) -> None:
         """Retry a full resync of a switch that did not confirm, with backoff, while it stays connected."""

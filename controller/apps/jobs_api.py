@@ -1,4 +1,4 @@
-"""REST for jobs: submit, list, inspect, logs, stop, delete, prune, regroup one, regroup all."""
+"""REST for jobs: submit (placed or queued), list, inspect, logs, stop, delete, prune, regroup one, defragment all."""
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -16,8 +16,8 @@ from controller.apps.rest import (
     path_text,
     read_json,
 )
-from controller.core.jobs import ACTIVE, TERMINAL, JobRequest
-from controller.core.placement import PlacementError
+from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, JobRequest
+from controller.core.placement import InvalidRequest, PlacementError
 
 JOB_ID = {"job_id": r"[^/]+"}  # any segment: an id that names no job is a JSON 404, not a routing miss
 
@@ -40,6 +40,20 @@ class PruneRequest(BaseModel):
         return self
 
 
+class RegroupBody(BaseModel):
+    """The optional body of POST /regroup: apply the dry-run plan made from this circuit-map version."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    version: int | None = Field(None, ge=0)
+
+
+def _bool_param(req, name: str) -> bool:
+    text = req.GET.get(name, "false").lower()
+    if text not in ("true", "false", "1", "0"):
+        raise ApiError(400, "expected true or false", name)
+    return text in ("true", "1")
+
+
 class JobsApi(OptirackController):
 
     @property
@@ -60,12 +74,11 @@ class JobsApi(OptirackController):
         body = read_json(req, JobRequest)
         try:
             job = self.placement.submit(body)
-        except ValueError as e:  # unknown GPU names
-            field, _, message = str(e).partition(": ")
-            raise ApiError(400, message or str(e), field if message else None) from None
-        except PlacementError as e:
-            raise ApiError(409, str(e), "gpus") from None
-        resp = json_response({"job": job.to_json()}, 201)
+        except InvalidRequest as e:  # an unknown model or GPU
+            raise ApiError(400, str(e), e.field) from None
+        except PlacementError as e:  # not now and not queued, or never on this rack
+            raise ApiError(409, str(e), e.field) from None
+        resp = json_response({"job": job.to_json()}, 201)  # placed or queued: the job exists either way
         resp.headers["Location"] = f"{PREFIX}/jobs/{job.id}"
         return resp
 
@@ -73,9 +86,10 @@ class JobsApi(OptirackController):
     @api()
     def list(self, req, **_):
         states = set(filter(None, req.GET.get("state", "").split(",")))
-        unknown = states - set(ACTIVE + TERMINAL)
+        known = (QUEUED, *ACTIVE, *TERMINAL)
+        unknown = states - set(known)
         if unknown:
-            raise ApiError(400, f"unknown state {', '.join(sorted(unknown))} (states: {', '.join(ACTIVE + TERMINAL)})", "state")
+            raise ApiError(400, f"unknown state {', '.join(sorted(unknown))} (states: {', '.join(known)})", "state")
         before = req.GET.get("before")
         if before is not None and before not in self.placement.jobs:
             raise ApiError(404, f"no job {before!r} (it may have been pruned)", "before")
@@ -141,14 +155,17 @@ class JobsApi(OptirackController):
     def regroup(self, req, job_id, **_):
         self._job(job_id)
         try:
-            ev = self.placement.regroup(job_id)
+            ev, note = self.placement.regroup_with_note(job_id)
         except PlacementError as e:
             raise Conflict(str(e)) from None
         job = self.placement.get(job_id)
-        return json_response({"job": job.to_json(), "event": ev.to_json() if ev else None,
-                              "note": job.note or ("already under one switch" if ev is None else "")})
+        return json_response({"job": job.to_json(), "event": ev.to_json() if ev else None, "note": note})
 
     @route("regroup_all", PREFIX + "/regroup", methods=["POST"])
     @api(mutation=True)
     def regroup_all(self, req, **_):
-        return json_response({"results": self.placement.regroup_all()})
+        dry_run = _bool_param(req, "dry_run")
+        version = read_json(req, RegroupBody).version if req.body.strip() else None
+        if dry_run and version is not None:
+            raise ApiError(400, "a dry run makes a plan; send the version only to apply one", "version")
+        return json_response(self.placement.regroup_all(dry_run=dry_run, version=version))

@@ -33,6 +33,32 @@ def _pairs(circuits) -> set[tuple[int, int]]:
     return {(a.port, b.port) for a, b in circuits}
 
 
+class _WhenDark:
+    """Runs `work` in its own thread once `count` OCS have reported their old circuits gone."""
+
+    def __init__(self, work, count: int):
+        self.work, self.left, self.thread = work, count, None
+
+    def dark(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.thread = hub.spawn(self.work, raise_error=True)
+
+    def join(self) -> None:
+        """Wait for the work (run it now if it never started); re-raise its error."""
+        if self.thread is None:
+            self.work()
+        else:
+            self.thread.wait()
+
+    def join_quietly(self) -> None:
+        if self.thread is not None:
+            try:
+                self.thread.wait()
+            except DEVICE_ERRORS:
+                pass
+
+
 class OcsApp(ConfirmingApp, app_manager.RyuApp):
     OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
     _CONTEXTS = {"optirack": Optirack}
@@ -199,19 +225,19 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         diff = ctx.circuits.diff(target)
         ev = ctx.events.start(kind, reason, ctx.clock(), job=job, note=note,
                               removed=CircuitMap(diff.remove).to_json(), added=CircuitMap(diff.add).to_json())
-        previous = ctx.circuits
+        previous, parts = ctx.circuits, diff.by_ocs()
+        fabric = _WhenDark(lambda: ctx.fabric.sync(target), len(parts))
         try:
             ctx.record_event(ev)
-            for ocs, part in diff.by_ocs().items():
-                result = self.drivers[ocs].apply(_pairs(part.remove), _pairs(part.add))
-                ctx.circuits = ctx.circuits.apply(part)
+            for result in self._apply_all(parts, fabric):
                 ev.switching_time_s = max(ev.switching_time_s, result.switching_time_s)
                 ev.dark_start = min(x for x in (ev.dark_start, result.dark_start) if x is not None)
                 if result.dark_end is not None:
                     ev.dark_end = max(ev.dark_end or 0.0, result.dark_end)
+            ctx.circuits = target
             ev.ocs_confirmed_at = ctx.clock()
             ctx.save(events=[ev])  # the new circuits and the event that made them: one transaction
-            ctx.fabric.sync()
+            fabric.join()
             ev.flows_confirmed_at = ctx.clock()
             ev.status, ev.version = "ok", ctx.circuits_version
             LOG.info("reconfiguration %d (%s): -%d +%d circuits, dark %.1f ms, flows confirmed after %.1f ms",
@@ -226,6 +252,23 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             raise
         finally:
             self._close(ev)
+
+    def _apply_all(self, parts, fabric: _WhenDark) -> list:
+        """Every OCS of a change at once (their dark windows overlap); the packet switches are
+        re-programmed for the target as soon as every changed circuit is dark, so that their
+        confirmation overlaps the switching time. Raises the first device error, once all ended."""
+        threads = [hub.spawn(self.drivers[ocs].apply, _pairs(part.remove), _pairs(part.add), fabric.dark,
+                             raise_error=True) for ocs, part in parts.items()]
+        results, errors = [], []
+        for thread in threads:
+            try:
+                results.append(thread.wait())
+            except Exception as e:  # noqa: BLE001 (re-raised below, after every OCS has ended)
+                errors.append(e)
+        if errors:
+            fabric.join_quietly()
+            raise errors[0]
+        return results
 
     def _close(self, ev: ReconfigEvent) -> None:
         """No event stays "running": one whose thread was interrupted ends failed; every end is recorded."""

@@ -1,11 +1,13 @@
-"""The placement app: runs jobs. Plan (core.placement) -> OCS diff and flows (OCS app, confirmed)
--> one container per GPU (container driver) -> watch the workers -> clean up. A failure at any
-step undoes what was done: the job's circuit changes are reversed, its containers removed, its
-GPUs freed, and the job fails with the reason. Jobs and circuits are persisted, so a restarted
-controller takes its running jobs back.
+"""The placement app: runs jobs. Admit or queue (first in, first out) -> plan (core.placement) ->
+OCS diff and flows (OCS app, confirmed) -> one container per GPU (container driver) -> watch the
+workers -> clean up, and start the queued jobs that fit now. A failure at any step undoes what
+was done: the job's circuit changes are reversed, its containers removed, its GPUs freed, and the
+job fails with the reason. Defragmentation (core.defrag) moves running jobs in one change. Jobs
+and circuits are persisted, so a restarted controller takes its running jobs and its queue back.
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import logging
@@ -16,9 +18,11 @@ from ryu.lib import hub
 from controller.apps.context import Conflict, Optirack
 from controller.apps.ocs import ReconfigFailed
 from controller.config import conf
+from controller.core import defrag
 from controller.core import placement as policy
 from controller.core.circuits import CircuitDiff, CircuitMap, displaced
-from controller.core.jobs import ACTIVE, Job, JobRequest, JobTable
+from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, Job, JobRequest, JobTable
+from controller.core.occupancy import Occupancy
 from controller.core.rack import PortRef
 from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer
 from controller.drivers.engines import EngineDown
@@ -27,6 +31,7 @@ from controller.drivers.ocs import OcsUnavailable
 LOG = logging.getLogger("optirack.placement")
 RECONFIG_WAIT = 120.0  # seconds a job waits for another reconfiguration to finish
 LOG_LINES = 50  # last lines of each worker's output kept when its job ends
+KEPT_PLANS = 8  # defragmentation plans remembered for `POST /regroup {"version": N}`
 EXPECTED = (policy.PlacementError, ReconfigFailed, OcsUnavailable, Conflict, ContainerError)
 
 
@@ -63,10 +68,17 @@ class PlacementApp(app_manager.RyuApp):
         start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
         self._ids = itertools.count(start)
         self.admission = hub.Semaphore(1)  # plan and reconfigure one job at a time
+        self._admit = hub.Semaphore(1)  # admission (submit and the queue) one job at a time
+        self.queue: collections.deque[str] = collections.deque(
+            j.id for j in sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id)) if j.state == QUEUED)
+        self.occupancy = Occupancy(self.ctx.rack, self.ctx.circuits, self.busy_gpus())
+        self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
         self._threads: dict[str, list] = {}
         hub.spawn(self._recover)
         self.engine_poll = kwargs.get("engine_poll") or conf().engine_poll
         hub.spawn(self._watch_engines)
+        if self.queue:
+            hub.spawn(self._drain_when_ready)
 
     # --- what other apps and the REST API ask ---------------------------------------
     def busy_gpus(self) -> dict[str, str]:
@@ -119,7 +131,7 @@ class PlacementApp(app_manager.RyuApp):
     def prune(self, older_than_s: float | None, keep: int | None) -> list[str]:
         """Forget finished jobs that ended more than `older_than_s` ago, keeping the newest `keep` of them."""
         now = self.ctx.clock()
-        finished = [j for j in self.jobs.values() if not j.active]
+        finished = [j for j in self.jobs.values() if j.state in TERMINAL]
         candidates = finished[: max(0, len(finished) - (keep or 0))]
         gone = [j.id for j in candidates if older_than_s is None or (j.ended_at or j.created_at) <= now - older_than_s]
         self.ctx.store.delete_jobs(gone)
@@ -128,35 +140,94 @@ class PlacementApp(app_manager.RyuApp):
         LOG.info("pruned %d finished jobs", len(gone))
         return gone
 
-    # --- submitting and running -------------------------------------------------------
+    # --- submitting, the queue, and placing --------------------------------------------
+    def occ(self, circuits: CircuitMap | None = None, exclude: str | None = None, admitting: bool = False) -> Occupancy:
+        """The occupancy brought up to date with `circuits` (default: now) and the active jobs' GPUs;
+        `admitting`: the GPUs of servers whose Docker Engine is down count as held too (a new job avoids them)."""
+        holders = {g: j for g, j in self.busy_gpus().items() if j != exclude}
+        if admitting:
+            down = self.down_servers()
+            holders.update({g: f"the engine of {s} (down)" for g, s in self.ctx.rack.server_of.items()
+                            if s in down and g not in holders})
+        self.occupancy.sync(self.ctx.circuits if circuits is None else circuits, holders)
+        return self.occupancy
+
+    @staticmethod
+    def _request(job: Job, named: bool = False) -> policy.Request:
+        r = job.request
+        gpus = job.gpus if named else r["gpus"]
+        return policy.Request(gpus if isinstance(gpus, int) else tuple(gpus), r["policy"], r.get("gpu_model"),
+                              r["workload"].get("model", "vgg16"))
+
     def submit(self, req: JobRequest) -> Job:
-        """Admit a job (its GPUs are reserved at once) and start running it in the background."""
-        rack, busy = self.ctx.rack, self.busy_gpus()
-        if isinstance(req.gpus, list):
-            unknown = [g for g in req.gpus if g not in rack.gpus]
-            if unknown:
-                raise ValueError(f"gpus: unknown GPU {', '.join(unknown)} (rack {rack.name} has {', '.join(rack.gpus)})")
-            taken = {g: busy[g] for g in req.gpus if g in busy}
-            if taken:
-                raise Conflict("gpus: " + ", ".join(f"{g} is held by job {j}" for g, j in taken.items()))
-            self._refuse_down_engines(req.gpus)
-            gpus = list(req.gpus)
-        else:
-            down = self.down_servers()  # placement avoids the GPUs of servers whose engine is down
-            busy = {**busy, **{g: f"engine of {s} down" for g, s in rack.server_of.items() if s in down}}
+        """Admit a job: placed at once (its GPUs reserved, started in the background), or queued.
+
+        Raises policy.InvalidRequest (bad input), policy.NoRoomNow (cannot be placed now and
+        `queue` is false) or policy.PlacementError (this rack can never place it); nothing changes then.
+        """
+        job = Job(id="", request=req.model_dump(), created_at=self.ctx.clock())
+        if isinstance(req.gpus, list) and set(req.gpus) <= set(self.ctx.rack.gpus):
+            self._refuse_down_engines(req.gpus)  # 409 naming the server, not a wait in the queue
+        with self._admit:
             try:
-                gpus = policy.pick_gpus(rack, self.ctx.circuits, busy, req.gpus, req.policy)
-            except policy.PlacementError as e:
-                raise Conflict(f"gpus: {e}") from None
-        if req.policy == "fixed":
-            policy.plan_fixed(rack, self.ctx.circuits, gpus)  # refuse now, not later
-        job = Job(id=f"job-{next(self._ids)}", request=req.model_dump(), created_at=self.ctx.clock())
-        job.gpus = gpus
-        self.jobs[job.id] = job
-        self.save()
-        LOG.info("%s admitted: %s GPUs %s, policy %s", job.id, len(gpus), ",".join(gpus), req.policy)
-        hub.spawn(self._run, job)
+                p = policy.plan(self.occ(admitting=True), self._request(job))
+            except policy.NoRoomNow as e:
+                p, wait = None, str(e)
+            if p is not None and self.queue:
+                p, wait = None, f"{len(self.queue)} queued job(s) ahead (first in, first out)"
+            if p is None and not req.queue:
+                raise policy.NoRoomNow(f"{wait}; not queued (queue: false)")
+            job.id = f"job-{next(self._ids)}"
+            self.jobs[job.id] = job
+            if p is None:
+                job.state, job.note = QUEUED, f"waiting: {wait}"
+                self.queue.append(job.id)
+                self._number_queue()
+                self.save(job)
+                LOG.info("%s queued at position %d: %s", job.id, job.position, wait)
+            else:
+                self._admit_job(job, p)
         return job
+
+    def _admit_job(self, job: Job, p: policy.Plan) -> None:
+        job.state, job.gpus, job.switches, job.note = "pending", list(p.gpus), list(p.switches), p.note
+        self.save()
+        LOG.info("%s admitted: %d GPUs %s, policy %s; %s", job.id, len(p.gpus), ",".join(p.gpus),
+                 job.request["policy"], p.note)
+        hub.spawn(self._run, job)
+
+    def _number_queue(self) -> None:
+        for i, job_id in enumerate(self.queue):
+            self.jobs[job_id].position = i + 1
+
+    def _drain_queue(self) -> None:
+        """Start queued jobs, in order of arrival, while the first one can be placed."""
+        with self._admit:
+            while self.queue:
+                job = self.jobs[self.queue[0]]
+                try:
+                    p = policy.plan(self.occ(admitting=True), self._request(job))
+                except policy.NoRoomNow as e:
+                    job.note = f"waiting: {e}"
+                    break
+                except policy.PlacementError as e:  # the rack changed under it: it can never run
+                    self.queue.popleft()
+                    job.state, job.reason, job.ended_at, job.position = "failed", str(e), self.ctx.clock(), None
+                    self.save(job)
+                    continue
+                self.queue.popleft()
+                job.position = None
+                self._admit_job(job, p)
+            self._number_queue()
+            self.save()
+
+    def _drain_when_ready(self, timeout: float = 60.0) -> None:
+        """After a restart: start queued jobs once every OCS is back in sync (or after `timeout` s)."""
+        waited = 0.0
+        while self.ctx.ocs and set(self.ctx.ocs.synchronised) != set(self.ctx.rack.ocs) and waited < timeout:
+            hub.sleep(0.2)
+            waited += 0.2
+        self._drain_queue()
 
     def _refuse_down_engines(self, gpus: list[str]) -> None:
         """409 naming the server, for GPUs whose server's engine does not answer now."""
@@ -190,20 +261,17 @@ class PlacementApp(app_manager.RyuApp):
         decided: dict = {}
 
         def plan(current: CircuitMap) -> CircuitMap:
-            p = policy.plan(self.ctx.rack, current, job.gpus, job.request["policy"],
-                            self.protected_ports(exclude=job.id, circuits=current))
-            decided.update(plan=p, diff=current.diff(p.target))
-            return p.target
+            p = policy.plan(self.occ(current, exclude=job.id), self._request(job, named=True))
+            decided.update(plan=p, diff=p.diff)
+            return p.target(current)
 
         ev = self.ctx.ocs.change(plan, "job", f"{job.id}: place {len(job.gpus)} GPUs ({job.request['policy']})",
                                  job=job.id, wait=RECONFIG_WAIT, note=lambda: self._note(job, decided["diff"]))
         if ev is not None:
             placed["diff"] = decided["diff"]
             job.events.append(ev.id)
-        p = decided["plan"]
-        job.gpus, job.switches, job.note = list(p.gpus), list(p.switches), p.note
-        if p.note:
-            LOG.warning("%s: %s", job.id, p.note)
+        p = decided["plan"]  # the note made at admission (which GPUs, and why) stands
+        job.gpus, job.switches = list(p.gpus), list(p.switches)
 
     def _note(self, job: Job, diff: CircuitDiff) -> str:
         """What the event should say: the idle GPUs whose circuits the job took (no free port was left)."""
@@ -288,6 +356,7 @@ class PlacementApp(app_manager.RyuApp):
         _attempt(job, "removing the containers", self._remove_containers, job)
         job.state, job.reason, job.ended_at = state, reason, self.ctx.clock()
         _attempt(job, "saving the job", self.save, job)
+        _attempt(job, "starting queued jobs", self._drain_queue)  # its GPUs are free
 
     def _keep_logs(self, job: Job) -> None:
         """The last lines of each worker's output (stdout and stderr), read before its container goes."""
@@ -393,6 +462,14 @@ class PlacementApp(app_manager.RyuApp):
 
     def stop_job(self, job_id: str) -> Job:
         job = self.get(job_id)
+        if job.state == QUEUED:
+            with self._admit:
+                self.queue.remove(job_id)
+                job.state, job.reason, job.ended_at, job.position = "stopped", "stopped while queued", self.ctx.clock(), None
+                self._number_queue()
+                self.save(job)
+            self._drain_queue()  # the next one may fit now
+            return job
         if not job.active:
             return job
         if job.state != "running":
@@ -406,44 +483,110 @@ class PlacementApp(app_manager.RyuApp):
 
     # --- regrouping running jobs --------------------------------------------------------
     def regroup(self, job_id: str):
-        """Bring a running job's GPUs under one switch; it stalls for the dark window and goes on."""
+        """Bring a running job's GPUs under fewer switches; it stalls for the dark window and goes on.
+        Returns the reconfiguration event, or None if its switch count cannot fall."""
+        return self.regroup_with_note(job_id)[0]
+
+    def regroup_with_note(self, job_id: str):
+        """`regroup`, and what happened in words (e.g. "cannot fall below 2 switches")."""
         job = self.get(job_id)
         if job.state != "running":
             raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
-        with self.admission:
-            decided: dict = {}
+        plans = []
 
-            def plan(current: CircuitMap) -> CircuitMap:
-                if job.state != "running":
-                    raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
-                p = policy.plan_regroup(self.ctx.rack, current, job.gpus,
-                                        self.protected_ports(exclude=job.id, circuits=current))
-                decided.update(plan=p, diff=current.diff(p.target))
-                return p.target
+        def plan(current: CircuitMap) -> CircuitMap | None:
+            if job.state != "running":
+                raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
+            p = policy.plan_regroup(self.occ(current), job.gpus)
+            plans.append(p)
+            return p.target(current) if p.changes else None
 
-            ev = self.ctx.ocs.change(plan, "regroup", lambda: f"{job.id}: regroup under {','.join(decided['plan'].switches)}",
-                                     job=job.id, wait=RECONFIG_WAIT, note=lambda: self._note(job, decided["diff"]))
-            if ev is None:
-                return None
-            p = decided["plan"]
-            job.switches, job.note = list(p.switches), p.note
+        ev = self.ctx.ocs.change(plan, "regroup", lambda: f"{job.id}: regroup under {','.join(plans[-1].switches)}",
+                                 job=job.id, wait=RECONFIG_WAIT, note=lambda: self._note(job, plans[-1].diff))
+        p = plans[-1]
+        if ev is not None:
+            job.switches, job.note = list(p.switches), f"regrouped: {p.note}"
             job.circuits = self._circuits_of(job)
             job.events.append(ev.id)
             self.save()
             LOG.info("%s regrouped under %s (%d circuit changes)", job.id, ",".join(p.switches), p.changes)
-            return ev
+        return ev, p.note
 
-    def regroup_all(self) -> list[dict]:
-        """Defragment: regroup every running job, largest first."""
-        results = []
-        for job in sorted((j for j in self.jobs.values() if j.state == "running"), key=lambda j: -len(j.gpus)):
-            try:
-                ev = self.regroup(job.id)
-                results.append({"job": job.id, "switches": job.switches, "event": ev.to_json() if ev else None,
-                                "note": job.note or ("already under one switch" if ev is None else "")})
-            except (policy.PlacementError, ReconfigFailed, OcsUnavailable, Conflict) as e:
-                results.append({"job": job.id, "error": str(e)})
-        return results
+    def _defrag_plan(self, current: CircuitMap) -> tuple[defrag.Defrag, dict]:
+        """The joint regrouping of every running job, planned from `current`, and its description."""
+        running = {j.id: j for j in self.jobs.values() if j.state == "running"}
+        occ = self.occ(current)
+        d = defrag.plan_defrag(occ, {j: job.gpus for j, job in running.items()})
+        where = {g: occ.switch_of(g) for job in running.values() for g in job.gpus}
+        made: dict[str, int] = {}
+        for a, _ in d.add:
+            made[a.device] = made.get(a.device, 0) + 1
+        stall = max((self.ctx.ocs.drivers[o].switching_time_s(n) for o, n in made.items()), default=0.0)
+        body = defrag.describe(self.ctx.rack, d, {j: job.gpus for j, job in running.items()}, where,
+                               {j: job.request["workload"].get("model", "vgg16") for j, job in running.items()},
+                               {j: max(0, (job.request["workload"]["iterations"] or 0) - len(job.iterations()))
+                                for j, job in running.items()}, stall)
+        return d, {"version": self.ctx.circuits_version, **body}
+
+    @staticmethod
+    def _moves(body: dict) -> tuple:
+        """What a plan changes: the jobs it moves with their circuits, and every circuit."""
+        return ([(m["job"], m["circuits_removed"], m["circuits_added"]) for m in body["jobs_moved"]], body["circuits"])
+
+    def regroup_all(self, dry_run: bool = False, version: int | None = None) -> dict:
+        """Defragment: one joint plan for all running jobs, applied in one bulk OCS change.
+
+        `dry_run` returns the plan (with the circuit map's version) and changes nothing; `version`
+        applies exactly the dry-run plan made from that version, or raises Conflict if the map
+        or the running jobs changed since."""
+        result: dict = {}
+        decided: dict = {}
+
+        def plan(current: CircuitMap) -> CircuitMap | None:
+            d, body = self._defrag_plan(current)
+            result.update(body)
+            decided["defrag"] = d
+            if dry_run:
+                self._plans[body["version"]] = body
+                while len(self._plans) > KEPT_PLANS:
+                    self._plans.popitem(last=False)
+                return None
+            if version is not None:
+                if version != self.ctx.circuits_version:
+                    raise Conflict(f"the circuit map is at version {self.ctx.circuits_version}, the plan was made "
+                                   f"from version {version}; make a new plan (dry_run=true)")
+                if version not in self._plans:
+                    raise Conflict(f"no plan was made from version {version}; make one first (dry_run=true)")
+                if self._moves(self._plans[version]) != self._moves(body):
+                    raise Conflict("the running jobs changed since the plan was made; make a new plan (dry_run=true)")
+            return current.apply(d.diff) if d.changes else None
+
+        def reason() -> str:
+            return "defragment: " + ", ".join(f"{m['job']} {'+'.join(m['switches_before'])} -> "
+                                              f"{'+'.join(m['switches_after'])}" for m in result["jobs_moved"])
+
+        def note() -> str:
+            gpus = [g for m in result["jobs_moved"] for g in self.jobs[m["job"]].gpus]
+            moved = displaced(self.ctx.rack, decided["defrag"].diff, gpus)
+            return "; ".join(moved) + " (no free switch port was left)" if moved else ""
+
+        ev = self.ctx.ocs.change(plan, "regroup", reason, job=None, wait=RECONFIG_WAIT, note=note)
+        if ev is not None:
+            for m in result["jobs_moved"]:
+                job = self.jobs[m["job"]]
+                job.switches, job.note = m["switches_after"], f"regrouped under {', '.join(m['switches_after'])} " \
+                                                              f"(defragmentation, event {ev.id})"
+                job.circuits = self._circuits_of(job)
+                job.events.append(ev.id)
+            self.save()
+            LOG.info("%s (%d circuit changes, one reconfiguration)", ev.reason, result["circuits_changed"])
+        result.update(applied=not dry_run, event=ev.to_json() if ev else None, circuits_version=self.ctx.circuits_version)
+        if not dry_run:
+            self._drain_queue()
+        return result
+
+    def fragmentation(self) -> dict:
+        return policy.fragmentation(self.occ())
 
     # --- after a restart --------------------------------------------------------------------
     def _recover(self) -> None:
@@ -487,6 +630,10 @@ class PlacementApp(app_manager.RyuApp):
                 was_down = server in self.driver.down_servers()
                 if self.driver.engines.ping(server) and was_down:
                     self._sweep(server)
+                    try:
+                        self._drain_queue()  # its GPUs can take queued jobs again
+                    except Exception:  # noqa: BLE001 (the watch goes on; the next job's end drains again)
+                        LOG.exception("starting queued jobs after the engine of %s came back", server)
 
     def _sweep(self, server: str) -> None:
         keep = {j.id for j in self.jobs.values() if j.active}

@@ -21,6 +21,7 @@ def topology(ctx: Optirack) -> dict:
     return {
         "rack": rack.name,
         "description": rack.spec.description,
+        "fragmentation": ctx.placement.fragmentation() if ctx.placement else None,
         "rate_scale": rack.spec.emulation.rate_scale,
         "servers": {s.name: {"docker": s.docker, "gpus": [g.name for g in s.gpus],
                              "engine": {"up": s.name not in down, "reason": down.get(s.name)}} for s in rack.spec.servers},

@@ -1,7 +1,8 @@
 """Jobs: what a job asked for, its state, and what its workers reported.
 
-States: pending -> configuring -> running -> done | failed (with the reason) | stopped (POST /jobs/{id}/stop;
-DELETE also forgets the job).
+States: [queued ->] pending -> configuring -> running -> done | failed (with the reason) | stopped
+(POST /jobs/{id}/stop; DELETE also forgets the job). A job that cannot be placed when it arrives
+waits `queued` (first in, first out) unless it asked not to (`queue: false`).
 A job's record keeps its GPUs in rank order, the switches and circuits it used, its times, and
 each rank's per-iteration reports (compute and communication time, GPU utilization).
 """
@@ -16,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from containers.profiles import WORKLOADS
 
-ACTIVE = ("pending", "configuring", "running")
+ACTIVE = ("pending", "configuring", "running")  # these hold GPUs
+QUEUED = "queued"
 TERMINAL = ("done", "failed", "stopped")
 
 
@@ -42,6 +44,8 @@ class JobRequest(BaseModel):
     name: str = Field("", max_length=64)
     gpus: int | list[str] = Field(..., description="how many GPUs, or which ones")
     policy: Literal["fixed", "regroup"] = "regroup"
+    gpu_model: str | None = Field(None, description="only GPUs of this model; default: any, one model if one has enough")
+    queue: bool = Field(True, description="wait (first in, first out) if it cannot be placed now; false: 409 instead")
     workload: Workload = Workload()
 
     @model_validator(mode="after")
@@ -67,6 +71,7 @@ class Job:
     started_at: float | None = None  # containers started
     ended_at: float | None = None
     events: list[int] = field(default_factory=list)  # reconfiguration event ids
+    position: int | None = None  # place in the queue (1 = next) while queued
     reports: dict[str, list[dict]] = field(default_factory=dict)  # gpu -> worker JSON lines
     exit_codes: dict[str, int] = field(default_factory=dict)
     logs: dict[str, list[str]] = field(default_factory=dict)  # gpu -> last lines of its output, kept at the end
@@ -125,14 +130,14 @@ class Job:
 
 class JobTable(dict):
     """Jobs by id, in creation order. It remembers the jobs that may still change (added since the
-    last save, or active), so that a save writes those and not the whole history."""
+    last save, active or queued), so that a save writes those and not the whole history."""
 
     def __init__(self, jobs: Iterable[Job] = ()):
         super().__init__()
         self.live: dict[str, Job] = {}
         for job in jobs:
             super().__setitem__(job.id, job)
-            if job.active:
+            if job.state not in TERMINAL:  # active or queued
                 self.live[job.id] = job
 
     def __setitem__(self, job_id: str, job: Job) -> None:
@@ -154,5 +159,5 @@ class JobTable(dict):
     def saved(self, jobs: Iterable[Job]) -> None:
         """These were written: the ended ones need not be written again unless named."""
         for job in jobs:
-            if not job.active:
+            if job.state in TERMINAL:
                 self.live.pop(job.id, None)

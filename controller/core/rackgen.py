@@ -4,25 +4,29 @@ Layout: `servers` servers of `gpus_per_server` GPUs; `switches` aggregator switc
 core switch; `ocs` optical switches. GPUs are spread round-robin over the OCS, and every
 aggregator has `downlinks` ports on every OCS, so any GPU can be brought under any aggregator.
 Starting circuits are server-centric: consecutive GPUs fill one aggregator after another.
+`models` mixes GPU models: server i gets models[i % len(models)].
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from controller.core.rack import Rack, parse_rack
 
 
 def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int = 1, model: str = "V100",
               nic_gbps: float = 100.0, uplink_gbps: float = 100.0, rate_scale: float = 0.0005, name: str = "gen",
-              spare: float = 1.0) -> dict:
+              spare: float = 1.0, models: Sequence[str] = ()) -> dict:
     """A rack file as a dict. `spare` scales each aggregator's downlinks above an even share."""
     if gpus % gpus_per_server or gpus % ocs:
         raise ValueError("gpus must be a multiple of gpus_per_server and of ocs")
     per_switch_per_ocs = max(1, round(gpus / switches / ocs * spare))
     gpu_ports = gpus // ocs
     ports = gpu_ports + switches * per_switch_per_ocs
+    models = list(models) or [model]
     servers = []
     for s in range(gpus // gpus_per_server):
         servers.append({"name": f"s{s + 1}", "gpus": [
-            {"name": f"g{g + 1}", "model": model, "index": g - s * gpus_per_server,
+            {"name": f"g{g + 1}", "model": models[s % len(models)], "index": g - s * gpus_per_server,
              "nic": {"rate_gbps": nic_gbps, "ocs_port": f"o{g % ocs + 1}:{g // ocs + 1}"}}
             for g in range(s * gpus_per_server, (s + 1) * gpus_per_server)]})
     sw = []
@@ -46,7 +50,7 @@ def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int =
             circuits.append([f"o{o + 1}:{g // ocs + 1}", f"o{o + 1}:{gpu_ports + w * per_switch_per_ocs + k + 1}"])
     return {
         "name": name[:9],
-        "description": f"generated: {gpus} x {model}, {switches} aggregators, {ocs} OCS",
+        "description": f"generated: {gpus} x {'/'.join(models)}, {switches} aggregators, {ocs} OCS",
         "network": {"subnet": "198.18.0.0/15" if gpus > 250 else "198.18.0.0/24"},
         "emulation": {"rate_scale": rate_scale},
         "servers": servers,

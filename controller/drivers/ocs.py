@@ -59,15 +59,16 @@ class OcsDriver(ABC):
         """The circuits the device has now."""
 
     @abstractmethod
-    def apply(self, remove: set[Pair], add: set[Pair]) -> ApplyResult:
-        """Tear down `remove`, make `add`; return once the device confirms. Other circuits are untouched."""
+    def apply(self, remove: set[Pair], add: set[Pair], on_dark: Callable[[], None] | None = None) -> ApplyResult:
+        """Tear down `remove`, make `add`; return once the device confirms. Other circuits are untouched.
+        `on_dark` is called once the old circuits are gone (the caller may re-program switches meanwhile)."""
 
     @abstractmethod
     def replace(self, circuits: set[Pair]) -> None:
         """Make the device hold exactly `circuits` (restoring a device that lost its state)."""
 
 
-def _both_ways(pairs: set[Pair]) -> list:
+def _both_ways(pairs: set[Pair]) -> list[bytes]:
     """The flow-mods that make circuits: in_port=a -> b and in_port=b -> a."""
     return [m for a, b in sorted(pairs) for m in (of.circuit_add(a, b), of.circuit_add(b, a))]
 
@@ -75,9 +76,10 @@ def _both_ways(pairs: set[Pair]) -> list:
 class OpenFlowOcs(OcsDriver):
     """The emulated OCS: an OVS bridge whose flows are circuits, changed with a modelled MEMS delay.
 
-    The circuits being changed go dark (their flows are removed and the removal confirmed),
-    stay dark for the switching time while the mirrors would move, then the new circuits'
-    flows are installed and confirmed by barrier.
+    The circuits being changed go dark (their flows are removed in one bundle, confirmed), stay
+    dark for the switching time while the mirrors would move, then the new circuits' flows are
+    committed in one bundle and confirmed. The new flows are sent and checked by the switch
+    during the dark window, so only the commit remains when the switching time is over.
     """
 
     def __init__(self, spec: Ocs, rpc: of.OfRpc, timeout: float, **kw):
@@ -105,16 +107,23 @@ class OpenFlowOcs(OcsDriver):
         self.seen()
         return {(min(a, b), max(a, b)) for a, b in pairs if (b, a) in pairs}
 
-    def apply(self, remove: set[Pair], add: set[Pair]) -> ApplyResult:
+    def apply(self, remove: set[Pair], add: set[Pair], on_dark: Callable[[], None] | None = None) -> ApplyResult:
         dp = self._dp()
         switching = self.switching_time_s(len(add))
         gone = {p for pair in remove for p in pair} | {p for pair in add for p in pair}
         self.rpc.confirm(dp, [of.circuit_delete(p) for p in sorted(gone)], self.timeout, "removing circuits")
         dark_start = self.clock()
         if not add:
+            if on_dark is not None:
+                on_dark()
             return ApplyResult(dark_start, None, 0.0)
-        self.sleep(switching)
-        self.rpc.confirm(dp, _both_ways(add), self.timeout, "new circuits")
+        batch = self.rpc.stage(dp, _both_ways(add), "new circuits")
+        if on_dark is not None:
+            on_dark()
+        self.rpc.wait_staged(batch, self.timeout)
+        self.sleep(max(0.0, switching - (self.clock() - dark_start)))  # the mirrors settle
+        self.rpc.commit(batch)
+        self.rpc.wait_committed(batch, self.timeout)
         self.seen()
         return ApplyResult(dark_start, self.clock(), switching)
 

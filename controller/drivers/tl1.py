@@ -129,10 +129,12 @@ class Tl1Ocs(OcsDriver):
     def read(self) -> set[Pair]:
         return parse_patches(self._run("RTRV-PATCH"))
 
-    def apply(self, remove: set[Pair], add: set[Pair]) -> ApplyResult:
+    def apply(self, remove: set[Pair], add: set[Pair], on_dark=None) -> ApplyResult:
         if remove:
             self._run("DLT-PATCH", "&".join(str(a) for a, _ in sorted(remove)))
         dark_start = self.clock()
+        if on_dark is not None:
+            on_dark()
         if not add:
             return ApplyResult(dark_start, None, 0.0)
         pairs = sorted(add)

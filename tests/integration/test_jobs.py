@@ -83,16 +83,17 @@ def test_regroup_all_and_bad_requests(bed):
     client = bed.client
     a = client.post("/jobs", {"gpus": ["gpu1", "gpu3"], "policy": "fixed", "workload": {"iterations": 1000}})["job"]
     with pytest.raises(ApiError) as info:
-        client.post("/jobs", {"gpus": ["gpu3", "gpu4"], "policy": "fixed"})
-    assert info.value.status == 409 and "gpu3 is held by" in info.value.message
+        client.post("/jobs", {"gpus": ["gpu3", "gpu4"], "policy": "fixed", "queue": False})
+    assert info.value.status == 409 and "gpu3 is held by" in info.value.message and info.value.field == "gpus"
     for body, status in [({"gpus": 9}, 409), ({"gpus": ["gpu42"]}, 400), ({"gpus": 2, "policy": "magic"}, 400),
-                         ({"gpus": 2, "workload": {"model": "alexnet"}}, 400), ({}, 400), ({"gpus": "two"}, 400)]:
+                         ({"gpus": 2, "workload": {"model": "alexnet"}}, 400), ({}, 400), ({"gpus": "two"}, 400),
+                         ({"gpus": 2, "gpu_model": "K80"}, 400), ({"gpus": 3, "gpu_model": "TitanV"}, 409)]:
         with pytest.raises(ApiError) as info:
             client.post("/jobs", body)
         assert info.value.status == status, (body, info.value)
     wait_for(lambda: client.get(f"/jobs/{a['id']}")["job"]["state"] == "running", 60, "job a to run")
-    results = client.post("/regroup")["results"]
-    assert [r["job"] for r in results] == [a["id"]] and len(results[0]["switches"]) == 1
+    result = client.post("/regroup")
+    assert [m["job"] for m in result["jobs_moved"]] == [a["id"]] and len(result["jobs_moved"][0]["switches_after"]) == 1
     assert client.post(f"/jobs/{a['id']}/regroup")["note"] == "already under one switch"
     with pytest.raises(ApiError) as info:
         client.get("/jobs/job-999")

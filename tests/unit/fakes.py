@@ -1,12 +1,14 @@
 """Test doubles: an in-memory OpenFlow 1.3 switch that applies the messages the apps send.
 
-`FakeSwitch` encodes every message (so a malformed one fails), applies flow-mods to a flow
-table, answers barriers and statistics requests through the apps' own registered handlers,
-and can say which port a packet would leave by.
+`FakeSwitch` takes Ryu messages (encoding each, so a malformed one fails) and raw OpenFlow
+bytes (decoding each with Ryu's parser), keeps ONF bundles until they are committed, applies
+flow-mods to a flow table, answers barriers and statistics requests through the apps' own
+registered handlers, and can say which port a packet would leave by.
 """
 from __future__ import annotations
 
 import inspect
+import struct
 
 from ryu.controller import ofp_event
 from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER
@@ -33,8 +35,12 @@ class FakeSwitch:
     ofproto = ofp
     ofproto_parser = parser
 
-    def __init__(self, dpid: int, apps=(), ports=(), refuse_flow_mods: bool = False, silent: bool = False):
+    def __init__(self, dpid: int, apps=(), ports=(), refuse_flow_mods: bool = False, silent: bool = False,
+                 bundles: bool = True):
         self.id = dpid
+        self.bundles = bundles  # False: refuse the bundle extension, as a switch without it would
+        self.open_bundles: dict[int, list] = {}
+        self.committed_bundles = 0
         self.apps = list(apps)
         self.xid = 0
         self.flows: dict[tuple, tuple[int, int | None]] = {}  # (priority, match items) -> (cookie, out port)
@@ -57,6 +63,58 @@ class FakeSwitch:
         self._handle(msg)
         return True
 
+    def send(self, buf: bytes) -> bool:
+        """Raw OpenFlow bytes, as Ryu's Datapath.send takes them: one or several messages."""
+        if not self.connected:
+            return False
+        offset = 0
+        while offset < len(buf):
+            _, msg_type, length, xid = struct.unpack_from("!BBHI", buf, offset)
+            self._raw(msg_type, xid, bytes(buf[offset:offset + length]))
+            offset += length
+        return True
+
+    def _decode(self, data: bytes):
+        version, msg_type, length, xid = struct.unpack_from("!BBHI", data)
+        if msg_type == ofp.OFPT_FLOW_MOD:
+            return parser.OFPFlowMod.parser(self, version, msg_type, length, xid, data)
+        if msg_type == ofp.OFPT_BARRIER_REQUEST:
+            msg = parser.OFPBarrierRequest(self)
+            msg.xid = xid
+            return msg
+        raise AssertionError(f"the fake does not decode OpenFlow message type {msg_type}")
+
+    def _raw(self, msg_type: int, xid: int, data: bytes) -> None:
+        if msg_type != ofp.OFPT_EXPERIMENTER:
+            msg = self._decode(data)
+            self.sent.append(msg)
+            self._handle(msg)
+            return
+        experimenter, exp_type, bundle_id, ctrl, _ = struct.unpack_from("!IIIHH", data, 8)
+        if not self.bundles or experimenter != 0x4F4E4600:
+            self._error(xid, ofp.OFPET_BAD_REQUEST, ofp.OFPBRC_BAD_EXPERIMENTER)
+        elif exp_type == ofp.ONF_ET_BUNDLE_ADD_MESSAGE:
+            inner = self._decode(data[24:])
+            assert inner.xid == xid, "a bundled message carries its bundle message's xid"
+            if self.refuse_flow_mods:
+                self._error(xid, ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_TABLE_FULL)
+            else:
+                self.sent.append(inner)
+                self.open_bundles[bundle_id].append(inner)
+        elif ctrl == ofp.ONF_BCT_OPEN_REQUEST:
+            self.open_bundles[bundle_id] = []
+        elif ctrl == ofp.ONF_BCT_COMMIT_REQUEST:
+            for msg in self.open_bundles.pop(bundle_id):
+                self._flow_mod(msg)
+            self.committed_bundles += 1
+        elif ctrl == ofp.ONF_BCT_DISCARD_REQUEST:
+            self.open_bundles.pop(bundle_id, None)
+
+    def _error(self, xid: int, type_: int, code: int) -> None:
+        err = parser.OFPErrorMsg(self, type_=type_, code=code)
+        err.xid = xid
+        self._reply(err)
+
     # --- behaviour ---------------------------------------------------------------------
     def connect(self) -> None:
         self.connected = True
@@ -73,9 +131,7 @@ class FakeSwitch:
     def _handle(self, msg) -> None:
         if isinstance(msg, parser.OFPFlowMod):
             if self.refuse_flow_mods:
-                err = parser.OFPErrorMsg(self, type_=ofp.OFPET_FLOW_MOD_FAILED, code=ofp.OFPFMFC_TABLE_FULL)
-                err.xid = msg.xid
-                self._reply(err)
+                self._error(msg.xid, ofp.OFPET_FLOW_MOD_FAILED, ofp.OFPFMFC_TABLE_FULL)
                 return
             self._flow_mod(msg)
         elif isinstance(msg, parser.OFPBarrierRequest):
@@ -113,7 +169,7 @@ class FakeSwitch:
             self.flows[(msg.priority, match)] = (msg.cookie, outs[0] if outs else None)
         elif msg.command == ofp.OFPFC_DELETE_STRICT:
             self.flows.pop((msg.priority, match), None)
-        elif msg.command == ofp.OFPFC_DELETE and not match:
+        elif msg.command == ofp.OFPFC_DELETE and not match and msg.table_id == ofp.OFPTT_ALL:
             self.flows.clear()
         else:
             raise AssertionError(f"the fake does not model flow-mod command {msg.command}")

@@ -10,6 +10,7 @@ from controller.apps.ocs import OcsApp
 from controller.apps.placement import PlacementApp
 from controller.core.circuits import CircuitMap
 from controller.core.jobs import JobRequest
+from controller.core.placement import InvalidRequest, NoRoomNow, PlacementError
 from controller.core.rack import load_rack
 from tests.unit.fakes import FakeDriver, FakeSwitch, wait_until
 from tests.unit.test_rack import PAPER
@@ -64,16 +65,77 @@ def test_fixed_job_keeps_the_cabling(tmp_path):
     assert ctx.circuits == before
 
 
-def test_conflicting_requests_are_refused(tmp_path):
+def test_conflicting_requests_are_refused_when_they_may_not_wait(tmp_path):
     driver = FakeDriver(block=True)
     ctx, placement, _ = make(tmp_path, driver)
     placement.submit(req(gpus=["gpu1", "gpu2"], policy="fixed"))
-    with pytest.raises(Conflict, match="gpu1 is held by job job-1"):
-        placement.submit(req(gpus=["gpu1", "gpu3"]))
-    with pytest.raises(Conflict, match="5 GPUs asked for, 4 free"):
-        placement.submit(req(gpus=5))
-    with pytest.raises(ValueError, match="unknown GPU gpu9"):
+    with pytest.raises(NoRoomNow, match="gpu1 is held by job-1; not queued"):
+        placement.submit(req(gpus=["gpu1", "gpu3"], queue=False))
+    with pytest.raises(NoRoomNow, match=r"5 GPUs asked for, 4 free \(free: M40 2, TitanV 2\)"):
+        placement.submit(req(gpus=5, queue=False))
+    with pytest.raises(NoRoomNow, match=r"3 x M40 asked for, 2 free \(free: M40 2, TitanV 2\)"):
+        placement.submit(req(gpus=3, gpu_model="M40", queue=False))
+    with pytest.raises(PlacementError, match=r"3 x TitanV asked for, the rack has 2"):
+        placement.submit(req(gpus=3, gpu_model="TitanV"))
+    with pytest.raises(PlacementError, match="7 GPUs asked for, the rack has 6"):
+        placement.submit(req(gpus=7))  # never: refused even though it may wait
+    with pytest.raises(InvalidRequest, match="unknown GPU gpu9"):
         placement.submit(req(gpus=["gpu9"]))
+    with pytest.raises(InvalidRequest, match=r"unknown GPU model 'K80' on rack paper \(models here: M40, TitanV\)"):
+        placement.submit(req(gpus=1, gpu_model="K80"))
+    assert list(placement.jobs) == ["job-1"] and not placement.queue  # nothing else was admitted
+
+
+def test_a_queued_job_starts_when_a_running_one_ends(tmp_path):
+    driver = FakeDriver(block=True)
+    ctx, placement, _ = make(tmp_path, driver)
+    first = placement.submit(req(gpus=4, gpu_model="M40"))
+    wait_until(lambda: first.state == "running")
+    second = placement.submit(req(gpus=3))  # 2 free: waits
+    third = placement.submit(req(gpus=1))  # would fit, but arrives later: first in, first out
+    assert (second.state, second.position, third.state, third.position) == ("queued", 1, "queued", 2)
+    assert "3 GPUs asked for, 2 free" in second.note and "1 queued job(s) ahead" in third.note
+    assert placement.busy_gpus().keys() == set(first.gpus)
+    placement.stop_job(first.id)
+    wait_until(lambda: second.state == "running" and third.state == "running", what="the queue to drain")
+    assert second.position is None and len(second.gpus) == 3 and len(third.gpus) == 1
+    assert not set(second.gpus) & set(third.gpus)
+    fourth = placement.submit(req(gpus=4))
+    assert fourth.state == "queued"
+    placement.stop_job(fourth.id)
+    assert fourth.state == "stopped" and fourth.reason == "stopped while queued" and not placement.queue
+    for job in (second, third):
+        placement.stop_job(job.id)
+
+
+def test_new_jobs_avoid_a_server_whose_engine_is_down(tmp_path):
+    driver = FakeDriver(block=True)
+    ctx, placement, _ = make(tmp_path, driver)
+    down = RACK.server_of["gpu1"]
+    on_down = {g for g, s in RACK.server_of.items() if s == down}
+    driver.engines.down[down] = "connection refused"
+    with pytest.raises(Conflict, match=f"the Docker Engine of server {down} is down .*gpu1 cannot run"):
+        placement.submit(req(gpus=["gpu1"]))
+    assert not placement.jobs  # refused, not queued
+    job = placement.submit(req(gpus=len(RACK.gpus) - len(on_down)))
+    wait_until(lambda: job.state == "running")
+    assert not set(job.gpus) & on_down
+    waiting = placement.submit(req(gpus=1))  # the only free GPUs are on the server that is down
+    assert waiting.state == "queued" and "1 GPUs asked for, 0 free" in waiting.note, waiting.note
+    placement.stop_job(waiting.id)
+    placement.stop_job(job.id)
+
+
+def test_a_queued_job_survives_a_restart(tmp_path):
+    ctx, placement, _ = make(tmp_path, FakeDriver(block=True))
+    first = placement.submit(req(gpus=6))
+    wait_until(lambda: first.state == "running")
+    waiting = placement.submit(req(gpus=2))
+    assert waiting.state == "queued"
+    ctx2, placement2, _ = make(tmp_path, FakeDriver(block=True))  # the first job's containers are gone
+    wait_until(lambda: placement2.get(waiting.id).state == "running", what="the queued job to start after the restart")
+    assert placement2.get(first.id).state == "failed"
+    placement2.stop_job(waiting.id)
 
 
 def test_a_container_that_fails_to_start_rolls_everything_back(tmp_path):
@@ -102,9 +164,10 @@ def test_stop_and_regroup_of_a_running_job(tmp_path):
     ctx, placement, _ = make(tmp_path, driver)
     job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="fixed"))
     wait_until(lambda: job.state == "running")
-    ev = placement.regroup(job.id)
-    assert ev is not None and ev.kind == "regroup" and len(job.switches) == 1
-    assert placement.regroup(job.id) is None  # already grouped
+    ev, note = placement.regroup_with_note(job.id)
+    assert ev is not None and ev.kind == "regroup" and len(job.switches) == 1 and "under one switch" in note
+    assert placement.regroup_with_note(job.id) == (None, "already under one switch")
+    assert placement.regroup(job.id) is None
     stopped = placement.stop_job(job.id)
     assert stopped.state == "stopped" and placement.busy_gpus() == {}
     with pytest.raises(Conflict, match="only a running job"):
@@ -130,3 +193,51 @@ def test_job_request_validation():
         with pytest.raises(ValidationError):
             JobRequest.model_validate(bad)
     assert CircuitMap.initial(RACK)
+
+
+def test_defragmentation_dry_run_then_apply_that_plan(tmp_path):
+    ctx, placement, ocs = make(tmp_path, FakeDriver(block=True))
+    red = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="fixed", workload={"iterations": 10}))
+    blue = placement.submit(req(gpus=["gpu5", "gpu6"], policy="fixed", workload={"iterations": 10}))
+    wait_until(lambda: red.state == blue.state == "running" and len(red.iterations()) == len(blue.iterations()) == 3,
+               what="both jobs running, their fake workers' 3 iterations read")
+    before, events, flows = ctx.circuits, len(ctx.events.recent()), dict(ocs.flows)
+    plan = placement.regroup_all(dry_run=True)
+    assert ctx.circuits == before and len(ctx.events.recent()) == events and ocs.flows == flows  # nothing changed
+    assert plan["applied"] is False and plan["event"] is None and plan["version"] == ctx.circuits_version
+    assert {m["job"] for m in plan["jobs_moved"]} == {red.id, blue.id}
+    assert (plan["switches_before"], plan["switches_after"]) == (4, 2) and plan["expected_stall_s"] == 0.025
+    for m in plan["jobs_moved"]:
+        assert m["iteration_s_after"] < m["iteration_s_before"] and m["remaining_iterations"] == 7
+    with pytest.raises(Conflict, match=f"the circuit map is at version {ctx.circuits_version}, the plan was made from version 99"):
+        placement.regroup_all(version=99)
+    kept, placement._plans = placement._plans, {}  # as after a restart: the plan is forgotten
+    with pytest.raises(Conflict, match=f"no plan was made from version {plan['version']}"):
+        placement.regroup_all(version=plan["version"])
+    placement._plans = kept
+    done = placement.regroup_all(version=plan["version"])
+    ev = done["event"]
+    assert done["applied"] and ev["kind"] == "regroup" and ctx.circuits_version > plan["version"]
+    assert sorted(ev["removed"]) == sorted(plan["circuits"]["remove"]) and sorted(ev["added"]) == sorted(plan["circuits"]["add"])
+    assert red.events == blue.events == [ev["id"]]  # one reconfiguration for both jobs
+    assert len(red.switches) == len(blue.switches) == 1
+    assert ocs.circuits() == {(a.port, b.port) for a, b in ctx.circuits.circuits}
+    with pytest.raises(Conflict, match="the circuit map is at version"):
+        placement.regroup_all(version=plan["version"])  # the map has moved on
+    again = placement.regroup_all()
+    assert again["event"] is None and not again["jobs_moved"]
+    assert {u["reason"] for u in again["jobs_untouched"]} == {"already under one switch"}
+    for job in (red, blue):
+        placement.stop_job(job.id)
+
+
+def test_a_plan_is_refused_if_the_jobs_changed(tmp_path):
+    ctx, placement, _ = make(tmp_path, FakeDriver(block=True))
+    red = placement.submit(req(gpus=["gpu1", "gpu3"], policy="fixed"))
+    blue = placement.submit(req(gpus=["gpu5", "gpu6"], policy="fixed"))
+    wait_until(lambda: red.state == blue.state == "running")
+    plan = placement.regroup_all(dry_run=True)
+    placement.stop_job(blue.id)  # no circuit changes, but the plan would now differ
+    with pytest.raises(Conflict, match="running jobs changed"):
+        placement.regroup_all(version=plan["version"])
+    placement.stop_job(red.id)

@@ -1,0 +1,263 @@
+"""Who holds what on a rack, kept in incremental indices so that placement never rescans the rack.
+
+`RackIndex` gives every port, GPU, aggregator switch, GPU model and (OCS, line rate) group an
+integer id; it is built once per `Rack` and cached. `Occupancy` is the mutable state placement
+reads: each port's circuit partner, each GPU's holder (a job id, or None when idle) and switch,
+and, per switch and group, the downlinks with no circuit (`empty`) and those whose circuit goes
+to an idle GPU (`idle`: a job may take them by cutting that circuit). Idle GPUs are indexed by
+group and model, under their switch or loose (no circuit). Every change is O(1) and can be
+journalled and rolled back, which is how planners try placements without copying the rack.
+
+A circuit always joins a GPU's NIC port and a switch downlink on one OCS at one rate
+(`controller.core.circuits.check_circuits`); the indices rely on that.
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+
+from controller.core.circuits import Circuit, CircuitMap, normalize
+from controller.core.rack import PortRef, Rack
+
+
+class RackIndex:
+    """Integer ids for a rack's ports, GPUs, aggregator switches, models and (OCS, rate) groups."""
+
+    def __init__(self, rack: Rack):
+        self.rack = rack
+        self.ports: list[PortRef] = list(rack.endpoints)
+        self.port_id = {p: i for i, p in enumerate(self.ports)}
+        self.gpus: list[str] = list(rack.gpus)
+        self.gpu_id = {g: i for i, g in enumerate(self.gpus)}
+        self.switches: list[str] = rack.aggregators()
+        self.switch_id = {w: i for i, w in enumerate(self.switches)}
+        self.models: list[str] = list(dict.fromkeys(g.model for g in rack.gpus.values()))
+        self.model_id = {m: i for i, m in enumerate(self.models)}
+        groups: dict[tuple[str, float], int] = {}
+        for ref, ep in rack.endpoints.items():
+            groups.setdefault((ref.device, ep.rate_gbps), len(groups))
+        self.groups: list[tuple[str, float]] = list(groups)
+        n = len(self.ports)
+        self.port_gpu, self.port_switch, self.port_group = [-1] * n, [-1] * n, [0] * n
+        self.switch_port = [0] * n  # the switch's own port number of a downlink
+        for i, ref in enumerate(self.ports):
+            ep = rack.endpoints[ref]
+            self.port_group[i] = groups[(ref.device, ep.rate_gbps)]
+            if ep.kind == "gpu":
+                self.port_gpu[i] = self.gpu_id[ep.name]
+            elif ep.name in self.switch_id:
+                self.port_switch[i], self.switch_port[i] = self.switch_id[ep.name], ep.port
+        self.gpu_port = [self.port_id[rack.gpu_port(g)] for g in self.gpus]
+        self.gpu_group = [self.port_group[p] for p in self.gpu_port]
+        self.gpu_model = [self.model_id[rack.gpus[g].model] for g in self.gpus]
+        self.downlinks = [[[] for _ in self.groups] for _ in self.switches]  # [switch][group] -> port ids
+        for i in sorted(range(n), key=lambda i: self.switch_port[i]):
+            if self.port_switch[i] >= 0:
+                self.downlinks[self.port_switch[i]][self.port_group[i]].append(i)
+        self.model_count = [self.gpu_model.count(m) for m in range(len(self.models))]
+
+    def circuit(self, a: int, b: int) -> Circuit:
+        return normalize(self.ports[a], self.ports[b])
+
+
+_INDEXES: weakref.WeakKeyDictionary[Rack, RackIndex] = weakref.WeakKeyDictionary()
+
+
+def index_of(rack: Rack) -> RackIndex:
+    """The rack's index, built on first use."""
+    ix = _INDEXES.get(rack)
+    if ix is None:
+        ix = _INDEXES[rack] = RackIndex(rack)
+    return ix
+
+
+class Occupancy:
+    """Circuits and GPU holders of one rack, indexed for placement. Mutate only through the methods."""
+
+    def __init__(self, rack: Rack, circuits: CircuitMap | None = None, holders: Mapping[str, str] | None = None):
+        ix = self.ix = index_of(rack)
+        self.rack = rack
+        nw, ng, nm = len(ix.switches), len(ix.groups), len(ix.models)
+        self.partner = [-1] * len(ix.ports)
+        self.holder: list[str | None] = [None] * len(ix.gpus)
+        self.loc = [-1] * len(ix.gpus)  # switch id, or -1 without a circuit
+        self.empty = [[set(ix.downlinks[w][g]) for g in range(ng)] for w in range(nw)]
+        self.idle = [[set() for _ in range(ng)] for _ in range(nw)]
+        self.free_under = [[[set() for _ in range(nm)] for _ in range(ng)] for _ in range(nw)]
+        self.free_loose = [[set() for _ in range(nm)] for _ in range(ng)]
+        self.free_wired = [[0] * nm for _ in range(ng)]
+        self.free_model = [0] * nm
+        for gi in range(len(ix.gpus)):
+            self.free_loose[ix.gpu_group[gi]][ix.gpu_model[gi]].add(gi)
+            self.free_model[ix.gpu_model[gi]] += 1
+        self.jobs: dict[str, list[int]] = {}  # holder -> GPU ids
+        self._journal: list | None = None
+        self._map: CircuitMap | None = CircuitMap()
+        self.sync(circuits if circuits is not None else CircuitMap(), holders or {})
+
+    # --- primitives (each journalled) -----------------------------------------------------
+    def _connect(self, gi: int, d: int) -> None:
+        ix = self.ix
+        gp, w, g = ix.gpu_port[gi], ix.port_switch[d], ix.port_group[d]
+        self.partner[gp], self.partner[d] = d, gp
+        self.empty[w][g].discard(d)
+        self.loc[gi] = w
+        if self.holder[gi] is None:
+            m = ix.gpu_model[gi]
+            self.free_loose[g][m].discard(gi)
+            self.free_under[w][g][m].add(gi)
+            self.free_wired[g][m] += 1
+            self.idle[w][g].add(d)
+        self._map = None
+        if self._journal is not None:
+            self._journal.append((self._disconnect, gi))
+
+    def _disconnect(self, gi: int) -> None:
+        ix = self.ix
+        gp = ix.gpu_port[gi]
+        d = self.partner[gp]
+        w, g = ix.port_switch[d], ix.port_group[d]
+        self.partner[gp] = self.partner[d] = -1
+        self.empty[w][g].add(d)
+        self.loc[gi] = -1
+        if self.holder[gi] is None:
+            m = ix.gpu_model[gi]
+            self.free_under[w][g][m].discard(gi)
+            self.free_loose[g][m].add(gi)
+            self.free_wired[g][m] -= 1
+            self.idle[w][g].discard(d)
+        self._map = None
+        if self._journal is not None:
+            self._journal.append((self._connect, gi, d))
+
+    def _hold(self, gi: int, job: str) -> None:
+        ix = self.ix
+        g, m, w = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi]
+        if w >= 0:
+            self.free_under[w][g][m].discard(gi)
+            self.free_wired[g][m] -= 1
+            self.idle[w][g].discard(self.partner[ix.gpu_port[gi]])
+        else:
+            self.free_loose[g][m].discard(gi)
+        self.free_model[m] -= 1
+        self.holder[gi] = job
+        self.jobs.setdefault(job, []).append(gi)
+        if self._journal is not None:
+            self._journal.append((self._unhold, gi))
+
+    def _unhold(self, gi: int) -> None:
+        ix = self.ix
+        job = self.holder[gi]
+        g, m, w = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi]
+        self.holder[gi] = None
+        held = self.jobs[job]
+        held.remove(gi)
+        if not held:
+            del self.jobs[job]
+        if w >= 0:
+            self.free_under[w][g][m].add(gi)
+            self.free_wired[g][m] += 1
+            self.idle[w][g].add(self.partner[ix.gpu_port[gi]])
+        else:
+            self.free_loose[g][m].add(gi)
+        self.free_model[m] += 1
+        if self._journal is not None:
+            self._journal.append((self._hold, gi, job))
+
+    def move(self, gi: int, d: int) -> list[tuple[int, int]]:
+        """Circuit GPU `gi` to downlink `d`, cutting what either had; returns the (gpu port, downlink) cut."""
+        ix = self.ix
+        cut = []
+        old = self.partner[ix.gpu_port[gi]]
+        if old == d:
+            return cut
+        if old >= 0:
+            cut.append((ix.gpu_port[gi], old))
+            self._disconnect(gi)
+        other = self.partner[d]
+        if other >= 0:
+            cut.append((other, d))
+            self._disconnect(ix.port_gpu[other])
+        self._connect(gi, d)
+        return cut
+
+    # --- tentative changes --------------------------------------------------------------------
+    @contextmanager
+    def tentative(self):
+        """Changes made inside are undone on exit, exception or not (no nesting)."""
+        if self._journal is not None:
+            raise RuntimeError("Occupancy.tentative() does not nest")
+        self._journal = journal = []
+        saved_map = self._map
+        try:
+            yield
+        finally:
+            self._journal = None
+            for undo, *args in reversed(journal):
+                undo(*args)
+            self._map = saved_map
+
+    # --- the public, name-based interface -------------------------------------------------------
+    def hold(self, job: str, gpus: Iterable[str]) -> None:
+        """Mark idle GPUs as held by `job`."""
+        for name in gpus:
+            gi = self.ix.gpu_id[name]
+            if self.holder[gi] is not None:
+                raise ValueError(f"{name} is held by {self.holder[gi]}")
+            self._hold(gi, job)
+
+    def commit(self, job: str, plan) -> None:
+        """Apply a placement plan (controller.core.placement.Plan): its circuits, and its GPUs held by `job`."""
+        self.apply(plan.remove, plan.add)
+        self.hold(job, plan.gpus)
+
+    def release(self, job: str) -> None:
+        """Free every GPU `job` holds (their circuits stay)."""
+        for gi in list(self.jobs.get(job, ())):
+            self._unhold(gi)
+
+    def apply(self, remove: Iterable[Circuit] = (), add: Iterable[Circuit] = ()) -> None:
+        """Change circuits: `remove` first, then `add` (GPU-port / downlink pairs)."""
+        ix = self.ix
+        for a, b in remove:
+            gi = ix.port_gpu[ix.port_id[a]]
+            self._disconnect(gi if gi >= 0 else ix.port_gpu[ix.port_id[b]])
+        for a, b in add:
+            pa, pb = ix.port_id[a], ix.port_id[b]
+            gp, d = (pa, pb) if ix.port_gpu[pa] >= 0 else (pb, pa)
+            self._connect(ix.port_gpu[gp], d)
+
+    def sync(self, circuits: CircuitMap, holders: Mapping[str, str]) -> None:
+        """Make this state equal to `circuits` and `holders` (GPU -> job) by applying only the differences."""
+        current = self.circuits
+        if circuits is not current:
+            d = current.diff(circuits)
+            self.apply(sorted(d.remove), sorted(d.add))
+        self._map = circuits
+        ix = self.ix
+        for gi, job in enumerate(self.holder):
+            want = holders.get(ix.gpus[gi])
+            if job != want:
+                if job is not None:
+                    self._unhold(gi)
+                if want is not None:
+                    self._hold(gi, want)
+
+    @property
+    def circuits(self) -> CircuitMap:
+        """The circuits now, as a CircuitMap (built once per change)."""
+        if self._map is None:
+            ix = self.ix
+            self._map = CircuitMap(ix.circuit(gp, self.partner[gp]) for gp in ix.gpu_port if self.partner[gp] >= 0)
+        return self._map
+
+    def switch_of(self, gpu: str) -> str | None:
+        w = self.loc[self.ix.gpu_id[gpu]]
+        return self.ix.switches[w] if w >= 0 else None
+
+    def holders(self) -> dict[str, str]:
+        return {self.ix.gpus[gi]: job for job, ids in self.jobs.items() for gi in ids}
+
+    def free_by_model(self) -> dict[str, int]:
+        return {m: self.free_model[i] for i, m in enumerate(self.ix.models)}
