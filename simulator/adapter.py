@@ -22,9 +22,8 @@ from controller.core.circuits import CircuitDiff, CircuitMap
 from controller.core.rack import PortRef, Rack
 
 try:  # issue #13's incremental placement state
-    from controller.core.occupancy import Occupancy
-
     from controller.core import defrag as core_defrag
+    from controller.core.occupancy import Occupancy
 except ImportError:  # pragma: no cover - before issue #13 is merged
     Occupancy = None
 
