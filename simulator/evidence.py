@@ -51,16 +51,18 @@ def _bytes(samples: list[dict], key: str) -> float:
 
 
 def flows(record: dict) -> list[Flow]:
-    """Each ring flow of every fragmented run the record holds in detail (the policy fixed)."""
-    where = gpu_switches(record["rack"])
+    """Each ring flow of every run the record holds in detail: fragmented (the policy fixed, the rack
+    file's cabling) or regrouped (all under the one switch the job ran on, nothing crosses)."""
+    fragmented = gpu_switches(record["rack"])
     uplink_bps = min(u["rate_gbps"] for w in record["rack"]["switches"] for u in w["uplinks"]) * 1e9 \
         * record.get("rate_scale", record["rack"]["emulation"]["rate_scale"])
     out = []
     for run in record["runs"]:
         job = run.get("job")
-        if not job or run["summary"]["policy"] != "fixed":
+        if not job:
             continue
         gpus, tp = job["gpus"], job["throughput"]
+        where = fragmented if run["summary"]["policy"] == "fixed" else {g: job["switches"][0] for g in gpus}
         comm = {g: [(r["t_start"] + r["compute_s"], r["t_end"]) for r in recs] for g, recs in job["ranks"].items()}
         first = tp[gpus[0]]
         windows = [k for k in range(1, len(first)) if all(any(s <= first[k - 1]["t"] and first[k]["t"] <= e
@@ -94,7 +96,7 @@ def uplink_share(record: dict, point: fidelity.Point, iteration_s: float, comm_s
 
 
 def report(record: dict) -> str:
-    lines = ["Ring flows of the job of concern, fragmented runs recorded in detail (sent at the sender's NIC / "
+    lines = ["Ring flows of the job of concern, runs recorded in detail (sent at the sender's NIC / "
              "received at the receiver's):", "",
              "| run | flow | crosses the uplink | sent / received | comm windows with under "
              f"{100 * STALLED:.0f} % of the uplink delivered |", "| --- | --- | --- | --- | --- |"]
@@ -103,15 +105,20 @@ def report(record: dict) -> str:
         lines.append(f"| {f.run} | {f.src} -> {f.dst} | {'yes' if f.crossing else 'no'} | "
                      f"{f.sent_over_delivered:.3f} | {stalled} |")
     rows, _ = fidelity.compare(record)
-    lines += ["", "Share of the uplink's line rate each crossing flow of the job of concern got while it communicated:",
-              "", "| point | uplink | emulated (median run) | simulated (max-min fair) |", "| --- | --- | --- | --- |"]
-    for p in rows:
+    held, _ = fidelity.compare(record, held=True)
+    lines += ["", "Share of the uplink's line rate each crossing flow of the job of concern got while it communicated, "
+              "and its mean iteration (rack seconds):", "",
+              "| point | uplink | emulated (median run) | simulated, max-min fair (the model) | simulated, shares held "
+              "through compute (what-if) |", "| --- | --- | --- | --- | --- |"]
+    for p, h in zip(rows, held, strict=True):
         if p.policy != "fixed":
             continue
         figures = _summary(record, p)
         emulated = uplink_share(record, p, p.emulated_s, figures["mean_comm_rack_s"]) if figures else float("nan")
-        lines.append(f"| {p.label} | {p.uplink_gbps:g} Gbit/s | {100 * emulated:.0f} % | "
-                     f"{100 * uplink_share(record, p, p.simulated_s):.0f} % |")
+        lines.append(f"| {p.label} | {p.uplink_gbps:g} Gbit/s | {100 * emulated:.0f} %, {p.emulated_s:.3f} s | "
+                     f"{100 * uplink_share(record, p, p.simulated_s):.0f} %, {p.simulated_s:.3f} s ({100 * p.error:+.1f} %) "
+                     f"| {100 * uplink_share(record, h, h.simulated_s):.0f} %, {h.simulated_s:.3f} s "
+                     f"({100 * h.error:+.1f} %) |")
     return "\n".join(lines)
 
 
