@@ -5,6 +5,10 @@ Between events the set of transferring rings is fixed and their rates are weight
 latency gap an event: exact, the paper's rack) or, when `Ring.coarse`, a whole all-reduce at a
 time (only the ends of its compute and communication phases are events, and the ring keeps its
 share through its latency gaps: the cluster scale, where a step's latency is microseconds).
+With `held`, every ring keeps its share of its links through its compute phases and latency gaps
+too (shares set by the rings placed on a link, not by those transferring at the instant): a
+what-if for the emulation's TCP flows, which do not take the capacity a ring beside leaves while it
+computes (simulator/evidence.py); not the simulator's model of a rack.
 Used for the paper's cases, for small studies, and to measure the steady state of rings that
 share a link before the cluster engine goes on with their measured iteration times.
 """
@@ -43,8 +47,9 @@ class Outcome:
 class Detail:
     """Rings on shared links, advanced event by event from their current states."""
 
-    def __init__(self, rings: list[Ring], capacity: list[float], latency: float, states: dict[int, RingState] | None = None):
-        self.rings = {r.key: r for r in rings}
+    def __init__(self, rings: list[Ring], capacity: list[float], latency: float, states: dict[int, RingState] | None = None,
+                 held: bool = False):
+        self.rings, self.held = {r.key: r for r in rings}, held
         self.capacity, self.latency = capacity, latency
         self.states = {r.key: (states or {}).get(r.key) or RingState() for r in rings}
         for key, s in self.states.items():
@@ -55,7 +60,7 @@ class Detail:
 
     def _rates(self) -> dict[int, float]:
         if self._stale:
-            moving = [k for k, s in self.states.items() if s.phase == TRANSFER]
+            moving = [k for k, s in self.states.items() if self.held or s.phase == TRANSFER]
             self.rates = max_min({k: self.rings[k].cap for k in moving}, {k: self.rings[k].links for k in moving},
                                  self.capacity)
             self._stale = False

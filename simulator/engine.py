@@ -53,6 +53,7 @@ class Options:
     control_overhead_s: float = 0.010  # controller work per reconfiguration besides switching
     force: str | None = None  # 'detail' or 'mean' for every shared component
     step_model: str = "auto"  # exact: every ring step an event; phase: whole all-reduces; auto: exact up to 64 GPUs
+    held_shares: bool = False  # the emulation what-if of simulator/detail.py (rings hold their shares while computing)
 
     def coarse(self, rack: Rack) -> bool:
         return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
@@ -131,7 +132,7 @@ class Run:
         limits = options.limits if self.coarse else replace(options.limits, window=max(options.limits.window, 1000))
         eff = options.net.efficiency
         self.inter = Interference([c * eff for c in self.fabric.capacity], options.net.step_latency_s, limits,
-                                  options.force)
+                                  options.force, options.held_shares)
         self.placer = Placer(rack)
         self.results = {i: JobResult(j.id, j.gpus, j.model, j.iterations, j.arrival_s, label=j.label)
                         for i, j in self.jobs.items()}

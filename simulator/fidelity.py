@@ -94,13 +94,15 @@ def rack_at(record: dict, uplink_gbps: float):
     return parse_rack(spec, f"{record.get('rack_file', 'the demo rack')} with uplinks at {uplink_gbps:g} Gbit/s")
 
 
-def simulate(record: dict, point: Point, cal: calibration.Calibration, offsets: int = OFFSETS) -> float:
+def simulate(record: dict, point: Point, cal: calibration.Calibration, offsets: int = OFFSETS,
+             held: bool = False) -> float:
     """The job of concern's mean iteration time (rack seconds) at `point`, simulated: the mean over
-    `offsets` starts of the job beside."""
+    `offsets` starts of the job beside (`held`: with the what-if of held shares, simulator/detail.py)."""
     rack = rack_at(record, point.uplink_gbps)
     settings = record.get("settings", {})
     concern, beside = paper_case(point.case, settings.get("iterations", 60), settings.get("model", "vgg16"))
-    options, policy = Options(net=cal.net(rack), step_model="exact"), policies(300.0)[point.policy]
+    options = Options(net=cal.net(rack), step_model="exact", held_shares=held)
+    policy = policies(300.0)[point.policy]
     first = Run(rack, [concern, beside], policy, options).run().jobs[0]
     times = [first.mean_iteration_s]
     for i in range(1, offsets):
@@ -109,11 +111,11 @@ def simulate(record: dict, point: Point, cal: calibration.Calibration, offsets: 
     return sum(times) / len(times)
 
 
-def compare(record: dict, case: str | None = None) -> tuple[list[Point], calibration.Calibration]:
+def compare(record: dict, case: str | None = None, held: bool = False) -> tuple[list[Point], calibration.Calibration]:
     cal = calibration.from_record(record)
     out = [p for p in points(record) if case is None or p.case == case]
     for p in out:
-        p.simulated_s = simulate(record, p, cal)
+        p.simulated_s = simulate(record, p, cal, held=held)
     return out, cal
 
 

@@ -81,8 +81,10 @@ def state_of(progress: float, ring: Ring, period: float, latency: float) -> Ring
 class Interference:
     """Rings on the fabric: add and remove them at times that never go back; ask when they finish."""
 
-    def __init__(self, capacity: list[float], latency: float, limits: Limits = Limits(), force: str | None = None):
+    def __init__(self, capacity: list[float], latency: float, limits: Limits = Limits(), force: str | None = None,
+                 held: bool = False):
         self.capacity, self.latency, self.limits, self.force = capacity, latency, limits, force
+        self.held = held  # shares held through compute phases (simulator/detail.py), stepped-through components only
         self.rings: dict[int, Ring] = {}
         self.targets: dict[int, int] = {}
         self.comp: dict[int, _Comp] = {}
@@ -253,7 +255,7 @@ class Interference:
 
     def _detail(self, comp: _Comp) -> Detail:
         return Detail([self.rings[k] for k in comp.keys], self.capacity, self.latency,
-                      {k: s.copy() for k, s in comp.start.items()})
+                      {k: s.copy() for k, s in comp.start.items()}, self.held)
 
     def _step_through(self, comp: _Comp) -> None:
         """Step the component until a ring finishes or each has done the window; then go on fluid."""

@@ -89,3 +89,19 @@ def test_the_mean_field_agrees_with_stepping_through_rings_at_random_phases():
     assert abs(statistics.median(errors)) < 0.03
     assert max(abs(e) for e in errors) < 0.2
     assert max(errors) > 0.02  # it does differ: phases are not independent when stepped through
+
+
+def test_held_shares_leave_a_computing_rings_share_unused():
+    """The emulation what-if (simulator/detail.py, `held`): shifted rings that never meet under max-min
+    still each get half the link, so each all-reduce takes twice as long as alone."""
+    a, b = (ring(k, compute=0.5, cap=1e12, links={0: 1}) for k in (0, 1))
+    capacity = [6 * 25 * MB / 0.3]
+    d = Detail([a, b], capacity, 0.0, held=True)
+    d.states[1].remaining = 0.1
+    d.run(0.0, 8.0)
+    ends_a = d.states[0].ends
+    periods = [y - x for x, y in zip(ends_a, ends_a[1:], strict=False)]
+    assert periods and all(p == pytest.approx(0.5 + 2 * 0.3) for p in periods)
+    # a ring alone on its links is not slowed by holding
+    d = Detail([ring(0, links={0: 1})], [50.0 * MB], 0.0, held=True)
+    assert d.run(0.0, 1e9, targets={0: 2}).t == pytest.approx(2 * (0.2 + 6 * 25 * MB / (50 * MB)))
