@@ -44,7 +44,7 @@ class RegroupBody(BaseModel):
     """The optional body of POST /regroup: apply the dry-run plan made from this circuit-map version."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    version: int | None = Field(None, ge=0)
+    version: int = Field(None, ge=0)  # absent: plan afresh; null is not a version (the document says so)
 
 
 def _bool_param(req, name: str) -> bool:
@@ -166,6 +166,8 @@ class JobsApi(OptirackController):
     def regroup_all(self, req, **_):
         dry_run = _bool_param(req, "dry_run")
         version = read_json(req, RegroupBody).version if req.body.strip() else None
-        if dry_run and version is not None:
-            raise ApiError(400, "a dry run makes a plan; send the version only to apply one", "version")
+        if dry_run and version is not None:  # plan only from that version of the map
+            if version != self.ctx.circuits_version:
+                raise Conflict(f"the circuit map is at version {self.ctx.circuits_version}, not {version}")
+            version = None
         return json_response(self.placement.regroup_all(dry_run=dry_run, version=version))

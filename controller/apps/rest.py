@@ -263,12 +263,13 @@ def _openapi() -> dict:
 
 
 def openapi_for(rack) -> dict:
-    """The document as this controller serves it: its rack's GPU names and OCS ports as enums, so a
+    """The document as this controller serves it: its rack's GPU names, GPU models and OCS ports as enums, so a
     client (or a fuzzer) knows which names exist."""
     doc = _openapi()
     schemas = doc["components"]["schemas"]
     schemas["GpuName"]["enum"] = sorted(rack.gpus)
     schemas["PortName"]["enum"] = [str(p) for p in sorted(rack.endpoints, key=lambda p: (p.device, p.port))]
+    schemas["JobRequest"]["properties"]["gpu_model"]["enum"] = sorted({g.model for g in rack.gpus.values()}) + [None]
     return doc
 
 
