@@ -11,7 +11,6 @@ from controller.core.rack import load_rack
 from controller.drivers.engines import engine_client
 from emulation import netns as ns
 from emulation import nics, ovs
-from emulation.harness import Testbed
 from emulation.plan import netns_of, nic_plans
 from tests.integration.helpers import PAPER, our_containers, sh, wait_for
 
@@ -22,10 +21,6 @@ RED = ["gpu1", "gpu2", "gpu3", "gpu4"]
 ACTIVE = "pending,configuring,running"
 
 
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory):
-    with Testbed(RACK, PAPER, tmp_path_factory.mktemp("faults")) as tb:
-        yield tb
 
 
 @pytest.fixture

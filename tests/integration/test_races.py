@@ -22,7 +22,6 @@ from controller.core.circuits import CircuitMap
 from controller.core.forwarding import compute_tables
 from controller.core.rack import load_rack
 from emulation import ovs
-from emulation.harness import Testbed
 from tests.integration.helpers import PAPER, ofctl, wait_for
 
 RACK = load_rack(PAPER)
@@ -35,11 +34,6 @@ GPU_OF_PORT = {str(RACK.gpu_port(g)): g for g in RACK.gpus}
 ACTIVE = "pending,configuring,running"
 
 
-@pytest.fixture(scope="module")
-def bed(tmp_path_factory):
-    with Testbed(RACK, PAPER, tmp_path_factory.mktemp("races")) as tb:
-        yield tb
-        _stop_all(tb.client)
 
 
 def _stop_all(client) -> None:
