@@ -165,10 +165,10 @@ def start(rack: Rack, plan: EnginePlan) -> int:
     if pid_of(plan):
         raise EngineError(f"the engine of {plan.server} is already running (PID {pid_of(plan)})")
     if containerd_pid(plan) is not None:
-        # After a crash its containerd runs on, its stdout a pipe to the dead engine: the first line
-        # it logs kills it (SIGPIPE), often while a new engine is adopting it ("timeout waiting for
-        # containerd to start"). Stop it instead; the containers' shims survive, and the new
-        # engine's containerd takes them over, as after a containerd upgrade.
+        # After a crash its containerd runs on, logging into a pipe the dead engine no longer
+        # reads: once the pipe is full it hangs, and a new engine that adopts it times out
+        # ("timeout waiting for containerd to start"). Stop it instead; the containers' shims
+        # survive, and the new engine's containerd takes them over, as after a containerd upgrade.
         stop_containerd(plan)
     else:
         unmount_leftovers(plan)
@@ -249,10 +249,16 @@ def containerd_pid(plan: EnginePlan) -> int | None:
 
 
 def stop_containerd(plan: EnginePlan) -> None:
-    """The containerd a crashed engine left running."""
+    """Stop the containerd a crashed engine left running (killed if it does not stop)."""
     pid = containerd_pid(plan)
-    if pid is not None:
-        os.kill(pid, signal.SIGTERM)
+    if pid is None:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):  # hung: blocked writing its log to a pipe nobody reads any more
+        os.kill(pid, signal.SIGKILL)  # its shims, and the containers, run on
         deadline = time.monotonic() + 10
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
