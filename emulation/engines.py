@@ -164,14 +164,18 @@ def start(rack: Rack, plan: EnginePlan) -> int:
     """Start the engine of one server in its namespace (not waiting for it); returns its PID."""
     if pid_of(plan):
         raise EngineError(f"the engine of {plan.server} is already running (PID {pid_of(plan)})")
-    if containerd_pid(plan) is not None:
-        # After a crash its containerd runs on, logging into a pipe the dead engine no longer
-        # reads: once the pipe is full it hangs, and a new engine that adopts it times out
-        # ("timeout waiting for containerd to start"). Stop it instead; the containers' shims
-        # survive, and the new engine's containerd takes them over, as after a containerd upgrade.
-        stop_containerd(plan)
-    else:
-        unmount_leftovers(plan)
+    # After a crash the engine's containerd may run on, logging into a pipe the dead engine no
+    # longer reads (once the pipe is full it hangs, and a new engine that adopts it times out:
+    # "timeout waiting for containerd to start"), or be gone while its shims run on (a new
+    # containerd that reconnects to them can take longer than dockerd waits). Start clean, as a
+    # restarted engine without live-restore would: the containers stop (they stay listed, exited,
+    # for the controller to remove); the old containerd, its shims and their task state go.
+    # After a clean stop there is nothing of the kind, and this changes nothing.
+    stop_containerd(plan)
+    _kill_shims(plan)
+    (plan.run_dir / "exec" / "containerd" / "containerd.pid").unlink(missing_ok=True)
+    unmount_leftovers(plan)
+    shutil.rmtree(plan.run_dir / "exec" / "containerd" / "daemon" / "io.containerd.runtime.v2.task", ignore_errors=True)
     plan.pidfile.unlink(missing_ok=True)  # a crashed engine's (dockerd refuses to start over one)
     tls = rack.spec.engines.tls
     plan.run_dir.mkdir(parents=True, exist_ok=True)
@@ -264,6 +268,35 @@ def stop_containerd(plan: EnginePlan) -> None:
             time.sleep(0.05)
 
 
+def _kill_shims(plan: EnginePlan) -> int:
+    """Kill the containerd shims of this engine (named by its exec root) and the containers they ran."""
+    root = str(plan.run_dir / "exec").encode()
+    shims = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"containerd-shim" in cmdline.split(b"\0", 1)[0] and root in cmdline:
+            shims.append(int(proc.name))
+    for shim in shims:
+        try:
+            children = [int(c) for c in Path(f"/proc/{shim}/task/{shim}/children").read_text().split()]
+        except OSError:
+            children = []
+        for pid in [*children, shim]:  # a container's init first: its PID namespace goes with it
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in shims) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(shims)
+
+
 def _alive(pid: int) -> bool:
     """Whether the process runs; a zombie is gone (reaped here if it is our own child, e.g. an
     engine that rack-up started in this process)."""
@@ -310,7 +343,7 @@ def remove_our_containers(rack: Rack, plan: EnginePlan, label: str) -> int:
     from controller.drivers.engines import engine_client
 
     client = engine_client(rack, plan.server, timeout=30)
-    found = client.containers.list(all=True, filters={"label": label})
+    found = client.containers.list(all=True, ignore_removed=True, filters={"label": label})
     for c in found:
         c.remove(force=True)
     return len(found)

@@ -272,7 +272,7 @@ def _remove_containers(rack_name: str | None, quiet: bool) -> int:
 
         client = docker.from_env(timeout=30)
         labels = f"{CONTAINER_LABEL}={rack_name}" if rack_name else CONTAINER_LABEL
-        found = client.containers.list(all=True, filters={"label": labels})
+        found = client.containers.list(all=True, ignore_removed=True, filters={"label": labels})
     except Exception as e:  # noqa: BLE001 (docker may be absent; the rest must still be cleaned)
         if not quiet:
             _log(f"  containers: not checked ({e.__class__.__name__}: {e})")

@@ -271,7 +271,7 @@ class ContainerDriver:
     def workers(self, server: str, job: str | None = None) -> list[dict]:
         """Our containers on the server: [{job, gpu, role, status}]."""
         labels = [f"{LABEL_RACK}={self.rack.name}"] + ([f"{LABEL_JOB}={job}"] if job else [])
-        found = self.client(server).containers.list(all=True, filters={"label": labels})
+        found = self.client(server).containers.list(all=True, ignore_removed=True, filters={"label": labels})
         return [{"job": c.labels.get(LABEL_JOB), "gpu": c.labels.get(LABEL_GPU), "role": c.labels.get(LABEL_ROLE),
                  "status": c.status} for c in found]
 

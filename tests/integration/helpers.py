@@ -100,10 +100,10 @@ def our_containers() -> dict[str, list]:
     from controller.drivers.engines import engine_client
     from emulation.rack import RackState
 
-    found = {"local": docker.from_env().containers.list(all=True, filters={"label": LABEL_RACK})}
+    found = {"local": docker.from_env().containers.list(all=True, ignore_removed=True, filters={"label": LABEL_RACK})}
     state = RackState.load()
     if state and state.engines:
         rack = load_rack(state.rack_file)
         for e in state.engines:
-            found[e["server"]] = engine_client(rack, e["server"], 30).containers.list(all=True, filters={"label": LABEL_RACK})
+            found[e["server"]] = engine_client(rack, e["server"], 30).containers.list(all=True, ignore_removed=True, filters={"label": LABEL_RACK})
     return {k: v for k, v in found.items() if v}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 import time
 
-import docker
 import pytest
 
 from controller.client import ApiError
@@ -22,7 +21,7 @@ from controller.core.circuits import CircuitMap
 from controller.core.forwarding import compute_tables
 from controller.core.rack import load_rack
 from emulation import ovs
-from tests.integration.helpers import PAPER, ofctl, wait_for
+from tests.integration.helpers import PAPER, ofctl, our_containers, wait_for
 
 RACK = load_rack(PAPER)
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
@@ -150,7 +149,7 @@ def test_put_raced_against_placements_and_regroups(bed, delay_ms):
             status = _round(bed.client, kind, delay_ms, f"{kind}, delay {delay_ms} ms, round {rnd}")
             answered[status] = answered.get(status, 0) + 1
     _stop_all(bed.client)
-    assert docker.from_env().containers.list(all=True, filters={"label": "org.optirack.rack"}) == []
+    assert our_containers() == {}, "containers left on some engine"
     print(f"delay {delay_ms} ms: PUT answers {answered}")
     assert sum(answered.values()) == 6
     if delay_ms > 0:  # the PUT went first: it must have got through, or the race did not test the lost update
