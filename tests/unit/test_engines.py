@@ -111,7 +111,7 @@ class FakeContainers:
             raise docker.errors.NotFound(name)
         return self.by_name[name]
 
-    def list(self, all=True, filters=None):
+    def list(self, all=True, filters=None, ignore_removed=False):
         return list(self.by_name.values())
 
 
