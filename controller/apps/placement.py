@@ -596,7 +596,7 @@ class PlacementApp(app_manager.RyuApp):
             if job.state == "running":
                 present = self._present(job)
                 if set(present) == set(job.gpus):
-                    LOG.info("%s: still running after the restart; following its workers again", job.id)
+                    LOG.info("%s: its workers are still there after the restart; following them again", job.id)
                     hub.spawn(self._watch, job)
                     continue
                 missing = ", ".join(sorted(set(job.gpus) - set(present)))
@@ -607,12 +607,13 @@ class PlacementApp(app_manager.RyuApp):
             self._sweep(server)
 
     def _present(self, job: Job) -> list[str]:
-        """The GPUs of `job` whose worker still runs on its server's engine."""
+        """The GPUs of `job` whose worker is still on its server's engine: running, or exited while
+        the controller was down (its exit code and output still say how it ended, and following it
+        records that)."""
         found = []
         for server in sorted({self.ctx.rack.server_of[g] for g in job.gpus}):
             try:
-                found += [w["gpu"] for w in self.driver.workers(server, job.id)
-                          if w["role"] == "worker" and w["status"] == "running"]
+                found += [w["gpu"] for w in self.driver.workers(server, job.id) if w["role"] == "worker"]
             except Exception as e:  # noqa: BLE001 (engine unreachable: its workers count as gone)
                 LOG.error("cannot list containers on %s: %s", server, e)
         return found
