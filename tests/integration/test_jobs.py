@@ -113,7 +113,7 @@ def _device_matches(client, circuits: list) -> None:
 
 def test_controller_restart_keeps_the_job_and_the_circuits(bed):
     client = bed.client
-    job = client.post("/jobs", {"gpus": 4, "policy": "regroup", "workload": {"iterations": 120, "compute_seconds": 0.15}})["job"]
+    job = client.post("/jobs", {"gpus": 4, "policy": "regroup", "workload": {"iterations": 60, "compute_seconds": 0.15}})["job"]
     # long enough to outlast the restart (under one switch an iteration takes about 0.2 s)
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 3, 120, "the job to run")
     circuits = client.get("/ocs/circuits")["circuits"]
@@ -121,7 +121,7 @@ def test_controller_restart_keeps_the_job_and_the_circuits(bed):
     assert client.get("/ocs/circuits")["circuits"] == circuits
     assert client.get(f"/jobs/{job['id']}")["job"]["state"] == "running"
     done = wait_job(client, job["id"])
-    assert done["state"] == "done" and done["iterations_done"] == 120, done["reason"]
+    assert done["state"] == "done" and done["iterations_done"] == 60, done["reason"]
     _device_matches(client, circuits)
 
 
