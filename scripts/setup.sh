@@ -60,28 +60,25 @@ fi
 
 step "Open vSwitch (userspace datapath)"
 ovs_answers() { ovs-vsctl --timeout=5 show >/dev/null 2>&1 && ovs-appctl -t ovs-vswitchd version >/dev/null 2>&1; }
+ovs_service() {  # start | restart
+  if have_systemd; then
+    systemctl "$1" openvswitch-switch || fail "systemctl $1 openvswitch-switch failed"
+  else
+    # No systemd here; ovs-ctl runs both daemons. The kernel module is not needed: every
+    # optirack bridge uses datapath_type=netdev.
+    /usr/share/openvswitch/scripts/ovs-ctl "$1" --system-id=random >"$LOG_DIR/ovs-ctl.log" 2>&1 \
+      || fail "ovs-ctl $1 failed (see $LOG_DIR/ovs-ctl.log)"
+  fi
+  ovs-vsctl --timeout=10 show >/dev/null || fail "ovs-vsctl does not answer after $1"
+}
 if ovs_answers && [ "$RESTART_OVS" -eq 1 ]; then
   # running since before the setting above: its packet socket still has the small buffer
-  if have_systemd; then
-    systemctl restart openvswitch-switch || fail "systemctl restart openvswitch-switch failed"
-  else
-    /usr/share/openvswitch/scripts/ovs-ctl restart --system-id=random >"$LOG_DIR/ovs-ctl.log" 2>&1 \
-      || fail "ovs-ctl restart failed (see $LOG_DIR/ovs-ctl.log)"
-  fi
-  ovs-vsctl --timeout=10 show >/dev/null || fail "ovs-vsctl does not answer after the restart"
+  ovs_service restart
   changed "restarted, to take the larger socket buffer"
 elif ovs_answers; then
   ok "ovsdb-server and ovs-vswitchd answer ($(ovs-vsctl --version | head -1))"
 else
-  if have_systemd; then
-    systemctl start openvswitch-switch || fail "systemctl start openvswitch-switch failed"
-  else
-    # No systemd here; ovs-ctl starts both daemons. The kernel module is not needed: every
-    # optirack bridge uses datapath_type=netdev.
-    /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >"$LOG_DIR/ovs-ctl.log" 2>&1 \
-      || fail "ovs-ctl start failed (see $LOG_DIR/ovs-ctl.log)"
-  fi
-  ovs-vsctl --timeout=10 show >/dev/null || fail "ovs-vsctl does not answer after start"
+  ovs_service start
   changed "started"
 fi
 

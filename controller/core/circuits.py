@@ -144,3 +144,18 @@ def check_circuits(rack: Rack, pairs: list[tuple[PortRef, PortRef]], field: str 
             raise CircuitError(where, f"{a} - {b} would join {kinds}; a circuit joins a GPU NIC and a switch downlink")
         if ea.rate_gbps != eb.rate_gbps:
             raise CircuitError(where, f"{a} runs at {ea.rate_gbps:g} Gbit/s and {b} at {eb.rate_gbps:g} Gbit/s")
+
+
+class Changes:
+    """For a plan with `remove` and `add` circuit sets: how many circuits change, and the diff."""
+
+    remove: frozenset[Circuit]
+    add: frozenset[Circuit]
+
+    @property
+    def changes(self) -> int:
+        return len(self.remove) + len(self.add)
+
+    @property
+    def diff(self) -> CircuitDiff:
+        return CircuitDiff(self.remove, self.add)

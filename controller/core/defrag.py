@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from controller.core.circuits import Circuit, CircuitDiff
+from controller.core.circuits import Changes, Circuit
 from controller.core.occupancy import Occupancy
 from controller.core.placement import NoRoomNow, _Named, _place
 
@@ -31,7 +31,7 @@ class Move:
 
 
 @dataclass(frozen=True)
-class Defrag:
+class Defrag(Changes):
     moves: tuple[Move, ...]
     kept: dict[str, str] = field(default_factory=dict)  # job -> why it is not touched
     remove: frozenset[Circuit] = frozenset()  # every circuit that goes (idle GPUs' too)
@@ -39,14 +39,6 @@ class Defrag:
     switches_before: int = 0  # summed over the jobs
     switches_after: int = 0
     where: dict[str, str | None] = field(default_factory=dict)  # GPU -> switch after the plan (jobs' GPUs)
-
-    @property
-    def changes(self) -> int:
-        return len(self.remove) + len(self.add)
-
-    @property
-    def diff(self) -> CircuitDiff:
-        return CircuitDiff(self.remove, self.add)
 
 
 def _switches(occ: Occupancy, ids: Sequence[int]) -> tuple[int, ...]:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from itertools import chain
 
 from containers.profiles import GPU_MODELS, WORKLOADS, compute_seconds
-from controller.core.circuits import Circuit, CircuitDiff, CircuitMap
+from controller.core.circuits import Changes, Circuit, CircuitMap
 from controller.core.occupancy import Occupancy
 
 POLICIES = ("fixed", "regroup")
@@ -68,20 +68,12 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Plan(Changes):
     gpus: tuple[str, ...]  # in rank order: switch by switch, so a ring crosses switches as little as it can
     switches: tuple[str, ...]  # aggregator switches the job's GPUs end under
     remove: frozenset[Circuit] = frozenset()
     add: frozenset[Circuit] = frozenset()
     note: str = ""
-
-    @property
-    def changes(self) -> int:
-        return len(self.remove) + len(self.add)
-
-    @property
-    def diff(self) -> CircuitDiff:
-        return CircuitDiff(self.remove, self.add)
 
     def target(self, circuits: CircuitMap) -> CircuitMap:
         """The circuit map after this plan, from the map it was made on."""
