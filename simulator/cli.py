@@ -5,13 +5,14 @@ import argparse
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from containers.profiles import WORKLOADS, compute_seconds
 from controller.core.rack import RackError
 from simulator import calibration, engine, racks, report, workloads
 from simulator.interference import Limits
-from simulator.network import GBPS
+from simulator.network import GBPS, SHARINGS
 from simulator.study import run_all
 
 DEMO_RECORD = Path("results/paper-experiment.json")
@@ -51,8 +52,15 @@ def add_parser(sub) -> None:
     pol.add_argument("--policies", default="fixed,regroup,defrag,timeshift", help="which to compare (%(default)s)")
     pol.add_argument("--defrag-interval", type=float, default=300.0, help="defrag: seconds between rounds (%(default)s)")
     pol.add_argument("--net", choices=["rack", "emulation"],
-                     help="rack: a real rack's protocol efficiency and step latency (assumed); emulation: calibrated "
-                          "to this project's emulated rack (default: emulation with --case, rack otherwise)")
+                     help="rack: a real rack's protocol efficiency and step latency (assumed), max-min sharing; "
+                          "emulation: calibrated to this project's emulated rack, held sharing (default: emulation "
+                          "with --case, rack otherwise)")
+    pol.add_argument("--sharing", choices=list(SHARINGS),
+                     help="how rings placed on one link share it, overriding --net's: maxmin: the rings transferring "
+                          "at the moment share it max-min fairly and a computing ring's share goes to the others at "
+                          "once (a lossless RoCE/PFC fabric; --net rack's); held: each ring keeps its equal share "
+                          "through its compute phases (the emulation's TCP over shallow drop-tail queues, measured "
+                          "in make demo's record; --net emulation's). Time shifting only shifts under maxmin")
     pol.add_argument("--efficiency", type=float, help="override the protocol efficiency (0-1]")
     pol.add_argument("--step-latency-us", type=float, help="override the per-step latency (rack microseconds)")
     pol.add_argument("--calibration", type=Path, default=DEMO_RECORD,
@@ -127,13 +135,16 @@ def _net(args, rack):
     else:
         net, source = calibration.RACK, "assumed for a real rack"
     if args.efficiency is not None or args.step_latency_us is not None:
-        net = calibration.NetParams(args.efficiency if args.efficiency is not None else net.efficiency,
-                                    args.step_latency_us / 1e6 if args.step_latency_us is not None else net.step_latency_s)
+        net = replace(net, efficiency=args.efficiency if args.efficiency is not None else net.efficiency,
+                      step_latency_s=args.step_latency_us / 1e6 if args.step_latency_us is not None else net.step_latency_s)
         source = "given on the command line"
+    sharing = net.sharing if args.sharing is None else args.sharing
+    net = replace(net, sharing=sharing)
+    how = SHARINGS[sharing] + (" (--sharing)" if args.sharing is not None else "")
     desc = (f"{mode} model, efficiency {100 * net.efficiency:.1f} % of line rate, {1e6 * net.step_latency_s:,.0f} µs per "
-            f"ring step ({source})")
+            f"ring step ({source}), {how}")
     return net, {"model": mode, "efficiency": net.efficiency, "step_latency_s": net.step_latency_s, "source": source,
-                 "description": desc}
+                 "sharing": sharing, "description": desc}
 
 
 def _against_emulation(args, record: dict) -> str:
@@ -148,7 +159,7 @@ def _against_emulation(args, record: dict) -> str:
     if demo is None:
         lines += ["", f"({args.calibration} is absent: run `make demo` to compare with the emulation.)"]
     else:
-        rows, cal = fidelity.compare(demo, args.case)
+        rows, cal = fidelity.compare(demo, args.case, args.sharing)  # --sharing: a what-if against the emulation
         record["fidelity"] = [vars(r) | {"error": r.error} for r in rows]
         lines += ["", fidelity.table(rows, cal)]
     return "\n".join(lines)

@@ -5,10 +5,11 @@ Between events the set of transferring rings is fixed and their rates are weight
 latency gap an event: exact, the paper's rack) or, when `Ring.coarse`, a whole all-reduce at a
 time (only the ends of its compute and communication phases are events, and the ring keeps its
 share through its latency gaps: the cluster scale, where a step's latency is microseconds).
-With `held`, every ring keeps its share of its links through its compute phases and latency gaps
-too (shares set by the rings placed on a link, not by those transferring at the instant): a
-what-if for the emulation's TCP flows, which do not take the capacity a ring beside leaves while it
-computes (simulator/evidence.py); not the simulator's model of a rack.
+With `held` (the network's sharing "held", simulator/network.py), every ring keeps its share of
+its links through its compute phases and latency gaps too: shares are set by the rings placed on a
+link, not by those transferring at the instant, so the rates never change between joins and
+leaves. That is the emulation's TCP over shallow drop-tail queues (simulator/calibration.py);
+without it (sharing "maxmin"), a lossless fabric that hands idle capacity over at once.
 Used for the paper's cases, for small studies, and to measure the steady state of rings that
 share a link before the cluster engine goes on with their measured iteration times.
 """

@@ -53,7 +53,6 @@ class Options:
     control_overhead_s: float = 0.010  # controller work per reconfiguration besides switching
     force: str | None = None  # 'detail' or 'mean' for every shared component
     step_model: str = "auto"  # exact: every ring step an event; phase: whole all-reduces; auto: exact up to 64 GPUs
-    held_shares: bool = False  # the emulation what-if of simulator/detail.py (rings hold their shares while computing)
 
     def coarse(self, rack: Rack) -> bool:
         return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
@@ -132,7 +131,7 @@ class Run:
         limits = options.limits if self.coarse else replace(options.limits, window=max(options.limits.window, 1000))
         eff = options.net.efficiency
         self.inter = Interference([c * eff for c in self.fabric.capacity], options.net.step_latency_s, limits,
-                                  options.force, options.held_shares)
+                                  options.force, options.net.sharing == "held")
         self.placer = Placer(rack)
         self.results = {i: JobResult(j.id, j.gpus, j.model, j.iterations, j.arrival_s, label=j.label)
                         for i, j in self.jobs.items()}
@@ -205,7 +204,8 @@ class Run:
             r.placed_s, r.placement, r.switches = t, p.gpus, len(p.switches)
             ring = self._ring(key)
             r.alone_iteration_s = self.inter.period_alone(ring)
-            if self.policy.timeshift and ring.links:
+            # held shares leave idle whatever a computing ring does not use: interleaving gains nothing
+            if self.policy.timeshift and ring.links and self.o.net.sharing == "maxmin":
                 r.shift_s, r.score_before, r.score_after = self._shift(ready, ring)
             self.pending[key] = (ring, ready + r.shift_s)
             self.push(ready + r.shift_s, START, key)

@@ -8,7 +8,8 @@ Two figures, both from `make demo`'s record (results/paper-experiment.json):
   its all-reduce) in which it delivered under STALLED of the uplink's line rate.
 - for each fragmented point, the share of the uplink's line rate the ring's crossing flows got
   while it communicated: the bytes each flow carries per iteration over the mean all-reduce time
-  (less the per-step latency), emulated and simulated.
+  (less the per-step latency), emulated, simulated with held shares (the emulation's calibrated
+  network, the model) and with max-min sharing (a lossless fabric's, the what-if).
 
 `python -m simulator.evidence [RECORD]` prints both.
 """
@@ -104,22 +105,42 @@ def report(record: dict) -> str:
         stalled = f"{100 * f.stalled_windows:.0f} %" if f.crossing else "-"
         lines.append(f"| {f.run} | {f.src} -> {f.dst} | {'yes' if f.crossing else 'no'} | "
                      f"{f.sent_over_delivered:.3f} | {stalled} |")
-    rows, _ = fidelity.compare(record)
-    held, _ = fidelity.compare(record, held=True)
     lines += ["", "Share of the uplink's line rate each crossing flow of the job of concern got while it communicated, "
               "and its mean iteration (rack seconds):", "",
-              "| point | uplink | emulated (median run) | simulated, max-min fair (the model) | simulated, shares held "
-              "through compute (what-if) |", "| --- | --- | --- | --- | --- |"]
-    for p, h in zip(rows, held, strict=True):
-        if p.policy != "fixed":
-            continue
-        figures = _summary(record, p)
-        emulated = uplink_share(record, p, p.emulated_s, figures["mean_comm_rack_s"]) if figures else float("nan")
-        lines.append(f"| {p.label} | {p.uplink_gbps:g} Gbit/s | {100 * emulated:.0f} %, {p.emulated_s:.3f} s | "
-                     f"{100 * uplink_share(record, p, p.simulated_s):.0f} %, {p.simulated_s:.3f} s ({100 * p.error:+.1f} %) "
-                     f"| {100 * uplink_share(record, h, h.simulated_s):.0f} %, {h.simulated_s:.3f} s "
-                     f"({100 * h.error:+.1f} %) |")
+              "| point | uplink | emulated (median run) | simulated, shares held (the model) | simulated, max-min "
+              "(lossless-fabric what-if) |", "| --- | --- | --- | --- | --- |"]
+    for r in shares(record):
+        h, m = r.held, r.maxmin
+        lines.append(f"| {h.label} | {h.uplink_gbps:g} Gbit/s | {100 * r.emulated:.0f} %, {h.emulated_s:.3f} s | "
+                     f"{100 * r.held_share:.0f} %, {h.simulated_s:.3f} s ({100 * h.error:+.1f} %) "
+                     f"| {100 * r.maxmin_share:.0f} %, {m.simulated_s:.3f} s ({100 * m.error:+.1f} %) |")
     return "\n".join(lines)
+
+
+@dataclass
+class Share:
+    """A fragmented point: the uplink share of each crossing flow while communicating, measured and
+    simulated under each sharing (with the simulated points, iteration times and errors)."""
+
+    held: fidelity.Point
+    maxmin: fidelity.Point
+    emulated: float  # nan where the record has no all-reduce time for the point
+    held_share: float
+    maxmin_share: float
+
+
+def shares(record: dict) -> list[Share]:
+    """Every fragmented point, simulated with held shares (the emulation's model) and max-min."""
+    held, _ = fidelity.compare(record)
+    maxmin, _ = fidelity.compare(record, sharing="maxmin")
+    out = []
+    for h, m in zip(held, maxmin, strict=True):
+        if h.policy != "fixed":
+            continue
+        figures = _summary(record, h)
+        emulated = uplink_share(record, h, h.emulated_s, figures["mean_comm_rack_s"]) if figures else float("nan")
+        out.append(Share(h, m, emulated, uplink_share(record, h, h.simulated_s), uplink_share(record, m, m.simulated_s)))
+    return out
 
 
 def _summary(record: dict, p: fidelity.Point) -> dict | None:

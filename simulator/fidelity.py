@@ -3,7 +3,8 @@
 `make demo` records, for each case and uplink rate, the mean iteration time of the job of
 concern fragmented (policy fixed) and regrouped, in rack seconds. Each point is simulated on the
 same rack (the recorded rack file with the point's uplink rate), the same two jobs, and the
-network parameters calibrated from the record's own calibration (simulator/calibration.py).
+network calibrated to the emulation (simulator/calibration.py): efficiency from the record's own
+calibration, and held shares; `sharing="maxmin"` gives the lossless fabric's what-if instead.
 
 The demo starts the two jobs' first iterations at an offset it does not control (containers
 start one after another, seconds apart), and when both iterate at the same pace (case b) that
@@ -18,10 +19,12 @@ from dataclasses import dataclass, replace
 from controller.core.rack import parse_rack
 from simulator import calibration
 from simulator.engine import Options, Run, policies
+from simulator.network import SHARINGS
 from simulator.workloads import paper_case
 
 TOLERANCE = 0.15
 OFFSETS = 8
+WHAT_IF = f", a what-if: the emulation's calibrated sharing is {calibration.EMULATION_SHARING}"
 
 
 @dataclass
@@ -94,14 +97,13 @@ def rack_at(record: dict, uplink_gbps: float):
     return parse_rack(spec, f"{record.get('rack_file', 'the demo rack')} with uplinks at {uplink_gbps:g} Gbit/s")
 
 
-def simulate(record: dict, point: Point, cal: calibration.Calibration, offsets: int = OFFSETS,
-             held: bool = False) -> float:
-    """The job of concern's mean iteration time (rack seconds) at `point`, simulated: the mean over
-    `offsets` starts of the job beside (`held`: with the what-if of held shares, simulator/detail.py)."""
+def simulate(record: dict, point: Point, cal: calibration.Calibration, offsets: int = OFFSETS) -> float:
+    """The job of concern's mean iteration time (rack seconds) at `point`, simulated with the network
+    `cal` gives (its sharing included): the mean over `offsets` starts of the job beside."""
     rack = rack_at(record, point.uplink_gbps)
     settings = record.get("settings", {})
     concern, beside = paper_case(point.case, settings.get("iterations", 60), settings.get("model", "vgg16"))
-    options = Options(net=cal.net(rack), step_model="exact", held_shares=held)
+    options = Options(net=cal.net(rack), step_model="exact")
     policy = policies(300.0)[point.policy]
     first = Run(rack, [concern, beside], policy, options).run().jobs[0]
     times = [first.mean_iteration_s]
@@ -111,17 +113,25 @@ def simulate(record: dict, point: Point, cal: calibration.Calibration, offsets: 
     return sum(times) / len(times)
 
 
-def compare(record: dict, case: str | None = None, held: bool = False) -> tuple[list[Point], calibration.Calibration]:
+def compare(record: dict, case: str | None = None, sharing: str | None = None) \
+        -> tuple[list[Point], calibration.Calibration]:
+    """Every point (of `case`, or all), simulated with the record's calibration; `sharing` overrides
+    the calibrated sharing ("maxmin": the lossless fabric's what-if)."""
     cal = calibration.from_record(record)
+    if sharing is not None:
+        if sharing not in SHARINGS:
+            raise ValueError(f"sharing must be one of {', '.join(SHARINGS)}, not {sharing!r}")
+        cal = replace(cal, sharing=sharing)
     out = [p for p in points(record) if case is None or p.case == case]
     for p in out:
-        p.simulated_s = simulate(record, p, cal, held=held)
+        p.simulated_s = simulate(record, p, cal)
     return out, cal
 
 
 def table(rows: list[Point], cal: calibration.Calibration) -> str:
     lines = [f"Against the emulation (`make demo`'s record; network calibrated from {cal.source}: efficiency "
-             f"{100 * cal.efficiency:.1f} %, {1000 * cal.step_latency_emulated_s:.1f} ms per ring step emulated):", "",
+             f"{100 * cal.efficiency:.1f} %, {1000 * cal.step_latency_emulated_s:.1f} ms per ring step emulated, "
+             f"{SHARINGS[cal.sharing]}{'' if cal.sharing == calibration.EMULATION_SHARING else WHAT_IF}):", "",
              f"| point | uplink | job of concern | emulated mean iteration (median of runs) | simulated (mean of "
              f"{OFFSETS} start offsets) | difference |",
              "| --- | --- | --- | --- | --- | --- |"]

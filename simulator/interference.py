@@ -5,6 +5,10 @@ form a component, solved one of two ways: stepped through in detail (simulator/d
 a window of iterations, after which they go on at the iteration times measured in the window's
 second half; or, when the component is too large to step through, by the mean-field fixed point
 (simulator/meanfield.py). A component is solved again whenever a ring joins or leaves it.
+With held shares (`held`: the network's sharing "held") both ways apply it: stepped through, the
+detail holds every ring's rate; too large, the component takes its exact closed form (the rates
+are the max-min shares of all its rings, constant while it lasts), not the mean field, whose
+duty cycles only matter where idle capacity is handed over.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 
 from simulator.detail import COMPUTE, TRANSFER, Detail, RingState
+from simulator.maxmin import max_min
 from simulator.meanfield import mean_field
 from simulator.rings import Ring, alone_rate, iteration_time
 
@@ -84,7 +89,7 @@ class Interference:
     def __init__(self, capacity: list[float], latency: float, limits: Limits = Limits(), force: str | None = None,
                  held: bool = False):
         self.capacity, self.latency, self.limits, self.force = capacity, latency, limits, force
-        self.held = held  # shares held through compute phases (simulator/detail.py), stepped-through components only
+        self.held = held  # shares held through compute phases and gaps (simulator/detail.py), in every mode
         self.rings: dict[int, Ring] = {}
         self.targets: dict[int, int] = {}
         self.comp: dict[int, _Comp] = {}
@@ -187,6 +192,11 @@ class Interference:
     def period_alone(self, ring: Ring) -> float:
         return iteration_time(ring, alone_rate(ring, self.capacity), self.latency)
 
+    def periods_held(self, rings: list[Ring]) -> dict[int, float]:
+        """Held shares: each ring's max-min rate among all of `rings`, for good, so its closed form."""
+        rates = max_min({r.key: r.cap for r in rings}, {r.key: r.links for r in rings}, self.capacity)
+        return {r.key: iteration_time(r, rates[r.key], self.latency) for r in rings}
+
     # --- components ------------------------------------------------------------------------
     def _connected(self, start: int, pool: set[int]) -> set[int]:
         seen, todo = {start}, [start]
@@ -231,6 +241,8 @@ class Interference:
         mode = self._mode(keys)
         if mode == "alone":
             periods = {keys[0]: self.period_alone(self.rings[keys[0]])}
+        elif mode == "mean" and self.held:
+            periods = self.periods_held([self.rings[k] for k in keys])
         elif mode == "mean":
             periods, duty = mean_field([self.rings[k] for k in keys], self.capacity, self.latency, self.duty)
             self.duty.update(duty)

@@ -13,6 +13,8 @@ from controller.core.forwarding import next_hop_ports, switch_links
 from controller.core.rack import Rack
 
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
+SHARINGS = {"maxmin": "max-min sharing (idle capacity handed over at once)",
+            "held": "held shares (a ring keeps its share of a link through its compute phases)"}
 
 
 @dataclass(frozen=True)
@@ -22,12 +24,22 @@ class NetParams:
     efficiency: the fraction of a link's line rate one transfer's payload reaches (protocol
       headers, the transport's own losses); applied to every NIC and uplink.
     step_latency_s: a fixed cost per ring step (software, synchronisation), in rack seconds.
+    sharing: how rings placed on one link share it.
+      "maxmin": the rings transferring at the moment share it max-min fairly, and a ring that
+        computes or waits leaves its share to the others at once: a lossless fabric whose rate
+        control reclaims idle capacity within microseconds (RoCE with PFC, the target racks).
+      "held": every ring keeps its max-min share among all the rings placed on the link through
+        its compute phases and latency gaps, so what a computing ring leaves idle stays idle:
+        what the emulation's TCP flows over shallow drop-tail queues do (simulator/calibration.py).
     """
 
     efficiency: float = 0.95
     step_latency_s: float = 20e-6
+    sharing: str = "maxmin"
 
     def __post_init__(self):
+        if self.sharing not in SHARINGS:
+            raise ValueError(f"sharing must be one of {', '.join(SHARINGS)}, not {self.sharing!r}")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency must be in (0, 1], not {self.efficiency}")
         if self.step_latency_s < 0:

@@ -170,6 +170,35 @@ def test_a_generated_rack_has_the_asked_shape_and_model_mix():
 def test_net_params_are_checked():
     with pytest.raises(ValueError, match="efficiency"):
         NetParams(efficiency=1.5)
+    with pytest.raises(ValueError, match="sharing must be one of maxmin, held, not 'fair'"):
+        NetParams(sharing="fair")
+
+
+def test_under_held_shares_time_shifting_shifts_nothing_and_shared_rings_keep_half_the_uplink():
+    """The sample trace's pairs that must share an uplink: held, interleaving cannot free the uplink, so the
+    time-shifting policy runs them as regroup does, each at its closed form with half the uplink."""
+    rack = generate(SAMPLE_RACK)
+    jobs = read_trace("traces/sample.csv", len(rack.gpus))
+    held = NetParams(sharing="held")
+    plain, shifted = run(rack, jobs, "regroup", net=held), run(rack, jobs, "timeshift", net=held)
+    pairs = [(a, b) for a, b in zip(plain.jobs, shifted.jobs, strict=True) if a.shared]
+    assert len(pairs) >= 4
+    assert all(b.shift_s == 0 and b.jct_s == pytest.approx(a.jct_s) for a, b in pairs)
+    a = pairs[0][0]  # 12 GPUs over two switches of 8: two flows cross each way, shared with the pair's other ring
+    assert a.mean_iteration_s > 1.1 * a.alone_iteration_s
+
+
+def test_simulate_records_the_sharing_of_its_net_and_the_option_overrides_it(tmp_path):
+    got = {}
+    for name, extra in {"rack": [], "emulation": ["--net", "emulation"],
+                        "rack-held": ["--sharing", "held"], "emulation-maxmin": ["--net", "emulation", "--sharing", "maxmin"]}.items():
+        out = tmp_path / name
+        assert cli(["simulate", "--gpus", "32", "--gpus-per-switch", "8", "--trace", "traces/sample.csv", "--policies",
+                    "regroup", "--no-plots", "--quiet", "--workers", "1", "--out", str(out), *extra]) == 0
+        net = json.loads((out / "results.json").read_text())["net"]
+        got[name] = net["sharing"]
+        assert ("held shares" if net["sharing"] == "held" else "max-min sharing") in net["description"]
+    assert got == {"rack": "maxmin", "emulation": "held", "rack-held": "held", "emulation-maxmin": "maxmin"}
 
 
 def test_the_progress_bar_draws_on_a_terminal_and_keeps_quiet_elsewhere():

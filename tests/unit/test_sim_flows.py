@@ -2,6 +2,7 @@
 import pytest
 
 from simulator.detail import Detail
+from simulator.interference import Interference
 from simulator.maxmin import max_min
 from simulator.rings import Ring, alone_rate, iteration_time
 
@@ -92,7 +93,7 @@ def test_the_mean_field_agrees_with_stepping_through_rings_at_random_phases():
 
 
 def test_held_shares_leave_a_computing_rings_share_unused():
-    """The emulation what-if (simulator/detail.py, `held`): shifted rings that never meet under max-min
+    """Sharing "held" (simulator/detail.py, the emulation's): shifted rings that never meet under max-min
     still each get half the link, so each all-reduce takes twice as long as alone."""
     a, b = (ring(k, compute=0.5, cap=1e12, links={0: 1}) for k in (0, 1))
     capacity = [6 * 25 * MB / 0.3]
@@ -105,3 +106,28 @@ def test_held_shares_leave_a_computing_rings_share_unused():
     # a ring alone on its links is not slowed by holding
     d = Detail([ring(0, links={0: 1})], [50.0 * MB], 0.0, held=True)
     assert d.run(0.0, 1e9, targets={0: 2}).t == pytest.approx(2 * (0.2 + 6 * 25 * MB / (50 * MB)))
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_component_too_large_to_step_through_takes_held_shares_too(held):
+    """Held shares in the mean-field path: the component's closed form (each ring's max-min rate among all
+    placed on its links) is what stepping through gives; under max-min the two paths differ."""
+    rings = [ring(0, compute=0.3, links={0: 1}), ring(1, compute=0.1, links={0: 1, 1: 2}),
+             ring(2, compute=0.5, cap=10.0 * MB, links={1: 1})]
+    capacity = [40.0 * MB, 30.0 * MB]
+    periods = {}
+    for force in ("detail", "mean"):
+        inter = Interference(capacity, 0.002, force=force, held=held)
+        for r in rings:
+            inter.add(0.0, r, 10_000)
+        assert inter.mode(0) == force
+        periods[force] = {r.key: inter.period(r.key) for r in rings}
+    if held:
+        # link 1: ring 2 capped at 10 MB/s, ring 1's two flows share the other 20: 10 each; ring 0 the rest of link 0
+        rates = {0: 30.0 * MB, 1: 10.0 * MB, 2: 10.0 * MB}
+        for r in rings:
+            closed = iteration_time(r, rates[r.key], 0.002)
+            assert periods["mean"][r.key] == pytest.approx(closed, rel=1e-9)
+            assert periods["detail"][r.key] == pytest.approx(closed, rel=1e-6)
+    else:  # max-min hands idle capacity over, and the mean field only estimates how much
+        assert periods["mean"] != pytest.approx(periods["detail"], rel=1e-6)
