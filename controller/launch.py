@@ -5,14 +5,18 @@ the command line the optirack apps are loaded.
 """
 from __future__ import annotations
 
+import signal
 import sys
 import warnings
 
 warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")
 import eventlet  # noqa: E402
+from eventlet import hubs  # noqa: E402
 
 # Patch before anything creates a lock, as ryu-manager would have done after parsing options.
 eventlet.monkey_patch()
+
+import greenlet  # noqa: E402  (eventlet's own dependency)
 
 # isort: off
 from controller import ryu_compat  # noqa: E402,F401  (must precede every Ryu import)
@@ -45,7 +49,24 @@ def bind_to_wsapi_host(args: list[str]) -> list[str]:
     return out
 
 
+def stop_on_signals() -> None:
+    """Ctrl-C (SIGINT) or SIGTERM stops the controller at once, closing its apps. Python raises an
+    interrupt in whichever greenlet is running when the signal arrives; when that is not the main
+    one (say the OpenFlow server's accept loop, whenever no switch is connected), eventlet's hub
+    ends only that greenlet and the controller runs on. So the signal is handed to the main
+    greenlet, which waits in ryu-manager's join and closes the apps when interrupted."""
+    main_greenlet = greenlet.getcurrent()
+
+    def interrupt(signum, _frame):
+        hubs.get_hub().schedule_call_global(0, main_greenlet.throw,
+                                                     KeyboardInterrupt(signal.Signals(signum).name))
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interrupt)
+
+
 def main(argv: list[str] | None = None) -> None:
+    stop_on_signals()
     conf = manager.CONF
     conf.set_default("app", DEFAULT_APPS)
     conf.set_default("ofp_listen_host", "127.0.0.1")

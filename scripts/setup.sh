@@ -58,6 +58,19 @@ else
   changed "net.core.wmem_default = $WANT_WMEM (kept in /etc/sysctl.d/60-optirack.conf)"
 fi
 
+# The emulated racks' addresses (the benchmarking range 198.18.0.0/15: GPU NICs, engines, the
+# registry) never leave this host. While no rack is up, a controller that asks a server's engine
+# would send its packets out of the default route; this route refuses them at once instead. A
+# rack's own bridges add more specific routes, which win while it is up. Not kept across reboots:
+# make setup adds it again.
+EMULATED=198.18.0.0/15
+if [ -n "$(ip route show type unreachable "$EMULATED")" ]; then
+  ok "$EMULATED stays on this host"
+else
+  ip route add unreachable "$EMULATED" metric 4000 || fail "cannot add the route that keeps $EMULATED on this host"
+  changed "$EMULATED stays on this host (an unreachable route below the racks' own)"
+fi
+
 step "Open vSwitch (userspace datapath)"
 ovs_answers() { ovs-vsctl --timeout=5 show >/dev/null 2>&1 && ovs-appctl -t ovs-vswitchd version >/dev/null 2>&1; }
 ovs_service() {  # start | restart

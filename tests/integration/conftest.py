@@ -6,7 +6,7 @@ Fixtures (see tests/integration/testbed.py):
 
 - ``bed`` — use this. The shared testbed (the paper rack, `topologies/paper-testbed.yaml`, and one
   controller started the documented way), clean before the test and cleaned after it, pass or fail:
-  no active job, no container labelled ``org.optirack.rack``, every GPU NIC at home, the rack
+  no queued or active job, no container labelled ``org.optirack.rack``, every GPU NIC at home, the rack
   file's circuits on the controller and on the OCS bridge, the switches' tables as the controller
   computes them, the controller running with its default options. Jobs a test started are
   stopped and waited for. If that cannot be reached the testbed is rebuilt from scratch, so one

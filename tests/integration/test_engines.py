@@ -188,7 +188,8 @@ def test_an_engine_killed_mid_job_fails_it_and_comes_back_clean(fresh, driver):
 
 def test_a_restarted_controller_adopts_a_job_on_three_engines(fresh, driver):
     client = fresh.client
-    job = client.post("/jobs", {"gpus": SPREAD, "policy": "regroup", "workload": {"iterations": 100, "compute_seconds": 0.1}})["job"]
+    job = client.post("/jobs", {"gpus": SPREAD, "policy": "regroup", "workload": {"model": "resnet50", "iterations": 100,
+                                                                         "compute_seconds": 0.1}})["job"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 3, 120, "the job to run")
     before = {s: sorted(w["gpu"] for w in driver.workers(s, job["id"]) if w["role"] == "worker") for s in ("srv1", "srv2", "srv3")}
     assert before == {"srv1": ["gpu1", "gpu5"], "srv2": ["gpu2"], "srv3": ["gpu3"]}

@@ -113,8 +113,10 @@ def _device_matches(client, circuits: list) -> None:
 
 def test_controller_restart_keeps_the_job_and_the_circuits(bed):
     client = bed.client
-    job = client.post("/jobs", {"gpus": 4, "policy": "regroup", "workload": {"iterations": 60, "compute_seconds": 0.15}})["job"]
-    # long enough to outlast the restart (under one switch an iteration takes about 0.2 s)
+    job = client.post("/jobs", {"gpus": 4, "policy": "regroup", "workload": {"model": "resnet50", "iterations": 60,
+                                                                             "compute_seconds": 0.15}})["job"]
+    # long enough to outlast the restart (about 2 s): under one switch an iteration of ResNet-50's
+    # gradients takes about 0.25 s
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 3, 120, "the job to run")
     circuits = client.get("/ocs/circuits")["circuits"]
     client = bed.restart()

@@ -1,6 +1,7 @@
 """Placement on the emulated rack: three fragmented jobs regrouped in one reconfiguration (a dry run
-first, which changes nothing), a job that cannot gain left alone, and a queued job that starts
-when a running one ends. Checked on the devices themselves (the OCS bridge's flows), never by timing.
+first, which changes nothing), a job that cannot gain left alone, the moved jobs iterating on, and a
+queued job that starts when a running one ends. Checked on the devices themselves (the OCS bridge's
+flows), never by timing.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tests.integration.helpers import BIN, ROOT, our_containers, wait_for
 RACK_FILE = ROOT / "topologies" / "rack8-3as.yaml"
 RACK = load_rack(RACK_FILE)  # 8 GPUs; as1: gpu1-3, as2: gpu4-6, as3: gpu7-8; four downlinks a switch
 JOBS = {"a": ["gpu1", "gpu4", "gpu7"], "b": ["gpu2", "gpu5"], "c": ["gpu3", "gpu8"], "d": ["gpu6"]}
-ITERATIONS = 150  # at 0.2 s of compute each: every job outlives the start of the others and the regroup
+LONG = {"model": "resnet50", "iterations": 100000, "compute_seconds": 0.2}  # runs until stopped
 ACTIVE = ("queued", "pending", "configuring", "running")
 
 
@@ -70,8 +71,7 @@ def test_defragment_in_one_change_and_a_queued_job_starts_when_gpus_free_up(bed)
     try:
         ids = {}
         for name, gpus in JOBS.items():  # the fragmented start: fixed placement keeps the cabling
-            ids[name] = client.post("/jobs", {"name": name, "gpus": gpus, "policy": "fixed", "workload": {
-                "iterations": ITERATIONS, "compute_seconds": 0.2}})["job"]["id"]
+            ids[name] = client.post("/jobs", {"name": name, "gpus": gpus, "policy": "fixed", "workload": LONG})["job"]["id"]
         waiting = client.post("/jobs", {"name": "e", "gpus": 2, "workload": {"iterations": 5, "compute_seconds": 0.05}})["job"]
         assert (waiting["state"], waiting["position"]) == ("queued", 1)  # all eight GPUs are held
         with pytest.raises(ApiError) as info:
@@ -110,14 +110,19 @@ def test_defragment_in_one_change_and_a_queued_job_starts_when_gpus_free_up(bed)
             client.post("/regroup", {"version": plan["version"]})
         assert info.value.status == 409 and "version" in info.value.message
 
-        wait_for(lambda: not any(j["state"] in ACTIVE for j in client.get("/jobs")["jobs"]), 300, "every job to finish")
-        jobs = {j["id"]: j for j in client.get("/jobs")["jobs"]}
-        for i in ids.values():
-            assert jobs[i]["state"] == "done" and jobs[i]["iterations_done"] == ITERATIONS, jobs[i]["reason"]
-        e = jobs[waiting["id"]]
+        at_regroup = {i: client.get(f"/jobs/{i}")["job"]["iterations_done"] for i in moved}
+        wait_for(lambda: all(client.get(f"/jobs/{i}")["job"]["iterations_done"] >= n + 3 for i, n in at_regroup.items()),
+                 120, "the moved jobs to iterate on under one switch")
+        assert client.get(f"/jobs/{waiting['id']}")["job"]["state"] == "queued"  # still no GPU free
+
+        b = client.post(f"/jobs/{ids['b']}/stop")["job"]  # two GPUs free: the queued job's turn
+        wait_for(lambda: client.get(f"/jobs/{waiting['id']}")["job"]["state"] not in ACTIVE, 120, "the queued job to run")
+        e = client.get(f"/jobs/{waiting['id']}")["job"]
         assert e["state"] == "done" and e["iterations_done"] == 5, e["reason"]
-        first_end = min(jobs[i]["ended_at"] for i in ids.values())
-        assert e["started_at"] >= first_end  # it could only start once a running job had ended
+        assert sorted(e["gpus"]) == sorted(JOBS["b"]) and e["started_at"] >= b["ended_at"]
+        for name in ("a", "c", "d"):  # ran on beside it
+            job = client.get(f"/jobs/{ids[name]}")["job"]
+            assert job["state"] == "running", (name, job["state"], job["reason"])
     finally:
         stop_everything(client)
     assert our_containers() == {}, "containers left on some engine"

@@ -1,7 +1,7 @@
 """The emulated testbed the integration tests share, and the cleanup that returns it to a known state.
 
 One paper rack and one controller serve every test that asks for them; `SharedTestbed.clean()`
-runs before and after each such test (the `bed` fixture) and leaves: no active job, no container
+runs before and after each such test (the `bed` fixture) and leaves: no queued or active job, no container
 labelled `org.optirack.rack`, every GPU NIC at home, the controller running with its default
 options, the rack file's circuits on the controller *and* on the OCS bridge, and the switches'
 tables equal to what the controller computes. When the gentle way fails it rebuilds the testbed
@@ -21,7 +21,7 @@ import docker
 from controller.client import ApiError, Client
 from controller.core.circuits import CircuitMap
 from controller.core.forwarding import compute_tables
-from controller.core.jobs import ACTIVE
+from controller.core.jobs import ACTIVE, QUEUED
 from controller.core.rack import Rack
 from controller.drivers.containers import LABEL_GPU, LABEL_JOB, LABEL_RACK, ContainerDriver
 from emulation import harness, nics, ovs
@@ -179,18 +179,20 @@ class SharedTestbed(harness.Testbed):
                 and state.controller == self.controller.of_target[4:] and set(state.bridges) <= set(ovs.rack_bridges()))
 
     def stop_jobs(self, timeout: float = JOB_END_TIMEOUT) -> list[str]:
-        """Stop every active job (one still being placed is waited for first); returns their ids."""
+        """Stop every queued and active job (one still being placed is waited for first); returns their
+        ids. Queued ones first: stopped while a running one ends, each would start just to be stopped."""
         stopped: list[str] = []
         deadline = time.monotonic() + timeout
         while True:
-            active = [j for j in self.client.get("/jobs")["jobs"] if j["state"] in ACTIVE]
+            jobs = self.client.get("/jobs")["jobs"]
+            active = ([j for j in jobs if j["state"] == QUEUED] + [j for j in jobs if j["state"] in ACTIVE])
             if not active:
                 return stopped
             if time.monotonic() > deadline:
                 raise Unclean(f"jobs still active after {timeout:g} s: "
                               + ", ".join(f"{j['id']} ({j['state']})" for j in active))
             for job in active:
-                if job["state"] == "running":
+                if job["state"] in ("running", QUEUED):
                     try:
                         self.client.post(f"/jobs/{job['id']}/stop")
                         stopped.append(job["id"])
@@ -228,9 +230,9 @@ class SharedTestbed(harness.Testbed):
     def check_clean(self) -> None:
         """Raise `Unclean` naming what is left; checks the devices, not only the controller's record."""
         problems = []
-        active = [j["id"] for j in self.client.get("/jobs")["jobs"] if j["state"] in ACTIVE]
+        active = [j["id"] for j in self.client.get("/jobs")["jobs"] if j["state"] in (*ACTIVE, QUEUED)]
         if active:
-            problems.append(f"active jobs {active}")
+            problems.append(f"queued or active jobs {active}")
         if self.containers():
             problems.append(f"containers {[c.name for _, c in self.containers()]}")
         held = self.client.get("/ocs/circuits")["circuits"]
