@@ -1,8 +1,10 @@
 """The documented controller launch accepts OpenFlow 1.3 connections from OVS bridges."""
 from __future__ import annotations
 
+import signal
 import socket
 import struct
+import subprocess
 import time
 
 import pytest
@@ -63,5 +65,23 @@ def test_echo_keepalive_is_on_by_default(tmp_path):
             assert 2 in seen, f"no echo request; saw message types {sorted(seen)}"
         # Ryu shuts down slowly (10 s) while it still holds the half-closed connection: let it see the close.
         wait_for(lambda: not sh("ss", "-Htn", f"sport = :{proc.of_port}").strip(), 10, "the controller to drop the connection")
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_an_idle_controller_at_once(tmp_path, sig):
+    """Ctrl-C or SIGTERM while no switch is connected: the interrupt used to land in the OpenFlow
+    server's accept loop, which alone ended, and the controller ran on until it was killed."""
+    proc = ControllerProcess(tmp_path)
+    proc.start()
+    try:
+        time.sleep(1)  # idle: the servers wait in accept, the pollers sleep
+        proc.proc.send_signal(sig)
+        try:
+            code = proc.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the controller still runs 5 s after {sig.name}:\n{proc.output()[-2000:]}")
+        assert code == 0, proc.output()[-2000:]
     finally:
         proc.stop()
