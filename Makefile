@@ -32,7 +32,7 @@ lint: setup
 	$(VENV)/bin/ruff check --no-cache controller emulation containers simulator scripts tests
 
 test: setup lint
-	@bash scripts/test.sh $(PYTEST_ARGS)
+	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 test-unit:
 	$(PY) -m pytest -m "not integration" tests $(PYTEST_ARGS)

@@ -398,7 +398,7 @@ def write_results(record: dict, results: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="case (a) only, one repeat, few iterations, no sweep (CI)")
-    p.add_argument("--iterations", type=int, help="iterations of each job of concern (default 12; --quick 6)")
+    p.add_argument("--iterations", type=int, help="iterations of each job of concern (default 12; --quick 4)")
     p.add_argument("--repeats", type=int, help="runs of each fragmented/regrouped pair (default 3; --quick 1)")
     p.add_argument("--cases", default=None, help="which cases, e.g. a,b (default a,b; --quick a)")
     p.add_argument("--sweep", default=None,
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=ROOT / "results", help="output folder (default %(default)s)")
     args = p.parse_args(argv)
     quick = args.quick
-    iterations = args.iterations or (6 if quick else 12)
+    iterations = args.iterations or (4 if quick else 12)
     repeats = args.repeats or (1 if quick else 3)
     cases = (args.cases or ("a" if quick else "a,b")).split(",")
     sweep_text = args.sweep or ("none" if quick else "1,2,4,8")

@@ -110,7 +110,7 @@ def test_prometheus_sees_the_jobs_throughput_and_every_dashboard_panel(fragmente
     with Prometheus(tmp_path, [url.removeprefix("http://")], scrape_interval="1s") as prom:
         prom.wait_scraped()
         t0 = time.time()
-        job_id = submit(client, RED, "regroup", 40)  # regrouping the fragmented start is a reconfiguration
+        job_id = submit(client, RED, "regroup", 30)  # regrouping the fragmented start is a reconfiguration
         wait_for(lambda: job(client, job_id)["iterations_done"] >= 12, 120, "12 iterations")
         time.sleep(3)  # a few scrapes with the job's series in them
         empty = [(title, q) for title, q in panel_queries()
