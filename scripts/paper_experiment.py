@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         p.error(f"unknown case {', '.join(unknown)} (cases: a, b)")
-    s = Settings(iterations, repeats, results=args.results, sweep=sweep, sweep_iterations=max(6, iterations * 2 // 3),
+    s = Settings(iterations, repeats, results=args.results, sweep=sweep, sweep_iterations=iterations,
                  rack_file=args.rack.resolve())
     t0 = time.monotonic()
     if args.fit:

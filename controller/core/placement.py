@@ -52,7 +52,7 @@ class PlacementError(ValueError):
 
 
 class InvalidRequest(PlacementError):
-    """The request itself is wrong (unknown model or GPU, a model mismatch)."""
+    """The request itself is wrong (an unknown policy, model or GPU, a GPU named twice)."""
 
 
 class NoRoomNow(PlacementError):
@@ -367,7 +367,8 @@ def _plan_named(occ: Occupancy, req: Request) -> Plan:
         other = [f"{ix.gpus[gi]} is a {ix.models[ix.gpu_model[gi]]}" for gi in ids
                  if ix.models[ix.gpu_model[gi]] != req.gpu_model]
         if other:
-            raise InvalidRequest(f"{', '.join(other)}, not {req.gpu_model}", "gpu_model")
+            # well-formed, but this rack cannot place it, ever: like more GPUs of a model than it has (409)
+            raise PlacementError(f"{', '.join(other)}, not {req.gpu_model}", "gpu_model")
     held = [f"{ix.gpus[gi]} is held by {occ.holder[gi]}" for gi in ids if occ.holder[gi] is not None]
     if held:
         raise NoRoomNow(", ".join(held))

@@ -127,8 +127,9 @@ def test_bad_requests():
     assert info.value.field == "gpu_model"
     with pytest.raises(InvalidRequest, match="no 'V100' GPUs on rack paper"):
         plan(o, Request(2, gpu_model="V100"))
-    with pytest.raises(InvalidRequest, match="gpu5 is a TitanV, not M40"):
+    with pytest.raises(PlacementError, match="gpu5 is a TitanV, not M40") as info:  # well-formed: 409, not 400
         plan(o, Request(("gpu1", "gpu5"), gpu_model="M40"))
+    assert not isinstance(info.value, InvalidRequest) and info.value.field == "gpu_model"
     with pytest.raises(PlacementError, match="3 x TitanV asked for, the rack has 2"):
         plan(o, Request(3, gpu_model="TitanV"))
 
