@@ -78,6 +78,7 @@ class Settings:
     sweep: list[float] = field(default_factory=list)  # k: an uplink runs at 1/k of a GPU NIC's line rate
     sweep_iterations: int = 0
     rack_file: Path = PAPER_RACK
+    recalibrate: bool = True  # calibrate again after the cases (--quick: once, before them)
 
 
 def log(msg: str) -> None:
@@ -279,9 +280,10 @@ def experiment(s: Settings, cases: list[str]) -> dict:
                 pairs = run_pairs(tb, case, s, s.iterations, f"case {name}", record, detail=True)
                 uplink = nic_gbps(spec) / fitted_k
                 record["points"].append(point(f"case {name}", name, fitted_k, uplink, pairs))
-            cal = calibrate(tb)  # the host again, after the main runs
-            log(cal.line())
-            record["calibration"]["runs"].append(cal.to_json())
+            if s.recalibrate:
+                cal = calibrate(tb)  # the host again, after the main runs
+                log(cal.line())
+                record["calibration"]["runs"].append(cal.to_json())
         finally:
             tb.__exit__(None, None, None)
         for k in s.sweep:
@@ -397,7 +399,7 @@ def write_results(record: dict, results: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="case (a) only, one repeat, few iterations, no sweep (CI)")
+    p.add_argument("--quick", action="store_true", help="case (a) only, one repeat, few iterations, no sweep, one calibration (CI)")
     p.add_argument("--iterations", type=int, help="iterations of each job of concern (default 12; --quick 4)")
     p.add_argument("--repeats", type=int, help="runs of each fragmented/regrouped pair (default 3; --quick 1)")
     p.add_argument("--cases", default=None, help="which cases, e.g. a,b (default a,b; --quick a)")
@@ -418,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown case {', '.join(unknown)} (cases: a, b)")
     s = Settings(iterations, repeats, results=args.results, sweep=sweep, sweep_iterations=iterations,
-                 rack_file=args.rack.resolve())
+                 rack_file=args.rack.resolve(), recalibrate=not quick)
     t0 = time.monotonic()
     if args.fit:
         result = fit(s)
