@@ -58,8 +58,8 @@ def stop_on_signals() -> None:
     main_greenlet = greenlet.getcurrent()
 
     def interrupt(signum, _frame):
-        hubs.get_hub().schedule_call_global(0, main_greenlet.throw,
-                                                     KeyboardInterrupt(signal.Signals(signum).name))
+        interrupted = KeyboardInterrupt(signal.Signals(signum).name)
+        hubs.get_hub().schedule_call_global(0, main_greenlet.throw, interrupted)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, interrupt)

@@ -185,7 +185,7 @@ class SharedTestbed(harness.Testbed):
         deadline = time.monotonic() + timeout
         while True:
             jobs = self.client.get("/jobs")["jobs"]
-            active = ([j for j in jobs if j["state"] == QUEUED] + [j for j in jobs if j["state"] in ACTIVE])
+            active = [j for j in jobs if j["state"] == QUEUED] + [j for j in jobs if j["state"] in ACTIVE]
             if not active:
                 return stopped
             if time.monotonic() > deadline:
