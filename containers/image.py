@@ -34,10 +34,26 @@ LABEL = "org.optirack.inputs"
 RECIPE = "3"  # bump when the way the base is made changes
 PYTHON_SITE = "usr/local/lib/python3.11/dist-packages"  # Debian's python3 looks here
 # Never loaded by the worker: C++ headers, torch's own tests and test binaries, docs.
-STRIP = ["torch/include", "torch/test", "torch/share", "torch/bin/protoc", "torch/bin/protoc-3.13.0.0",
-         "torch/bin/FileStoreTest", "torch/bin/HashStoreTest", "torch/bin/TCPStoreTest", "torch/bin/test_aoti_abi_check"]
-DOCS = ["usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt/archives",
-        "var/lib/apt/lists", "var/cache/debconf"]
+STRIP = [
+    "torch/include",
+    "torch/test",
+    "torch/share",
+    "torch/bin/protoc",
+    "torch/bin/protoc-3.13.0.0",
+    "torch/bin/FileStoreTest",
+    "torch/bin/HashStoreTest",
+    "torch/bin/TCPStoreTest",
+    "torch/bin/test_aoti_abi_check",
+]
+DOCS = [
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "var/cache/apt/archives",
+    "var/lib/apt/lists",
+    "var/cache/debconf",
+]
 
 
 def _digest(*parts: bytes) -> str:
@@ -48,8 +64,9 @@ def _digest(*parts: bytes) -> str:
 
 
 def base_inputs() -> str:
-    return _digest(RECIPE.encode(), SUITE.encode(), " ".join(BASE_PACKAGES).encode(),
-                   (HERE / "requirements.txt").read_bytes())
+    return _digest(
+        RECIPE.encode(), SUITE.encode(), " ".join(BASE_PACKAGES).encode(), (HERE / "requirements.txt").read_bytes()
+    )
 
 
 def worker_inputs(base_id: str) -> str:
@@ -66,7 +83,9 @@ def debian_mirror() -> str:
             text = path.read_text()
         except OSError:
             continue
-        m = re.search(r"^URIs:\s*(\S+/debian)\s*$", text, re.M) or re.search(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)\s", text, re.M)
+        m = re.search(r"^URIs:\s*(\S+/debian)\s*$", text, re.M) or re.search(
+            r"^deb\s+(?:\[[^]]*\]\s+)?(\S+/debian)\s", text, re.M
+        )
         if m:
             return m.group(1)
     return "http://deb.debian.org/debian"
@@ -95,11 +114,35 @@ def _labelled(client, tag: str, want: str):
 def build_base(client, workdir: Path) -> None:
     want = base_inputs()
     rootfs = workdir / "rootfs"
-    _run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs), debian_mirror()],
-         f"debootstrap {SUITE} (minbase, python3)")
+    _run(
+        [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(BASE_PACKAGES)}",
+            SUITE,
+            str(rootfs),
+            debian_mirror(),
+        ],
+        f"debootstrap {SUITE} (minbase, python3)",
+    )
     site = rootfs / PYTHON_SITE
-    _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--no-cache-dir", "--target", str(site),
-          "-r", str(HERE / "requirements.txt")], "install the pinned wheels into the rootfs")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--target",
+            str(site),
+            "-r",
+            str(HERE / "requirements.txt"),
+        ],
+        "install the pinned wheels into the rootfs",
+    )
     for junk in STRIP:
         target = site / junk
         shutil.rmtree(target, ignore_errors=True) if target.is_dir() else target.unlink(missing_ok=True)
@@ -107,22 +150,33 @@ def build_base(client, workdir: Path) -> None:
         shutil.rmtree(rootfs / junk, ignore_errors=True)
     shutil.rmtree(site / "bin", ignore_errors=True)  # console scripts of the wheels
     # (torch ships a file of Python 3.12 syntax for its tests: skipped, as pip does)
-    _run([sys.executable, "-m", "compileall", "-q", "-j", "0", "-x", "py312", "-d", f"/{PYTHON_SITE}", str(site)],
-         "byte-compile")
+    _run(
+        [sys.executable, "-m", "compileall", "-q", "-j", "0", "-x", "py312", "-d", f"/{PYTHON_SITE}", str(site)],
+        "byte-compile",
+    )
     tar = workdir / "base.tar"
     _run(["tar", "-C", str(rootfs), "-cf", str(tar), "."], "pack the rootfs")
     t0 = time.monotonic()
     with open(tar, "rb") as f:
-        client.api.import_image(src=f, repository=BASE_IMAGE.split(":")[0], tag=BASE_IMAGE.split(":")[1],
-                                changes=[f"LABEL {LABEL}={want}", "LABEL org.optirack.role=base",
-                                         'CMD ["python3"]'])
+        client.api.import_image(
+            src=f,
+            repository=BASE_IMAGE.split(":")[0],
+            tag=BASE_IMAGE.split(":")[1],
+            changes=[f"LABEL {LABEL}={want}", "LABEL org.optirack.role=base", 'CMD ["python3"]'],
+        )
     print(f"    docker import: {time.monotonic() - t0:.0f} s", flush=True)
 
 
 def build_worker(client, base_id: str) -> None:
     t0 = time.monotonic()
-    client.images.build(path=str(ROOT), dockerfile="containers/Dockerfile", tag=WORKER_IMAGE, rm=True,
-                        buildargs={"BASE": BASE_IMAGE}, labels={LABEL: worker_inputs(base_id)})
+    client.images.build(
+        path=str(ROOT),
+        dockerfile="containers/Dockerfile",
+        tag=WORKER_IMAGE,
+        rm=True,
+        buildargs={"BASE": BASE_IMAGE},
+        labels={LABEL: worker_inputs(base_id)},
+    )
     print(f"    docker build {WORKER_IMAGE}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
@@ -155,8 +209,9 @@ def ensure_images(check_only: bool = False, force: bool = False) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="build-image", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="build-image", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if an image is missing or stale; build nothing")
     parser.add_argument("--force", action="store_true", help="rebuild the images even if they are up to date")
     parser.add_argument("--push", metavar="REGISTRY", help="then push both to REGISTRY (HOST:PORT) unless it has them")
@@ -169,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
         for ref in push(docker.from_env(), args.push).values():
             print(f"    {ref}")
     return 0
-
 
 
 # --- the NIC helper image -------------------------------------------------------------------------
@@ -216,8 +270,21 @@ def helper_tar(path: Path) -> None:
             tar.addfile(info, io.BytesIO(data))
 
     with tarfile.open(path, "w") as tar:
-        for d in ("bin", "sbin", "tmp", "proc", "sys", "dev", "etc", "usr", "usr/lib", "usr/lib/cni", "lib", "lib64",
-                  "lib/x86_64-linux-gnu"):
+        for d in (
+            "bin",
+            "sbin",
+            "tmp",
+            "proc",
+            "sys",
+            "dev",
+            "etc",
+            "usr",
+            "usr/lib",
+            "usr/lib/cni",
+            "lib",
+            "lib64",
+            "lib/x86_64-linux-gnu",
+        ):
             add(tar, d, mode=0o1777 if d == "tmp" else 0o755)
         for f in files:
             add(tar, f, Path(f).read_bytes(), mode=0o755)
@@ -240,9 +307,12 @@ def ensure_helper(client, check_only: bool = False, force: bool = False) -> bool
         tar = Path(tmp) / "helper.tar"
         helper_tar(tar)
         with open(tar, "rb") as f:
-            client.api.import_image(src=f, repository=HELPER_IMAGE.split(":")[0], tag=HELPER_IMAGE.split(":")[1],
-                                    changes=[f"LABEL {LABEL}={want}", "LABEL org.optirack.role=helper",
-                                             'ENTRYPOINT ["/bin/optirack-nic"]'])
+            client.api.import_image(
+                src=f,
+                repository=HELPER_IMAGE.split(":")[0],
+                tag=HELPER_IMAGE.split(":")[1],
+                changes=[f"LABEL {LABEL}={want}", "LABEL org.optirack.role=helper", 'ENTRYPOINT ["/bin/optirack-nic"]'],
+            )
     size = client.images.get(HELPER_IMAGE).attrs["Size"]
     print(f"==> built {HELPER_IMAGE} ({size / 1e6:.1f} MB) in {time.monotonic() - t0:.1f} s", flush=True)
     return True

@@ -143,7 +143,9 @@ def _profile_sizes(args) -> tuple[int, float]:
     elements = max(1, round(workload.gradient_bytes * args.rate_scale * args.time_dilation / 4))
     if args.gradient_bytes is not None:
         elements = max(1, args.gradient_bytes // 4)
-    compute = args.compute_seconds if args.compute_seconds is not None else compute_seconds(args.workload, args.gpu_model)
+    compute = args.compute_seconds
+    if compute is None:
+        compute = compute_seconds(args.workload, args.gpu_model)
     return elements, compute * args.time_dilation
 
 
@@ -186,10 +188,23 @@ def run_profile(args, dist, torch, device, util, work=None) -> None:
     grad = torch.empty(elements, dtype=torch.float32, device=device)
     n, rank = dist.get_world_size(), dist.get_rank()
     work = work or compute_phase(torch, device)
-    emit({"event": "start", "rank": rank, "world_size": n, "mode": "profile", "workload": args.workload,
-          "time_dilation": args.time_dilation,
-          "gpu_model": args.gpu_model, "gradient_bytes": elements * 4, "compute_s": compute, "compute": work.name,
-          "backend": dist.get_backend(), "utilization": util.source, "t": time.time()})
+    emit(
+        {
+            "event": "start",
+            "rank": rank,
+            "world_size": n,
+            "mode": "profile",
+            "workload": args.workload,
+            "time_dilation": args.time_dilation,
+            "gpu_model": args.gpu_model,
+            "gradient_bytes": elements * 4,
+            "compute_s": compute,
+            "compute": work.name,
+            "backend": dist.get_backend(),
+            "utilization": util.source,
+            "t": time.time(),
+        }
+    )
     for it in range(args.iterations):
         t0 = time.time()
         work(compute)  # a real GPU computes for that long; an emulated one is waited out
@@ -200,20 +215,44 @@ def run_profile(args, dist, torch, device, util, work=None) -> None:
         ok = bool(torch.all(grad == expected))  # synchronises with the device, too
         t2 = time.time()
         if not ok:
-            emit({"event": "error", "rank": rank, "iteration": it, "error": "all-reduce result is wrong",
-                  "expected": expected, "got": float(grad[0])})
+            emit(
+                {
+                    "event": "error",
+                    "rank": rank,
+                    "iteration": it,
+                    "error": "all-reduce result is wrong",
+                    "expected": expected,
+                    "got": float(grad[0]),
+                }
+            )
             raise SystemExit(3)
-        emit({"event": "iteration", "rank": rank, "iteration": it, "t_start": t0, "t_end": t2,
-              "compute_s": t1 - t0, "comm_s": t2 - t1, "iter_s": t2 - t0, "bytes": elements * 4,
-              "gpu_util": util.sample(t1 - t0, t2 - t0)})
+        emit(
+            {
+                "event": "iteration",
+                "rank": rank,
+                "iteration": it,
+                "t_start": t0,
+                "t_end": t2,
+                "compute_s": t1 - t0,
+                "comm_s": t2 - t1,
+                "iter_s": t2 - t0,
+                "bytes": elements * 4,
+                "gpu_util": util.sample(t1 - t0, t2 - t0),
+            }
+        )
 
 
 def small_vgg(torch, classes: int = 10):
     nn = torch.nn
     layers, channels = [], 3
     for width in (32, 64, 128):
-        layers += [nn.Conv2d(channels, width, 3, padding=1), nn.ReLU(), nn.Conv2d(width, width, 3, padding=1),
-                   nn.ReLU(), nn.MaxPool2d(2)]
+        layers += [
+            nn.Conv2d(channels, width, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, width, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        ]
         channels = width
     return nn.Sequential(*layers, nn.Flatten(), nn.Linear(channels * 4 * 4, 256), nn.ReLU(), nn.Linear(256, classes))
 
@@ -225,9 +264,20 @@ def run_real(args, dist, torch, device, util) -> None:
     n, rank = dist.get_world_size(), dist.get_rank()
     gen = torch.Generator().manual_seed(1000 + rank)  # each rank has its own data
     params = list(model.parameters())
-    emit({"event": "start", "rank": rank, "world_size": n, "mode": "real", "workload": "small-vgg",
-          "gradient_bytes": sum(p.numel() for p in params) * 4, "backend": dist.get_backend(),
-          "device": str(device), "utilization": util.source, "t": time.time()})
+    emit(
+        {
+            "event": "start",
+            "rank": rank,
+            "world_size": n,
+            "mode": "real",
+            "workload": "small-vgg",
+            "gradient_bytes": sum(p.numel() for p in params) * 4,
+            "backend": dist.get_backend(),
+            "device": str(device),
+            "utilization": util.source,
+            "t": time.time(),
+        }
+    )
     for it in range(args.iterations):
         t0 = time.time()
         x = torch.randn(args.batch, 3, 32, 32, generator=gen).to(device)
@@ -243,15 +293,27 @@ def run_real(args, dist, torch, device, util) -> None:
         flat /= n
         offset = 0
         for p in params:
-            p.grad.copy_(flat[offset: offset + p.numel()].view_as(p))
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
             offset += p.numel()
         if device.type == "cuda":
             torch.cuda.synchronize()
         t2 = time.time()
         opt.step()
-        emit({"event": "iteration", "rank": rank, "iteration": it, "t_start": t0, "t_end": t2, "compute_s": t1 - t0,
-              "comm_s": t2 - t1, "iter_s": t2 - t0, "bytes": flat.numel() * 4, "loss": float(loss.detach()),
-              "gpu_util": util.sample(t1 - t0, t2 - t0)})
+        emit(
+            {
+                "event": "iteration",
+                "rank": rank,
+                "iteration": it,
+                "t_start": t0,
+                "t_end": t2,
+                "compute_s": t1 - t0,
+                "comm_s": t2 - t1,
+                "iter_s": t2 - t0,
+                "bytes": flat.numel() * 4,
+                "loss": float(loss.detach()),
+                "gpu_util": util.sample(t1 - t0, t2 - t0),
+            }
+        )
     checksum = torch.stack([sum(p.detach().double().sum() for p in params)]).to(device)
     lo, hi = checksum.clone(), checksum.clone()
     dist.all_reduce(lo, op=dist.ReduceOp.MIN)
@@ -263,30 +325,52 @@ def run_real(args, dist, torch, device, util) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
-    p = argparse.ArgumentParser(prog="optirack-worker", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="optirack-worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--master", required=True, help="address of rank 0 (its NIC's address)")
     p.add_argument("--master-port", type=int, default=29500)
-    p.add_argument("--ifname", default=env("OPTIRACK_IFNAME"), help="the NIC the collective uses (GLOO/NCCL_SOCKET_IFNAME)")
+    p.add_argument(
+        "--ifname", default=env("OPTIRACK_IFNAME"), help="the NIC the collective uses (GLOO/NCCL_SOCKET_IFNAME)"
+    )
     p.add_argument("--mode", choices=["profile", "real"], default="profile")
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="vgg16", help="profile mode's workload")
     p.add_argument("--gpu-model", choices=sorted(GPU_MODELS), default=env("OPTIRACK_GPU_MODEL", "M40"))
-    p.add_argument("--rate-scale", type=float, default=1.0, help="scale of gradient sizes (the rack's emulation rate scale)")
-    p.add_argument("--time-dilation", type=float, default=1.0,
-                   help="multiply compute time and gradient size (the rack's emulation.time_dilation)")
+    p.add_argument(
+        "--rate-scale", type=float, default=1.0, help="scale of gradient sizes (the rack's emulation rate scale)"
+    )
+    p.add_argument(
+        "--time-dilation",
+        type=float,
+        default=1.0,
+        help="multiply compute time and gradient size (the rack's emulation.time_dilation)",
+    )
     p.add_argument("--iterations", type=int, default=10)
     p.add_argument("--batch", type=int, default=32, help="real mode's batch size")
     p.add_argument("--compute-seconds", type=float, help="override the profile's compute time")
     p.add_argument("--gradient-bytes", type=int, help="override the (scaled) gradient size")
     p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
-    p.add_argument("--cuda-device", type=int, default=int(env("OPTIRACK_CUDA_DEVICE", "0")),
-                   help="the CUDA device of this rank where a GPU is visible (in a container that holds one GPU: 0)")
-    p.add_argument("--allreduce", choices=["ring", "builtin"], default="ring",
-                   help="ring: our ring on gloo's point-to-point (NCCL always uses its own ring); builtin: the backend's")
-    p.add_argument("--wait-for-nic", type=float, default=0.0, metavar="SECONDS",
-                   help="first wait this long for --ifname to get its address (in a container, the driver moves it in)")
+    p.add_argument(
+        "--cuda-device",
+        type=int,
+        default=int(env("OPTIRACK_CUDA_DEVICE", "0")),
+        help="the CUDA device of this rank where a GPU is visible (in a container that holds one GPU: 0)",
+    )
+    p.add_argument(
+        "--allreduce",
+        choices=["ring", "builtin"],
+        default="ring",
+        help="ring: our ring on gloo's point-to-point (NCCL always uses its own ring); builtin: the backend's",
+    )
+    p.add_argument(
+        "--wait-for-nic",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait this long for --ifname to get its address (in a container, the driver moves it in)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may stall before failing")
     return p
 
@@ -297,7 +381,9 @@ def duplicate_gpu(error: BaseException) -> str | None:
     if "Duplicate GPU detected" not in text:
         return None
     m = re.search(r"rank (\d+) and rank (\d+) both on CUDA device (\w+)", text)
-    who = f"ranks {m.group(2)} and {m.group(1)} are both on CUDA device {m.group(3)}" if m else "two ranks share one GPU"
+    who = (
+        f"ranks {m.group(2)} and {m.group(1)} are both on CUDA device {m.group(3)}" if m else "two ranks share one GPU"
+    )
     return f"{who}: NCCL needs one GPU per rank (give each rank its own GPU, e.g. one container per GPU)"
 
 
@@ -320,8 +406,14 @@ def main(argv: list[str] | None = None) -> int:
         extra["device_id"] = device  # NCCL binds this rank to its GPU instead of guessing from the rank
     util = Utilization(torch, args.cuda_device if gpu else None)
     try:
-        dist.init_process_group(backend, init_method=f"tcp://{args.master}:{args.master_port}", rank=args.rank,
-                                world_size=args.world_size, timeout=timedelta(seconds=args.timeout), **extra)
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{args.master}:{args.master_port}",
+            rank=args.rank,
+            world_size=args.world_size,
+            timeout=timedelta(seconds=args.timeout),
+            **extra,
+        )
         dist.barrier()  # start together: the first iteration should not include joining
         t0 = time.time()
         (run_profile if args.mode == "profile" else run_real)(args, dist, torch, device, util)
@@ -333,8 +425,16 @@ def main(argv: list[str] | None = None) -> int:
         emit({"event": "error", "rank": args.rank, "error": why})
         print(f"optirack-worker: rank {args.rank}: {why}", file=sys.stderr, flush=True)
         return 4
-    emit({"event": "done", "rank": args.rank, "iterations": args.iterations, "total_s": time.time() - t0,
-          "check": "ok", "t": time.time()})
+    emit(
+        {
+            "event": "done",
+            "rank": args.rank,
+            "iterations": args.iterations,
+            "total_s": time.time() - t0,
+            "check": "ok",
+            "t": time.time(),
+        }
+    )
     sys.stdout.flush()
     # Leave without tearing the process group down: when peers close their connections at the
     # same moment, gloo's teardown sometimes aborts ("terminate called without an active

@@ -33,13 +33,18 @@ def _rack_check(args) -> int:
         return 2
     emulated = args.gpus == "emulated" or (args.gpus == "auto" and _emulated_here(rack.name))
     driver = ContainerDriver(rack, "", nic_home="host")  # no worker is started: only the NIC helper
-    print(f"rack {rack.name}: asking {len(rack.servers)} engines (GPUs {'emulated' if emulated else 'required'})", flush=True)
+    print(
+        f"rack {rack.name}: asking {len(rack.servers)} engines (GPUs {'emulated' if emulated else 'required'})",
+        flush=True,
+    )
     results = check_rack(driver, emulated)
     for r in results:
         print(r.line())
     failed = [r for r in results if not r.ok]
     if failed:
-        print("rack-check failed: " + "; ".join(f"{r.server}: {r.text.split('; ')[-1]}" for r in failed), file=sys.stderr)
+        print(
+            "rack-check failed: " + "; ".join(f"{r.server}: {r.text.split('; ')[-1]}" for r in failed), file=sys.stderr
+        )
         return 1
     return 0
 
@@ -68,19 +73,25 @@ def _topology(args) -> int:
     t = _client(args).get("/topology")
     lines = [f"rack {t['rack']}: {t['description']}"]
     for name, o in t["ocs"].items():
-        lines.append(f"  OCS {name}: {o['ports']} ports, {o['switching_time_ms']:g} ms, {o['driver']}, "
-                     f"{'connected' if o['connected'] else 'NOT connected'}")
+        lines.append(
+            f"  OCS {name}: {o['ports']} ports, {o['switching_time_ms']:g} ms, {o['driver']}, "
+            f"{'connected' if o['connected'] else 'NOT connected'}"
+        )
     for name, w in t["switches"].items():
         lines.append(f"  switch {name} ({w['role']}): {'connected' if w['connected'] else 'NOT connected'}")
     frag = t.get("fragmentation")
     if frag:
         by_model = ", ".join(f"{m} {n}" for m, n in frag["largest_by_model"].items())
-        lines.append(f"  free GPUs: {frag['free_gpus']}; the largest job one switch can take now: "
-                     f"{frag['largest_job_one_switch']} ({by_model})")
+        lines.append(
+            f"  free GPUs: {frag['free_gpus']}; the largest job one switch can take now: "
+            f"{frag['largest_job_one_switch']} ({by_model})"
+        )
     lines.append(f"  {'GPU':6s} {'model':7s} {'server':6s} {'address':14s} {'OCS port':9s} {'switch':9s} job")
     for name, g in t["gpus"].items():
         sw = f"{g['switch']['name']}:{g['switch']['port']}" if g["switch"] else "-"
-        lines.append(f"  {name:6s} {g['model']:7s} {g['server']:6s} {g['ip']:14s} {g['ocs_port']:9s} {sw:9s} {g['job'] or '-'}")
+        lines.append(
+            f"  {name:6s} {g['model']:7s} {g['server']:6s} {g['ip']:14s} {g['ocs_port']:9s} {sw:9s} {g['job'] or '-'}"
+        )
     _print(args, t, "\n".join(lines))
     return 0
 
@@ -98,9 +109,13 @@ def _circuits(args) -> int:
         headers = {"If-Match": f'"{args.if_match}"'} if args.if_match is not None else None
         data = client.put("/ocs/circuits", {"circuits": [_parse_pair(p) for p in args.set]}, headers)
         ev = data["event"]
-        text = (f"applied: -{len(ev['removed'])} +{len(ev['added'])} circuits; dark {1000 * (ev['dark_window_s'] or 0):.1f} ms, "
-                f"flows confirmed after {1000 * ev['total_s']:.1f} ms; now version {data['version']}"
-                if ev else f"nothing to change (version {data['version']})")
+        text = (
+            f"applied: -{len(ev['removed'])} +{len(ev['added'])} circuits; "
+            f"dark {1000 * (ev['dark_window_s'] or 0):.1f} ms, "
+            f"flows confirmed after {1000 * ev['total_s']:.1f} ms; now version {data['version']}"
+            if ev
+            else f"nothing to change (version {data['version']})"
+        )
         _print(args, data, text)
         return 0
     data = client.get("/ocs/circuits", **({"device": "1"} if args.device else {}))
@@ -128,8 +143,10 @@ def _events(args) -> int:
         when = time.strftime("%H:%M:%S", time.localtime(e["requested_at"]))
         dark = "-" if e["dark_window_s"] is None else f"{1000 * e['dark_window_s']:.1f} ms"
         total = "-" if e["total_s"] is None else f"{1000 * e['total_s']:.1f} ms"
-        lines.append(f"#{e['id']:<4} {when} {e['kind']:8s} {e['status']:7s} -{len(e['removed'])} +{len(e['added'])} "
-                     f"dark {dark}, done after {total}  {e['reason']}" + (f"  ERROR: {e['error']}" if e["error"] else ""))
+        lines.append(
+            f"#{e['id']:<4} {when} {e['kind']:8s} {e['status']:7s} -{len(e['removed'])} +{len(e['added'])} "
+            f"dark {dark}, done after {total}  {e['reason']}" + (f"  ERROR: {e['error']}" if e["error"] else "")
+        )
     if data.get("older"):
         lines.append(f"(older events: optirack events --before {data['older']})")
     _print(args, data, "\n".join(lines) or "no reconfigurations yet")
@@ -143,12 +160,18 @@ def _job_line(j: dict) -> str:
     reason = f"  ({j['reason']})" if j.get("reason") else ""
     state = f"queued #{j['position']}" if j["state"] == "queued" else j["state"]
     gpus = ",".join(j["gpus"]) or f"({j['request']['gpus']} GPUs)"
-    return (f"{j['id']:8s} {state:11s} {gpus:24s} {','.join(j['switches']) or '-':10s} "
-            f"iter {done:>9s} mean {mean}{took}{reason}")
+    return (
+        f"{j['id']:8s} {state:11s} {gpus:24s} {','.join(j['switches']) or '-':10s} "
+        f"iter {done:>9s} mean {mean}{took}{reason}"
+    )
 
 
 def _jobs(args) -> int:
-    params = {"limit": args.limit, **({"state": args.state} if args.state else {}), **({"before": args.before} if args.before else {})}
+    params = {
+        "limit": args.limit,
+        **({"state": args.state} if args.state else {}),
+        **({"before": args.before} if args.before else {}),
+    }
     data = _client(args).get("/jobs", **params)
     more = f"\n(older jobs: optirack jobs --before {data['older']})" if data.get("older") else ""
     _print(args, data, ("\n".join(_job_line(j) for j in data["jobs"]) or "no jobs") + more)
@@ -157,7 +180,11 @@ def _jobs(args) -> int:
 
 def _logs(args) -> int:
     data = _client(args).get(f"/jobs/{args.job}/logs", tail=args.tail)
-    lines = [f"{data['job']} {data['state']}" + (f": {data['reason']}" if data["reason"] else "") + f" (lines {data['source']})"]
+    lines = [
+        f"{data['job']} {data['state']}"
+        + (f": {data['reason']}" if data["reason"] else "")
+        + f" (lines {data['source']})"
+    ]
     for gpu, out in data["logs"].items():
         lines += [f"--- {gpu}"] + [f"  {line}" for line in out]
     _print(args, data, "\n".join(lines))
@@ -179,7 +206,9 @@ def _prune(args) -> int:
         raise SystemExit("optirack prune: give --older-than, --keep, or both")
     body = {"older_than_s": args.older_than, "keep": args.keep, "events": args.events}
     data = _client(args).post("/jobs/prune", body)
-    text = f"forgot {len(data['pruned'])} finished jobs" + (f" and {data['events_pruned']} events" if args.events else "")
+    text = f"forgot {len(data['pruned'])} finished jobs" + (
+        f" and {data['events_pruned']} events" if args.events else ""
+    )
     _print(args, data, text)
     return 0
 
@@ -208,9 +237,12 @@ def _submit(args) -> int:
 
 def _show(args) -> int:
     job = _client(args).get(f"/jobs/{args.job}")["job"]
-    lines = [_job_line(job), f"  policy {job['request']['policy']}, workload {job['request']['workload']}",
-             f"  circuits: {', '.join(f'{a}={b}' for a, b in job['circuits']) or '-'}",
-             f"  reconfigurations: {', '.join(f'#{e}' for e in job['events']) or '-'}"]
+    lines = [
+        _job_line(job),
+        f"  policy {job['request']['policy']}, workload {job['request']['workload']}",
+        f"  circuits: {', '.join(f'{a}={b}' for a, b in job['circuits']) or '-'}",
+        f"  reconfigurations: {', '.join(f'#{e}' for e in job['events']) or '-'}",
+    ]
     if job["note"]:
         lines.append(f"  note: {job['note']}")
     _print(args, {"job": job}, "\n".join(lines))
@@ -227,16 +259,20 @@ def _plan_text(data: dict) -> str:
     """A defragmentation plan (or its result) for people."""
     lines = []
     for m in data["jobs_moved"]:
-        lines.append(f"  {m['job']}: {'+'.join(m['switches_before'])} -> {'+'.join(m['switches_after'])}, "
-                     f"-{len(m['circuits_removed'])} +{len(m['circuits_added'])} circuits; iteration "
-                     f"{m['iteration_s_before']:.3f} s -> {m['iteration_s_after']:.3f} s (predicted), "
-                     f"{m['remaining_iterations']} to go: saves {m['predicted_saving_s']:.1f} s")
+        lines.append(
+            f"  {m['job']}: {'+'.join(m['switches_before'])} -> {'+'.join(m['switches_after'])}, "
+            f"-{len(m['circuits_removed'])} +{len(m['circuits_added'])} circuits; iteration "
+            f"{m['iteration_s_before']:.3f} s -> {m['iteration_s_after']:.3f} s (predicted), "
+            f"{m['remaining_iterations']} to go: saves {m['predicted_saving_s']:.1f} s"
+        )
     for u in data["jobs_untouched"]:
         lines.append(f"  {u['job']}: untouched, {u['reason']}")
-    head = (f"{'plan' if not data['applied'] else 'applied'} (circuit map version {data['version']}): "
-            f"{len(data['jobs_moved'])} job(s) moved, {data['circuits_changed']} circuits changed in one "
-            f"reconfiguration, switches summed over jobs {data['switches_before']} -> {data['switches_after']}, "
-            f"expected stall {1000 * data['expected_stall_s']:.0f} ms")
+    head = (
+        f"{'plan' if not data['applied'] else 'applied'} (circuit map version {data['version']}): "
+        f"{len(data['jobs_moved'])} job(s) moved, {data['circuits_changed']} circuits changed in one "
+        f"reconfiguration, switches summed over jobs {data['switches_before']} -> {data['switches_after']}, "
+        f"expected stall {1000 * data['expected_stall_s']:.0f} ms"
+    )
     if data["applied"] and data["event"]:
         ev = data["event"]
         head += f"; event #{ev['id']}, dark {1000 * (ev['dark_window_s'] or 0):.1f} ms"
@@ -252,8 +288,13 @@ def _regroup(args) -> int:
             raise SystemExit("optirack: --dry-run and --version plan all running jobs; leave out the job id")
         data = client.post(f"/jobs/{args.job}/regroup")
         ev = data["event"]
-        text = (f"{args.job} regrouped under {','.join(data['job']['switches'])}: -{len(ev['removed'])} +{len(ev['added'])} "
-                f"circuits, dark {1000 * ev['dark_window_s']:.1f} ms" if ev else f"{args.job}: {data['note']}")
+        text = (
+            f"{args.job} regrouped under {','.join(data['job']['switches'])}: "
+            f"-{len(ev['removed'])} +{len(ev['added'])} "
+            f"circuits, dark {1000 * ev['dark_window_s']:.1f} ms"
+            if ev
+            else f"{args.job}: {data['note']}"
+        )
     else:
         body = {"version": args.version} if args.version is not None else None
         data = client.request("POST", "/regroup", body or {}, **({"dry_run": "true"} if args.dry_run else {}))
@@ -267,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="optirack",
         description="Client for optirack, the SDN control plane of optically reconfigurable GPU racks.",
         epilog="The controller's URL comes from --url or $OPTIRACK_URL (default http://127.0.0.1:8080); the token for "
-               "changes from --token, $OPTIRACK_TOKEN or the token file (default /var/lib/optirack/token).",
+        "changes from --token, $OPTIRACK_TOKEN or the token file (default /var/lib/optirack/token).",
     )
     parser.add_argument("--url", help="controller REST URL")
     parser.add_argument("--token", help="bearer token for changes")
@@ -275,29 +316,45 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the API's JSON")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("check-topology", help="validate a rack file and print its summary",
-                       description="Validate a rack file. Exit 0 if it is good, 2 with the field at fault if not.")
+    p = sub.add_parser(
+        "check-topology",
+        help="validate a rack file and print its summary",
+        description="Validate a rack file. Exit 0 if it is good, 2 with the field at fault if not.",
+    )
     p.add_argument("file", help="rack file (YAML), e.g. topologies/paper-testbed.yaml")
     p.set_defaults(func=_check_topology)
 
-    p = sub.add_parser("rack-check", help="ask every server's Docker Engine whether it can run jobs",
-                       description="Ask every server's engine: reachable, GPUs and the NVIDIA runtime, the NIC helper "
-                                   "with the CNI plugins, each NIC the rack file names. One line per server; exit 1 "
-                                   "naming the server and the cause when something is missing, 2 for a bad rack file.")
+    p = sub.add_parser(
+        "rack-check",
+        help="ask every server's Docker Engine whether it can run jobs",
+        description="Ask every server's engine: reachable, GPUs and the NVIDIA runtime, the NIC helper "
+        "with the CNI plugins, each NIC the rack file names. One line per server; exit 1 "
+        "naming the server and the cause when something is missing, 2 for a bad rack file.",
+    )
     p.add_argument("--rack", default=str(DEFAULT_RACK), help="rack file (default: the paper testbed)")
-    p.add_argument("--gpus", choices=["auto", "required", "emulated"], default="auto",
-                   help="auto: emulated if this host's emulated rack of that name is up, else required")
+    p.add_argument(
+        "--gpus",
+        choices=["auto", "required", "emulated"],
+        default="auto",
+        help="auto: emulated if this host's emulated rack of that name is up, else required",
+    )
     p.set_defaults(func=_rack_check)
 
     p = sub.add_parser("topology", help="the rack as the controller sees it")
     p.set_defaults(func=_topology)
 
     p = sub.add_parser("circuits", help="show the circuits, or replace them with --set")
-    p.add_argument("--set", nargs="*", metavar="PORT=PORT", help="the new circuit set, e.g. ocs1:1=ocs1:11 ocs1:2=ocs1:12")
+    p.add_argument(
+        "--set", nargs="*", metavar="PORT=PORT", help="the new circuit set, e.g. ocs1:1=ocs1:11 ocs1:2=ocs1:12"
+    )
     p.add_argument("--device", action="store_true", help="also ask each OCS what it holds")
-    p.add_argument("--if-match", type=int, metavar="VERSION",
-                   help="with --set: apply only if the circuits are still at this version (shown by `optirack circuits`); "
-                        "otherwise the controller refuses with 409 and changes nothing")
+    p.add_argument(
+        "--if-match",
+        type=int,
+        metavar="VERSION",
+        help="with --set: apply only if the circuits are still at this version (shown by `optirack circuits`); "
+        "otherwise the controller refuses with 409 and changes nothing",
+    )
     p.set_defaults(func=_circuits)
 
     p = sub.add_parser("stats", help="throughput of each GPU NIC")
@@ -318,21 +375,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job")
     p.add_argument("--tail", type=int, default=50, help="lines per worker, at most 50 (default %(default)s)")
     p.set_defaults(func=_logs)
-    p = sub.add_parser("prune", help="forget old finished jobs",
-                       description="Forget finished jobs (done, failed, stopped): those that ended longer ago than "
-                                   "--older-than, except the newest --keep. Running jobs are never touched.")
+    p = sub.add_parser(
+        "prune",
+        help="forget old finished jobs",
+        description="Forget finished jobs (done, failed, stopped): those that ended longer ago than "
+        "--older-than, except the newest --keep. Running jobs are never touched.",
+    )
     p.add_argument("--older-than", type=_duration, metavar="AGE", help="e.g. 3600, 90m, 12h, 7d")
     p.add_argument("--keep", type=int, metavar="N", help="keep the newest N finished jobs")
     p.add_argument("--events", action="store_true", help="also forget reconfiguration events older than --older-than")
     p.set_defaults(func=_prune)
     p = sub.add_parser("submit", help="start a training job")
     p.add_argument("--gpus", required=True, help="how many GPUs (e.g. 4), or which (e.g. gpu1,gpu2)")
-    p.add_argument("--policy", choices=["regroup", "fixed"], default="regroup",
-                   help="regroup: under one aggregator switch; fixed: keep the cabling (default %(default)s)")
-    p.add_argument("--gpu-model", metavar="MODEL",
-                   help="only GPUs of this model (e.g. V100); default: any, one model when one has enough free")
-    p.add_argument("--no-queue", action="store_true",
-                   help="fail (409) if it cannot be placed now, instead of waiting its turn in the queue")
+    p.add_argument(
+        "--policy",
+        choices=["regroup", "fixed"],
+        default="regroup",
+        help="regroup: under one aggregator switch; fixed: keep the cabling (default %(default)s)",
+    )
+    p.add_argument(
+        "--gpu-model",
+        metavar="MODEL",
+        help="only GPUs of this model (e.g. V100); default: any, one model when one has enough free",
+    )
+    p.add_argument(
+        "--no-queue",
+        action="store_true",
+        help="fail (409) if it cannot be placed now, instead of waiting its turn in the queue",
+    )
     p.add_argument("--mode", choices=["profile", "real"], default="profile")
     p.add_argument("--model", default="vgg16", help="profile mode's workload (default %(default)s)")
     p.add_argument("--iterations", type=int, default=50)
@@ -346,12 +416,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("stop", help="stop a job and clean up")
     p.add_argument("job")
     p.set_defaults(func=_stop)
-    p = sub.add_parser("regroup", help="regroup a running job, or defragment: all running jobs in one change",
-                       description="With a job id: bring that running job under fewer switches. Without: plan the "
-                                   "joint move of every running job (fewest switches summed over jobs, then fewest "
-                                   "circuits; a job that cannot gain is not touched) and apply it in one bulk OCS "
-                                   "change, so each moved job stalls once. --dry-run shows the plan and changes "
-                                   "nothing; --version N applies exactly the plan a dry run made from version N.")
+    p = sub.add_parser(
+        "regroup",
+        help="regroup a running job, or defragment: all running jobs in one change",
+        description="With a job id: bring that running job under fewer switches. Without: plan the "
+        "joint move of every running job (fewest switches summed over jobs, then fewest "
+        "circuits; a job that cannot gain is not touched) and apply it in one bulk OCS "
+        "change, so each moved job stalls once. --dry-run shows the plan and changes "
+        "nothing; --version N applies exactly the plan a dry run made from version N.",
+    )
     p.add_argument("job", nargs="?", help="a job id; without it, every running job")
     p.add_argument("--dry-run", action="store_true", help="show the plan (moves, circuits, stall, predicted gain)")
     p.add_argument("--version", type=int, metavar="N", help="apply the dry-run plan made from circuit-map version N")

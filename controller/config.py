@@ -12,31 +12,55 @@ DEFAULT_RACK = REPO / "topologies" / "paper-testbed.yaml"
 OPTS = [
     cfg.StrOpt("rack", default=str(DEFAULT_RACK), help="rack file (YAML) the controller manages"),
     cfg.StrOpt("state-dir", default="/var/lib/optirack", help="where the job table, circuits and token are kept"),
-    cfg.StrOpt("token-file", default=None, help="bearer token for REST mutations (default: STATE_DIR/token, made if missing)"),
+    cfg.StrOpt(
+        "token-file", default=None, help="bearer token for REST mutations (default: STATE_DIR/token, made if missing)"
+    ),
     cfg.FloatOpt("monitor-interval", default=1.0, help="seconds between port statistics polls"),
     cfg.IntOpt("monitor-history", default=600, help="throughput samples kept per port"),
     cfg.FloatOpt("barrier-timeout", default=10.0, help="seconds to wait for a switch to confirm changes"),
-    cfg.FloatOpt("device-probe-interval", default=5.0,
-                 help="seconds between probes of an OCS that does not connect to the controller (TL1)"),
-    cfg.FloatOpt("device-retry-max", default=30.0,
-                 help="longest wait between tries to reach a lost OCS (the wait doubles from 0.5 s up to this)"),
+    cfg.FloatOpt(
+        "device-probe-interval",
+        default=5.0,
+        help="seconds between probes of an OCS that does not connect to the controller (TL1)",
+    ),
+    cfg.FloatOpt(
+        "device-retry-max",
+        default=30.0,
+        help="longest wait between tries to reach a lost OCS (the wait doubles from 0.5 s up to this)",
+    ),
     cfg.StrOpt("tl1-user", default="admin", help="login for OCS driven by the tl1 driver"),
     cfg.StrOpt("tl1-password", default="", secret=True, help="password for OCS driven by the tl1 driver"),
-    cfg.StrOpt("nic-home", default="emulated", choices=["emulated", "host"],
-               help="where GPU NICs live outside containers: the emulated rack's server namespaces, or a real host's"),
-    cfg.FloatOpt("engine-poll", default=2.0,
-                 help="seconds between health checks of the servers' Docker Engines (one that comes back has its "
-                      "stale containers removed)"),
-    cfg.StrOpt("worker-image", default=f"optirack-worker:{os.environ.get('OPTIRACK_IMAGE_TAG', 'latest')}",
-               help="Docker image of the GPU worker (on a rack with a registry: its name there, resolved to a digest "
-                    "at each job's start)"),
+    cfg.StrOpt(
+        "nic-home",
+        default="emulated",
+        choices=["emulated", "host"],
+        help="where GPU NICs live outside containers: the emulated rack's server namespaces, or a real host's",
+    ),
+    cfg.FloatOpt(
+        "engine-poll",
+        default=2.0,
+        help="seconds between health checks of the servers' Docker Engines (one that comes back has its "
+        "stale containers removed)",
+    ),
+    cfg.StrOpt(
+        "worker-image",
+        default=f"optirack-worker:{os.environ.get('OPTIRACK_IMAGE_TAG', 'latest')}",
+        help="Docker image of the GPU worker (on a rack with a registry: its name there, resolved to a digest "
+        "at each job's start)",
+    ),
 ]
 
 cfg.CONF.register_cli_opts(OPTS, group="optirack")
 # Listed for --help only: controller.launch turns --bind into Ryu's --wsapi-host before parsing.
-cfg.CONF.register_cli_opt(cfg.StrOpt("bind", metavar="ADDR", help="address the REST API, the live page (/) and "
-                                     "/metrics listen on (default 127.0.0.1; 0.0.0.0 for every interface); the same as "
-                                     "--wsapi-host. Reads need no token, changes still do"))
+cfg.CONF.register_cli_opt(
+    cfg.StrOpt(
+        "bind",
+        metavar="ADDR",
+        help="address the REST API, the live page (/) and "
+        "/metrics listen on (default 127.0.0.1; 0.0.0.0 for every interface); the same as "
+        "--wsapi-host. Reads need no token, changes still do",
+    )
+)
 
 
 def conf():

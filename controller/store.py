@@ -53,7 +53,8 @@ class Store:
         return json.loads(row[0]) if row else None
 
     def load(self) -> dict:
-        """{"rack", "circuits", "circuits_version", "jobs": [job state, in creation order]} (keys absent if never saved)."""
+        """{"rack", "circuits", "circuits_version", "jobs": [job state, in creation order]}
+        (keys absent if never saved)."""
         state = self._meta()
         state.pop("schema", None)
         jobs = [json.loads(d) for (d,) in self.db.execute("SELECT data FROM jobs ORDER BY seq")]
@@ -63,8 +64,10 @@ class Store:
 
     def events(self, limit: int, before: int | None = None) -> list[dict]:
         """The newest `limit` events with an id below `before`, oldest first."""
-        rows = self.db.execute("SELECT data FROM events WHERE id < ? ORDER BY id DESC LIMIT ?",
-                               (before if before is not None else 1 << 62, limit)).fetchall()
+        rows = self.db.execute(
+            "SELECT data FROM events WHERE id < ? ORDER BY id DESC LIMIT ?",
+            (before if before is not None else 1 << 62, limit),
+        ).fetchall()
         return [json.loads(d) for (d,) in reversed(rows)]
 
     def last_event_id(self) -> int:
@@ -78,25 +81,35 @@ class Store:
         """Write these parts (meta keys, whole job states, whole event states) in one transaction."""
         with self._transaction() as db:
             for key, value in (meta or {}).items():
-                db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
-                           "excluded.value", (key, json.dumps(value)))
+                db.execute(
+                    "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
+                    "excluded.value",
+                    (key, json.dumps(value)),
+                )
             for job in jobs:
-                db.execute("INSERT INTO jobs (id, state, ended_at, data) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
-                           "SET state = excluded.state, ended_at = excluded.ended_at, data = excluded.data",
-                           (job["id"], job["state"], job.get("ended_at"), json.dumps(job, separators=(",", ":"))))
+                db.execute(
+                    "INSERT INTO jobs (id, state, ended_at, data) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
+                    "SET state = excluded.state, ended_at = excluded.ended_at, data = excluded.data",
+                    (job["id"], job["state"], job.get("ended_at"), json.dumps(job, separators=(",", ":"))),
+                )
             for ev in events:
-                db.execute("INSERT INTO events (id, requested_at, status, data) VALUES (?, ?, ?, ?) ON CONFLICT (id) "
-                           "DO UPDATE SET status = excluded.status, data = excluded.data",
-                           (ev["id"], ev["requested_at"], ev["status"], json.dumps(ev, separators=(",", ":"))))
+                db.execute(
+                    "INSERT INTO events (id, requested_at, status, data) VALUES (?, ?, ?, ?) ON CONFLICT (id) "
+                    "DO UPDATE SET status = excluded.status, data = excluded.data",
+                    (ev["id"], ev["requested_at"], ev["status"], json.dumps(ev, separators=(",", ":"))),
+                )
 
     def delete_jobs(self, ids: Iterable[str]) -> int:
         with self._transaction() as db:
-            return sum(db.execute("DELETE FROM jobs WHERE id = ? AND state IN (?, ?, ?)", (i, *TERMINAL)).rowcount
-                       for i in ids)
+            return sum(
+                db.execute("DELETE FROM jobs WHERE id = ? AND state IN (?, ?, ?)", (i, *TERMINAL)).rowcount for i in ids
+            )
 
     def delete_events(self, before_time: float) -> int:
         with self._transaction() as db:
-            return db.execute("DELETE FROM events WHERE requested_at < ? AND status != 'running'", (before_time,)).rowcount
+            return db.execute(
+                "DELETE FROM events WHERE requested_at < ? AND status != 'running'", (before_time,)
+            ).rowcount
 
     def _transaction(self):
         return _Transaction(self.db)
@@ -114,8 +127,13 @@ class Store:
         self.save(meta={**meta, "schema": SCHEMA}, jobs=data.get("jobs", []))
         done = legacy.with_name(f"{legacy.name}.migrated-{int(self.clock())}")
         legacy.rename(done)
-        LOG.warning("imported %d jobs and the circuits from %s into %s; the old file is now %s",
-                    len(data.get("jobs", [])), legacy, self.path, done)
+        LOG.warning(
+            "imported %d jobs and the circuits from %s into %s; the old file is now %s",
+            len(data.get("jobs", [])),
+            legacy,
+            self.path,
+            done,
+        )
 
 
 class _Transaction:

@@ -75,10 +75,12 @@ class Calibration:
     def line(self) -> str:
         ovs = "" if self.ovs_core_percent is None else f", ovs-vswitchd {self.ovs_core_percent:.0f} % of a core"
         verdict = "ok" if self.ok else f"TOO SLOW (below {100 * GOOD_FRACTION:.0f} %)"
-        return (f"calibration: a ring of {len(self.flows_mbps)} flows at {self.rate_mbps:g} Mbit/s each carried "
-                f"{min(self.flows_mbps):.1f}-{max(self.flows_mbps):.1f} Mbit/s ({100 * self.fraction:.1f} % of the rate, "
-                f"slowest flow) in {self.seconds:g} s; host CPU idle {self.idle_percent:.0f} %, stolen "
-                f"{self.steal_percent:.1f} %{ovs}: {verdict}")
+        return (
+            f"calibration: a ring of {len(self.flows_mbps)} flows at {self.rate_mbps:g} Mbit/s each carried "
+            f"{min(self.flows_mbps):.1f}-{max(self.flows_mbps):.1f} Mbit/s ({100 * self.fraction:.1f} % of the rate, "
+            f"slowest flow) in {self.seconds:g} s; host CPU idle {self.idle_percent:.0f} %, stolen "
+            f"{self.steal_percent:.1f} %{ovs}: {verdict}"
+        )
 
     def to_json(self) -> dict:
         return {**asdict(self), "fraction": self.fraction, "ok": self.ok}
@@ -95,14 +97,39 @@ def ring_flows(rack: Rack, gpus: list[str], seconds: float, base_port: int = 530
     caller arranges that (e.g. all under one aggregator switch)."""
     ip = {g: rack.addresses[g][0] for g in gpus}
     n = len(gpus)
-    servers = [subprocess.Popen(_iperf(netns_of(rack.server_of[g]), "-s", "-1", "-B", ip[g], "-p", str(base_port + i)),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i, g in enumerate(gpus)]
+    servers = [
+        subprocess.Popen(
+            _iperf(netns_of(rack.server_of[g]), "-s", "-1", "-B", ip[g], "-p", str(base_port + i)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i, g in enumerate(gpus)
+    ]
     try:
         time.sleep(0.3)  # let the servers listen
         cpu, ovs0, t0 = CpuMeter(), _ovs_cpu_seconds(), time.monotonic()
-        clients = [subprocess.Popen(_iperf(netns_of(rack.server_of[g]), "-c", ip[gpus[(i + 1) % n]], "-B", ip[g],
-                                           "-p", str(base_port + (i + 1) % n), "-t", f"{seconds:g}", "-O", "1", "-J"),
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i, g in enumerate(gpus)]
+        clients = [
+            subprocess.Popen(
+                _iperf(
+                    netns_of(rack.server_of[g]),
+                    "-c",
+                    ip[gpus[(i + 1) % n]],
+                    "-B",
+                    ip[g],
+                    "-p",
+                    str(base_port + (i + 1) % n),
+                    "-t",
+                    f"{seconds:g}",
+                    "-O",
+                    "1",
+                    "-J",
+                ),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i, g in enumerate(gpus)
+        ]
         outputs = [c.communicate(timeout=seconds + 30) for c in clients]
         cpu.stop()
         ovs1, elapsed = _ovs_cpu_seconds(), time.monotonic() - t0
@@ -131,8 +158,14 @@ def one_switch_circuits(rack: Rack, gpus: list[str]) -> list[list[str]]:
         pairs = []
         for g in gpus:
             port = rack.gpu_port(g)
-            pick = next((d for d in free if d.device == port.device
-                         and rack.endpoints[d].rate_gbps == rack.gpus[g].nic.rate_gbps), None)
+            pick = next(
+                (
+                    d
+                    for d in free
+                    if d.device == port.device and rack.endpoints[d].rate_gbps == rack.gpus[g].nic.rate_gbps
+                ),
+                None,
+            )
             if pick is None:
                 break
             free.remove(pick)
@@ -175,11 +208,13 @@ def _largest_ring(rack: Rack, most: int = 4) -> list[str]:
 
 def summary(calibrations: list[Calibration]) -> dict:
     """Median figures over several calibrations (before and after an experiment, say)."""
-    return {"fraction_median": statistics.median(c.fraction for c in calibrations),
-            "fraction_min": min(c.fraction for c in calibrations),
-            "steal_percent_max": max(c.steal_percent for c in calibrations),
-            "idle_percent_min": min(c.idle_percent for c in calibrations),
-            "runs": [c.to_json() for c in calibrations]}
+    return {
+        "fraction_median": statistics.median(c.fraction for c in calibrations),
+        "fraction_min": min(c.fraction for c in calibrations),
+        "steal_percent_max": max(c.steal_percent for c in calibrations),
+        "idle_percent_min": min(c.idle_percent for c in calibrations),
+        "runs": [c.to_json() for c in calibrations],
+    }
 
 
 @dataclass
@@ -206,8 +241,10 @@ class RateCheck:
             out.append(f"shaped {self.shaped_mbps:.1f} Mbit/s is above the rate {self.rate_mbps:g} Mbit/s")
         floor = low * min(self.rate_mbps, self.unshaped_mbps)
         if self.shaped_mbps < floor:
-            out.append(f"shaped {self.shaped_mbps:.1f} Mbit/s is below {floor:.1f} Mbit/s ({low:g} x the lesser of the rate "
-                       f"and the {self.unshaped_mbps:.1f} Mbit/s this host carried unshaped)")
+            out.append(
+                f"shaped {self.shaped_mbps:.1f} Mbit/s is below {floor:.1f} Mbit/s ({low:g} x the lesser of the rate "
+                f"and the {self.unshaped_mbps:.1f} Mbit/s this host carried unshaped)"
+            )
         return out
 
 
@@ -225,8 +262,11 @@ def without_shapers(devices: list[tuple[str, str | None]]):
         for dev, netns in devices:
             rate = shaped_mbps(dev, netns)
             saved.append((dev, netns, rate, _mtu(dev, netns)))
-            subprocess.run(["tc", *(["-n", netns] if netns else []), "qdisc", "del", "dev", dev, "root"],
-                           capture_output=True, check=False)
+            subprocess.run(
+                ["tc", *(["-n", netns] if netns else []), "qdisc", "del", "dev", dev, "root"],
+                capture_output=True,
+                check=False,
+            )
         try:
             yield
         finally:
@@ -234,13 +274,17 @@ def without_shapers(devices: list[tuple[str, str | None]]):
                 if rate is None:
                     continue
                 for args in htb_commands(rate, mtu):
-                    subprocess.run(["tc", *(["-n", netns] if netns else []), *[dev if a == DEV else a for a in args]],
-                                   capture_output=True, check=True)
+                    subprocess.run(
+                        ["tc", *(["-n", netns] if netns else []), *[dev if a == DEV else a for a in args]],
+                        capture_output=True,
+                        check=True,
+                    )
 
     return manage()
 
 
 def _mtu(dev: str, netns: str | None) -> int:
-    out = subprocess.run(["ip", *(["-n", netns] if netns else []), "-j", "link", "show", "dev", dev],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["ip", *(["-n", netns] if netns else []), "-j", "link", "show", "dev", dev], capture_output=True, text=True
+    ).stdout
     return int(json.loads(out)[0]["mtu"]) if out.strip() else 1500

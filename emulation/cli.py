@@ -21,8 +21,10 @@ def _need_root() -> None:
 
 def _cmd_up(args) -> int:
     rack = load_rack(args.topo)
-    print(f"bringing up {'a bare ' if args.bare else ''}rack {rack.name} from {args.topo} (controller {args.controller})",
-          flush=True)
+    print(
+        f"bringing up {'a bare ' if args.bare else ''}rack {rack.name} from {args.topo} (controller {args.controller})",
+        flush=True,
+    )
     if args.bare:
         from emulation.bare import up_bare
 
@@ -30,8 +32,10 @@ def _cmd_up(args) -> int:
     else:
         state = up(rack, args.controller, wait_connected=args.wait)
     connected = [b for b in state.bridges if ovs.controller_connected(b)]
-    print(f"rack {state.name} is up in {state.up_seconds:.1f} s: {len(state.bridges)} bridges, "
-          f"{len(state.nics)} GPU NICs, {len(state.namespaces)} servers")
+    print(
+        f"rack {state.name} is up in {state.up_seconds:.1f} s: {len(state.bridges)} bridges, "
+        f"{len(state.nics)} GPU NICs, {len(state.namespaces)} servers"
+    )
     for b in state.bridges:
         print(f"  {b:10s} controller {'connected' if b in connected else 'NOT connected'} ({args.controller})")
     if len(connected) < len(state.bridges):
@@ -49,16 +53,21 @@ def _cmd_engine(args) -> int:
     state = RackState.load()
     plans = {e["server"]: engines.EnginePlan(**e) for e in (state.engines if state else [])}
     if args.server not in plans:
-        sys.exit(f"optirack-rack: no emulated engine for server {args.server!r} "
-                 f"(this rack's: {', '.join(plans) or 'none; is a rack up?'})")
+        sys.exit(
+            f"optirack-rack: no emulated engine for server {args.server!r} "
+            f"(this rack's: {', '.join(plans) or 'none; is a rack up?'})"
+        )
     plan, rack = plans[args.server], load_rack(state.rack_file)
     if args.action == "start":
         engines.start(rack, plan)
         print(f"engine of {plan.server} answers at {plan.url} after {engines.wait_ready(rack, plan):.1f} s")
     else:
         ran = engines.stop(plan, signal.SIGKILL if args.action == "kill" else signal.SIGTERM)
-        print(f"engine of {plan.server} {'killed' if args.action == 'kill' else 'stopped'}" if ran else
-              f"engine of {plan.server} was not running")
+        print(
+            f"engine of {plan.server} {'killed' if args.action == 'kill' else 'stopped'}"
+            if ran
+            else f"engine of {plan.server} was not running"
+        )
     return 0
 
 
@@ -76,14 +85,24 @@ def status_dict() -> dict:
         result["bridges"][b] = {
             "connected": ovs.controller_connected(b),
             "controller": state.controller,
-            "ports": {str(no): {"interface": name, "mbps": ovs.shaped_mbps(name)} for name, no in sorted(ports.items(), key=lambda x: x[1])},
+            "ports": {
+                str(no): {"interface": name, "mbps": ovs.shaped_mbps(name)}
+                for name, no in sorted(ports.items(), key=lambda x: x[1])
+            },
         }
     for gpu, nic in state.nics.items():
         where = state.namespaces[nic["server"]]
-        result["nics"][gpu] = {"server": nic["server"], "ip": nic["ip"], "ocs_port": f"{nic['ocs']}:{nic['ocs_port']}",
-                               "mbps": nic["mbps"], "present": has_link(nic["ifname"], where)}
-    result["engines"] = {e["server"]: {"url": engines.EnginePlan(**e).url, "pid": engines.pid_of(engines.EnginePlan(**e))}
-                         for e in state.engines}
+        result["nics"][gpu] = {
+            "server": nic["server"],
+            "ip": nic["ip"],
+            "ocs_port": f"{nic['ocs']}:{nic['ocs_port']}",
+            "mbps": nic["mbps"],
+            "present": has_link(nic["ifname"], where),
+        }
+    result["engines"] = {
+        e["server"]: {"url": engines.EnginePlan(**e).url, "pid": engines.pid_of(engines.EnginePlan(**e))}
+        for e in state.engines
+    }
     result["registry"] = state.registry
     ocs = {n["ocs"] for n in state.nics.values()}
     result["circuits"] = {o: sorted(ovs.circuits_of(ovs.circuit_flows(o))) for o in ocs if o in existing}
@@ -96,7 +115,11 @@ def _cmd_status(args) -> int:
         print(json.dumps(s, indent=2))
         return 0
     if not s["up"]:
-        extra = f" (leftover bridges: {', '.join(s['leftover_bridges'])}; make rack-down)" if s.get("leftover_bridges") else ""
+        extra = (
+            f" (leftover bridges: {', '.join(s['leftover_bridges'])}; make rack-down)"
+            if s.get("leftover_bridges")
+            else ""
+        )
         print(f"no rack is up{extra}")
         return 1
     print(f"rack {s['name']} ({s['rack_file']})")
@@ -129,7 +152,13 @@ def _cmd_cli(args) -> int:
     rack = load_rack(args.topo)
     net, state = build(rack, args.controller, log_level="output")  # the CLI prints at this level
     try:
-        print("Mininet CLI on rack", rack.name, "- servers:", " ".join(h.name for h in net.hosts), "- 'exit' tears it down")
+        print(
+            "Mininet CLI on rack",
+            rack.name,
+            "- servers:",
+            " ".join(h.name for h in net.hosts),
+            "- 'exit' tears it down",
+        )
         CLI(net)
     finally:
         end_shells(net)
@@ -138,23 +167,33 @@ def _cmd_cli(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="optirack-rack", description="The emulated optirack rack (Mininet on Open vSwitch).")
+    p = argparse.ArgumentParser(
+        prog="optirack-rack", description="The emulated optirack rack (Mininet on Open vSwitch)."
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def with_topo(sp):
         sp.add_argument("--topo", default=str(DEFAULT_RACK), help="rack file (default: the paper testbed)")
-        sp.add_argument("--controller", default="127.0.0.1:6653", help="OpenFlow controller HOST:PORT (default %(default)s)")
+        sp.add_argument(
+            "--controller", default="127.0.0.1:6653", help="OpenFlow controller HOST:PORT (default %(default)s)"
+        )
 
     sp = sub.add_parser("up", help="build the rack; it stays up until 'down'")
     with_topo(sp)
     sp.add_argument("--wait", type=float, default=5.0, help="seconds to wait for controller connections (default 5)")
-    sp.add_argument("--bare", action="store_true",
-                    help="bridges only, no servers: GPU NICs are patch ports to a stub bridge (for control-plane "
-                         "benchmarks at hundreds of GPUs, where the full rack takes minutes; carries no traffic)")
+    sp.add_argument(
+        "--bare",
+        action="store_true",
+        help="bridges only, no servers: GPU NICs are patch ports to a stub bridge (for control-plane "
+        "benchmarks at hundreds of GPUs, where the full rack takes minutes; carries no traffic)",
+    )
     sp.set_defaults(func=_cmd_up)
     sp = sub.add_parser("down", help="remove everything the rack made (safe to repeat)")
-    sp.add_argument("--purge", action="store_true",
-                    help="also remove the caches rack-down keeps: each engine's image store and the registry's storage")
+    sp.add_argument(
+        "--purge",
+        action="store_true",
+        help="also remove the caches rack-down keeps: each engine's image store and the registry's storage",
+    )
     sp.set_defaults(func=_cmd_down)
     sp = sub.add_parser("engine", help="start, stop (SIGTERM) or kill (SIGKILL, a crash) one server's engine")
     sp.add_argument("action", choices=["start", "stop", "kill"])

@@ -84,10 +84,15 @@ def engine_plans(rack: Rack) -> list[EnginePlan]:
                             f"emulation.management {mgmt} (the last one, {bridge_ip(rack)}, is the bridge's)")
         plans.append(EnginePlan(s.name, host, port, mgmt.prefixlen))
     if plans and rack.spec.engines.tls is None:
-        raise RackError(rack.source, "engines.tls", "emulated engines listen with mutual TLS: name the certificate paths")
+        raise RackError(
+            rack.source, "engines.tls", "emulated engines listen with mutual TLS: name the certificate paths"
+        )
     if plans and rack.spec.engines.registry and rack.spec.engines.registry.rsplit(":", 1)[0] != bridge_ip(rack):
-        raise RackError(rack.source, "engines.registry", f"the emulated rack's registry listens on the management "
-                        f"bridge: {bridge_ip(rack)}:PORT")
+        raise RackError(
+            rack.source,
+            "engines.registry",
+            f"the emulated rack's registry listens on the management bridge: {bridge_ip(rack)}:PORT",
+        )
     return plans
 
 
@@ -182,14 +187,39 @@ def start(rack: Rack, plan: EnginePlan) -> int:
     plan.data_root.mkdir(parents=True, exist_ok=True)
     config = plan.run_dir / "daemon.json"
     config.write_text("{}\n")  # not the host's /etc/docker/daemon.json
-    cmd = ["nsenter", f"--net=/run/netns/{netns_of(plan.server)}", "dockerd", "--config-file", str(config),
-           "--data-root", str(plan.data_root), "--exec-root", str(plan.run_dir / "exec"), "--pidfile", str(plan.pidfile),
-           "-H", plan.url, "--tlsverify", "--tlscacert", tls.ca, "--tlscert", str(plan.tls_dir / "cert.pem"),
-           "--tlskey", str(plan.tls_dir / "key.pem"), "--bridge=none", "--iptables=false", "--ip-masq=false",
-           "--shutdown-timeout", "5", "--log-level", "warn"]
+    cmd = [
+        "nsenter",
+        f"--net=/run/netns/{netns_of(plan.server)}",
+        "dockerd",
+        "--config-file",
+        str(config),
+        "--data-root",
+        str(plan.data_root),
+        "--exec-root",
+        str(plan.run_dir / "exec"),
+        "--pidfile",
+        str(plan.pidfile),
+        "-H",
+        plan.url,
+        "--tlsverify",
+        "--tlscacert",
+        tls.ca,
+        "--tlscert",
+        str(plan.tls_dir / "cert.pem"),
+        "--tlskey",
+        str(plan.tls_dir / "key.pem"),
+        "--bridge=none",
+        "--iptables=false",
+        "--ip-masq=false",
+        "--shutdown-timeout",
+        "5",
+        "--log-level",
+        "warn",
+    ]
     with open(plan.run_dir / "dockerd.log", "ab") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     return proc.pid
 
 
@@ -205,8 +235,10 @@ def wait_ready(rack: Rack, plan: EnginePlan, timeout: float = 60.0) -> float:
         except Exception as e:  # noqa: BLE001 (not listening yet)
             if time.monotonic() - t0 > timeout:
                 tail = (plan.run_dir / "dockerd.log").read_text(errors="replace")[-1500:]
-                raise EngineError(f"the engine of {plan.server} did not answer at {plan.url} within {timeout:g} s "
-                                  f"({e.__class__.__name__}); its log ends:\n{tail}") from None
+                raise EngineError(
+                    f"the engine of {plan.server} did not answer at {plan.url} within {timeout:g} s "
+                    f"({e.__class__.__name__}); its log ends:\n{tail}"
+                ) from None
             time.sleep(0.1)
 
 

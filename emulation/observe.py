@@ -15,8 +15,16 @@ from emulation.harness import free_port, wait_for
 
 CHROMIUM = "/usr/bin/chromium"
 # Flags that let Chromium start on a machine with no network but loopback, as root, without a display.
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 class Prometheus:
@@ -34,9 +42,11 @@ class Prometheus:
 
     def config(self) -> str:
         targets = ", ".join(f'"{t}"' for t in self.targets)
-        return (f"global:\n  scrape_interval: {self.scrape_interval}\n  evaluation_interval: {self.scrape_interval}\n"
-                f"scrape_configs:\n  - job_name: optirack\n    metrics_path: /metrics\n"
-                f"    static_configs:\n      - targets: [{targets}]\n")
+        return (
+            f"global:\n  scrape_interval: {self.scrape_interval}\n  evaluation_interval: {self.scrape_interval}\n"
+            f"scrape_configs:\n  - job_name: optirack\n    metrics_path: /metrics\n"
+            f"    static_configs:\n      - targets: [{targets}]\n"
+        )
 
     def __enter__(self) -> Prometheus:
         if shutil.which(self.binary) is None:
@@ -44,10 +54,19 @@ class Prometheus:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "prometheus.yml").write_text(self.config())
         log = open(self.dir / "prometheus.log", "wb")
-        self.proc = subprocess.Popen([self.binary, f"--config.file={self.dir / 'prometheus.yml'}",
-                                      f"--storage.tsdb.path={self.dir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
-                                      "--storage.tsdb.retention.time=1h", "--log.level=warn"],
-                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                f"--config.file={self.dir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         log.close()
         try:
             wait_for(self._ready, 30, "Prometheus to be ready", interval=0.2)
@@ -81,10 +100,15 @@ class Prometheus:
 
     def wait_scraped(self, timeout: float = 30) -> None:
         """Until every target has been scraped successfully at least twice."""
-        wait_for(lambda: len([s for s in self.query('count_over_time(up{job="optirack"}[1m])')
-                              if float(s["value"][1]) >= 2]) == len(self.targets)
-                 and all(s["value"][1] == "1" for s in self.query('up{job="optirack"}')), timeout,
-                 "Prometheus to scrape the controller")
+        wait_for(
+            lambda: (
+                len([s for s in self.query('count_over_time(up{job="optirack"}[1m])') if float(s["value"][1]) >= 2])
+                == len(self.targets)
+                and all(s["value"][1] == "1" for s in self.query('up{job="optirack"}'))
+            ),
+            timeout,
+            "Prometheus to scrape the controller",
+        )
 
     def __exit__(self, *exc) -> None:
         if self.proc and self.proc.poll() is None:
@@ -113,7 +137,8 @@ class Browser:
         self._pw = sync_playwright().start()
         try:
             self.context = self._pw.chromium.launch_persistent_context(
-                self.profile, executable_path=self.executable, headless=True, args=CHROMIUM_FLAGS, viewport=self.size)
+                self.profile, executable_path=self.executable, headless=True, args=CHROMIUM_FLAGS, viewport=self.size
+            )
             self.page = self.context.new_page()
         except BaseException:
             self.__exit__(None, None, None)
@@ -129,4 +154,3 @@ class Browser:
                 self._pw.stop()
             if self.profile:
                 shutil.rmtree(self.profile, ignore_errors=True)
-

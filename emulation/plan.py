@@ -45,6 +45,20 @@ def nic_plans(rack: Rack) -> list[NicPlan]:
     for i, (name, gpu) in enumerate(rack.gpus.items()):
         ref = gpu.nic.ocs_port
         ip, mac = rack.addresses[name]
-        plans.append(NicPlan(name, rack.interface(name), nic_port(name), rack.server_of[name], ref.device, ref.port,
-                             port_intf(ref.device, ref.port), scale.mbps(gpu.nic.rate_gbps), scale.mtu, ip, mac, 100 + i))
+        plans.append(
+            NicPlan(
+                name,
+                rack.interface(name),
+                nic_port(name),
+                rack.server_of[name],
+                ref.device,
+                ref.port,
+                port_intf(ref.device, ref.port),
+                scale.mbps(gpu.nic.rate_gbps),
+                scale.mtu,
+                ip,
+                mac,
+                100 + i,
+            )
+        )
     return plans

@@ -143,7 +143,8 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
         nics.make(nic, rack)
     for a, b in rack.spec.circuits:
         for x, y in ((a, b), (b, a)):
-            ovs.ofctl("add-flow", a.device, f"cookie={CIRCUIT_COOKIE},priority=100,in_port={x.port},actions=output:{y.port}")
+            flow = f"cookie={CIRCUIT_COOKIE},priority=100,in_port={x.port},actions=output:{y.port}"
+            ovs.ofctl("add-flow", a.device, flow)
     return net, state
 
 
@@ -223,8 +224,9 @@ def _push_images(reg: str) -> dict[str, str]:
     try:
         client.images.get(image.WORKER_IMAGE)
     except docker.errors.ImageNotFound:
-        raise engines.EngineError(f"no {image.WORKER_IMAGE} on this host to push to the rack's registry: "
-                                  "run make image") from None
+        raise engines.EngineError(
+            f"no {image.WORKER_IMAGE} on this host to push to the rack's registry: run make image"
+        ) from None
     return image.push(client, reg)
 
 

@@ -155,12 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--listen", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port (default %(default)s)")
     p.add_argument("--ports", type=int, default=320, help="port count of the switch (default %(default)s)")
-    p.add_argument("--switching-ms", type=float, default=25.0, help="time to make a cross-connect (default %(default)s)")
+    p.add_argument(
+        "--switching-ms", type=float, default=25.0, help="time to make a cross-connect (default %(default)s)"
+    )
     p.add_argument("--user", default="admin")
     p.add_argument("--password", default="root")
     p.add_argument("--bridge", help="mirror cross-connects onto this OVS bridge as flows")
     args = p.parse_args(argv)
-    server = Tl1Server(Tl1Ocs(args.ports, args.switching_ms, args.user, args.password, args.bridge), args.listen, args.port)
+    server = Tl1Server(
+        Tl1Ocs(args.ports, args.switching_ms, args.user, args.password, args.bridge), args.listen, args.port
+    )
     print(f"TL1 OCS on {args.listen}:{args.port}, {args.ports} ports, {args.switching_ms:g} ms switching", flush=True)
     try:
         server.serve_forever()

@@ -41,10 +41,29 @@ def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: st
     try:
         for rank, gpu in enumerate(gpus):
             g = rack.gpus[gpu]
-            cmd = ["--rank", str(rank), "--world-size", str(len(gpus)), "--master", master, "--iterations", str(iterations),
-                   "--gradient-bytes", str(size), "--compute-seconds", "0", "--wait-for-nic", "60", "--allreduce", allreduce]
-            driver.start(GpuContainer("bench", gpu, rack.server_of[gpu], g.index, g.model, gpu,
-                                      f"{rack.addresses[gpu][0]}/{prefix}", cmd))
+            cmd = [
+                "--rank",
+                str(rank),
+                "--world-size",
+                str(len(gpus)),
+                "--master",
+                master,
+                "--iterations",
+                str(iterations),
+                "--gradient-bytes",
+                str(size),
+                "--compute-seconds",
+                "0",
+                "--wait-for-nic",
+                "60",
+                "--allreduce",
+                allreduce,
+            ]
+            driver.start(
+                GpuContainer(
+                    "bench", gpu, rack.server_of[gpu], g.index, g.model, gpu, f"{rack.addresses[gpu][0]}/{prefix}", cmd
+                )
+            )
             started.append(gpu)
         cpu0 = cpu_times()
         logs = []
@@ -88,16 +107,21 @@ def observed_rounds(tb: Testbed, args, gpus: list[str], size: int, bound_s: floa
                     logs, _ = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce)
                     scrapes = prom.query('count_over_time(up{job="optirack"}[10m])')
                     drawn = browser.page.eval_on_selector_all("#chart-ports polyline", "els => els.length")
-                print(f"    Prometheus scraped {scrapes[0]['value'][1] if scrapes else 0} times; "
-                      f"the page drew {drawn} port series")
+                print(
+                    f"    Prometheus scraped {scrapes[0]['value'][1] if scrapes else 0} times; "
+                    f"the page drew {drawn} port series"
+                )
             median = statistics.median(bound_s / c for c in comm_times(logs))
             runs[kind].append(median)
             print(f"    {100 * median:.1f} % of the bound", flush=True)
     plain, observed = statistics.mean(runs["plain"]), statistics.mean(runs["observed"])
-    return {"plain_percent": [round(100 * f, 2) for f in runs["plain"]],
-            "observed_percent": [round(100 * f, 2) for f in runs["observed"]],
-            "plain_mean_percent": 100 * plain, "observed_mean_percent": 100 * observed,
-            "difference_points": 100 * (plain - observed)}
+    return {
+        "plain_percent": [round(100 * f, 2) for f in runs["plain"]],
+        "observed_percent": [round(100 * f, 2) for f in runs["observed"]],
+        "plain_mean_percent": 100 * plain,
+        "observed_mean_percent": 100 * observed,
+        "difference_points": 100 * (plain - observed),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,10 +132,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--image", default=WORKER_IMAGE, help="worker image (default %(default)s)")
     p.add_argument("--allreduce", choices=["ring", "builtin"], default="ring", help="the worker's --allreduce")
-    p.add_argument("--observed", type=int, default=0, metavar="ROUNDS",
-                   help="then ROUNDS pairs of runs, alternately without and with the live page open in headless "
-                        "Chromium and Prometheus scraping /metrics every 5 s; prints both and their difference "
-                        "in percentage points of the bound (needs the chromium and prometheus packages)")
+    p.add_argument(
+        "--observed",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="then ROUNDS pairs of runs, alternately without and with the live page open in headless "
+        "Chromium and Prometheus scraping /metrics every 5 s; prints both and their difference "
+        "in percentage points of the bound (needs the chromium and prometheus packages)",
+    )
     add_json_option(p)
     args = p.parse_args(argv)
     rack = load_rack(args.topo)
@@ -132,20 +161,37 @@ def main(argv: list[str] | None = None) -> int:
     comm = comm_times(logs)
     fraction = spread([bound_s / c for c in comm], 100)
     bus = spread([2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm])
-    result = {"ring": gpus, "switch": switch, "gradient_bytes": size, "line_mbps": line_bps / 1e6, "bound_s": bound_s,
-              "comm_s": spread(comm), "percent_of_bound": fraction, "bus_mbps": bus,
-              "idle_cpu_percent": idle, "wall_s": wall}
-    print(f"ring all-reduce of {n} under {switch}: S = {size / 1e6:g} MB, B = {line_bps / 1e6:g} Mbit/s, "
-          f"bound 2(n-1)/n*S/B = {bound_s:.2f} s")
+    result = {
+        "ring": gpus,
+        "switch": switch,
+        "gradient_bytes": size,
+        "line_mbps": line_bps / 1e6,
+        "bound_s": bound_s,
+        "comm_s": spread(comm),
+        "percent_of_bound": fraction,
+        "bus_mbps": bus,
+        "idle_cpu_percent": idle,
+        "wall_s": wall,
+    }
+    print(
+        f"ring all-reduce of {n} under {switch}: S = {size / 1e6:g} MB, B = {line_bps / 1e6:g} Mbit/s, "
+        f"bound 2(n-1)/n*S/B = {bound_s:.2f} s"
+    )
     print("  per iteration: " + " ".join(f"{c:.2f}s" for c in comm))
-    print(f"  median (min–max) over {len(comm)} iterations: bus bandwidth {show(bus, 'Mbit/s')} = "
-          f"{show(fraction, '%')} of the bound; host idle CPU {idle:.0f} %")
+    print(
+        f"  median (min–max) over {len(comm)} iterations: bus bandwidth {show(bus, 'Mbit/s')} = "
+        f"{show(fraction, '%')} of the bound; host idle CPU {idle:.0f} %"
+    )
     if observed:
         result["observed"] = observed
-        print(f"  without the page and Prometheus: {observed['plain_mean_percent']:.1f} % of the bound "
-              f"(runs: {', '.join(f'{x:.1f}' for x in observed['plain_percent'])})")
-        print(f"  with the page open and Prometheus scraping every 5 s: {observed['observed_mean_percent']:.1f} % "
-              f"(runs: {', '.join(f'{x:.1f}' for x in observed['observed_percent'])})")
+        print(
+            f"  without the page and Prometheus: {observed['plain_mean_percent']:.1f} % of the bound "
+            f"(runs: {', '.join(f'{x:.1f}' for x in observed['plain_percent'])})"
+        )
+        print(
+            f"  with the page open and Prometheus scraping every 5 s: {observed['observed_mean_percent']:.1f} % "
+            f"(runs: {', '.join(f'{x:.1f}' for x in observed['observed_percent'])})"
+        )
         print(f"  difference: {observed['difference_points']:+.1f} percentage points of the bound")
     write_json(args.json, result)
     return 0

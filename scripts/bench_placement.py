@@ -125,7 +125,10 @@ def main(argv=None) -> int:
         ap.error(f"--racks: no generated rack of {unknown[0]} GPUs (choose from {', '.join(map(str, RACKS))})")
     rng = random.Random(args.seed)
     print("planning time of one job (GPU choice + circuits), half-full rack, regroup policy")
-    print(f"{'GPUs':>7s} {'kind':6s} {'job':>5s} {'min ms':>9s} {'median ms':>9s} {'max ms':>9s} {'switches':>9s} {'changes':>8s}")
+    print(
+        f"{'GPUs':>7s} {'kind':6s} {'job':>5s} {'min ms':>9s} {'median ms':>9s} {'max ms':>9s} "
+        f"{'switches':>9s} {'changes':>8s}"
+    )
     rows = []
     for gpus in racks:
         rows += bench_rack(gpus, kinds, sizes, args.rounds, rng)

@@ -72,30 +72,59 @@ def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path, bare: bool) -
                     rest.append(time.perf_counter() - c0)
                     totals.append(ev["total_s"])
                     overheads.append(ev["overhead_s"])
-                    phases.append((ev["dark_start"] - ev["requested_at"], ev["dark_end"] - ev["dark_start"],
-                                   ev["ocs_confirmed_at"] - ev["dark_end"], ev["flows_confirmed_at"] - ev["ocs_confirmed_at"]))
-            row = {"rack": rack.name, "gpus": len(rack.gpus), "ports": rack.spec.ocs[0].ports, "change": kind,
-                   "circuits": len(start.diff(target).add), "switching_ms": 1000 * ev["switching_time_s"],
-                   "min_ms": 1000 * min(overheads), "median_ms": 1000 * statistics.median(overheads),
-                   "max_ms": 1000 * max(overheads), "total_ms_median": 1000 * statistics.median(totals),
-                   "rest_roundtrip_ms_median": 1000 * statistics.median(rest), "rounds": len(overheads), "bare": bare,
-                   # medians of: old circuits gone, dark window, until the OCS app confirmed, then the switches
-                   "phases_ms": {k: round(1000 * statistics.median(p[i] for p in phases), 1) for i, k in
-                                 enumerate(("teardown", "dark", "ocs_confirmed", "flows_after_ocs"))}}
+                    phases.append(
+                        (
+                            ev["dark_start"] - ev["requested_at"],
+                            ev["dark_end"] - ev["dark_start"],
+                            ev["ocs_confirmed_at"] - ev["dark_end"],
+                            ev["flows_confirmed_at"] - ev["ocs_confirmed_at"],
+                        )
+                    )
+            row = {
+                "rack": rack.name,
+                "gpus": len(rack.gpus),
+                "ports": rack.spec.ocs[0].ports,
+                "change": kind,
+                "circuits": len(start.diff(target).add),
+                "switching_ms": 1000 * ev["switching_time_s"],
+                "min_ms": 1000 * min(overheads),
+                "median_ms": 1000 * statistics.median(overheads),
+                "max_ms": 1000 * max(overheads),
+                "total_ms_median": 1000 * statistics.median(totals),
+                "rest_roundtrip_ms_median": 1000 * statistics.median(rest),
+                "rounds": len(overheads),
+                "bare": bare,
+                # medians of: old circuits gone, dark window, until the OCS app confirmed, then the switches
+                "phases_ms": {
+                    k: round(1000 * statistics.median(p[i] for p in phases), 1)
+                    for i, k in enumerate(("teardown", "dark", "ocs_confirmed", "flows_after_ocs"))
+                },
+            }
             rows.append(row)
-            print(f"    {kind}: {row['circuits']} circuits, overhead median {row['median_ms']:.1f} ms "
-                  f"(phases, ms: {row['phases_ms']})", flush=True)
+            print(
+                f"    {kind}: {row['circuits']} circuits, overhead median {row['median_ms']:.1f} ms "
+                f"(phases, ms: {row['phases_ms']})",
+                flush=True,
+            )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=10, help="reconfigurations per case, each way (default %(default)s)")
-    p.add_argument("--gpus", default="6,64,512",
-                   help="racks: 6 is the paper rack, others are generated with 8 aggregator switches (from 256 GPUs "
-                        "one downlink per GPU: 512 GPUs make a 1,024-port OCS) (default %(default)s)")
-    p.add_argument("--bare-from", type=int, default=256, metavar="GPUS",
-                   help="bring racks of this many GPUs or more up bare (default %(default)s)")
+    p.add_argument(
+        "--gpus",
+        default="6,64,512",
+        help="racks: 6 is the paper rack, others are generated with 8 aggregator switches (from 256 GPUs "
+        "one downlink per GPU: 512 GPUs make a 1,024-port OCS) (default %(default)s)",
+    )
+    p.add_argument(
+        "--bare-from",
+        type=int,
+        default=256,
+        metavar="GPUS",
+        help="bring racks of this many GPUs or more up bare (default %(default)s)",
+    )
     add_json_option(p)
     args = p.parse_args(argv)
     try:
@@ -112,16 +141,23 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 path = Path(tmp) / f"gen{n}.yaml"
                 big = n >= 256  # 512 GPUs: 512 downlinks, a 1,024-port OCS
-                path.write_text(yaml.safe_dump(rack_spec(n, gpus_per_server=8 if big else 4, switches=8,
-                                                         spare=1 if big else 2, name=f"gen{n}")))
+                path.write_text(
+                    yaml.safe_dump(
+                        rack_spec(n, gpus_per_server=8 if big else 4, switches=8, spare=1 if big else 2, name=f"gen{n}")
+                    )
+                )
                 rack = parse_rack(yaml.safe_load(path.read_text()), str(path))
             rows += bench(rack, path, args.rounds, Path(tmp) / rack.name, bare=n >= args.bare_from)
-    print(f"\n{'rack':8s} {'GPUs':>5s} {'ports':>5s} {'change':13s} {'circuits':>8s} {'switching':>10s} {'total':>9s} "
-          f"{'overhead min':>12s} {'median':>8s} {'max':>8s} {'REST rtt':>9s}")
+    print(
+        f"\n{'rack':8s} {'GPUs':>5s} {'ports':>5s} {'change':13s} {'circuits':>8s} {'switching':>10s} {'total':>9s} "
+        f"{'overhead min':>12s} {'median':>8s} {'max':>8s} {'REST rtt':>9s}"
+    )
     for r in rows:
-        print(f"{r['rack']:8s} {r['gpus']:5d} {r['ports']:5d} {r['change']:13s} {r['circuits']:8d} "
-              f"{r['switching_ms']:8.1f}ms {r['total_ms_median']:7.1f}ms {r['min_ms']:10.1f}ms {r['median_ms']:6.1f}ms "
-              f"{r['max_ms']:6.1f}ms {r['rest_roundtrip_ms_median']:7.1f}ms")
+        print(
+            f"{r['rack']:8s} {r['gpus']:5d} {r['ports']:5d} {r['change']:13s} {r['circuits']:8d} "
+            f"{r['switching_ms']:8.1f}ms {r['total_ms_median']:7.1f}ms {r['min_ms']:10.1f}ms {r['median_ms']:6.1f}ms "
+            f"{r['max_ms']:6.1f}ms {r['rest_roundtrip_ms_median']:7.1f}ms"
+        )
     write_json(args.json, rows)
     return 0
 

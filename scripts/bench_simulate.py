@@ -16,8 +16,21 @@ from pathlib import Path
 
 
 def run(args, out: Path) -> float:
-    cmd = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main(sys.argv[1:]))", "simulate",
-           "--gpus", str(args.gpus), "--jobs", str(args.jobs), "--seed", str(args.seed), "--out", str(out), *args.extra]
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
+        "simulate",
+        "--gpus",
+        str(args.gpus),
+        "--jobs",
+        str(args.jobs),
+        "--seed",
+        str(args.seed),
+        "--out",
+        str(out),
+        *args.extra,
+    ]
     t0 = time.monotonic()
     subprocess.run(cmd, check=True)
     return time.monotonic() - t0
@@ -46,9 +59,20 @@ def main(argv=None) -> int:
         if not args.once:
             seconds.append(run(args, Path(tmp) / "second"))
             same = jobs_of(first) == jobs_of(Path(tmp) / "second")
-    row = {"gpus": args.gpus, "jobs": args.jobs, "seed": args.seed, "wall_s": seconds, "plots": pngs, "same_results": same}
-    print(f"\n{args.gpus} GPUs, {args.jobs} jobs, seed {args.seed}: " + ", ".join(f"{s:.1f} s" for s in seconds)
-          + f" end to end; plots: {', '.join(pngs) or 'none'}" + ("" if same is None else f"; same results twice: {same}"))
+    row = {
+        "gpus": args.gpus,
+        "jobs": args.jobs,
+        "seed": args.seed,
+        "wall_s": seconds,
+        "plots": pngs,
+        "same_results": same,
+    }
+    print(
+        f"\n{args.gpus} GPUs, {args.jobs} jobs, seed {args.seed}: "
+        + ", ".join(f"{s:.1f} s" for s in seconds)
+        + f" end to end; plots: {', '.join(pngs) or 'none'}"
+        + ("" if same is None else f"; same results twice: {same}")
+    )
     if args.json:
         args.json.write_text(json.dumps(row, indent=1))
     return 0 if same in (None, True) and pngs else 1

@@ -31,11 +31,35 @@ class NoContainers:
 
 
 def finished_job(i: int, now: float) -> Job:
-    reports = {g: [{"event": "iteration", "iteration": k, "t_start": now + k, "t_end": now + k + 1, "compute_s": 0.6,
-                    "comm_s": 0.4, "iter_s": 1.0, "gpu_util": 0.6, "bytes": 1} for k in range(5)] for g in ("gpu1", "gpu2")}
-    return Job(id=f"job-{i}", request={"gpus": ["gpu1", "gpu2"], "policy": "fixed", "workload": {"iterations": 5}},
-               state="done", gpus=["gpu1", "gpu2"], switches=["as1"], created_at=now, started_at=now, ended_at=now + 5,
-               reports=reports, exit_codes={"gpu1": 0, "gpu2": 0})
+    reports = {
+        g: [
+            {
+                "event": "iteration",
+                "iteration": k,
+                "t_start": now + k,
+                "t_end": now + k + 1,
+                "compute_s": 0.6,
+                "comm_s": 0.4,
+                "iter_s": 1.0,
+                "gpu_util": 0.6,
+                "bytes": 1,
+            }
+            for k in range(5)
+        ]
+        for g in ("gpu1", "gpu2")
+    }
+    return Job(
+        id=f"job-{i}",
+        request={"gpus": ["gpu1", "gpu2"], "policy": "fixed", "workload": {"iterations": 5}},
+        state="done",
+        gpus=["gpu1", "gpu2"],
+        switches=["as1"],
+        created_at=now,
+        started_at=now,
+        ended_at=now + 5,
+        reports=reports,
+        exit_codes={"gpu1": 0, "gpu2": 0},
+    )
 
 
 def measure(jobs: int, saves: int, rack) -> list[float]:
@@ -47,8 +71,13 @@ def measure(jobs: int, saves: int, rack) -> list[float]:
         ctx.store.save(jobs=[j.to_state() for j in history])  # the recorded history (not timed)
         placement.jobs.update((j.id, j) for j in history)
         placement.jobs.saved(history)  # they are on disk already, as after a restart
-        live = Job(id=f"job-{jobs + 1}", request={"gpus": ["gpu3"], "policy": "fixed", "workload": {}}, state="running",
-                   gpus=["gpu3"], created_at=now)
+        live = Job(
+            id=f"job-{jobs + 1}",
+            request={"gpus": ["gpu3"], "policy": "fixed", "workload": {}},
+            state="running",
+            gpus=["gpu3"],
+            created_at=now,
+        )
         placement.jobs[live.id] = live
         times = []
         for k in range(saves):

@@ -147,9 +147,17 @@ def run_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
     """Both jobs of a case at once from the fragmented start; the job of concern uses `policy`."""
     tb.client.put("/ocs/circuits", {"circuits": FRAGMENTED})
     workload = {"model": model, "iterations": iterations}
-    red = tb.client.post("/jobs", {"name": f"{tag} red", "gpus": case.concern, "policy": policy, "workload": workload})["job"]
-    blue = tb.client.post("/jobs", {"name": f"{tag} blue", "gpus": case.other, "policy": "fixed",
-                                    "workload": {**workload, "iterations": iterations * 20}})["job"]
+    red_req = {"name": f"{tag} red", "gpus": case.concern, "policy": policy, "workload": workload}
+    red = tb.client.post("/jobs", red_req)["job"]
+    blue = tb.client.post(
+        "/jobs",
+        {
+            "name": f"{tag} blue",
+            "gpus": case.other,
+            "policy": "fixed",
+            "workload": {**workload, "iterations": iterations * 20},
+        },
+    )["job"]
     try:
         done = wait_job(tb, red["id"], tag, iterations, timeout=120 + 60 * iterations)
     finally:
@@ -159,14 +167,20 @@ def run_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
     job = tb.client.get(f"/jobs/{red['id']}", **({"history": 100_000} if detail else {}))["job"]
     its = job["iteration_log"]
     dilation = tb.rack.spec.emulation.time_dilation
-    summary = {"policy": policy, "switches": job["switches"], "completion_s": job["completion_s"],
-               "completion_rack_s": job["completion_s"] / dilation,
-               "mean_iteration_rack_s": statistics.fmean(i["iter_s"] for i in its) / dilation,
-               "mean_compute_rack_s": statistics.fmean(i["compute_s"] for i in its) / dilation,
-               "mean_comm_rack_s": statistics.fmean(i["comm_s"] for i in its) / dilation,
-               "mean_gpu_util": statistics.fmean(i["gpu_util"] for i in its)}
-    log(f"    {tag}: done in {summary['completion_rack_s']:.2f} rack s on {','.join(job['switches'])}, "
-        f"mean iteration {summary['mean_iteration_rack_s']:.3f} rack s, GPU utilization {summary['mean_gpu_util']:.2f}")
+    summary = {
+        "policy": policy,
+        "switches": job["switches"],
+        "completion_s": job["completion_s"],
+        "completion_rack_s": job["completion_s"] / dilation,
+        "mean_iteration_rack_s": statistics.fmean(i["iter_s"] for i in its) / dilation,
+        "mean_compute_rack_s": statistics.fmean(i["compute_s"] for i in its) / dilation,
+        "mean_comm_rack_s": statistics.fmean(i["comm_s"] for i in its) / dilation,
+        "mean_gpu_util": statistics.fmean(i["gpu_util"] for i in its),
+    }
+    log(
+        f"    {tag}: done in {summary['completion_rack_s']:.2f} rack s on {','.join(job['switches'])}, "
+        f"mean iteration {summary['mean_iteration_rack_s']:.3f} rack s, GPU utilization {summary['mean_gpu_util']:.2f}"
+    )
     run = {"case": case.name, "tag": tag, "summary": summary}
     if detail:
         run["job"] = job
@@ -181,13 +195,26 @@ def spread(values: list[float]) -> dict:
 def point(name: str, case: str, k: float, uplink_gbps: float, pairs: list[tuple[dict, dict]]) -> dict:
     """Median figures of one case on one rack from (fixed, regroup) summaries, one pair per repeat."""
     savings = [1 - g["completion_s"] / f["completion_s"] for f, g in pairs]
-    out = {"name": name, "case": case, "nic_to_uplink": k, "uplink_gbps": uplink_gbps, "repeats": len(pairs),
-           "saving": {**spread(savings), "spread_pp": 100 * (max(savings) - min(savings))}}
+    out = {
+        "name": name,
+        "case": case,
+        "nic_to_uplink": k,
+        "uplink_gbps": uplink_gbps,
+        "repeats": len(pairs),
+        "saving": {**spread(savings), "spread_pp": 100 * (max(savings) - min(savings))},
+    }
     for i, policy in enumerate(("fixed", "regroup")):
         runs = [p[i] for p in pairs]
-        out[policy] = {key: statistics.median(r[key] for r in runs) for key in
-                       ("completion_rack_s", "mean_iteration_rack_s", "mean_compute_rack_s", "mean_comm_rack_s",
-                        "mean_gpu_util")}
+        out[policy] = {
+            key: statistics.median(r[key] for r in runs)
+            for key in (
+                "completion_rack_s",
+                "mean_iteration_rack_s",
+                "mean_compute_rack_s",
+                "mean_comm_rack_s",
+                "mean_gpu_util",
+            )
+        }
         out[policy]["mean_iteration_rack_s_values"] = [r["mean_iteration_rack_s"] for r in runs]
     return out
 
@@ -199,8 +226,12 @@ def checks(points: list[dict], sweep: list[dict]) -> dict:
     medians = [p["saving"]["median"] for p in sorted(sweep, key=lambda p: p["nic_to_uplink"])]
     monotonic = all(b > a for a, b in zip(medians, medians[1:], strict=False))
     worst = max((p["saving"]["spread_pp"] for p in points + sweep), default=0.0)
-    out = {"signs_kept": signs, "sweep_monotonic": monotonic, "max_spread_pp": worst,
-           "spread_ok": worst <= MAX_SPREAD_PP}
+    out = {
+        "signs_kept": signs,
+        "sweep_monotonic": monotonic,
+        "max_spread_pp": worst,
+        "spread_ok": worst <= MAX_SPREAD_PP,
+    }
     by_case = {p["case"]: p for p in points}
     if "b" in by_case:
         out["case_b_saving_pp_vs_paper"] = 100 * (by_case["b"]["saving"]["median"] - PAPER["b"]["reduction"])
@@ -232,18 +263,23 @@ def calibrated_testbed(spec: dict, workdir: Path, record: dict):
         tb.__exit__(None, None, None)
         if attempt < RATE_HALVINGS:
             scale = spec["emulation"]["rate_scale"] / 2
-            log(f"this host carried {100 * cal.fraction:.0f} % of the emulated rate; halving the rates (rate_scale "
-                f"{scale:g}) and trying again")
+            log(
+                f"this host carried {100 * cal.fraction:.0f} % of the emulated rate; halving the rates (rate_scale "
+                f"{scale:g}) and trying again"
+            )
             spec = rack_variant(spec, rate_scale=scale)
-    log(f"WARNING: even at rate_scale {spec['emulation']['rate_scale']:g} this host carried only "
-        f"{100 * cal.fraction:.0f} % of the emulated rate; the figures below are skewed by the host")
+    log(
+        f"WARNING: even at rate_scale {spec['emulation']['rate_scale']:g} this host carried only "
+        f"{100 * cal.fraction:.0f} % of the emulated rate; the figures below are skewed by the host"
+    )
     record["calibration"]["host_too_slow"] = True
     rack, path = write_rack(spec, workdir / "rack-final.yaml")
     return Testbed(rack, path, workdir / "main-final", MONITOR).__enter__(), spec
 
 
-def run_pairs(tb: Testbed, case: Case, s: Settings, iterations: int, label: str, record: dict,
-              detail: bool) -> list[tuple[dict, dict]]:
+def run_pairs(
+    tb: Testbed, case: Case, s: Settings, iterations: int, label: str, record: dict, detail: bool
+) -> list[tuple[dict, dict]]:
     pairs = []
     for rep in range(s.repeats):
         order = ("fixed", "regroup") if rep % 2 == 0 else ("regroup", "fixed")  # no drift favours one
@@ -261,12 +297,24 @@ def run_pairs(tb: Testbed, case: Case, s: Settings, iterations: int, label: str,
 
 def experiment(s: Settings, cases: list[str]) -> dict:
     base = yaml.safe_load(s.rack_file.read_text())
-    record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "settings": {"iterations": s.iterations, "repeats": s.repeats, "model": s.model, "sweep": s.sweep,
-                           "sweep_iterations": s.sweep_iterations},
-              "rack_file": str(s.rack_file.relative_to(ROOT)) if s.rack_file.is_relative_to(ROOT) else str(s.rack_file),
-              "rack_sha256": hashlib.sha256(s.rack_file.read_bytes()).hexdigest(), "rack": base,
-              "versions": versions(), "calibration": {"runs": []}, "runs": [], "points": [], "sweep": []}
+    record = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "settings": {
+            "iterations": s.iterations,
+            "repeats": s.repeats,
+            "model": s.model,
+            "sweep": s.sweep,
+            "sweep_iterations": s.sweep_iterations,
+        },
+        "rack_file": str(s.rack_file.relative_to(ROOT)) if s.rack_file.is_relative_to(ROOT) else str(s.rack_file),
+        "rack_sha256": hashlib.sha256(s.rack_file.read_bytes()).hexdigest(),
+        "rack": base,
+        "versions": versions(),
+        "calibration": {"runs": []},
+        "runs": [],
+        "points": [],
+        "sweep": [],
+    }
     fitted_k = uplink_ratio(base)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -304,7 +352,9 @@ def experiment(s: Settings, cases: list[str]) -> dict:
 
 
 # --- fitting the uplink --------------------------------------------------------------------
-def fit(s: Settings, target: float = PAPER["a"]["reduction"], steps: int = 5, lo: float = 2.0, hi: float = 12.0) -> dict:
+def fit(
+    s: Settings, target: float = PAPER["a"]["reduction"], steps: int = 5, lo: float = 2.0, hi: float = 12.0
+) -> dict:
     """Bisect k (NIC:uplink, in log space) until case (a)'s median saving is the paper's."""
     base = yaml.safe_load(s.rack_file.read_text())
     tried = []
@@ -333,29 +383,42 @@ def _pct(p: dict) -> str:
 
 
 def table(record: dict) -> str:
-    rows = ["| case | job of concern | fragmented | regrouped | completion time saved | GPU utilization | paper |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| case | job of concern | fragmented | regrouped | completion time saved | GPU utilization | paper |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for p in record["points"]:
         f, g, paper = p["fixed"], p["regroup"], PAPER[p["case"]]
         red = CASES[p["case"]].concern
-        rows.append(f"| ({p['case']}) | {len(red)} GPUs ({','.join(red)}) | {f['completion_rack_s']:.2f} s "
-                    f"| {g['completion_rack_s']:.2f} s | {_pct(p)} "
-                    f"| {f['mean_gpu_util']:.2f} → {g['mean_gpu_util']:.2f} ({g['mean_gpu_util'] / f['mean_gpu_util']:.2f}×) "
-                    f"| {paper['before_s']} s → {paper['after_s']} s, −{100 * paper['reduction']:.1f} %, utilization {paper['util']} |")
+        rows.append(
+            f"| ({p['case']}) | {len(red)} GPUs ({','.join(red)}) | {f['completion_rack_s']:.2f} s "
+            f"| {g['completion_rack_s']:.2f} s | {_pct(p)} "
+            f"| {f['mean_gpu_util']:.2f} → {g['mean_gpu_util']:.2f} ({g['mean_gpu_util'] / f['mean_gpu_util']:.2f}×) "
+            f"| {paper['before_s']} s → {paper['after_s']} s, −{100 * paper['reduction']:.1f} %, "
+            f"utilization {paper['util']} |"
+        )
     out = "\n".join(rows)
     if record["sweep"]:
-        out += ("\n\nCase (a) against the inter-switch uplink's rate (GPU NIC : uplink):\n\n"
-                "| NIC : uplink | uplink | fragmented, mean iteration | regrouped, mean iteration | completion time saved "
-                "| GPU utilization |\n| --- | --- | --- | --- | --- | --- |\n")
-        out += "\n".join(f"| 1:{p['nic_to_uplink']:.3g}{' (fitted)' if p['name'].startswith('fitted') else ''} "
-                         f"| {p['uplink_gbps']:.3g} Gbit/s | {p['fixed']['mean_iteration_rack_s']:.3f} s "
-                         f"| {p['regroup']['mean_iteration_rack_s']:.3f} s | {_pct(p)} "
-                         f"| {p['fixed']['mean_gpu_util']:.2f} → {p['regroup']['mean_gpu_util']:.2f} |" for p in record["sweep"])
+        out += (
+            "\n\nCase (a) against the inter-switch uplink's rate (GPU NIC : uplink):\n\n"
+            "| NIC : uplink | uplink | fragmented, mean iteration | regrouped, mean iteration | completion time saved "
+            "| GPU utilization |\n| --- | --- | --- | --- | --- | --- |\n"
+        )
+        out += "\n".join(
+            f"| 1:{p['nic_to_uplink']:.3g}{' (fitted)' if p['name'].startswith('fitted') else ''} "
+            f"| {p['uplink_gbps']:.3g} Gbit/s | {p['fixed']['mean_iteration_rack_s']:.3f} s "
+            f"| {p['regroup']['mean_iteration_rack_s']:.3f} s | {_pct(p)} "
+            f"| {p['fixed']['mean_gpu_util']:.2f} → {p['regroup']['mean_gpu_util']:.2f} |"
+            for p in record["sweep"]
+        )
     return out
 
 
 def calibration_text(record: dict) -> str:
-    runs = [Calibration(**{k: v for k, v in r.items() if k not in ("fraction", "ok")}) for r in record["calibration"]["runs"]]
+    runs = [
+        Calibration(**{k: v for k, v in r.items() if k not in ("fraction", "ok")})
+        for r in record["calibration"]["runs"]
+    ]
     lines = [c.line() for c in runs]
     if record["calibration"].get("host_too_slow"):
         lines.append("WARNING: the host could not carry the emulated rates; the figures are skewed by the host.")
@@ -364,15 +427,24 @@ def calibration_text(record: dict) -> str:
 
 def checks_text(record: dict) -> str:
     c = record["checks"]
-    lines = [f"- every figure keeps its sign over the {record['settings']['repeats']} repeats: {'yes' if c['signs_kept'] else 'NO'}",
-             f"- largest spread of a figure: {c['max_spread_pp']:.1f} pp (at most {MAX_SPREAD_PP:g}: "
-             f"{'yes' if c['spread_ok'] else 'NO'})"]
+    lines = [
+        f"- every figure keeps its sign over the {record['settings']['repeats']} repeats: "
+        f"{'yes' if c['signs_kept'] else 'NO'}",
+        f"- largest spread of a figure: {c['max_spread_pp']:.1f} pp (at most {MAX_SPREAD_PP:g}: "
+        f"{'yes' if c['spread_ok'] else 'NO'})",
+    ]
     if record["sweep"]:
         lines.append(f"- the sweep's savings grow with k: {'yes' if c['sweep_monotonic'] else 'NO'}")
     if "case_a_saving_pp_vs_paper" in c:
-        lines.append(f"- case (a), to which the uplink was fitted: {c['case_a_saving_pp_vs_paper']:+.1f} pp from the paper's 73.2 %")
+        lines.append(
+            f"- case (a), to which the uplink was fitted: {c['case_a_saving_pp_vs_paper']:+.1f} pp "
+            "from the paper's 73.2 %"
+        )
     if "case_b_saving_pp_vs_paper" in c:
-        lines.append(f"- case (b), predicted by the fitted rack: {c['case_b_saving_pp_vs_paper']:+.1f} pp from the paper's 62.0 %")
+        lines.append(
+            f"- case (b), predicted by the fitted rack: {c['case_b_saving_pp_vs_paper']:+.1f} pp "
+            "from the paper's 62.0 %"
+        )
     return "\n".join(lines)
 
 
@@ -382,14 +454,27 @@ def write_results(record: dict, results: Path) -> list[Path]:
     results.mkdir(parents=True, exist_ok=True)
     (results / "paper-experiment.json").write_text(json.dumps(record, indent=1))
     settings = record["settings"]
-    md = [f"# The paper's experiment on the emulated rack ({record['started']})", "",
-          f"Rack `{record['rack_file']}` (sha256 {record['rack_sha256'][:12]}), emulated at rate scale "
-          f"{record['rate_scale']:g}; {settings['model']} profile; each job of concern ran {settings['iterations']} iterations "
-          f"({settings['sweep_iterations']} in the sweep), each pair {settings['repeats']} times; figures are medians over "
-          f"the repeats, times in rack seconds (emulated seconds divided by the time dilation). Versions: "
-          + ", ".join(f"{k} {v}" for k, v in record["versions"].items() if v), "",
-          "Calibration of this host:", "", calibration_text(record), "", table(record), "", "Checks:", "",
-          checks_text(record), ""]
+    md = [
+        f"# The paper's experiment on the emulated rack ({record['started']})",
+        "",
+        f"Rack `{record['rack_file']}` (sha256 {record['rack_sha256'][:12]}), emulated at rate scale "
+        f"{record['rate_scale']:g}; {settings['model']} profile; each job of concern ran "
+        f"{settings['iterations']} iterations ({settings['sweep_iterations']} in the sweep), "
+        f"each pair {settings['repeats']} times; figures are medians over "
+        f"the repeats, times in rack seconds (emulated seconds divided by the time dilation). Versions: "
+        + ", ".join(f"{k} {v}" for k, v in record["versions"].items() if v),
+        "",
+        "Calibration of this host:",
+        "",
+        calibration_text(record),
+        "",
+        table(record),
+        "",
+        "Checks:",
+        "",
+        checks_text(record),
+        "",
+    ]
     (results / "paper-experiment.md").write_text("\n".join(md))
     figures = [fig3(record, name, results) for name in sorted({p["case"] for p in record["points"]})]
     if record["sweep"]:
@@ -399,15 +484,23 @@ def write_results(record: dict, results: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="case (a) only, one repeat, few iterations, no sweep, one calibration (CI)")
+    p.add_argument(
+        "--quick", action="store_true", help="case (a) only, one repeat, few iterations, no sweep, one calibration (CI)"
+    )
     p.add_argument("--iterations", type=int, help="iterations of each job of concern (default 12; --quick 4)")
     p.add_argument("--repeats", type=int, help="runs of each fragmented/regrouped pair (default 3; --quick 1)")
     p.add_argument("--cases", default=None, help="which cases, e.g. a,b (default a,b; --quick a)")
-    p.add_argument("--sweep", default=None,
-                   help="uplink at 1/k of a NIC's rate, for these k (default 1,2,4,8; --quick none; 'none')")
+    p.add_argument(
+        "--sweep",
+        default=None,
+        help="uplink at 1/k of a NIC's rate, for these k (default 1,2,4,8; --quick none; 'none')",
+    )
     p.add_argument("--rack", type=Path, default=PAPER_RACK, help="rack file (default %(default)s)")
-    p.add_argument("--fit", action="store_true",
-                   help="instead of the experiment: find the uplink rate at which case (a) saves the paper's 73.2 %%")
+    p.add_argument(
+        "--fit",
+        action="store_true",
+        help="instead of the experiment: find the uplink rate at which case (a) saves the paper's 73.2 %%",
+    )
     p.add_argument("--results", type=Path, default=ROOT / "results", help="output folder (default %(default)s)")
     args = p.parse_args(argv)
     quick = args.quick
@@ -419,22 +512,33 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         p.error(f"unknown case {', '.join(unknown)} (cases: a, b)")
-    s = Settings(iterations, repeats, results=args.results, sweep=sweep, sweep_iterations=iterations,
-                 rack_file=args.rack.resolve(), recalibrate=not quick)
+    s = Settings(
+        iterations,
+        repeats,
+        results=args.results,
+        sweep=sweep,
+        sweep_iterations=iterations,
+        rack_file=args.rack.resolve(),
+        recalibrate=not quick,
+    )
     t0 = time.monotonic()
     if args.fit:
         result = fit(s)
         tried = ", ".join(f"1:{t['nic_to_uplink']:.2f} -> {100 * t['saving']:.1f} %" for t in result["tried"])
-        log(f"fitted: NIC:uplink 1:{result['nic_to_uplink']:.2f}, an uplink of {result['uplink_gbps']:g} Gbit/s "
-            f"(tried {tried}); put it in {args.rack}'s uplinks")
+        log(
+            f"fitted: NIC:uplink 1:{result['nic_to_uplink']:.2f}, an uplink of {result['uplink_gbps']:g} Gbit/s "
+            f"(tried {tried}); put it in {args.rack}'s uplinks"
+        )
         print(json.dumps(result, indent=1))
         return 0
     record = experiment(s, cases)
     record["wall_s"] = time.monotonic() - t0
     files = write_results(record, args.results)
     print("\n" + calibration_text(record) + "\n\n" + table(record) + "\n\n" + checks_text(record) + "\n")
-    log(f"finished in {record['wall_s'] / 60:.1f} min; wrote " + ", ".join(str(f.relative_to(ROOT)) if f.is_relative_to(ROOT)
-                                                                    else str(f) for f in files))
+    log(
+        f"finished in {record['wall_s'] / 60:.1f} min; wrote "
+        + ", ".join(str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f) for f in files)
+    )
     return 0
 
 

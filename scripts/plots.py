@@ -79,15 +79,24 @@ def sweep_figure(record: dict, results: Path) -> Path:
     low = [s - 100 * p["saving"]["min"] for s, p in zip(saving, points, strict=True)]
     high = [100 * p["saving"]["max"] - s for s, p in zip(saving, points, strict=True)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.plot(x, [p["fixed"]["mean_iteration_rack_s"] for p in points], "o-", color="#c0392b", label="fragmented (fixed)")
+    left.plot(
+        x, [p["fixed"]["mean_iteration_rack_s"] for p in points], "o-", color="#c0392b", label="fragmented (fixed)"
+    )
     left.plot(x, [p["regroup"]["mean_iteration_rack_s"] for p in points], "s-", color="#1e8449", label="regrouped")
     left.set_xlabel("k: the uplink runs at 1/k of a GPU NIC's line rate")
     left.set_ylabel("mean iteration time of the 4-GPU job\n(s at rack scale)")
     left.set_ylim(bottom=0)
     left.grid(alpha=0.3)
     left.legend()
-    right.errorbar(x, saving, yerr=[low, high], fmt="o-", color="#2471a3", capsize=3,
-                   label=f"this emulation (median, min-max of {points[0]['repeats']} runs)")
+    right.errorbar(
+        x,
+        saving,
+        yerr=[low, high],
+        fmt="o-",
+        color="#2471a3",
+        capsize=3,
+        label=f"this emulation (median, min-max of {points[0]['repeats']} runs)",
+    )
     right.axhline(73.2, color="#7f8c8d", linestyle="--", label="paper, case (a): 73.2 %")
     right.set_xlabel("k: the uplink runs at 1/k of a GPU NIC's line rate")
     right.set_ylabel("completion time saved by regrouping (%)")

@@ -48,10 +48,14 @@ class Calibration:
 
     def net(self, rack: Rack) -> NetParams:
         """The emulated rack's network in rack seconds: calibrated efficiency, latency and sharing."""
-        return NetParams(self.efficiency, self.step_latency_emulated_s / rack.spec.emulation.time_dilation, self.sharing)
+        return NetParams(
+            self.efficiency, self.step_latency_emulated_s / rack.spec.emulation.time_dilation, self.sharing
+        )
 
 
-def efficiency_from_ring(fraction_of_bound: float, n: int, size_bytes: float, rate_bps: float, step_latency_s: float) -> float:
+def efficiency_from_ring(
+    fraction_of_bound: float, n: int, size_bytes: float, rate_bps: float, step_latency_s: float
+) -> float:
     """The efficiency a ring measured at `fraction_of_bound` implies, its per-step latency taken out."""
     steps = 2 * (n - 1)
     bound = steps * (size_bytes / n) * 8 / rate_bps
@@ -61,9 +65,12 @@ def efficiency_from_ring(fraction_of_bound: float, n: int, size_bytes: float, ra
 
 LOOPBACK_STEP_S = 0.040 / 6  # rack file comment: ~40 ms per all-reduce of 4 ranks on loopback
 # README "Fidelity of the emulated fabric": ring of 4, 16 MB at 50 Mbit/s, 91.0 % of the bound (MTU 1500)
-PROVISIONAL = Calibration(efficiency_from_ring(0.910, 4, 16e6, 50e6, LOOPBACK_STEP_S), LOOPBACK_STEP_S,
-                          "provisional: README bench ring 91.0 % of bound (16 MB, 4 ranks, 50 Mbit/s), "
-                          "loopback latency 40 ms per 4-rank all-reduce")
+PROVISIONAL = Calibration(
+    efficiency_from_ring(0.910, 4, 16e6, 50e6, LOOPBACK_STEP_S),
+    LOOPBACK_STEP_S,
+    "provisional: README bench ring 91.0 % of bound (16 MB, 4 ranks, 50 Mbit/s), "
+    "loopback latency 40 ms per 4-rank all-reduce",
+)
 
 
 def load_record(path: str | Path) -> dict | None:
@@ -81,9 +88,12 @@ def from_record(record: dict | None) -> Calibration:
     if not at_rate:
         return PROVISIONAL
     median = statistics.median(r["fraction"] for r in at_rate)
-    return Calibration(median, LOOPBACK_STEP_S,
-                       f"the demo's calibration: a ring of TCP flows at {100 * median:.1f} % of the line rate (median of "
-                       f"{len(at_rate)} runs), and {1000 * LOOPBACK_STEP_S:.1f} ms per step from loopback")
+    return Calibration(
+        median,
+        LOOPBACK_STEP_S,
+        f"the demo's calibration: a ring of TCP flows at {100 * median:.1f} % of the line rate (median of "
+        f"{len(at_rate)} runs), and {1000 * LOOPBACK_STEP_S:.1f} ms per step from loopback",
+    )
 
 
 def _rate_used(record: dict) -> float | None:

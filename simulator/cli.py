@@ -29,54 +29,101 @@ def add_parser(sub) -> None:
     rack = p.add_argument_group("rack (one of)")
     rack.add_argument("--rack", help="a rack file (default with --case: topologies/paper-testbed.yaml)")
     rack.add_argument("--gpus", type=int, help="generate a rack of this many GPUs")
-    rack.add_argument("--gpus-per-switch", type=int, default=32, help="generated: GPUs per aggregator switch (%(default)s)")
+    rack.add_argument(
+        "--gpus-per-switch", type=int, default=32, help="generated: GPUs per aggregator switch (%(default)s)"
+    )
     rack.add_argument("--gpus-per-server", type=int, default=8, help="generated: GPUs per server (%(default)s)")
-    rack.add_argument("--oversubscription", type=float, default=16.0,
-                      help="generated: a switch's GPUs' NIC capacity over its uplink's (%(default)s: 32 x 100 Gbit/s "
-                           "over 200 Gbit/s)")
-    rack.add_argument("--spare", type=float, default=2.0,
-                      help="generated: a switch's OCS downlinks over its share of the GPUs, the room regrouping "
-                           "moves GPUs into (%(default)s)")
-    rack.add_argument("--models", default="V100:0.5,A100:0.5",
-                      help="generated: GPU models and their shares of the servers (%(default)s)")
+    rack.add_argument(
+        "--oversubscription",
+        type=float,
+        default=16.0,
+        help="generated: a switch's GPUs' NIC capacity over its uplink's (%(default)s: 32 x 100 Gbit/s "
+        "over 200 Gbit/s)",
+    )
+    rack.add_argument(
+        "--spare",
+        type=float,
+        default=2.0,
+        help="generated: a switch's OCS downlinks over its share of the GPUs, the room regrouping "
+        "moves GPUs into (%(default)s)",
+    )
+    rack.add_argument(
+        "--models",
+        default="V100:0.5,A100:0.5",
+        help="generated: GPU models and their shares of the servers (%(default)s)",
+    )
     rack.add_argument("--nic-gbps", type=float, default=100.0, help="generated: NIC line rate (%(default)s)")
     work = p.add_argument_group("workload (one of)")
     work.add_argument("--case", choices=["a", "b"], help="the paper's case, as make demo runs it")
     work.add_argument("--trace", help="a CSV trace: arrival_s,gpus,model,iterations")
     work.add_argument("--jobs", type=int, help="this many synthetic jobs (see --seed, --load)")
     work.add_argument("--seed", type=int, default=1, help="synthetic jobs: random seed (%(default)s)")
-    work.add_argument("--load", type=float, default=0.9, help="synthetic jobs: offered load, in GPU-seconds over "
-                      "the cluster's (%(default)s)")
-    work.add_argument("--iterations", type=int, default=60, help="--case: iterations of the job of concern (%(default)s)")
+    work.add_argument(
+        "--load",
+        type=float,
+        default=0.9,
+        help="synthetic jobs: offered load, in GPU-seconds over the cluster's (%(default)s)",
+    )
+    work.add_argument(
+        "--iterations", type=int, default=60, help="--case: iterations of the job of concern (%(default)s)"
+    )
     pol = p.add_argument_group("policies and models")
     pol.add_argument("--policies", default="fixed,regroup,defrag,timeshift", help="which to compare (%(default)s)")
-    pol.add_argument("--defrag-interval", type=float, default=300.0, help="defrag: seconds between rounds (%(default)s)")
-    pol.add_argument("--net", choices=["rack", "emulation"],
-                     help="rack: a real rack's protocol efficiency and step latency (assumed), max-min sharing; "
-                          "emulation: calibrated to this project's emulated rack, held sharing (default: emulation "
-                          "with --case, rack otherwise)")
-    pol.add_argument("--sharing", choices=list(SHARINGS),
-                     help="how rings placed on one link share it, overriding --net's: maxmin: the rings transferring "
-                          "at the moment share it max-min fairly and a computing ring's share goes to the others at "
-                          "once (a lossless RoCE/PFC fabric; --net rack's); held: each ring keeps its equal share "
-                          "through its compute phases (the emulation's TCP over shallow drop-tail queues, measured "
-                          "in make demo's record; --net emulation's). Time shifting only shifts under maxmin")
+    pol.add_argument(
+        "--defrag-interval", type=float, default=300.0, help="defrag: seconds between rounds (%(default)s)"
+    )
+    pol.add_argument(
+        "--net",
+        choices=["rack", "emulation"],
+        help="rack: a real rack's protocol efficiency and step latency (assumed), max-min sharing; "
+        "emulation: calibrated to this project's emulated rack, held sharing (default: emulation "
+        "with --case, rack otherwise)",
+    )
+    pol.add_argument(
+        "--sharing",
+        choices=list(SHARINGS),
+        help="how rings placed on one link share it, overriding --net's: maxmin: the rings transferring "
+        "at the moment share it max-min fairly and a computing ring's share goes to the others at "
+        "once (a lossless RoCE/PFC fabric; --net rack's); held: each ring keeps its equal share "
+        "through its compute phases (the emulation's TCP over shallow drop-tail queues, measured "
+        "in make demo's record; --net emulation's). Time shifting only shifts under maxmin",
+    )
     pol.add_argument("--efficiency", type=float, help="override the protocol efficiency (0-1]")
     pol.add_argument("--step-latency-us", type=float, help="override the per-step latency (rack microseconds)")
-    pol.add_argument("--calibration", type=Path, default=DEMO_RECORD,
-                     help="--net emulation: the demo's record to calibrate from (%(default)s; provisional figures if absent)")
-    pol.add_argument("--step-model", choices=["auto", "exact", "phase"], default="auto",
-                     help="exact: every ring step an event; phase: whole all-reduces (auto: exact up to 64 GPUs)")
-    pol.add_argument("--interference", choices=["auto", "detail", "mean"], default="auto",
-                     help="rings that share links: stepped through (detail) or the mean-field model (auto: by size)")
-    pol.add_argument("--control-overhead-ms", type=float, default=10.0,
-                     help="controller time per reconfiguration besides switching (%(default)s; make bench measures it)")
+    pol.add_argument(
+        "--calibration",
+        type=Path,
+        default=DEMO_RECORD,
+        help="--net emulation: the demo's record to calibrate from (%(default)s; provisional figures if absent)",
+    )
+    pol.add_argument(
+        "--step-model",
+        choices=["auto", "exact", "phase"],
+        default="auto",
+        help="exact: every ring step an event; phase: whole all-reduces (auto: exact up to 64 GPUs)",
+    )
+    pol.add_argument(
+        "--interference",
+        choices=["auto", "detail", "mean"],
+        default="auto",
+        help="rings that share links: stepped through (detail) or the mean-field model (auto: by size)",
+    )
+    pol.add_argument(
+        "--control-overhead-ms",
+        type=float,
+        default=10.0,
+        help="controller time per reconfiguration besides switching (%(default)s; make bench measures it)",
+    )
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, required=True, help="folder for summary.md, results.json, jobs.csv and plots")
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
-    out.add_argument("--workers", type=int, default=0,
-                     help="processes to run the policies in (default: one per core, at most one per policy)")
+    out.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="processes to run the policies in (default: one per core, at most one per policy)",
+    )
     p.set_defaults(func=main)
 
 
@@ -86,9 +133,17 @@ def _rack(args):
     if args.gpus:
         if args.spare < 1:
             raise ValueError("--spare must be at least 1 (every GPU needs a downlink)")
-        return racks.generate(racks.RackOptions(args.gpus, args.gpus_per_switch, args.gpus_per_server,
-                                                args.oversubscription, args.nic_gbps, racks.parse_models(args.models),
-                                                spare=args.spare))
+        return racks.generate(
+            racks.RackOptions(
+                args.gpus,
+                args.gpus_per_switch,
+                args.gpus_per_server,
+                args.oversubscription,
+                args.nic_gbps,
+                racks.parse_models(args.models),
+                spare=args.spare,
+            )
+        )
     path = args.rack or ("topologies/paper-testbed.yaml" if args.case else None)
     if not path:
         raise ValueError("give a rack: --rack FILE, or --gpus N for a generated one")
@@ -113,18 +168,34 @@ def _workload(args, rack):
         jobs = workloads.paper_case(args.case, args.iterations)
         missing = sorted({g for j in jobs for g in j.names} - set(rack.gpus))
         if missing:
-            raise ValueError(f"--case {args.case} names GPUs {', '.join(missing)}, which rack {rack.name} lacks "
-                             "(use the paper's rack: topologies/paper-testbed.yaml)")
-        return jobs, {"kind": "case", "case": args.case, "jobs": len(jobs),
-                      "description": f"the paper's case ({args.case}): {jobs[0].gpus} + {jobs[1].gpus} GPUs, both at once, "
-                                     f"{args.iterations} iterations of the job of concern"}
+            raise ValueError(
+                f"--case {args.case} names GPUs {', '.join(missing)}, which rack {rack.name} lacks "
+                "(use the paper's rack: topologies/paper-testbed.yaml)"
+            )
+        return jobs, {
+            "kind": "case",
+            "case": args.case,
+            "jobs": len(jobs),
+            "description": f"the paper's case ({args.case}): {jobs[0].gpus} + {jobs[1].gpus} GPUs, both at once, "
+            f"{args.iterations} iterations of the job of concern",
+        }
     if args.trace:
         jobs = workloads.read_trace(args.trace, len(rack.gpus))
-        return jobs, {"kind": "trace", "trace": args.trace, "jobs": len(jobs), "description": f"trace {args.trace}, {len(jobs)} jobs"}
+        return jobs, {
+            "kind": "trace",
+            "trace": args.trace,
+            "jobs": len(jobs),
+            "description": f"trace {args.trace}, {len(jobs)} jobs",
+        }
     per = {m: _typical_iteration(rack, m) for m in WORKLOADS}
     jobs = workloads.synthetic(args.jobs, args.seed, len(rack.gpus), per, args.load)
-    return jobs, {"kind": "synthetic", "jobs": args.jobs, "seed": args.seed, "load": args.load,
-                  "description": f"{args.jobs} synthetic jobs, seed {args.seed}, offered load {args.load:g}"}
+    return jobs, {
+        "kind": "synthetic",
+        "jobs": args.jobs,
+        "seed": args.seed,
+        "load": args.load,
+        "description": f"{args.jobs} synthetic jobs, seed {args.seed}, offered load {args.load:g}",
+    }
 
 
 def _net(args, rack):
@@ -135,16 +206,27 @@ def _net(args, rack):
     else:
         net, source = calibration.RACK, "assumed for a real rack"
     if args.efficiency is not None or args.step_latency_us is not None:
-        net = replace(net, efficiency=args.efficiency if args.efficiency is not None else net.efficiency,
-                      step_latency_s=args.step_latency_us / 1e6 if args.step_latency_us is not None else net.step_latency_s)
+        net = replace(
+            net,
+            efficiency=args.efficiency if args.efficiency is not None else net.efficiency,
+            step_latency_s=args.step_latency_us / 1e6 if args.step_latency_us is not None else net.step_latency_s,
+        )
         source = "given on the command line"
     sharing = net.sharing if args.sharing is None else args.sharing
     net = replace(net, sharing=sharing)
     how = SHARINGS[sharing] + (" (--sharing)" if args.sharing is not None else "")
-    desc = (f"{mode} model, efficiency {100 * net.efficiency:.1f} % of line rate, {1e6 * net.step_latency_s:,.0f} µs per "
-            f"ring step ({source}), {how}")
-    return net, {"model": mode, "efficiency": net.efficiency, "step_latency_s": net.step_latency_s, "source": source,
-                 "sharing": sharing, "description": desc}
+    desc = (
+        f"{mode} model, efficiency {100 * net.efficiency:.1f} % of line rate, {1e6 * net.step_latency_s:,.0f} µs per "
+        f"ring step ({source}), {how}"
+    )
+    return net, {
+        "model": mode,
+        "efficiency": net.efficiency,
+        "step_latency_s": net.step_latency_s,
+        "source": source,
+        "sharing": sharing,
+        "description": desc,
+    }
 
 
 def _against_emulation(args, record: dict) -> str:
@@ -183,15 +265,34 @@ def main(args) -> int:
     except (ValueError, RackError, workloads.TraceError) as e:
         print(f"optirack simulate: error: {e}", file=sys.stderr)
         return 2
-    options = engine.Options(net, Limits(), args.control_overhead_ms / 1000,
-                             None if args.interference == "auto" else args.interference, args.step_model)
+    options = engine.Options(
+        net,
+        Limits(),
+        args.control_overhead_ms / 1000,
+        None if args.interference == "auto" else args.interference,
+        args.step_model,
+    )
     study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
-    meta = {"command": "optirack simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if sys.argv[1:2] == ["simulate"]
-            else "optirack simulate", "rack": {"name": rack.name, "source": rack.source, "gpus": len(rack.gpus),
-                                               "summary": rack.summary().splitlines()[0]},
-            "workload": wmeta, "net": nmeta,
-            "options": {"policies": names, "defrag_interval_s": args.defrag_interval, "step_model": args.step_model,
-                        "interference": args.interference, "control_overhead_ms": args.control_overhead_ms}}
+    meta = {
+        "command": "optirack simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+        if sys.argv[1:2] == ["simulate"]
+        else "optirack simulate",
+        "rack": {
+            "name": rack.name,
+            "source": rack.source,
+            "gpus": len(rack.gpus),
+            "summary": rack.summary().splitlines()[0],
+        },
+        "workload": wmeta,
+        "net": nmeta,
+        "options": {
+            "policies": names,
+            "defrag_interval_s": args.defrag_interval,
+            "step_model": args.step_model,
+            "interference": args.interference,
+            "control_overhead_ms": args.control_overhead_ms,
+        },
+    }
     record = report.build(study, meta)
     extra = ""
     if args.case:

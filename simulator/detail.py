@@ -48,8 +48,14 @@ class Outcome:
 class Detail:
     """Rings on shared links, advanced event by event from their current states."""
 
-    def __init__(self, rings: list[Ring], capacity: list[float], latency: float, states: dict[int, RingState] | None = None,
-                 held: bool = False):
+    def __init__(
+        self,
+        rings: list[Ring],
+        capacity: list[float],
+        latency: float,
+        states: dict[int, RingState] | None = None,
+        held: bool = False,
+    ):
         self.rings, self.held = {r.key: r for r in rings}, held
         self.capacity, self.latency = capacity, latency
         self.states = {r.key: (states or {}).get(r.key) or RingState() for r in rings}
@@ -62,8 +68,9 @@ class Detail:
     def _rates(self) -> dict[int, float]:
         if self._stale:
             moving = [k for k, s in self.states.items() if self.held or s.phase == TRANSFER]
-            self.rates = max_min({k: self.rings[k].cap for k in moving}, {k: self.rings[k].links for k in moving},
-                                 self.capacity)
+            self.rates = max_min(
+                {k: self.rings[k].cap for k in moving}, {k: self.rings[k].links for k in moving}, self.capacity
+            )
             self._stale = False
         return self.rates
 
@@ -75,8 +82,14 @@ class Detail:
         rate = self._rates()[key]
         return s.remaining * (ring.step_bytes / rate + self.latency) if ring.coarse else s.remaining / rate
 
-    def run(self, t: float, until: float, targets: dict[int, int] | None = None, max_events: int = 10**9,
-            window: dict[int, int] | None = None) -> Outcome:
+    def run(
+        self,
+        t: float,
+        until: float,
+        targets: dict[int, int] | None = None,
+        max_events: int = 10**9,
+        window: dict[int, int] | None = None,
+    ) -> Outcome:
         """Advance from time `t` to `until`, or to the first time a ring reaches its target count of
         iterations (`targets`: ring -> iterations), or until every ring has done its `window` count,
         or after `max_events` events."""

@@ -139,7 +139,8 @@ def shares(record: dict) -> list[Share]:
             continue
         figures = _summary(record, h)
         emulated = uplink_share(record, h, h.emulated_s, figures["mean_comm_rack_s"]) if figures else float("nan")
-        out.append(Share(h, m, emulated, uplink_share(record, h, h.simulated_s), uplink_share(record, m, m.simulated_s)))
+        simulated = uplink_share(record, h, h.simulated_s), uplink_share(record, m, m.simulated_s)
+        out.append(Share(h, m, emulated, *simulated))
     return out
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 
-def max_min(caps: Mapping[int, float], uses: Mapping[int, Mapping[int, int]], capacity: Mapping[int, float] | list[float]) \
-        -> dict[int, float]:
+def max_min(
+    caps: Mapping[int, float], uses: Mapping[int, Mapping[int, int]], capacity: Mapping[int, float] | list[float]
+) -> dict[int, float]:
     """Rates for rings `caps` (ring -> own cap), `uses` (ring -> {link: flows}), link `capacity`."""
     if len(caps) == 1:  # alone: its cap or its narrowest link
-        (j, cap), = caps.items()
+        ((j, cap),) = caps.items()
         return {j: min([cap] + [capacity[link] / w for link, w in uses.get(j, {}).items()])}
     rates: dict[int, float] = {}
     remaining: dict[int, float] = {}
@@ -31,8 +32,7 @@ def max_min(caps: Mapping[int, float], uses: Mapping[int, Mapping[int, int]], ca
             weight = sum(uses[j][link] for j in js if j in active)
             if weight and remaining[link] / weight < level:
                 level, tight = remaining[link] / weight, link
-        frozen = {j for j in active if caps[j] <= level} if tight is None else \
-            {j for j in users[tight] if j in active}
+        frozen = {j for j in active if caps[j] <= level} if tight is None else {j for j in users[tight] if j in active}
         for j in frozen:
             rates[j] = level
             for link, w in uses.get(j, {}).items():

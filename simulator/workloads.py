@@ -51,7 +51,9 @@ def read_trace(path: str | Path, max_gpus: int | None = None) -> list[JobSpec]:
         text = path.read_text()
     except OSError as e:
         raise TraceError(f"{path}: cannot read: {e.strerror}") from None
-    lines = [(i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip() and not line.lstrip().startswith("#")]
+    lines = [
+        (i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip() and not line.lstrip().startswith("#")
+    ]
     if not lines:
         raise TraceError(f"{path}: no header; the first line must be {','.join(TRACE_FIELDS)}")
     header_no, header = lines[0]
@@ -62,7 +64,9 @@ def read_trace(path: str | Path, max_gpus: int | None = None) -> list[JobSpec]:
     for no, line in lines[1:]:
         row = [x.strip() for x in next(csv.reader([line]))]
         if len(row) != len(TRACE_FIELDS):
-            raise TraceError(f"{path}: line {no}: {len(row)} fields, expected {len(TRACE_FIELDS)} ({','.join(TRACE_FIELDS)})")
+            raise TraceError(
+                f"{path}: line {no}: {len(row)} fields, expected {len(TRACE_FIELDS)} ({','.join(TRACE_FIELDS)})"
+            )
         jobs.append(_trace_job(path, no, dict(zip(TRACE_FIELDS, row, strict=True)), len(jobs), max_gpus))
     if not jobs:
         raise TraceError(f"{path}: no jobs after the header")
@@ -142,6 +146,17 @@ def paper_case(name: str, iterations: int = 60, model: str = "vgg16", beside_fac
     if name not in CASES:
         raise ValueError(f"--case: unknown case {name!r} (cases: {', '.join(CASES)})")
     case = CASES[name]
-    return [JobSpec("concern", 0.0, len(case.concern), model, iterations, tuple(case.concern), label="job of concern"),
-            JobSpec("beside", 0.0, len(case.other), model, iterations * beside_factor, tuple(case.other), "fixed",
-                    label="job beside", stops_with="concern")]
+    return [
+        JobSpec("concern", 0.0, len(case.concern), model, iterations, tuple(case.concern), label="job of concern"),
+        JobSpec(
+            "beside",
+            0.0,
+            len(case.other),
+            model,
+            iterations * beside_factor,
+            tuple(case.other),
+            "fixed",
+            label="job beside",
+            stops_with="concern",
+        ),
+    ]

@@ -51,7 +51,13 @@ def _check_port_free(host: str, port: int, what: str) -> None:
         try:
             s.bind((host, port))
         except OSError as e:
-            LOG.error("cannot start: %s port %s:%d is in use (%s); is another controller running?", what, host, port, e.strerror)
+            LOG.error(
+                "cannot start: %s port %s:%d is in use (%s); is another controller running?",
+                what,
+                host,
+                port,
+                e.strerror,
+            )
             sys.exit(2)
 
 
@@ -159,5 +165,6 @@ class Optirack:
         return self.dpid_of(name) in self.datapaths
 
     def protected_ports(self, circuits: CircuitMap | None = None) -> dict:
-        """OCS ports whose circuits belong to active jobs (in `circuits`, default the current map): PortRef -> job id."""
+        """OCS ports whose circuits belong to active jobs (in `circuits`, default the current map):
+        PortRef -> job id."""
         return self.placement.protected_ports(circuits=circuits) if self.placement else {}

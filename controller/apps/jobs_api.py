@@ -123,7 +123,9 @@ class JobsApi(OptirackController):
             dpid = self.ctx.rack.ocs[ref.device].dpid
             samples = [s for s in self.ctx.ports.history(dpid, ref.port)
                        if job.started_at and job.started_at <= s.t <= end + 1.0]
-            out[gpu] = [{"t": round(s.t, 3), "tx_bps": round(s.rx_bps), "rx_bps": round(s.tx_bps)} for s in samples[-limit:]]
+            out[gpu] = [
+                {"t": round(s.t, 3), "tx_bps": round(s.rx_bps), "rx_bps": round(s.tx_bps)} for s in samples[-limit:]
+            ]
         return out
 
     @route("job_logs", PREFIX + "/jobs/{job_id}/logs", methods=["GET"], requirements=JOB_ID)

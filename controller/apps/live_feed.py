@@ -67,7 +67,9 @@ class Feed:
             its = job.iterations()
             start = max(self._iterations.get(job.id, 0), len(its) - ITERATION_HISTORY)
             if its[start:]:
-                out[job.id] = [[round(i["t_end"], 3), round(i["iter_s"], 4), round(i["gpu_util"], 3)] for i in its[start:]]
+                out[job.id] = [
+                    [round(i["t_end"], 3), round(i["iter_s"], 4), round(i["gpu_util"], 3)] for i in its[start:]
+                ]
             self._iterations[job.id] = len(its)
             if not job.active:
                 self._complete.add(job.id)

@@ -54,18 +54,39 @@ class Metrics:
         self.ctx = ctx
         self.counters: dict[tuple[int, int], object] = {}  # (dpid, port) -> latest OFPPortStats
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter("optirack_rest_requests", "REST requests answered, by route template, method and status",
-                                ["route", "method", "code"], registry=self.registry)
-        self.iteration = Histogram("optirack_job_iteration_seconds", "Time of one training iteration of a job "
-                                   "(slowest rank, emulated seconds)", ["job_id"], buckets=ITERATION_BUCKETS,
-                                   registry=self.registry)
-        self.dark = Histogram("optirack_reconfiguration_dark_window_seconds", "Time the changed circuits were dark "
-                              "during a reconfiguration", ["kind"], buckets=RECONFIG_BUCKETS, registry=self.registry)
-        self.overhead = Histogram("optirack_reconfiguration_control_overhead_seconds", "Reconfiguration time from the "
-                                  "request to confirmed forwarding, minus the OCS switching time", ["kind"],
-                                  buckets=RECONFIG_BUCKETS, registry=self.registry)
-        self.reconfigs = Counter("optirack_reconfigurations", "Reconfigurations that ended, by kind and status",
-                                 ["kind", "status"], registry=self.registry)
+        self.requests = Counter(
+            "optirack_rest_requests",
+            "REST requests answered, by route template, method and status",
+            ["route", "method", "code"],
+            registry=self.registry,
+        )
+        self.iteration = Histogram(
+            "optirack_job_iteration_seconds",
+            "Time of one training iteration of a job (slowest rank, emulated seconds)",
+            ["job_id"],
+            buckets=ITERATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.dark = Histogram(
+            "optirack_reconfiguration_dark_window_seconds",
+            "Time the changed circuits were dark during a reconfiguration",
+            ["kind"],
+            buckets=RECONFIG_BUCKETS,
+            registry=self.registry,
+        )
+        self.overhead = Histogram(
+            "optirack_reconfiguration_control_overhead_seconds",
+            "Reconfiguration time from the request to confirmed forwarding, minus the OCS switching time",
+            ["kind"],
+            buckets=RECONFIG_BUCKETS,
+            registry=self.registry,
+        )
+        self.reconfigs = Counter(
+            "optirack_reconfigurations",
+            "Reconfigurations that ended, by kind and status",
+            ["kind", "status"],
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(self))
         for kind in KINDS:
             self.dark.labels(kind)
@@ -121,7 +142,7 @@ class Metrics:
                         self.iteration.remove(job.id)
                 continue
             its = job.iterations()
-            for it in its[self._iterations_seen.get(job.id, 0):]:
+            for it in its[self._iterations_seen.get(job.id, 0) :]:
                 self.iteration.labels(job.id).observe(it["iter_s"])
             self._iterations_seen[job.id] = len(its)
             if its:
@@ -131,7 +152,9 @@ class Metrics:
 
     def shown_jobs(self) -> list:
         now = self.ctx.clock()
-        return [j for j in self._jobs() if j.active or (j.ended_at is not None and now - j.ended_at <= KEEP_ENDED_JOB_S)]
+        return [
+            j for j in self._jobs() if j.active or (j.ended_at is not None and now - j.ended_at <= KEEP_ENDED_JOB_S)
+        ]
 
 
 class _StateCollector:
@@ -152,9 +175,14 @@ class _StateCollector:
     def _ports(self):
         ctx, m = self.m.ctx, self.m
         labels = ["gpu", "server", "ocs_port"]
-        fams = {k: CounterMetricFamily(f"optirack_gpu_port_{k}", f"{k.replace('_', ' ').capitalize()} of a GPU's NIC, "
-                                       "counted at the OCS port facing it", labels=labels)
-                for k in ("transmit_bytes", "receive_bytes", "transmit_packets", "receive_packets")}
+        fams = {
+            k: CounterMetricFamily(
+                f"optirack_gpu_port_{k}",
+                f"{k.replace('_', ' ').capitalize()} of a GPU's NIC, counted at the OCS port facing it",
+                labels=labels,
+            )
+            for k in ("transmit_bytes", "receive_bytes", "transmit_packets", "receive_packets")
+        }
         for name, g in ctx.rack.gpus.items():
             ref = g.nic.ocs_port
             s = m.counters.get((ctx.rack.ocs[ref.device].dpid, ref.port))
@@ -170,10 +198,16 @@ class _StateCollector:
 
     def _uplinks(self):
         ctx, m = self.m.ctx, self.m
-        tx = CounterMetricFamily("optirack_uplink_transmit_bytes", "Bytes a packet switch sent out of an uplink",
-                                 labels=["switch", "port", "peer"])
-        rx = CounterMetricFamily("optirack_uplink_receive_bytes", "Bytes a packet switch received on an uplink",
-                                 labels=["switch", "port", "peer"])
+        tx = CounterMetricFamily(
+            "optirack_uplink_transmit_bytes",
+            "Bytes a packet switch sent out of an uplink",
+            labels=["switch", "port", "peer"],
+        )
+        rx = CounterMetricFamily(
+            "optirack_uplink_receive_bytes",
+            "Bytes a packet switch received on an uplink",
+            labels=["switch", "port", "peer"],
+        )
         for w in ctx.rack.spec.switches:
             for u in w.uplinks:
                 s = m.counters.get((w.dpid, u.port))
@@ -185,10 +219,16 @@ class _StateCollector:
 
     def _devices(self):
         ctx = self.m.ctx
-        connected = GaugeMetricFamily("optirack_device_connected", "1 while the controller holds a connection to the "
-                                      "device", labels=["device", "kind"])
-        synced = GaugeMetricFamily("optirack_device_synchronised", "1 once the device holds what the controller "
-                                   "wants (circuits or forwarding)", labels=["device", "kind"])
+        connected = GaugeMetricFamily(
+            "optirack_device_connected",
+            "1 while the controller holds a connection to the device",
+            labels=["device", "kind"],
+        )
+        synced = GaugeMetricFamily(
+            "optirack_device_synchronised",
+            "1 once the device holds what the controller wants (circuits or forwarding)",
+            labels=["device", "kind"],
+        )
         circuits = GaugeMetricFamily("optirack_ocs_circuits", "Circuits the controller holds on an OCS", labels=["ocs"])
         for o in ctx.rack.spec.ocs:
             driver = ctx.ocs.drivers.get(o.name) if ctx.ocs else None
@@ -210,12 +250,21 @@ class _StateCollector:
         for state, n in counts.items():
             by_state.add_metric([state], n)
         yield by_state
-        util = GaugeMetricFamily("optirack_job_gpu_utilization_ratio", "GPU utilization of a job in its latest "
-                                 "iteration (0-1, mean over its GPUs)", labels=["job_id"])
-        spread = GaugeMetricFamily("optirack_job_switches", "Aggregator switches a job's GPUs are spread over "
-                                   "(1 when grouped)", labels=["job_id"])
-        gpu = GaugeMetricFamily("optirack_gpu_job", "1 for each GPU a job holds (join on gpu to sum a job's ports)",
-                                labels=["gpu", "job_id", "switch"])
+        util = GaugeMetricFamily(
+            "optirack_job_gpu_utilization_ratio",
+            "GPU utilization of a job in its latest iteration (0-1, mean over its GPUs)",
+            labels=["job_id"],
+        )
+        spread = GaugeMetricFamily(
+            "optirack_job_switches",
+            "Aggregator switches a job's GPUs are spread over (1 when grouped)",
+            labels=["job_id"],
+        )
+        gpu = GaugeMetricFamily(
+            "optirack_gpu_job",
+            "1 for each GPU a job holds (join on gpu to sum a job's ports)",
+            labels=["gpu", "job_id", "switch"],
+        )
         for j in m.shown_jobs():
             if j.id in m._util:
                 util.add_metric([j.id], m._util[j.id])

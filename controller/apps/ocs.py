@@ -79,7 +79,9 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         # An OpenFlow OCS connects to us (and again after a loss); any other device is kept by a
         # thread of ours: it logs in, resynchronises, probes, and after a loss retries with backoff.
         self.probe_interval, self.retry_max = c.device_probe_interval, c.device_retry_max
-        self.keepers = [hub.spawn(self._keep, name) for name, d in self.drivers.items() if not isinstance(d, OpenFlowOcs)]
+        self.keepers = [
+            hub.spawn(self._keep, name) for name, d in self.drivers.items() if not isinstance(d, OpenFlowOcs)
+        ]
 
     # --- OpenFlow events -------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
@@ -94,9 +96,6 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             self.drivers[name].datapath = None
             self.synchronised.discard(name)
             self.rpc.on_disconnect(ev.datapath.id)
-
-
-
 
     # --- circuits ------------------------------------------------------------------
     def _keep(self, name: str, first_retry: float = 0.5) -> None:
@@ -158,9 +157,13 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         if device == held:
             LOG.info("OCS %s: holds the expected %d circuits", name, len(held))
             return
-        ev = self.ctx.events.start("restore", f"OCS {name} connected with other circuits", self.ctx.clock(),
-                                   removed=[[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(device - held)],
-                                   added=[[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(held - device)])
+        ev = self.ctx.events.start(
+            "restore",
+            f"OCS {name} connected with other circuits",
+            self.ctx.clock(),
+            removed=[[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(device - held)],
+            added=[[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(held - device)],
+        )
         try:
             self.ctx.record_event(ev)
             driver.replace(held)
@@ -192,8 +195,15 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             if not self.drivers[ocs].connected:
                 raise OcsUnavailable(f"OCS {ocs} is not connected")
 
-    def change(self, plan: Callable[[CircuitMap], CircuitMap | None], kind: str, reason: str | Callable[[], str],
-               job: str | None = None, wait: float | None = 0, note: str | Callable[[], str] = "") -> ReconfigEvent | None:
+    def change(
+        self,
+        plan: Callable[[CircuitMap], CircuitMap | None],
+        kind: str,
+        reason: str | Callable[[], str],
+        job: str | None = None,
+        wait: float | None = 0,
+        note: str | Callable[[], str] = "",
+    ) -> ReconfigEvent | None:
         """The one way to change circuits: take the reconfiguration lock, call `plan(current)` under it,
         apply what it returns (OCS diff, then forwarding, both confirmed; all or nothing).
 
@@ -209,13 +219,15 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             if target is None or target == self.ctx.circuits:
                 return None
             self.check_available(target)
-            return self._reconfigure(target, kind, reason() if callable(reason) else reason, job,
-                                     note() if callable(note) else note)
+            return self._reconfigure(
+                target, kind, reason() if callable(reason) else reason, job, note() if callable(note) else note
+            )
         finally:
             self.ctx.lock.release()
 
-    def reconfigure(self, target: CircuitMap, kind: str, reason: str, job: str | None = None,
-                    wait: float | None = 0) -> ReconfigEvent | None:
+    def reconfigure(
+        self, target: CircuitMap, kind: str, reason: str, job: str | None = None, wait: float | None = 0
+    ) -> ReconfigEvent | None:
         """Make `target` the whole circuit map (for callers whose target does not depend on the
         current map; everyone else plans inside `change`)."""
         return self.change(lambda _current: target, kind, reason, job, wait)
@@ -223,8 +235,15 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
     def _reconfigure(self, target: CircuitMap, kind: str, reason: str, job: str | None, note: str) -> ReconfigEvent:
         ctx = self.ctx
         diff = ctx.circuits.diff(target)
-        ev = ctx.events.start(kind, reason, ctx.clock(), job=job, note=note,
-                              removed=CircuitMap(diff.remove).to_json(), added=CircuitMap(diff.add).to_json())
+        ev = ctx.events.start(
+            kind,
+            reason,
+            ctx.clock(),
+            job=job,
+            note=note,
+            removed=CircuitMap(diff.remove).to_json(),
+            added=CircuitMap(diff.add).to_json(),
+        )
         previous, parts = ctx.circuits, diff.by_ocs()
         fabric = _WhenDark(lambda: ctx.fabric.sync(target), len(parts))
         try:
@@ -240,8 +259,15 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             fabric.join()
             ev.flows_confirmed_at = ctx.clock()
             ev.status, ev.version = "ok", ctx.circuits_version
-            LOG.info("reconfiguration %d (%s): -%d +%d circuits, dark %.1f ms, flows confirmed after %.1f ms",
-                     ev.id, reason, len(diff.remove), len(diff.add), (ev.dark_window_s or 0) * 1000, ev.total_s * 1000)
+            LOG.info(
+                "reconfiguration %d (%s): -%d +%d circuits, dark %.1f ms, flows confirmed after %.1f ms",
+                ev.id,
+                reason,
+                len(diff.remove),
+                len(diff.add),
+                (ev.dark_window_s or 0) * 1000,
+                ev.total_s * 1000,
+            )
             return ev
         except DEVICE_ERRORS as e:
             self._abandon(ev, str(e), previous, list(diff.by_ocs()))
@@ -257,8 +283,10 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         """Every OCS of a change at once (their dark windows overlap); the packet switches are
         re-programmed for the target as soon as every changed circuit is dark, so that their
         confirmation overlaps the switching time. Raises the first device error, once all ended."""
-        threads = [hub.spawn(self.drivers[ocs].apply, _pairs(part.remove), _pairs(part.add), fabric.dark,
-                             raise_error=True) for ocs, part in parts.items()]
+        threads = [
+            hub.spawn(self.drivers[ocs].apply, _pairs(part.remove), _pairs(part.add), fabric.dark, raise_error=True)
+            for ocs, part in parts.items()
+        ]
         results, errors = [], []
         for thread in threads:
             try:
@@ -320,8 +348,9 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
         result = {}
         for name, driver in self.drivers.items():
             try:
-                result[name] = ([[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(driver.read())]
-                                if driver.connected else None)
+                result[name] = (
+                    [[f"{name}:{a}", f"{name}:{b}"] for a, b in sorted(driver.read())] if driver.connected else None
+                )
             except DEVICE_ERRORS:
                 result[name] = None
         return result

@@ -63,14 +63,17 @@ class PlacementApp(app_manager.RyuApp):
         super().__init__(*args, **kwargs)
         self.ctx: Optirack = kwargs["optirack"]
         self.ctx.placement = self
-        self.driver = kwargs.get("driver") or ContainerDriver(self.ctx.rack, conf().worker_image, nic_home=conf().nic_home)
+        self.driver = kwargs.get("driver") or ContainerDriver(
+            self.ctx.rack, conf().worker_image, nic_home=conf().nic_home
+        )
         self.jobs = JobTable(Job.from_state(j) for j in self.ctx.saved.get("jobs", []))
         start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
         self._ids = itertools.count(start)
         self.admission = hub.Semaphore(1)  # plan and reconfigure one job at a time
         self._admit = hub.Semaphore(1)  # admission (submit and the queue) one job at a time
         self.queue: collections.deque[str] = collections.deque(
-            j.id for j in sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id)) if j.state == QUEUED)
+            j.id for j in sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id)) if j.state == QUEUED
+        )
         self.occupancy = Occupancy(self.ctx.rack, self.ctx.circuits, self.busy_gpus())
         self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
         self._threads: dict[str, list] = {}
@@ -117,7 +120,9 @@ class PlacementApp(app_manager.RyuApp):
         self.ctx.save(jobs=[j.to_state() for j in jobs])
         self.jobs.saved(jobs)
 
-    def page(self, limit: int, before: str | None = None, states: set[str] | None = None) -> tuple[list[Job], str | None]:
+    def page(
+        self, limit: int, before: str | None = None, states: set[str] | None = None
+    ) -> tuple[list[Job], str | None]:
         """The newest `limit` jobs created before job `before` (in `states`), oldest first, and the id
         to pass as `before` for the page before it (None: no older job)."""
         jobs = list(self.jobs.values())
@@ -147,8 +152,13 @@ class PlacementApp(app_manager.RyuApp):
         holders = {g: j for g, j in self.busy_gpus().items() if j != exclude}
         if admitting:
             down = self.down_servers()
-            holders.update({g: f"the engine of {s} (down)" for g, s in self.ctx.rack.server_of.items()
-                            if s in down and g not in holders})
+            holders.update(
+                {
+                    g: f"the engine of {s} (down)"
+                    for g, s in self.ctx.rack.server_of.items()
+                    if s in down and g not in holders
+                }
+            )
         self.occupancy.sync(self.ctx.circuits if circuits is None else circuits, holders)
         return self.occupancy
 
@@ -156,8 +166,12 @@ class PlacementApp(app_manager.RyuApp):
     def _request(job: Job, named: bool = False) -> policy.Request:
         r = job.request
         gpus = job.gpus if named else r["gpus"]
-        return policy.Request(gpus if isinstance(gpus, int) else tuple(gpus), r["policy"], r.get("gpu_model"),
-                              r["workload"].get("model", "vgg16"))
+        return policy.Request(
+            gpus if isinstance(gpus, int) else tuple(gpus),
+            r["policy"],
+            r.get("gpu_model"),
+            r["workload"].get("model", "vgg16"),
+        )
 
     def submit(self, req: JobRequest) -> Job:
         """Admit a job: placed at once (its GPUs reserved, started in the background), or queued.
@@ -192,8 +206,14 @@ class PlacementApp(app_manager.RyuApp):
     def _admit_job(self, job: Job, p: policy.Plan) -> None:
         job.state, job.gpus, job.switches, job.note = "pending", list(p.gpus), list(p.switches), p.note
         self.save()
-        LOG.info("%s admitted: %d GPUs %s, policy %s; %s", job.id, len(p.gpus), ",".join(p.gpus),
-                 job.request["policy"], p.note)
+        LOG.info(
+            "%s admitted: %d GPUs %s, policy %s; %s",
+            job.id,
+            len(p.gpus),
+            ",".join(p.gpus),
+            job.request["policy"],
+            p.note,
+        )
         hub.spawn(self._run, job)
 
     def _number_queue(self) -> None:
@@ -234,9 +254,14 @@ class PlacementApp(app_manager.RyuApp):
         servers = sorted({self.ctx.rack.server_of[g] for g in gpus})
         down = {s: self.down_servers()[s] for s in servers if not self.driver.engines.ping(s)}
         if down:
-            raise Conflict("gpus: " + "; ".join(f"the Docker Engine of server {s} is down ({why}): "
-                                                f"{', '.join(g for g in gpus if self.ctx.rack.server_of[g] == s)} cannot run"
-                                                for s, why in down.items()))
+            raise Conflict(
+                "gpus: "
+                + "; ".join(
+                    f"the Docker Engine of server {s} is down ({why}): "
+                    f"{', '.join(g for g in gpus if self.ctx.rack.server_of[g] == s)} cannot run"
+                    for s, why in down.items()
+                )
+            )
 
     def _run(self, job: Job) -> None:
         """The job's thread. Every way out ends the job: running on, done, or failed with the reason."""
@@ -265,8 +290,14 @@ class PlacementApp(app_manager.RyuApp):
             decided.update(plan=p, diff=p.diff)
             return p.target(current)
 
-        ev = self.ctx.ocs.change(plan, "job", f"{job.id}: place {len(job.gpus)} GPUs ({job.request['policy']})",
-                                 job=job.id, wait=RECONFIG_WAIT, note=lambda: self._note(job, decided["diff"]))
+        ev = self.ctx.ocs.change(
+            plan,
+            "job",
+            f"{job.id}: place {len(job.gpus)} GPUs ({job.request['policy']})",
+            job=job.id,
+            wait=RECONFIG_WAIT,
+            note=lambda: self._note(job, decided["diff"]),
+        )
         if ev is not None:
             placed["diff"] = decided["diff"]
             job.events.append(ev.id)
@@ -290,10 +321,26 @@ class PlacementApp(app_manager.RyuApp):
     def _command(self, job: Job, rank: int) -> list[str]:
         w = job.request["workload"]
         master = self.ctx.rack.addresses[job.gpus[0]][0]
-        cmd = ["--rank", str(rank), "--world-size", str(len(job.gpus)), "--master", master, "--mode", w["mode"],
-               "--iterations", str(w["iterations"]), "--rate-scale", str(self.ctx.rack.spec.emulation.rate_scale),
-               "--time-dilation", str(self.ctx.rack.spec.emulation.time_dilation),
-               "--wait-for-nic", "60", "--batch", str(w["batch"])]
+        cmd = [
+            "--rank",
+            str(rank),
+            "--world-size",
+            str(len(job.gpus)),
+            "--master",
+            master,
+            "--mode",
+            w["mode"],
+            "--iterations",
+            str(w["iterations"]),
+            "--rate-scale",
+            str(self.ctx.rack.spec.emulation.rate_scale),
+            "--time-dilation",
+            str(self.ctx.rack.spec.emulation.time_dilation),
+            "--wait-for-nic",
+            "60",
+            "--batch",
+            str(w["batch"]),
+        ]
         if w["mode"] == "profile":
             cmd += ["--workload", w["model"]]
         if w.get("compute_seconds") is not None:
@@ -311,14 +358,27 @@ class PlacementApp(app_manager.RyuApp):
         except EngineDown as e:
             raise ContainerError(str(e)) from None
         except Exception as e:  # noqa: BLE001 (registry or engine refused: fail the job with the reason)
-            raise ContainerError(f"cannot start the containers: the worker image {self.driver.image} cannot be had "
-                                 f"({str(e).strip().splitlines()[-1] if str(e).strip() else e.__class__.__name__})") from None
+            raise ContainerError(
+                f"cannot start the containers: the worker image {self.driver.image} cannot be had "
+                f"({str(e).strip().splitlines()[-1] if str(e).strip() else e.__class__.__name__})"
+            ) from None
         job.image = image
 
         def one(rank: int, gpu: str) -> None:
             g = rack.gpus[gpu]
-            self.driver.start(GpuContainer(job.id, gpu, rack.server_of[gpu], g.index, g.model, rack.interface(gpu),
-                                           f"{rack.addresses[gpu][0]}/{prefix}", self._command(job, rank)), image)
+            self.driver.start(
+                GpuContainer(
+                    job.id,
+                    gpu,
+                    rack.server_of[gpu],
+                    g.index,
+                    g.model,
+                    rack.interface(gpu),
+                    f"{rack.addresses[gpu][0]}/{prefix}",
+                    self._command(job, rank),
+                ),
+                image,
+            )
 
         threads = [hub.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)]
         errors = []
@@ -334,6 +394,7 @@ class PlacementApp(app_manager.RyuApp):
     def _remove_containers(self, job: Job, gpus=None) -> None:
         """Give each NIC back and remove the containers, on every engine at once; an engine that is
         down is skipped (its containers are swept when it comes back)."""
+
         def one(gpu: str) -> None:
             server = self.ctx.rack.server_of[gpu]
             try:
@@ -408,7 +469,9 @@ class PlacementApp(app_manager.RyuApp):
             if failed:
                 gpu, code = next(iter(failed.items()))
                 last = next((r for r in reversed(job.reports.get(gpu, [])) if r.get("event") == "error"), None)
-                self._finish(job, "failed", f"the worker on {gpu} exited with {code}" + (f": {last['error']}" if last else ""))
+                self._finish(
+                    job, "failed", f"the worker on {gpu} exited with {code}" + (f": {last['error']}" if last else "")
+                )
             else:
                 self._finish(job, "done", None)
         except Exception as e:  # noqa: BLE001 (the edge: a running job never stays running because of a bug)
@@ -438,8 +501,11 @@ class PlacementApp(app_manager.RyuApp):
                             pass
             job.exit_codes[gpu] = self.driver.wait(job.id, gpu, server)
         except Exception as e:  # noqa: BLE001 (the container vanished, or its engine went down)
-            why = str(e) if self.driver.engines.ping(server) else \
-                f"the Docker Engine of server {server} went down ({self.driver.down_servers().get(server)})"
+            why = (
+                str(e)
+                if self.driver.engines.ping(server)
+                else f"the Docker Engine of server {server} went down ({self.driver.down_servers().get(server)})"
+            )
             LOG.error("%s: lost the worker on %s: %s", job.id, gpu, why)
             job.record(gpu, {"event": "error", "error": why})
             job.exit_codes[gpu] = -1
@@ -465,7 +531,12 @@ class PlacementApp(app_manager.RyuApp):
         if job.state == QUEUED:
             with self._admit:
                 self.queue.remove(job_id)
-                job.state, job.reason, job.ended_at, job.position = "stopped", "stopped while queued", self.ctx.clock(), None
+                job.state, job.reason, job.ended_at, job.position = (
+                    "stopped",
+                    "stopped while queued",
+                    self.ctx.clock(),
+                    None,
+                )
                 self._number_queue()
                 self.save(job)
             self._drain_queue()  # the next one may fit now
@@ -501,8 +572,14 @@ class PlacementApp(app_manager.RyuApp):
             plans.append(p)
             return p.target(current) if p.changes else None
 
-        ev = self.ctx.ocs.change(plan, "regroup", lambda: f"{job.id}: regroup under {','.join(plans[-1].switches)}",
-                                 job=job.id, wait=RECONFIG_WAIT, note=lambda: self._note(job, plans[-1].diff))
+        ev = self.ctx.ocs.change(
+            plan,
+            "regroup",
+            lambda: f"{job.id}: regroup under {','.join(plans[-1].switches)}",
+            job=job.id,
+            wait=RECONFIG_WAIT,
+            note=lambda: self._note(job, plans[-1].diff),
+        )
         p = plans[-1]
         if ev is not None:
             job.switches, job.note = list(p.switches), f"regrouped: {p.note}"
@@ -522,10 +599,18 @@ class PlacementApp(app_manager.RyuApp):
         for a, _ in d.add:
             made[a.device] = made.get(a.device, 0) + 1
         stall = max((self.ctx.ocs.drivers[o].switching_time_s(n) for o, n in made.items()), default=0.0)
-        body = defrag.describe(self.ctx.rack, d, {j: job.gpus for j, job in running.items()}, where,
-                               {j: job.request["workload"].get("model", "vgg16") for j, job in running.items()},
-                               {j: max(0, (job.request["workload"]["iterations"] or 0) - len(job.iterations()))
-                                for j, job in running.items()}, stall)
+        body = defrag.describe(
+            self.ctx.rack,
+            d,
+            {j: job.gpus for j, job in running.items()},
+            where,
+            {j: job.request["workload"].get("model", "vgg16") for j, job in running.items()},
+            {
+                j: max(0, (job.request["workload"]["iterations"] or 0) - len(job.iterations()))
+                for j, job in running.items()
+            },
+            stall,
+        )
         return d, {"version": self.ctx.circuits_version, **body}
 
     @staticmethod
@@ -553,8 +638,10 @@ class PlacementApp(app_manager.RyuApp):
                 return None
             if version is not None:
                 if version != self.ctx.circuits_version:
-                    raise Conflict(f"the circuit map is at version {self.ctx.circuits_version}, the plan was made "
-                                   f"from version {version}; make a new plan (dry_run=true)")
+                    raise Conflict(
+                        f"the circuit map is at version {self.ctx.circuits_version}, the plan was made "
+                        f"from version {version}; make a new plan (dry_run=true)"
+                    )
                 if version not in self._plans:
                     raise Conflict(f"no plan was made from version {version}; make one first (dry_run=true)")
                 if self._moves(self._plans[version]) != self._moves(body):
@@ -562,8 +649,10 @@ class PlacementApp(app_manager.RyuApp):
             return current.apply(d.diff) if d.changes else None
 
         def reason() -> str:
-            return "defragment: " + ", ".join(f"{m['job']} {'+'.join(m['switches_before'])} -> "
-                                              f"{'+'.join(m['switches_after'])}" for m in result["jobs_moved"])
+            return "defragment: " + ", ".join(
+                f"{m['job']} {'+'.join(m['switches_before'])} -> {'+'.join(m['switches_after'])}"
+                for m in result["jobs_moved"]
+            )
 
         def note() -> str:
             gpus = [g for m in result["jobs_moved"] for g in self.jobs[m["job"]].gpus]
@@ -574,13 +663,17 @@ class PlacementApp(app_manager.RyuApp):
         if ev is not None:
             for m in result["jobs_moved"]:
                 job = self.jobs[m["job"]]
-                job.switches, job.note = m["switches_after"], f"regrouped under {', '.join(m['switches_after'])} " \
-                                                              f"(defragmentation, event {ev.id})"
+                job.switches, job.note = (
+                    m["switches_after"],
+                    f"regrouped under {', '.join(m['switches_after'])} (defragmentation, event {ev.id})",
+                )
                 job.circuits = self._circuits_of(job)
                 job.events.append(ev.id)
             self.save()
             LOG.info("%s (%d circuit changes, one reconfiguration)", ev.reason, result["circuits_changed"])
-        result.update(applied=not dry_run, event=ev.to_json() if ev else None, circuits_version=self.ctx.circuits_version)
+        result.update(
+            applied=not dry_run, event=ev.to_json() if ev else None, circuits_version=self.ctx.circuits_version
+        )
         if not dry_run:
             self._drain_queue()
         return result

@@ -92,7 +92,9 @@ def api(mutation: bool = False):
                 return error_response(ApiError(400, "the request is not valid UTF-8"))
             except Exception as e:  # a bug: still answer in the documented shape, and log it
                 LOG.exception("%s %s failed", req.method, req.environ.get("PATH_INFO", "?"))
-                return error_response(ApiError(500, f"internal error ({e.__class__.__name__}); see the controller's log"))
+                return error_response(
+                    ApiError(500, f"internal error ({e.__class__.__name__}); see the controller's log")
+                )
 
         return wrapper
 
@@ -159,7 +161,7 @@ def if_match(req) -> set[int] | None:
     for tag in header.split(","):
         m = _ETAG.match(tag.strip())
         if not m:
-            raise ApiError(400, f"expected the ETag of GET /ocs/circuits, like \"12\", not {tag.strip()!r}", "If-Match")
+            raise ApiError(400, f'expected the ETag of GET /ocs/circuits, like "12", not {tag.strip()!r}', "If-Match")
         versions.add(int(m.group(1)))
     return versions
 
@@ -169,10 +171,18 @@ def check_version(expected: set[int] | None, current: int) -> None:
     if expected is None or current in expected:
         return
     if max(expected) > current:
-        raise ApiError(412, f"If-Match names version {max(expected)}, which this controller has not issued "
-                            f"(the circuits are at version {current}); read them again", "If-Match")
-    raise ApiError(409, f"the circuits changed since version {max(expected)} (now version {current}): "
-                        "read them again and decide afresh", "If-Match")
+        raise ApiError(
+            412,
+            f"If-Match names version {max(expected)}, which this controller has not issued "
+            f"(the circuits are at version {current}); read them again",
+            "If-Match",
+        )
+    raise ApiError(
+        409,
+        f"the circuits changed since version {max(expected)} (now version {current}): "
+        "read them again and decide afresh",
+        "If-Match",
+    )
 
 
 def _versioned(resp: Response, ctx: Optirack) -> Response:
@@ -191,8 +201,11 @@ class OptirackController(CountedController):
         header = req.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise ApiError(401, "this request changes the rack: send 'Authorization: Bearer <token>' "
-                                "(the token is in the controller's state directory)")
+            raise ApiError(
+                401,
+                "this request changes the rack: send 'Authorization: Bearer <token>' "
+                "(the token is in the controller's state directory)",
+            )
         if not hmac.compare_digest(token.strip(), self.ctx.token):
             raise ApiError(401, "wrong token")
 
@@ -248,8 +261,12 @@ class Api(OptirackController):
         limit, before = int_param(req, "limit", 100), int_param(req, "before", None, lo=1, hi=1 << 62)
         rows = self.ctx.store.events(limit + 1, before)  # one more tells whether an older page exists
         page = rows[-limit:]
-        return json_response({"events": [ReconfigEvent.from_state(r).to_json() for r in page],
-                              "older": page[0]["id"] if len(rows) > len(page) else None})
+        return json_response(
+            {
+                "events": [ReconfigEvent.from_state(r).to_json() for r in page],
+                "older": page[0]["id"] if len(rows) > len(page) else None,
+            }
+        )
 
 
 @functools.cache
@@ -280,7 +297,9 @@ def allowed_methods(path: str) -> set[str]:
     best: tuple[int, set[str]] = (-1, set())
     for template, ops in _openapi()["paths"].items():
         tparts = (PREFIX + template).split("/")
-        if len(tparts) == len(parts) and all(t == p or (t.startswith("{") and p) for t, p in zip(tparts, parts, strict=True)):
+        if len(tparts) == len(parts) and all(
+            t == p or (t.startswith("{") and p) for t, p in zip(tparts, parts, strict=True)
+        ):
             literal = sum(t == p for t, p in zip(tparts, parts, strict=True))
             if literal > best[0]:
                 best = (literal, {m.upper() for m in ops})

@@ -23,18 +23,40 @@ def topology(ctx: Optirack) -> dict:
         "description": rack.spec.description,
         "fragmentation": ctx.placement.fragmentation() if ctx.placement else None,
         "rate_scale": rack.spec.emulation.rate_scale,
-        "servers": {s.name: {"docker": s.docker, "gpus": [g.name for g in s.gpus],
-                             "engine": {"up": s.name not in down, "reason": down.get(s.name)}} for s in rack.spec.servers},
+        "servers": {
+            s.name: {
+                "docker": s.docker,
+                "gpus": [g.name for g in s.gpus],
+                "engine": {"up": s.name not in down, "reason": down.get(s.name)},
+            }
+            for s in rack.spec.servers
+        },
         "gpus": gpus,
-        "ocs": {o.name: {"dpid": f"{o.dpid:#x}", "ports": o.ports, "driver": o.driver, "switching_time_ms": o.switching_time_ms,
-                         "reconfiguration_time_ms": o.bulk_time_ms, **_device_status(ctx, o.name),
-                         "synchronised": bool(ctx.ocs and o.name in ctx.ocs.synchronised)}
-                for o in rack.spec.ocs},
-        "switches": {w.name: {"dpid": f"{w.dpid:#x}", "role": w.role, "connected": ctx.connected(w.name),
-                              "synchronised": bool(ctx.fabric and w.name in ctx.fabric.installed),
-                              "downlinks": [{"port": d.port, "ocs_port": str(d.ocs_port), "rate_gbps": d.rate_gbps} for d in w.downlinks],
-                              "uplinks": [{"port": u.port, "peer": str(u.peer), "rate_gbps": u.rate_gbps} for u in w.uplinks]}
-                     for w in rack.spec.switches},
+        "ocs": {
+            o.name: {
+                "dpid": f"{o.dpid:#x}",
+                "ports": o.ports,
+                "driver": o.driver,
+                "switching_time_ms": o.switching_time_ms,
+                "reconfiguration_time_ms": o.bulk_time_ms,
+                **_device_status(ctx, o.name),
+                "synchronised": bool(ctx.ocs and o.name in ctx.ocs.synchronised),
+            }
+            for o in rack.spec.ocs
+        },
+        "switches": {
+            w.name: {
+                "dpid": f"{w.dpid:#x}",
+                "role": w.role,
+                "connected": ctx.connected(w.name),
+                "synchronised": bool(ctx.fabric and w.name in ctx.fabric.installed),
+                "downlinks": [
+                    {"port": d.port, "ocs_port": str(d.ocs_port), "rate_gbps": d.rate_gbps} for d in w.downlinks
+                ],
+                "uplinks": [{"port": u.port, "peer": str(u.peer), "rate_gbps": u.rate_gbps} for u in w.uplinks],
+            }
+            for w in rack.spec.switches
+        },
     }
 
 
@@ -46,8 +68,11 @@ def _device_status(ctx: Optirack, name: str) -> dict:
 
 
 def circuits(ctx: Optirack, device: bool = False) -> dict:
-    body = {"circuits": ctx.circuits.to_json(), "version": ctx.circuits_version,
-            "by_ocs": {o: CircuitMap(ctx.circuits.on(o)).to_json() for o in ctx.rack.ocs}}
+    body = {
+        "circuits": ctx.circuits.to_json(),
+        "version": ctx.circuits_version,
+        "by_ocs": {o: CircuitMap(ctx.circuits.on(o)).to_json() for o in ctx.rack.ocs},
+    }
     if device and ctx.ocs:
         body["device"] = ctx.ocs.device_circuits()
     return body
@@ -74,10 +99,16 @@ def port_stats(ctx: Optirack, history: int = 0) -> dict:
         dpid = ctx.rack.ocs[ref.device].dpid
         latest = ctx.ports.latest(dpid, ref.port)
         # Seen from the OCS port facing the NIC: what the OCS receives, the NIC sent.
-        entry = {"ocs_port": str(ref), "tx_bps": latest.rx_bps if latest else None,
-                 "rx_bps": latest.tx_bps if latest else None, "t": latest.t if latest else None}
+        entry = {
+            "ocs_port": str(ref),
+            "tx_bps": latest.rx_bps if latest else None,
+            "rx_bps": latest.tx_bps if latest else None,
+            "t": latest.t if latest else None,
+        }
         if history:
-            entry["history"] = [{"t": round(s.t, 3), "tx_bps": round(s.rx_bps), "rx_bps": round(s.tx_bps)}
-                                for s in ctx.ports.history(dpid, ref.port, history)]
+            entry["history"] = [
+                {"t": round(s.t, 3), "tx_bps": round(s.rx_bps), "rx_bps": round(s.tx_bps)}
+                for s in ctx.ports.history(dpid, ref.port, history)
+            ]
         gpus[name] = entry
     return {"datapaths": datapaths, "gpus": gpus}

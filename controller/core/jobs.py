@@ -44,7 +44,9 @@ class JobRequest(BaseModel):
     name: str = Field("", max_length=64)
     gpus: int | list[str] = Field(..., description="how many GPUs, or which ones")
     policy: Literal["fixed", "regroup"] = "regroup"
-    gpu_model: str | None = Field(None, description="only GPUs of this model; default: any, one model if one has enough")
+    gpu_model: str | None = Field(
+        None, description="only GPUs of this model; default: any, one model if one has enough"
+    )
     queue: bool = Field(True, description="wait (first in, first out) if it cannot be placed now; false: 409 instead")
     workload: Workload = Workload()
 
@@ -91,10 +93,17 @@ class Job:
         out = []
         for i in range(count):
             its = [r[i] for r in per_rank]
-            out.append({"iteration": i, "t_start": min(x["t_start"] for x in its), "t_end": max(x["t_end"] for x in its),
-                        "iter_s": max(x["iter_s"] for x in its), "compute_s": max(x["compute_s"] for x in its),
-                        "comm_s": max(x["comm_s"] for x in its),
-                        "gpu_util": statistics.fmean(x["gpu_util"] for x in its)})
+            out.append(
+                {
+                    "iteration": i,
+                    "t_start": min(x["t_start"] for x in its),
+                    "t_end": max(x["t_end"] for x in its),
+                    "iter_s": max(x["iter_s"] for x in its),
+                    "compute_s": max(x["compute_s"] for x in its),
+                    "comm_s": max(x["comm_s"] for x in its),
+                    "gpu_util": statistics.fmean(x["gpu_util"] for x in its),
+                }
+            )
         return out
 
     def completion_s(self) -> float | None:
@@ -108,9 +117,13 @@ class Job:
         its = self.iterations()
         total = self.request.get("workload", {}).get("iterations")
         d = {k: v for k, v in asdict(self).items() if k not in ("reports", "logs")}
-        d.update(iterations_done=len(its), iterations_total=total, completion_s=self.completion_s(),
-                 mean_iteration_s=statistics.fmean(i["iter_s"] for i in its) if its else None,
-                 mean_gpu_util=statistics.fmean(i["gpu_util"] for i in its) if its else None)
+        d.update(
+            iterations_done=len(its),
+            iterations_total=total,
+            completion_s=self.completion_s(),
+            mean_iteration_s=statistics.fmean(i["iter_s"] for i in its) if its else None,
+            mean_gpu_util=statistics.fmean(i["gpu_util"] for i in its) if its else None,
+        )
         return d
 
     def to_json(self, detail: bool = False) -> dict:

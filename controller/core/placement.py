@@ -95,7 +95,8 @@ def seconds_per_iteration(workload: str, model: str) -> float:
 # with the cheapest downlinks is optimal within a group and its marginal costs (1, 2 or 3) only
 # rise, so taking the cost tiers in order across groups gives the fewest changes.
 def _split(u: int, c: int, e: int, i: int) -> tuple[int, int, int]:
-    """Movers of one group at marginal cost 1, 2 and 3: `u` loose and `c` wired movers, `e` empty and `i` idle downlinks."""
+    """Movers of one group at marginal cost 1, 2 and 3: `u` loose and `c` wired movers, `e` empty and `i` idle
+    downlinks."""
     n = u + c if u + c < e + i else e + i
     if n <= 0:
         return 0, 0, 0
@@ -144,15 +145,26 @@ class _Named:
         n1 = n2 = n3 = 0
         for g in self.groups:
             s = len(under[g]) if g in under else 0
-            a, b, c = _split(self.n_loose[g], self.n_wired[g] - s, len(empty_w[g]),
-                             len(idle_w[g]) - idle_under.get(g, 0))
+            a, b, c = _split(
+                self.n_loose[g], self.n_wired[g] - s, len(empty_w[g]), len(idle_w[g]) - idle_under.get(g, 0)
+            )
             n1, n2, n3 = n1 + a, n2 + b, n3 + c
         return stay, n1, n2, n3
 
     def rows(self, occ: Occupancy, w: int) -> list[tuple[int, int, int, int]]:
         under, idle_under = self.under.get(w, {}), self.idle_under.get(w, {})
-        return [(g, *_split(self.n_loose[g], self.n_wired[g] - len(under.get(g, ())), len(occ.empty[w][g]),
-                            len(occ.idle[w][g]) - idle_under.get(g, 0))) for g in self.groups]
+        return [
+            (
+                g,
+                *_split(
+                    self.n_loose[g],
+                    self.n_wired[g] - len(under.get(g, ())),
+                    len(occ.empty[w][g]),
+                    len(occ.idle[w][g]) - idle_under.get(g, 0),
+                ),
+            )
+            for g in self.groups
+        ]
 
     def stayers(self, w: int, k: int) -> list[int]:
         return sorted(chain.from_iterable(self.under.get(w, {}).values()))
@@ -212,7 +224,9 @@ class _Models:
         rows = []
         for g in self.groups:
             s = sum(len(under[g][m]) for m in self.models)
-            rows.append((g, *_split(self.n_loose[g], self.n_wired[g] - s, len(occ.empty[w][g]), len(occ.idle[w][g]) - s)))
+            rows.append(
+                (g, *_split(self.n_loose[g], self.n_wired[g] - s, len(occ.empty[w][g]), len(occ.idle[w][g]) - s))
+            )
         return rows
 
     def stayers(self, w: int, k: int) -> list[int]:
@@ -224,8 +238,9 @@ class _Models:
         loose = heapq.nsmallest(k, chain.from_iterable(occ.free_loose[g][m] for m in self.models))
         if len(loose) == k:
             return loose
-        wired = chain.from_iterable(occ.free_under[x][g][m] for x in range(len(occ.ix.switches)) if x != w
-                                    for m in self.models)
+        wired = chain.from_iterable(
+            occ.free_under[x][g][m] for x in range(len(occ.ix.switches)) if x != w for m in self.models
+        )
         return loose + heapq.nsmallest(k - len(loose), wired)
 
     def rest(self, occ: Occupancy, placed: list[int]):
@@ -320,8 +335,14 @@ def _no_room(occ: Occupancy, pool, need: int, fixed: bool) -> str:
     return f"no switch has a free downlink for {need} more GPUs (every switch port is held by other jobs)"
 
 
-def _plan_from(occ: Occupancy, ids: list[int], used: list[int], original: dict[int, int], note: str,
-               order: Sequence[int] | None = None) -> Plan:
+def _plan_from(
+    occ: Occupancy,
+    ids: list[int],
+    used: list[int],
+    original: dict[int, int],
+    note: str,
+    order: Sequence[int] | None = None,
+) -> Plan:
     """The Plan of a placement made inside `occ.tentative()` (read before the rollback)."""
     ix = occ.ix
     remove, add = set(), set()
@@ -336,8 +357,13 @@ def _plan_from(occ: Occupancy, ids: list[int], used: list[int], original: dict[i
     switches = sorted(set(used) | {occ.loc[gi] for gi in ids if occ.loc[gi] >= 0})
     if order is None:
         order = sorted(ids, key=lambda gi: (occ.loc[gi], gi))
-    return Plan(tuple(ix.gpus[gi] for gi in order), tuple(ix.switches[w] for w in switches),
-                frozenset(remove), frozenset(add), note)
+    return Plan(
+        tuple(ix.gpus[gi] for gi in order),
+        tuple(ix.switches[w] for w in switches),
+        frozenset(remove),
+        frozenset(add),
+        note,
+    )
 
 
 # --- the entry points -----------------------------------------------------------------------------
@@ -348,8 +374,10 @@ def plan(occ: Occupancy, req: Request) -> Plan:
     if req.gpu_model is not None and req.gpu_model not in occ.ix.model_id:
         here = ", ".join(occ.ix.models)
         what = "no" if req.gpu_model in GPU_MODELS else "unknown GPU model"
-        raise InvalidRequest(f"{what} {req.gpu_model!r}{' GPUs' if what == 'no' else ''} on rack "
-                             f"{occ.rack.name} (models here: {here})", "gpu_model")
+        raise InvalidRequest(
+            f"{what} {req.gpu_model!r}{' GPUs' if what == 'no' else ''} on rack {occ.rack.name} (models here: {here})",
+            "gpu_model",
+        )
     if isinstance(req.gpus, int):
         return _plan_count(occ, req)
     return _plan_named(occ, req)
@@ -364,8 +392,11 @@ def _plan_named(occ: Occupancy, req: Request) -> Plan:
         raise InvalidRequest("a GPU is named twice")
     ids = [ix.gpu_id[g] for g in req.gpus]
     if req.gpu_model is not None:
-        other = [f"{ix.gpus[gi]} is a {ix.models[ix.gpu_model[gi]]}" for gi in ids
-                 if ix.models[ix.gpu_model[gi]] != req.gpu_model]
+        other = [
+            f"{ix.gpus[gi]} is a {ix.models[ix.gpu_model[gi]]}"
+            for gi in ids
+            if ix.models[ix.gpu_model[gi]] != req.gpu_model
+        ]
         if other:
             # well-formed, but this rack cannot place it, ever: like more GPUs of a model than it has (409)
             raise PlacementError(f"{', '.join(other)}, not {req.gpu_model}", "gpu_model")
@@ -375,8 +406,10 @@ def _plan_named(occ: Occupancy, req: Request) -> Plan:
     if req.policy == "fixed":
         loose = [ix.gpus[gi] for gi in ids if occ.loc[gi] < 0]
         if loose:
-            raise PlacementError(f"{', '.join(loose)} has no circuit to a switch; the fixed policy keeps the cabling "
-                                 "as it is (use policy 'regroup', or set circuits first)")
+            raise PlacementError(
+                f"{', '.join(loose)} has no circuit to a switch; the fixed policy keeps the cabling "
+                "as it is (use policy 'regroup', or set circuits first)"
+            )
         return _plan_from(occ, ids, [], {}, _switch_note(occ, ids, len({occ.loc[gi] for gi in ids}), 0))
     original: dict[int, int] = {}
     with occ.tentative():
@@ -456,12 +489,16 @@ def _with_note(p: Plan, note: str) -> Plan:
 
 def _switch_note(occ: Occupancy, ids: list[int], switches: int, changes: int) -> str:
     if switches > 1:
-        return f"no single aggregator switch has room for {len(ids)} GPUs; spread over {switches} ({changes} circuit changes)"
+        return (
+            f"no single aggregator switch has room for {len(ids)} GPUs; "
+            f"spread over {switches} ({changes} circuit changes)"
+        )
     return f"under one switch ({changes} circuit changes)"
 
 
-def _count_note(occ: Occupancy, req: Request, p: Plan, models: list[int], free_text: str, choice: bool,
-                speed: dict[int, float]) -> str:
+def _count_note(
+    occ: Occupancy, req: Request, p: Plan, models: list[int], free_text: str, choice: bool, speed: dict[int, float]
+) -> str:
     ix = occ.ix
     counts: dict[str, int] = {}
     for g in p.gpus:
@@ -473,15 +510,17 @@ def _count_note(occ: Occupancy, req: Request, p: Plan, models: list[int], free_t
     if req.gpu_model is not None:
         why = f"gpu_model {req.gpu_model} asked for"
     elif len(counts) > 1:
-        why = (f"no model has {len(p.gpus)} free (free: {free_text}); this mix has the fastest slowest GPU "
-               f"({pace})")
+        why = f"no model has {len(p.gpus)} free (free: {free_text}); this mix has the fastest slowest GPU ({pace})"
     elif choice:
         why = f"one model; of the models with {len(p.gpus)} free, the fewest switches, then fastest ({pace})"
     else:
         why = f"one model ({pace})"
-    where = (f"under {p.switches[0]}" if len(p.switches) == 1 else
-             f"no single aggregator switch has room for {len(p.gpus)} GPUs; spread over {len(p.switches)}: "
-             f"{', '.join(p.switches)}")
+    where = (
+        f"under {p.switches[0]}"
+        if len(p.switches) == 1
+        else f"no single aggregator switch has room for {len(p.gpus)} GPUs; spread over {len(p.switches)}: "
+        f"{', '.join(p.switches)}"
+    )
     return f"{got}: {why}; {where} ({p.changes} circuit changes)"
 
 
@@ -505,12 +544,15 @@ def plan_regroup(occ: Occupancy, gpus: Sequence[str]) -> Plan:
 def fragmentation(occ: Occupancy) -> dict:
     """The largest job (any model, and per model) that one switch could take now with the regroup policy."""
     ix = occ.ix
-    big = 10 ** 9
+    big = 10**9
 
     def largest(models: list[int]) -> int:
         pool = _Models(occ, models)
         return max((_cost(big, *pool.totals(occ, w, False))[0] for w in range(len(ix.switches))), default=0)
 
-    return {"largest_job_one_switch": largest(list(range(len(ix.models)))),
-            "largest_by_model": {m: largest([i]) for i, m in enumerate(ix.models)},
-            "free_gpus": sum(occ.free_model), "free_by_model": occ.free_by_model()}
+    return {
+        "largest_job_one_switch": largest(list(range(len(ix.models)))),
+        "largest_by_model": {m: largest([i]) for i, m in enumerate(ix.models)},
+        "free_gpus": sum(occ.free_model),
+        "free_by_model": occ.free_by_model(),
+    }

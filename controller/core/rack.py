@@ -290,9 +290,12 @@ class Rack:
         gpu_text = ", ".join(f"{n} x {m}" for m, n in sorted(models.items()))
         lines = [
             f"rack {s.name}: {len(s.servers)} servers, {len(self.gpus)} GPUs ({gpu_text})",
-            "  OCS: " + ", ".join(f"{o.name} ({o.ports} ports, {o.switching_time_ms:g} ms switching, {o.driver})" for o in s.ocs),
-            "  switches: " + ", ".join(f"{w.name} ({w.role}, {len(w.downlinks)} down, {len(w.uplinks)} up)" for w in s.switches),
-            f"  circuits: {len(s.circuits)}; emulation rate scale {s.emulation.rate_scale:g}, time dilation {s.emulation.time_dilation:g}"
+            "  OCS: "
+            + ", ".join(f"{o.name} ({o.ports} ports, {o.switching_time_ms:g} ms switching, {o.driver})" for o in s.ocs),
+            "  switches: "
+            + ", ".join(f"{w.name} ({w.role}, {len(w.downlinks)} down, {len(w.uplinks)} up)" for w in s.switches),
+            f"  circuits: {len(s.circuits)}; emulation rate scale {s.emulation.rate_scale:g}, "
+            f"time dilation {s.emulation.time_dilation:g}"
             f" (100 Gbit/s -> {s.emulation.mbps(100):g} Mbit/s); subnet {s.network.subnet}",
         ]
         return "\n".join(lines)
@@ -313,7 +316,7 @@ def _pydantic_message(err: dict) -> str:
     if err["type"] == "extra_forbidden":
         return "unknown key"
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     if err["type"] == "string_pattern_mismatch" and str(err["loc"][-1]) == "name":
         msg = f"{err['input']!r} is not a valid name (lower-case letter, then up to 8 letters or digits)"
     return msg
@@ -365,7 +368,9 @@ def _check_cabling(spec: RackSpec, src: str) -> None:
                 raise RackError(src, f"{field}.nic.interface", f"interface {ifname!r} is used twice on server {s.name}")
             interfaces.add(ifname)
             if g.model not in GPU_MODELS:
-                raise RackError(src, f"{field}.model", f"unknown GPU model {g.model!r} (known: {', '.join(GPU_MODELS)})")
+                raise RackError(
+                    src, f"{field}.model", f"unknown GPU model {g.model!r} (known: {', '.join(GPU_MODELS)})"
+                )
             if g.index in indexes:
                 raise RackError(src, f"{field}.index", f"GPU index {g.index} is used twice on server {s.name}")
             indexes.add(g.index)
@@ -379,7 +384,9 @@ def _check_cabling(spec: RackSpec, src: str) -> None:
         for kind, links in (("downlinks", w.downlinks), ("uplinks", w.uplinks)):
             for j, link in enumerate(links):
                 if link.port in ports:
-                    raise RackError(src, f"switches[{i}].{kind}[{j}].port", f"port {link.port} of {w.name} is used twice")
+                    raise RackError(
+                        src, f"switches[{i}].{kind}[{j}].port", f"port {link.port} of {w.name} is used twice"
+                    )
                 ports.add(link.port)
                 if kind == "downlinks":
                     cable(f"switches[{i}].downlinks[{j}].ocs_port", link.ocs_port)
@@ -397,7 +404,9 @@ def _check_uplinks(spec: RackSpec, src: str) -> None:
             if not back or back[0].peer != PortRef(w.name, up.port):
                 raise RackError(src, field, f"{up.peer} does not name {w.name}:{up.port} as its peer")
             if back[0].rate_gbps != up.rate_gbps:
-                raise RackError(src, f"switches[{i}].uplinks[{j}].rate_gbps", f"differs from the rate of its peer {up.peer}")
+                raise RackError(
+                    src, f"switches[{i}].uplinks[{j}].rate_gbps", f"differs from the rate of its peer {up.peer}"
+                )
 
 
 def _check_circuits(spec: RackSpec, src: str, rack: Rack) -> None:
@@ -415,15 +424,20 @@ def _check_addresses(rack: Rack, src: str) -> None:
         raise RackError(src, "servers", "two GPU NICs have the same ip")
     free = rack.spec.network.subnet.num_addresses - 2 - len(ips)
     if free < len(rack.gpus) - len(ips):
-        raise RackError(src, "network.subnet", f"{rack.spec.network.subnet} has too few addresses for {len(rack.gpus)} GPUs")
+        raise RackError(
+            src, "network.subnet", f"{rack.spec.network.subnet} has too few addresses for {len(rack.gpus)} GPUs"
+        )
 
 
 def _check_engines(spec: RackSpec, src: str) -> None:
     urls: dict[str, str] = {}
     for i, s in enumerate(spec.servers):
         if s.docker.startswith("tcp://") and spec.engines.tls is None:
-            raise RackError(src, f"servers[{i}].docker", f"{s.docker}: a tcp engine needs engines.tls (a plain TCP "
-                            "engine is root for anyone who reaches it)")
+            raise RackError(
+                src,
+                f"servers[{i}].docker",
+                f"{s.docker}: a tcp engine needs engines.tls (a plain TCP engine is root for anyone who reaches it)",
+            )
         if s.docker != "local" and s.docker in urls:
             raise RackError(src, f"servers[{i}].docker", f"{s.docker} is also the engine of server {urls[s.docker]}")
         urls[s.docker] = s.name
@@ -435,7 +449,9 @@ def _check_engines(spec: RackSpec, src: str) -> None:
 def parse_rack(data: object, source: str = "<rack>") -> Rack:
     """Validate a decoded YAML document into a `Rack`, or raise `RackError`."""
     if data is None:
-        raise RackError(source, "", "the file is empty; a rack file is a YAML mapping (see topologies/paper-testbed.yaml)")
+        raise RackError(
+            source, "", "the file is empty; a rack file is a YAML mapping (see topologies/paper-testbed.yaml)"
+        )
     if not isinstance(data, dict):
         raise RackError(source, "", f"a rack file is a YAML mapping, not a {type(data).__name__}")
     try:

@@ -38,8 +38,14 @@ def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int =
                                   "ocs_port": f"o{o + 1}:{gpu_ports + w * per_switch_per_ocs + d + 1}"})
         sw.append({"name": f"a{w + 1}", "dpid": 0x200 + w + 1, "downlinks": downlinks,
                    "uplinks": [{"port": 9000, "peer": f"core:{w + 1}", "rate_gbps": uplink_gbps}]})
-    sw.append({"name": "core", "dpid": 0x300, "role": "core",
-               "uplinks": [{"port": w + 1, "peer": f"a{w + 1}:9000", "rate_gbps": uplink_gbps} for w in range(switches)]})
+    sw.append(
+        {
+            "name": "core",
+            "dpid": 0x300,
+            "role": "core",
+            "uplinks": [{"port": w + 1, "peer": f"a{w + 1}:9000", "rate_gbps": uplink_gbps} for w in range(switches)],
+        }
+    )
     circuits, used = [], {}
     for g in range(gpus):
         o = g % ocs
@@ -54,7 +60,9 @@ def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int =
         "network": {"subnet": "198.18.0.0/15" if gpus > 250 else "198.18.0.0/24"},
         "emulation": {"rate_scale": rate_scale},
         "servers": servers,
-        "ocs": [{"name": f"o{o + 1}", "ports": ports, "dpid": 0x100 + o + 1, "switching_time_ms": 25} for o in range(ocs)],
+        "ocs": [
+            {"name": f"o{o + 1}", "ports": ports, "dpid": 0x100 + o + 1, "switching_time_ms": 25} for o in range(ocs)
+        ],
         "switches": sw,
         "circuits": circuits,
     }

@@ -157,9 +157,18 @@ class ContainerDriver:
 
         client = self.client(server)
         try:
-            out = client.containers.run(self.helper_image(server), [action, *args], environment=env, network_mode="host",
-                                        pid_mode="host", cap_add=HELPER_CAPS, remove=True, stdout=True, stderr=True,
-                                        labels={LABEL_RACK: self.rack.name, LABEL_ROLE: "helper"})
+            out = client.containers.run(
+                self.helper_image(server),
+                [action, *args],
+                environment=env,
+                network_mode="host",
+                pid_mode="host",
+                cap_add=HELPER_CAPS,
+                remove=True,
+                stdout=True,
+                stderr=True,
+                labels={LABEL_RACK: self.rack.name, LABEL_ROLE: "helper"},
+            )
         except docker.errors.ContainerError as e:
             err = (e.stderr or b"").decode(errors="replace").strip()
             raise ContainerError(f"{server}: optirack-nic {action} exited {e.exit_status}: {err}") from None
@@ -179,15 +188,29 @@ class ContainerDriver:
             client = self.client(spec.server)
             image = image or self.worker_image(spec.server)
             labels = {LABEL_RACK: self.rack.name, LABEL_JOB: spec.job, LABEL_GPU: spec.gpu}
-            sandbox = client.containers.run(self.helper_image(spec.server), None, detach=True,
-                                            entrypoint=["/bin/sleep", "2147483647"], name=sandbox_name(spec.job, spec.gpu), network_mode="none",
-                                            sysctls=sandbox_sysctls(self.rack.spec.emulation.mtu if self.home else None), init=True, labels={**labels, LABEL_ROLE: "sandbox"})
+            sandbox = client.containers.run(
+                self.helper_image(spec.server),
+                None,
+                detach=True,
+                entrypoint=["/bin/sleep", "2147483647"],
+                name=sandbox_name(spec.job, spec.gpu),
+                network_mode="none",
+                sysctls=sandbox_sysctls(self.rack.spec.emulation.mtu if self.home else None),
+                init=True,
+                labels={**labels, LABEL_ROLE: "sandbox"},
+            )
             sandbox.reload()
             netns = f"/proc/{sandbox.attrs['State']['Pid']}/ns/net"
             self.nic(spec.server, "add", self._nic_env(spec.gpu, spec.ifname, spec.cidr, netns, sandbox.id))
-            worker = client.containers.run(image, spec.command, detach=True, name=container_name(spec.job, spec.gpu),
-                                           network_mode=f"container:{sandbox.id}", labels={**labels, LABEL_ROLE: "worker"},
-                                           **self._gpu_args(spec))
+            worker = client.containers.run(
+                image,
+                spec.command,
+                detach=True,
+                name=container_name(spec.job, spec.gpu),
+                network_mode=f"container:{sandbox.id}",
+                labels={**labels, LABEL_ROLE: "worker"},
+                **self._gpu_args(spec),
+            )
             return worker.id
         except (docker.errors.DockerException, ContainerError, EngineDown, OSError) as e:
             LOG.error("starting the containers of %s on %s failed: %s; undoing", spec.gpu, spec.server, e)
@@ -200,11 +223,20 @@ class ContainerDriver:
     def _gpu_args(self, spec: GpuContainer) -> dict:
         import docker
 
-        env = {"OPTIRACK_GPU_ID": spec.gpu, "OPTIRACK_GPU_INDEX": str(spec.gpu_index),
-               "OPTIRACK_GPU_MODEL": spec.gpu_model, "OPTIRACK_IFNAME": spec.ifname, **spec.env}
+        env = {
+            "OPTIRACK_GPU_ID": spec.gpu,
+            "OPTIRACK_GPU_INDEX": str(spec.gpu_index),
+            "OPTIRACK_GPU_MODEL": spec.gpu_model,
+            "OPTIRACK_IFNAME": spec.ifname,
+            **spec.env,
+        }
         if self._has_gpus(spec.server):
-            return {"environment": env, "device_requests": [
-                docker.types.DeviceRequest(device_ids=[str(spec.gpu_index)], capabilities=[["gpu"]])]}
+            return {
+                "environment": env,
+                "device_requests": [
+                    docker.types.DeviceRequest(device_ids=[str(spec.gpu_index)], capabilities=[["gpu"]])
+                ],
+            }
         return {"environment": {**env, "NVIDIA_VISIBLE_DEVICES": "void"}}
 
     def remove(self, job: str, gpu: str, server: str) -> None:
@@ -212,11 +244,17 @@ class ContainerDriver:
         client = self.client(server)
         sandbox = self._get(client, sandbox_name(job, gpu))
         pid = sandbox.attrs["State"]["Pid"] if sandbox is not None else 0
-        ifname, cidr = self.rack.interface(gpu), f"{self.rack.addresses[gpu][0]}/{self.rack.spec.network.subnet.prefixlen}"
+        ifname, cidr = (
+            self.rack.interface(gpu),
+            f"{self.rack.addresses[gpu][0]}/{self.rack.spec.network.subnet.prefixlen}",
+        )
         failed = None
         try:
-            self.nic(server, "del", self._nic_env(gpu, ifname, cidr, f"/proc/{pid or 'gone'}/ns/net",
-                                                  sandbox.id if sandbox else gpu))
+            self.nic(
+                server,
+                "del",
+                self._nic_env(gpu, ifname, cidr, f"/proc/{pid or 'gone'}/ns/net", sandbox.id if sandbox else gpu),
+            )
         except ContainerError as e:  # still remove the containers: nothing is left running
             failed = e
         for name in (container_name(job, gpu), sandbox_name(job, gpu)):
@@ -242,8 +280,11 @@ class ContainerDriver:
     # --- following a worker ---------------------------------------------------------------------
     def logs(self, job: str, gpu: str, server: str):
         """The worker's stdout as it comes (an iterator of byte chunks)."""
-        return self.client(server).containers.get(container_name(job, gpu)).logs(stream=True, follow=True, stdout=True,
-                                                                                  stderr=False)
+        return (
+            self.client(server)
+            .containers.get(container_name(job, gpu))
+            .logs(stream=True, follow=True, stdout=True, stderr=False)
+        )
 
     def tail(self, job: str, gpu: str, server: str, lines: int) -> list[str]:
         """The worker's last `lines` lines of output, stdout and stderr (raises if it is gone)."""
@@ -272,8 +313,15 @@ class ContainerDriver:
         """Our containers on the server: [{job, gpu, role, status}]."""
         labels = [f"{LABEL_RACK}={self.rack.name}"] + ([f"{LABEL_JOB}={job}"] if job else [])
         found = self.client(server).containers.list(all=True, ignore_removed=True, filters={"label": labels})
-        return [{"job": c.labels.get(LABEL_JOB), "gpu": c.labels.get(LABEL_GPU), "role": c.labels.get(LABEL_ROLE),
-                 "status": c.status} for c in found]
+        return [
+            {
+                "job": c.labels.get(LABEL_JOB),
+                "gpu": c.labels.get(LABEL_GPU),
+                "role": c.labels.get(LABEL_ROLE),
+                "status": c.status,
+            }
+            for c in found
+        ]
 
     def sweep(self, server: str, keep_jobs: set[str]) -> list[str]:
         """Remove our containers of jobs not in `keep_jobs` (NIC given back first); returns their GPUs."""

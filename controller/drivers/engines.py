@@ -35,7 +35,9 @@ def _tls_config(rack: Rack):
         return None
     for field, path in (("ca", tls.ca), ("cert", tls.cert), ("key", tls.key)):
         if not Path(path).is_file():
-            raise FileNotFoundError(f"engines.tls.{field}: {path} does not exist (the emulated rack's are made by rack-up)")
+            raise FileNotFoundError(
+                f"engines.tls.{field}: {path} does not exist (the emulated rack's are made by rack-up)"
+            )
     return docker.tls.TLSConfig(client_cert=(tls.cert, tls.key), ca_cert=tls.ca, verify=True)
 
 
@@ -49,8 +51,9 @@ def engine_client(rack: Rack, server: str, timeout: float = API_TIMEOUT):
     if url.startswith("ssh://"):
         client = docker.DockerClient(base_url=url, timeout=timeout, use_ssh_client=True, version=API_VERSION)
     else:
-        client = docker.DockerClient(base_url="https://" + url[len("tcp://"):], tls=_tls_config(rack), timeout=timeout,
-                                     version=API_VERSION)
+        client = docker.DockerClient(
+            base_url="https://" + url[len("tcp://") :], tls=_tls_config(rack), timeout=timeout, version=API_VERSION
+        )
     # requests lets REQUESTS_CA_BUNDLE (set on many hosts) override the engine's CA: ignore the
     # environment, as the engines are reached directly.
     client.api.trust_env = False
@@ -112,8 +115,14 @@ class Engines:
 
 def _short(e: Exception) -> str:
     text = str(e)
-    for marker in ("Connection refused", "timed out", "No route to host", "CERTIFICATE_VERIFY_FAILED",
-                   "certificate", "Name or service not known"):
+    for marker in (
+        "Connection refused",
+        "timed out",
+        "No route to host",
+        "CERTIFICATE_VERIFY_FAILED",
+        "certificate",
+        "Name or service not known",
+    ):
         if marker in text:
             return marker.lower() if marker != "CERTIFICATE_VERIFY_FAILED" else "TLS certificate not trusted"
     return text[:200]

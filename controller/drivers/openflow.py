@@ -35,7 +35,9 @@ CIRCUIT_PRIORITY = 100
 FORWARD_PRIORITY = 100
 
 _HEADER = struct.Struct("!BBHI")  # version, type, length, xid
-_FLOW_MOD = struct.Struct("!QQBBHHHIIIH2x")  # cookie, mask, table, command, idle, hard, priority, buffer, out port, group, flags
+_FLOW_MOD = struct.Struct(
+    "!QQBBHHHIIIH2x"
+)  # cookie, mask, table, command, idle, hard, priority, buffer, out port, group, flags
 _ONF = 0x4F4E4600  # ONF experimenter id
 _BUNDLE = struct.Struct("!IIIHH")  # experimenter, exp_type, bundle id, ctrl type (add: pad), flags
 _BUNDLE_FLAGS = 3  # atomic | ordered
@@ -81,7 +83,9 @@ def _in_port(port: int) -> bytes:
 
 
 def _ip_match(eth_type: int, field: int, ip: str) -> bytes:
-    return _match(_oxm(ofp.OFPXMT_OFB_ETH_TYPE, struct.pack("!H", eth_type)), _oxm(field, ipaddress.IPv4Address(ip).packed))
+    return _match(
+        _oxm(ofp.OFPXMT_OFB_ETH_TYPE, struct.pack("!H", eth_type)), _oxm(field, ipaddress.IPv4Address(ip).packed)
+    )
 
 
 def circuit_add(in_port: int, out_port: int) -> bytes:
@@ -95,20 +99,35 @@ def circuit_delete(in_port: int) -> bytes:
 @functools.lru_cache(maxsize=1 << 16)  # a fabric re-sync sends thousands; the same ones recur
 def forward_add(ip: str, out_port: int) -> tuple[bytes, bytes]:
     """Two rules per NIC address: IPv4 to it, and ARP asking for it. An add replaces a rule with the same match."""
-    return (_flow(ofp.OFPFC_ADD, FABRIC_COOKIE, FORWARD_PRIORITY, _ip_match(0x0800, ofp.OFPXMT_OFB_IPV4_DST, ip), out_port),
-            _flow(ofp.OFPFC_ADD, FABRIC_COOKIE, FORWARD_PRIORITY, _ip_match(0x0806, ofp.OFPXMT_OFB_ARP_TPA, ip), out_port))
+    return (
+        _flow(ofp.OFPFC_ADD, FABRIC_COOKIE, FORWARD_PRIORITY, _ip_match(0x0800, ofp.OFPXMT_OFB_IPV4_DST, ip), out_port),
+        _flow(ofp.OFPFC_ADD, FABRIC_COOKIE, FORWARD_PRIORITY, _ip_match(0x0806, ofp.OFPXMT_OFB_ARP_TPA, ip), out_port),
+    )
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def forward_delete(ip: str) -> tuple[bytes, bytes]:
-    return (_flow(ofp.OFPFC_DELETE_STRICT, FABRIC_COOKIE, FORWARD_PRIORITY, _ip_match(0x0800, ofp.OFPXMT_OFB_IPV4_DST, ip)),
-            _flow(ofp.OFPFC_DELETE_STRICT, FABRIC_COOKIE, FORWARD_PRIORITY, _ip_match(0x0806, ofp.OFPXMT_OFB_ARP_TPA, ip)))
+    return (
+        _flow(ofp.OFPFC_DELETE_STRICT, FABRIC_COOKIE, FORWARD_PRIORITY, _ip_match(0x0800, ofp.OFPXMT_OFB_IPV4_DST, ip)),
+        _flow(ofp.OFPFC_DELETE_STRICT, FABRIC_COOKIE, FORWARD_PRIORITY, _ip_match(0x0806, ofp.OFPXMT_OFB_ARP_TPA, ip)),
+    )
 
 
 def delete_all() -> bytes:
     """Every flow of every table, whatever its cookie: a resynchronised switch keeps nothing stale."""
-    body = _FLOW_MOD.pack(0, 0, ofp.OFPTT_ALL, ofp.OFPFC_DELETE, 0, 0, ofp.OFP_DEFAULT_PRIORITY, ofp.OFP_NO_BUFFER,
-                          ofp.OFPP_ANY, ofp.OFPG_ANY, 0)  # (priority: ignored by a non-strict delete)
+    body = _FLOW_MOD.pack(
+        0,
+        0,
+        ofp.OFPTT_ALL,
+        ofp.OFPFC_DELETE,
+        0,
+        0,
+        ofp.OFP_DEFAULT_PRIORITY,
+        ofp.OFP_NO_BUFFER,
+        ofp.OFPP_ANY,
+        ofp.OFPG_ANY,
+        0,
+    )  # (priority: ignored by a non-strict delete)
     return _msg(ofp.OFPT_FLOW_MOD, body + _match())
 
 
@@ -122,8 +141,9 @@ def bundle_ctrl(bundle_id: int, ctrl: int) -> bytes:
 
 def bundle_add(bundle_id: int, inner: bytes) -> bytes:
     """`inner` wrapped for a bundle; the two carry the same xid (set both with `with_xid`)."""
-    return _msg(ofp.OFPT_EXPERIMENTER, _BUNDLE.pack(_ONF, ofp.ONF_ET_BUNDLE_ADD_MESSAGE, bundle_id, 0, _BUNDLE_FLAGS)
-                + inner)
+    return _msg(
+        ofp.OFPT_EXPERIMENTER, _BUNDLE.pack(_ONF, ofp.ONF_ET_BUNDLE_ADD_MESSAGE, bundle_id, 0, _BUNDLE_FLAGS) + inner
+    )
 
 
 def with_xid(msg: bytes, xid: int) -> bytes:
@@ -131,8 +151,9 @@ def with_xid(msg: bytes, xid: int) -> bytes:
 
 
 def flow_stats_request(cookie: int):
-    return parser.OFPFlowStatsRequest(None, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, COOKIE_MASK,
-                                      parser.OFPMatch())
+    return parser.OFPFlowStatsRequest(
+        None, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, COOKIE_MASK, parser.OFPMatch()
+    )
 
 
 def port_stats_request():
@@ -188,7 +209,9 @@ class OfRpc:
             parts.append(with_xid(bundle_ctrl(bundle_id, _OPEN), self._xid(dp, pending)))
         for m in msgs:
             xid = self._xid(dp, pending)
-            parts.append(with_xid(m, xid) if bundle_id is None else with_xid(bundle_add(bundle_id, with_xid(m, xid)), xid))
+            parts.append(
+                with_xid(m, xid) if bundle_id is None else with_xid(bundle_add(bundle_id, with_xid(m, xid)), xid)
+            )
         pending.barrier_xid = self._xid(dp, pending)
         parts.append(with_xid(barrier(), pending.barrier_xid))
         self._send_raw(dp, parts)

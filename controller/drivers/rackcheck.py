@@ -71,7 +71,11 @@ def _gpus_present(driver: ContainerDriver, server: str, indexes: list[int]) -> s
     except Exception as e:  # noqa: BLE001
         return f"GPUs {', '.join(map(str, indexes))} not usable: {str(e).strip().splitlines()[-1]}"
     listed = [line for line in out.decode(errors="replace").splitlines() if line.startswith("GPU ")]
-    return None if len(listed) == len(indexes) else f"nvidia-smi lists {len(listed)} GPUs, the rack file names {len(indexes)}"
+    return (
+        None
+        if len(listed) == len(indexes)
+        else f"nvidia-smi lists {len(listed)} GPUs, the rack file names {len(indexes)}"
+    )
 
 
 def check_rack(driver: ContainerDriver, gpus_emulated: bool, timeout: float = 300.0) -> list[ServerCheck]:
@@ -91,5 +95,7 @@ def check_rack(driver: ContainerDriver, gpus_emulated: bool, timeout: float = 30
     deadline = time.monotonic() + timeout
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
-    return [results.get(s) or ServerCheck(s, driver.rack.servers[s].docker, False, f"no answer within {timeout:g} s")
-            for s in servers]
+    return [
+        results.get(s) or ServerCheck(s, driver.rack.servers[s].docker, False, f"no answer within {timeout:g} s")
+        for s in servers
+    ]

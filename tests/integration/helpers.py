@@ -72,13 +72,41 @@ def iperf_mbps(server_ns: str, server_ip: str, client_ns: str, client_ip: str, s
     """TCP goodput from client to server in Mbit/s, as the receiver counted it."""
     import json
 
-    server = subprocess.Popen(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", server_ip, "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        ["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-B", server_ip, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: subprocess.run(["ip", "netns", "exec", server_ns, "ss", "-ltn", f"sport = :{port}"],
-                                        capture_output=True, text=True).stdout.count("LISTEN") > 0, 5, "iperf3 -s")
-        out = sh("ip", "netns", "exec", client_ns, "iperf3", "-c", server_ip, "-B", client_ip, "-p", str(port),
-                 "-t", str(seconds), "-O", "1", "-J", timeout=seconds + 20)
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    ["ip", "netns", "exec", server_ns, "ss", "-ltn", f"sport = :{port}"], capture_output=True, text=True
+                ).stdout.count("LISTEN")
+                > 0
+            ),
+            5,
+            "iperf3 -s",
+        )
+        out = sh(
+            "ip",
+            "netns",
+            "exec",
+            client_ns,
+            "iperf3",
+            "-c",
+            server_ip,
+            "-B",
+            client_ip,
+            "-p",
+            str(port),
+            "-t",
+            str(seconds),
+            "-O",
+            "1",
+            "-J",
+            timeout=seconds + 20,
+        )
         return json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e6
     finally:
         server.wait(10)
@@ -105,5 +133,7 @@ def our_containers() -> dict[str, list]:
     if state and state.engines:
         rack = load_rack(state.rack_file)
         for e in state.engines:
-            found[e["server"]] = engine_client(rack, e["server"], 30).containers.list(all=True, ignore_removed=True, filters={"label": LABEL_RACK})
+            found[e["server"]] = engine_client(rack, e["server"], 30).containers.list(
+                all=True, ignore_removed=True, filters={"label": LABEL_RACK}
+            )
     return {k: v for k, v in found.items() if v}

@@ -35,7 +35,9 @@ def _start(driver, job, gpus, *extra):
         g = RACK.gpus[gpu]
         cmd = ["--rank", str(rank), "--world-size", str(len(gpus)), "--master", master, "--wait-for-nic", "60",
                "--rate-scale", str(RACK.spec.emulation.rate_scale), *extra]
-        driver.start(GpuContainer(job, gpu, RACK.server_of[gpu], g.index, g.model, gpu, f"{RACK.addresses[gpu][0]}/24", cmd))
+        driver.start(
+            GpuContainer(job, gpu, RACK.server_of[gpu], g.index, g.model, gpu, f"{RACK.addresses[gpu][0]}/24", cmd)
+        )
 
 
 def _results(driver, job, gpus) -> list[list[dict]]:

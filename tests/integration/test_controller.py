@@ -81,7 +81,9 @@ def test_events_show_the_dark_window(initial):
     ev = client.get("/events", limit=1)["events"][-1]
     assert ev["kind"] == "circuits" and ev["status"] == "ok"
     assert ev["dark_window_s"] >= 0.025, ev
-    assert ev["requested_at"] <= ev["dark_start"] <= ev["dark_end"] <= ev["ocs_confirmed_at"] <= ev["flows_confirmed_at"]
+    assert (
+        ev["requested_at"] <= ev["dark_start"] <= ev["dark_end"] <= ev["ocs_confirmed_at"] <= ev["flows_confirmed_at"]
+    )
     assert sorted(ev["added"]) == sorted(c for c in REGROUPED if c not in INITIAL)
 
 
@@ -92,8 +94,11 @@ def test_reconnected_switch_gets_its_flows_back(initial):
     ofctl("del-flows", "as1")
     ofctl("add-flow", "as1", "priority=5,actions=drop")  # stale junk
     sh("ovs-vsctl", "set-controller", "as1", ctl.of_target)
-    wait_for(lambda: switch_table("as1") == expected and "priority=5" not in ofctl("dump-flows", "as1"),
-             20, "as1's flows to be restored")  # a bound for a hang, not a speed claim (two busy cores)
+    wait_for(
+        lambda: switch_table("as1") == expected and "priority=5" not in ofctl("dump-flows", "as1"),
+        20,
+        "as1's flows to be restored",
+    )  # a bound for a hang, not a speed claim (two busy cores)
 
 
 def test_reconnected_ocs_gets_its_circuits_back(initial):
@@ -159,12 +164,21 @@ def test_openapi_and_cli(initial):
     doc = client.get("/openapi.json")
     assert doc["openapi"].startswith("3.") and "/ocs/circuits" in doc["paths"]
     from tests.integration.helpers import BIN, ROOT
+
     env_args = ["--url", ctl.url, "--token-file", str(ctl.state_dir / "token")]
-    out = subprocess.run([str(BIN / "optirack"), *env_args, "circuits", "--set", *(f"{a}={b}" for a, b in REGROUPED)],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [str(BIN / "optirack"), *env_args, "circuits", "--set", *(f"{a}={b}" for a, b in REGROUPED)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 0 and "applied: -4 +4 circuits" in out.stdout, out.stderr
-    out = subprocess.run([str(BIN / "optirack"), *env_args, "circuits", "--set", "ocs1:1=ocs1:2"],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [str(BIN / "optirack"), *env_args, "circuits", "--set", "ocs1:1=ocs1:2"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 1 and "circuits[0]" in out.stderr and "Traceback" not in out.stderr
     out = subprocess.run([str(BIN / "optirack"), *env_args, "topology"], capture_output=True, text=True, cwd=ROOT)
     assert "gpu4   M40     srv4   198.18.0.6     ocs1:4    as1:4" in out.stdout

@@ -52,8 +52,14 @@ def test_a_regroup_leaves_the_job_beside_it_untouched(bed):
     client.put("/ocs/circuits", {"circuits": FRAGMENTED})
     blue = client.post("/jobs", {"gpus": BLUE, "policy": "fixed",
                                  "workload": {"iterations": BLUE_ITERATIONS, "compute_seconds": 0.02}})["job"]
-    red = client.post("/jobs", {"gpus": RED, "policy": "fixed",
-                                "workload": {"model": "resnet50", "iterations": 100000, "compute_seconds": 0.05}})["job"]
+    red = client.post(
+        "/jobs",
+        {
+            "gpus": RED,
+            "policy": "fixed",
+            "workload": {"model": "resnet50", "iterations": 100000, "compute_seconds": 0.05},
+        },
+    )["job"]
     wait_for(lambda: client.get(f"/jobs/{blue['id']}")["job"]["iterations_done"] >= 4, 180, "blue to iterate")
     wait_for(lambda: client.get(f"/jobs/{red['id']}")["job"]["state"] == "running", 120, "red to run")
     circuits = client.get("/ocs/circuits")["circuits"]
@@ -72,13 +78,17 @@ def test_a_regroup_leaves_the_job_beside_it_untouched(bed):
     wait_for(lambda: client.get(f"/jobs/{blue['id']}")["job"]["state"] != "running", 300, "blue to end")
     done = client.get(f"/jobs/{blue['id']}")["job"]
     assert done["state"] == "done", done["reason"]
-    assert done["iterations_done"] == BLUE_ITERATIONS and progress < BLUE_ITERATIONS, "blue must have run on across the regroup"
+    assert done["iterations_done"] == BLUE_ITERATIONS and progress < BLUE_ITERATIONS, (
+        "blue must have run on across the regroup"
+    )
     log = done["iteration_log"]
     across = [i for i in log if i["t_start"] <= ev["dark_end"] and i["t_end"] >= ev["dark_start"]]
     others = sorted(i["iter_s"] for i in log)
-    print(f"blue: {len(across)} iteration(s) overlapped red's dark window, taking "
-          f"{[round(i['iter_s'], 3) for i in across]} s (median of all {others[len(others) // 2]:.3f} s); "
-          f"TCP retransmits before the regroup {retrans_before}, just after it {retrans_after}")
+    print(
+        f"blue: {len(across)} iteration(s) overlapped red's dark window, taking "
+        f"{[round(i['iter_s'], 3) for i in across]} s (median of all {others[len(others) // 2]:.3f} s); "
+        f"TCP retransmits before the regroup {retrans_before}, just after it {retrans_after}"
+    )
     client.delete(f"/jobs/{red['id']}")
     wait_for(lambda: not client.get("/jobs", state=ACTIVE)["jobs"], 120, "red to stop")
     assert our_containers() == {}, "containers left on some engine"

@@ -84,7 +84,9 @@ def test_four_engines_answer_over_tls_at_the_rack_files_addresses(bed):
 
 def test_a_job_over_three_servers_runs_on_their_engines_holding_their_nics_and_regroups(fresh, driver):
     client = fresh.client
-    job = client.post("/jobs", {"gpus": SPREAD, "policy": "fixed", "workload": {"iterations": 40, "compute_seconds": 0.05}})["job"]
+    job = client.post(
+        "/jobs", {"gpus": SPREAD, "policy": "fixed", "workload": {"iterations": 40, "compute_seconds": 0.05}}
+    )["job"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 3, 120, "the job to run")
     for gpu in SPREAD:
         server = RACK.server_of[gpu]
@@ -125,9 +127,15 @@ def test_rack_check_asks_every_engine(fresh, driver):
     registry.stop()
     try:
         out = rack_check()
-        assert out.returncode == 1 and "srv2: NIC helper" in out.stderr and "not on the engine" in out.stderr, \
+        assert out.returncode == 1 and "srv2: NIC helper" in out.stderr and "not on the engine" in out.stderr, (
             out.stdout + out.stderr
-        assert [line.split()[2] for line in out.stdout.splitlines() if line.startswith("srv")] == ["ok:", "FAIL:", "ok:", "ok:"]
+        )
+        assert [line.split()[2] for line in out.stdout.splitlines() if line.startswith("srv")] == [
+            "ok:",
+            "FAIL:",
+            "ok:",
+            "ok:",
+        ]
     finally:
         registry.start(RACK)
     assert rack_check().returncode == 0
@@ -165,8 +173,14 @@ def test_an_engine_down_between_admission_and_start_fails_the_job_at_once(bed, d
 
 def test_an_engine_killed_mid_job_fails_it_and_comes_back_clean(fresh, driver):
     client = fresh.client
-    job = client.post("/jobs", {"gpus": ["gpu1", "gpu2", "gpu3"], "policy": "fixed",
-                                "workload": {"iterations": 1000, "compute_seconds": 0.05}})["job"]
+    job = client.post(
+        "/jobs",
+        {
+            "gpus": ["gpu1", "gpu2", "gpu3"],
+            "policy": "fixed",
+            "workload": {"iterations": 1000, "compute_seconds": 0.05},
+        },
+    )["job"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 2, 120, "the job to run")
     optirack_rack("engine", "kill", "srv2")  # a crash: its containers run on under its containerd
     done = wait_job(client, job["id"], 60)
@@ -182,14 +196,22 @@ def test_an_engine_killed_mid_job_fails_it_and_comes_back_clean(fresh, driver):
 
 def test_a_restarted_controller_adopts_a_job_on_three_engines(fresh, driver):
     client = fresh.client
-    job = client.post("/jobs", {"gpus": SPREAD, "policy": "regroup", "workload": {"model": "resnet50", "iterations": 60,
-                                                                         "compute_seconds": 0.1}})["job"]
+    job = client.post(
+        "/jobs",
+        {
+            "gpus": SPREAD,
+            "policy": "regroup",
+            "workload": {"model": "resnet50", "iterations": 60, "compute_seconds": 0.1},
+        },
+    )["job"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 3, 120, "the job to run")
-    before = {s: sorted(w["gpu"] for w in driver.workers(s, job["id"]) if w["role"] == "worker") for s in ("srv1", "srv2", "srv3")}
+    before = {
+        s: sorted(w["gpu"] for w in driver.workers(s, job["id"]) if w["role"] == "worker")
+        for s in ("srv1", "srv2", "srv3")
+    }
     assert before == {"srv1": ["gpu1", "gpu5"], "srv2": ["gpu2"], "srv3": ["gpu3"]}
     client = fresh.restart()  # about 2 s; the job has some 50 iterations of about 0.2 s to go
     assert client.get(f"/jobs/{job['id']}")["job"]["state"] == "running"
     done = wait_job(client, job["id"])
     assert done["state"] == "done" and done["iterations_done"] == 60, done["reason"]
     assert all(v == [] for v in ours_on_every_engine(driver).values())
-

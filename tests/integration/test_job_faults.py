@@ -37,7 +37,9 @@ def _device_map() -> list[list[str]]:
 
 
 def _ended(client, job_id: str, timeout: float = 180) -> dict:
-    wait_for(lambda: client.get(f"/jobs/{job_id}")["job"]["state"] not in ACTIVE.split(","), timeout, f"{job_id} to end")
+    wait_for(
+        lambda: client.get(f"/jobs/{job_id}")["job"]["state"] not in ACTIVE.split(","), timeout, f"{job_id} to end"
+    )
     return client.get(f"/jobs/{job_id}")["job"]
 
 
@@ -57,8 +59,10 @@ def assert_clean(client, job: dict, reason: str, circuits: list[list[str]] | Non
 
 def test_a_worker_killed_mid_job(fragmented):
     client = fragmented
-    job = client.post("/jobs", {"gpus": ["gpu1", "gpu2"], "policy": "fixed",
-                                "workload": {"iterations": 100000, "compute_seconds": 0.05}})["job"]
+    job = client.post(
+        "/jobs",
+        {"gpus": ["gpu1", "gpu2"], "policy": "fixed", "workload": {"iterations": 100000, "compute_seconds": 0.05}},
+    )["job"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 2, 120, "the job to iterate")
     engine_client(RACK, RACK.server_of["gpu2"], 30).containers.get(f"optirack-{job['id']}-gpu2").kill()
     done = _ended(client, job["id"])
@@ -95,8 +99,20 @@ def test_an_ocs_bridge_that_refuses_flows(fragmented):
     circuits back by itself."""
     client = fragmented
     before = client.get("/ocs/circuits")["circuits"]
-    sh("ovs-vsctl", "--", "--id=@ft", "create", "Flow_Table", "flow_limit=9", "overflow_policy=refuse",
-       "--", "set", "Bridge", "ocs1", "flow_tables:0=@ft")
+    sh(
+        "ovs-vsctl",
+        "--",
+        "--id=@ft",
+        "create",
+        "Flow_Table",
+        "flow_limit=9",
+        "overflow_policy=refuse",
+        "--",
+        "set",
+        "Bridge",
+        "ocs1",
+        "flow_tables:0=@ft",
+    )
     try:
         job = client.post("/jobs", {"gpus": RED, "policy": "regroup", "workload": {"iterations": 3}})["job"]
         done = _ended(client, job["id"])

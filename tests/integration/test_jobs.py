@@ -56,7 +56,9 @@ def test_regrouping_a_fragmented_running_job(bed):
     client = bed.client
     long = {"iterations": 100000, "compute_seconds": 0.05}
     red = client.post("/jobs", {"gpus": RED, "policy": "fixed", "workload": long})["job"]["id"]
-    blue = client.post("/jobs", {"gpus": BLUE, "policy": "fixed", "workload": {**long, "compute_seconds": 0}})["job"]["id"]
+    blue = client.post("/jobs", {"gpus": BLUE, "policy": "fixed", "workload": {**long, "compute_seconds": 0}})["job"][
+        "id"
+    ]
     wait_for(lambda: _iterations(client, red) >= 2 and _iterations(client, blue) >= 2, 180, "both jobs to iterate")
     assert {device_switch_of(g) for g in RED} == {"as1", "as2"}  # the paper's fragmented start
     red_ips = {RACK.addresses[g][0] for g in RED}
@@ -72,8 +74,10 @@ def test_regrouping_a_fragmented_running_job(bed):
 
     window = _uplink_window(client, red, 3)
     after, blue_after = uplink_bytes(*window, red_ips), uplink_bytes(*window, blue_ips)
-    print(f"bytes to red's NICs across the uplink over 3 iterations: {before} before the regroup, {after} after; "
-          f"blue's meanwhile: {blue_after}")
+    print(
+        f"bytes to red's NICs across the uplink over 3 iterations: {before} before the regroup, {after} after; "
+        f"blue's meanwhile: {blue_after}"
+    )
     assert before > 100_000, "red's ring did not cross the uplink while fragmented"
     assert after <= 0.01 * before, "red's traffic still crosses the uplink after the regroup"
     assert blue_after > 100_000, "blue, still spread over both switches, should still cross the uplink"
@@ -85,9 +89,16 @@ def test_regroup_all_and_bad_requests(bed):
     with pytest.raises(ApiError) as info:
         client.post("/jobs", {"gpus": ["gpu3", "gpu4"], "policy": "fixed", "queue": False})
     assert info.value.status == 409 and "gpu3 is held by" in info.value.message and info.value.field == "gpus"
-    for body, status in [({"gpus": 9}, 409), ({"gpus": ["gpu42"]}, 400), ({"gpus": 2, "policy": "magic"}, 400),
-                         ({"gpus": 2, "workload": {"model": "alexnet"}}, 400), ({}, 400), ({"gpus": "two"}, 400),
-                         ({"gpus": 2, "gpu_model": "K80"}, 400), ({"gpus": 3, "gpu_model": "TitanV"}, 409)]:
+    for body, status in [
+        ({"gpus": 9}, 409),
+        ({"gpus": ["gpu42"]}, 400),
+        ({"gpus": 2, "policy": "magic"}, 400),
+        ({"gpus": 2, "workload": {"model": "alexnet"}}, 400),
+        ({}, 400),
+        ({"gpus": "two"}, 400),
+        ({"gpus": 2, "gpu_model": "K80"}, 400),
+        ({"gpus": 3, "gpu_model": "TitanV"}, 409),
+    ]:
         with pytest.raises(ApiError) as info:
             client.post("/jobs", body)
         assert info.value.status == status, (body, info.value)
@@ -113,8 +124,10 @@ def _device_matches(client, circuits: list) -> None:
 
 def test_controller_restart_keeps_the_job_and_the_circuits(bed):
     client = bed.client
-    job = client.post("/jobs", {"gpus": 4, "policy": "regroup", "workload": {"model": "resnet50", "iterations": 40,
-                                                                             "compute_seconds": 0.15}})["job"]
+    job = client.post(
+        "/jobs",
+        {"gpus": 4, "policy": "regroup", "workload": {"model": "resnet50", "iterations": 40, "compute_seconds": 0.15}},
+    )["job"]
     # long enough to outlast the restart (about 2 s): under one switch an iteration of ResNet-50's
     # gradients takes about 0.25 s
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 3, 120, "the job to run")
@@ -144,8 +157,13 @@ def test_cli_submit_and_wait(bed):
     ctl = bed.controller
     args = [str(BIN / "optirack"), "--url", ctl.url, "--token-file", str(ctl.state_dir / "token")]
     t0 = time.monotonic()
-    out = subprocess.run([*args, "submit", "--gpus", "2", "--iterations", "3", "--wait"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=300)
+    out = subprocess.run(
+        [*args, "submit", "--gpus", "2", "--iterations", "3", "--wait"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert " done " in out.stdout and "iter       3/3" in out.stdout
     listing = subprocess.run([*args, "jobs"], capture_output=True, text=True, cwd=ROOT).stdout

@@ -64,7 +64,11 @@ def test_echo_keepalive_is_on_by_default(tmp_path):
                 seen.add(msg_type)
             assert 2 in seen, f"no echo request; saw message types {sorted(seen)}"
         # Ryu shuts down slowly (10 s) while it still holds the half-closed connection: let it see the close.
-        wait_for(lambda: not sh("ss", "-Htn", f"sport = :{proc.of_port}").strip(), 10, "the controller to drop the connection")
+        wait_for(
+            lambda: not sh("ss", "-Htn", f"sport = :{proc.of_port}").strip(),
+            10,
+            "the controller to drop the connection",
+        )
     finally:
         proc.stop()
 

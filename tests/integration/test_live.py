@@ -97,15 +97,18 @@ def panel_queries() -> list[tuple[str, str]]:
 
 def mean_tx_bps(history: list[dict], t0: float, t1: float) -> float:
     """A GPU's mean transmit rate over (t0, t1] from GET /stats/ports?history samples (each a rate since the last)."""
-    bits = sum(s["tx_bps"] * (s["t"] - prev["t"]) for prev, s in zip(history, history[1:], strict=False) if t0 < s["t"] <= t1)
+    bits = sum(
+        s["tx_bps"] * (s["t"] - prev["t"]) for prev, s in zip(history, history[1:], strict=False) if t0 < s["t"] <= t1
+    )
     return bits / (t1 - t0)
 
 
 def test_prometheus_sees_the_jobs_throughput_and_every_dashboard_panel(fragmented, tmp_path):
     bed = fragmented
     client, url = bed.client, bed.controller.url
-    check = subprocess.run(["promtool", "check", "metrics"], input=requests.get(url + "/metrics", timeout=10).content,
-                           capture_output=True)
+    check = subprocess.run(
+        ["promtool", "check", "metrics"], input=requests.get(url + "/metrics", timeout=10).content, capture_output=True
+    )
     assert check.returncode == 0 and not (check.stdout + check.stderr).strip(), check.stdout + check.stderr
     with Prometheus(tmp_path, [url.removeprefix("http://")], scrape_interval="1s") as prom:
         prom.wait_scraped()
@@ -113,11 +116,16 @@ def test_prometheus_sees_the_jobs_throughput_and_every_dashboard_panel(fragmente
         job_id = submit(client, RED, "regroup", 30)  # regrouping the fragmented start is a reconfiguration
         wait_for(lambda: job(client, job_id)["iterations_done"] >= 12, 120, "12 iterations")
         time.sleep(3)  # a few scrapes with the job's series in them
-        empty = [(title, q) for title, q in panel_queries()
-                 if not any(math.isfinite(float(s["value"][1])) for s in prom.query(q))]
+        empty = [
+            (title, q)
+            for title, q in panel_queries()
+            if not any(math.isfinite(float(s["value"][1])) for s in prom.query(q))
+        ]
         assert not empty, f"dashboard panels with no series (or only NaN): {empty}"
-        per_job = prom.query(f'sum by (job_id) (rate(optirack_gpu_port_transmit_bytes_total[15s]) * 8 * on (gpu) '
-                             f'group_left (job_id) optirack_gpu_job{{job_id="{job_id}"}})')
+        per_job = prom.query(
+            f"sum by (job_id) (rate(optirack_gpu_port_transmit_bytes_total[15s]) * 8 * on (gpu) "
+            f'group_left (job_id) optirack_gpu_job{{job_id="{job_id}"}})'
+        )
         assert [s["metric"]["job_id"] for s in per_job] == [job_id] and float(per_job[0]["value"][1]) > 0
         wait_for(lambda: job(client, job_id)["state"] not in ACTIVE, 180, f"{job_id} to end")
         assert job(client, job_id)["state"] == "done"
@@ -131,16 +139,20 @@ def test_prometheus_sees_the_jobs_throughput_and_every_dashboard_panel(fragmente
             assert len(series) == 1, series
             promql_bps = float(series[0]["value"][1])
             api_bps = mean_tx_bps(history[gpu]["history"], t1 - int(t1 - t0), t1)
-            print(f"{gpu}: Prometheus {promql_bps / 1e6:.2f} Mbit/s, GET /stats/ports {api_bps / 1e6:.2f} Mbit/s "
-                  f"over {window}")
+            print(
+                f"{gpu}: Prometheus {promql_bps / 1e6:.2f} Mbit/s, GET /stats/ports {api_bps / 1e6:.2f} Mbit/s "
+                f"over {window}"
+            )
             assert api_bps > 1e6, f"{gpu} carried no traffic: {api_bps} bit/s"
             assert abs(promql_bps - api_bps) <= 0.2 * api_bps
 
 
 # --- the live page in a browser --------------------------------------------------------------------------
 def drawn_circuits(page) -> set[frozenset[str]]:
-    return {frozenset(c.split()) for c in page.eval_on_selector_all("#rack [data-circuit]",
-                                                                    "els => els.map(e => e.dataset.circuit)")}
+    return {
+        frozenset(c.split())
+        for c in page.eval_on_selector_all("#rack [data-circuit]", "els => els.map(e => e.dataset.circuit)")
+    }
 
 
 def api_circuits(client) -> set[frozenset[str]]:
@@ -159,7 +171,9 @@ def test_live_page_in_a_browser(fragmented, tmp_path):
     with Browser() as browser:
         page = browser.page
         page.goto(bed.controller.url + "/")
-        page.wait_for_function(f"document.querySelectorAll('#rack [data-gpu]').length === {len(RACK.gpus)}", timeout=20_000)
+        page.wait_for_function(
+            f"document.querySelectorAll('#rack [data-gpu]').length === {len(RACK.gpus)}", timeout=20_000
+        )
         gpus = page.eval_on_selector_all("#rack [data-gpu]", "els => els.map(e => e.dataset.gpu)")
         assert sorted(gpus) == sorted(RACK.gpus)
         assert drawn_circuits(page) == api_circuits(client) == {frozenset(c) for c in FRAGMENTED}
@@ -169,7 +183,9 @@ def test_live_page_in_a_browser(fragmented, tmp_path):
         wait_for(lambda: chart_points(page, job_id) >= 3, 60, "the iteration chart's first points")
         first = chart_points(page, job_id)
         wait_for(lambda: chart_points(page, job_id) > first, 30, "the iteration chart to gain points")
-        coloured = page.eval_on_selector_all(f'#rack [data-gpu][data-job="{job_id}"]', "els => els.map(e => e.dataset.gpu)")
+        coloured = page.eval_on_selector_all(
+            f'#rack [data-gpu][data-job="{job_id}"]', "els => els.map(e => e.dataset.gpu)"
+        )
         assert sorted(coloured) == RED
         assert len(job(client, job_id)["switches"]) == 2
 
@@ -178,8 +194,9 @@ def test_live_page_in_a_browser(fragmented, tmp_path):
         page.click("#regroup")
         page.fill("#token", token)  # the page asks for the token
         page.click("#token-ok")
-        page.wait_for_function(f"document.getElementById('regroup-result').textContent.startsWith('{job_id}: under')",
-                               timeout=60_000)
+        page.wait_for_function(
+            f"document.getElementById('regroup-result').textContent.startsWith('{job_id}: under')", timeout=60_000
+        )
         regrouped = api_circuits(client)
         assert regrouped != before and len(job(client, job_id)["switches"]) == 1
         wait_for(lambda: drawn_circuits(page) == regrouped, 10, "the page to draw the new circuits")

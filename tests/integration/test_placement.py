@@ -71,14 +71,21 @@ def test_defragment_in_one_change_and_a_queued_job_starts_when_gpus_free_up(bed)
     try:
         ids = {}
         for name, gpus in JOBS.items():  # the fragmented start: fixed placement keeps the cabling
-            ids[name] = client.post("/jobs", {"name": name, "gpus": gpus, "policy": "fixed", "workload": LONG})["job"]["id"]
-        waiting = client.post("/jobs", {"name": "e", "gpus": 2, "workload": {"iterations": 5, "compute_seconds": 0.05}})["job"]
+            ids[name] = client.post("/jobs", {"name": name, "gpus": gpus, "policy": "fixed", "workload": LONG})["job"][
+                "id"
+            ]
+        waiting = client.post(
+            "/jobs", {"name": "e", "gpus": 2, "workload": {"iterations": 5, "compute_seconds": 0.05}}
+        )["job"]
         assert (waiting["state"], waiting["position"]) == ("queued", 1)  # all eight GPUs are held
         with pytest.raises(ApiError) as info:
             client.post("/jobs", {"gpus": 1, "queue": False})
         assert info.value.status == 409 and "not queued" in info.value.message
-        wait_for(lambda: all(client.get(f"/jobs/{i}")["job"]["iterations_done"] >= 1 for i in ids.values()), 240,
-                 "the four jobs to run")
+        wait_for(
+            lambda: all(client.get(f"/jobs/{i}")["job"]["iterations_done"] >= 1 for i in ids.values()),
+            240,
+            "the four jobs to run",
+        )
         assert [len({device_switch_of(g) for g in gpus}) for gpus in JOBS.values()] == [3, 2, 2, 1]
 
         before = snapshot(client)
@@ -88,35 +95,50 @@ def test_defragment_in_one_change_and_a_queued_job_starts_when_gpus_free_up(bed)
         assert "3 job(s) moved" in text and f"optirack regroup --version {plan['version']}" in text
         moved = {m["job"] for m in plan["jobs_moved"]}
         assert moved == {ids["a"], ids["b"], ids["c"]}
-        assert plan["jobs_untouched"][0]["job"] == ids["d"] and plan["jobs_untouched"][0]["reason"] == "already under one switch"
+        assert (
+            plan["jobs_untouched"][0]["job"] == ids["d"]
+            and plan["jobs_untouched"][0]["reason"] == "already under one switch"
+        )
         assert (plan["switches_before"], plan["switches_after"]) == (8, 4)
 
         done = json.loads(cli(bed, "--json", "regroup", "--version", str(plan["version"])))
         ev = done["event"]
         assert done["applied"] and ev["status"] == "ok" and ev["kind"] == "regroup"
         assert sorted(ev["removed"]) == plan["circuits"]["remove"] and sorted(ev["added"]) == plan["circuits"]["add"]
-        expected = sorted(set(map(tuple, before["device"])) - set(map(tuple, plan["circuits"]["remove"]))
-                          | set(map(tuple, plan["circuits"]["add"])))
+        expected = sorted(
+            set(map(tuple, before["device"])) - set(map(tuple, plan["circuits"]["remove"]))
+            | set(map(tuple, plan["circuits"]["add"]))
+        )
         assert device_circuits() == [list(c) for c in expected]  # exactly the plan's circuits, on the OCS bridge
-        assert ev["dark_start"] < ev["dark_end"] and ev["dark_window_s"] >= ev["switching_time_s"] > 0  # one dark window
+        assert (
+            ev["dark_start"] < ev["dark_end"] and ev["dark_window_s"] >= ev["switching_time_s"] > 0
+        )  # one dark window
         for name, gpus in JOBS.items():
             job = client.get(f"/jobs/{ids[name]}")["job"]
             if job["id"] in moved:  # under one switch, on the device; stalled once: one reconfiguration
                 assert len({device_switch_of(g) for g in gpus}) == 1 and len(job["switches"]) == 1
                 assert job["events"] == [ev["id"]]
             else:  # could not gain: not touched
-                assert job["events"] == [] and job["circuits"] == next(j for j in before["jobs"] if j["id"] == job["id"])["circuits"]
+                assert (
+                    job["events"] == []
+                    and job["circuits"] == next(j for j in before["jobs"] if j["id"] == job["id"])["circuits"]
+                )
         with pytest.raises(ApiError) as info:  # that plan is spent: the map has moved on
             client.post("/regroup", {"version": plan["version"]})
         assert info.value.status == 409 and "version" in info.value.message
 
         at_regroup = {i: client.get(f"/jobs/{i}")["job"]["iterations_done"] for i in moved}
-        wait_for(lambda: all(client.get(f"/jobs/{i}")["job"]["iterations_done"] >= n + 3 for i, n in at_regroup.items()),
-                 120, "the moved jobs to iterate on under one switch")
+        wait_for(
+            lambda: all(client.get(f"/jobs/{i}")["job"]["iterations_done"] >= n + 3 for i, n in at_regroup.items()),
+            120,
+            "the moved jobs to iterate on under one switch",
+        )
         assert client.get(f"/jobs/{waiting['id']}")["job"]["state"] == "queued"  # still no GPU free
 
         b = client.post(f"/jobs/{ids['b']}/stop")["job"]  # two GPUs free: the queued job's turn
-        wait_for(lambda: client.get(f"/jobs/{waiting['id']}")["job"]["state"] not in ACTIVE, 120, "the queued job to run")
+        wait_for(
+            lambda: client.get(f"/jobs/{waiting['id']}")["job"]["state"] not in ACTIVE, 120, "the queued job to run"
+        )
         e = client.get(f"/jobs/{waiting['id']}")["job"]
         assert e["state"] == "done" and e["iterations_done"] == 5, e["reason"]
         assert sorted(e["gpus"]) == sorted(JOBS["b"]) and e["started_at"] >= b["ended_at"]

@@ -37,7 +37,9 @@ ACTIVE = "pending,configuring,running"
 
 def _stop_all(client) -> None:
     for job in client.get("/jobs", state=ACTIVE)["jobs"]:
-        wait_for(lambda j=job: client.get(f"/jobs/{j['id']}")["job"]["state"] != "configuring", 60, "configuring to end")
+        wait_for(
+            lambda j=job: client.get(f"/jobs/{j['id']}")["job"]["state"] != "configuring", 60, "configuring to end"
+        )
         try:
             client.delete(f"/jobs/{job['id']}")
         except ApiError:
@@ -111,6 +113,7 @@ def _put_swap(client, put: dict):
             put.update(status=200, event=put["body"]["event"])
         except ApiError as e:  # 409 (a running job's circuit, or busy) is a fair answer; it must change nothing
             put.update(status=e.status)
+
     return action
 
 
@@ -123,6 +126,7 @@ def _round(client, kind: str, delay_ms: int, label: str) -> int | None:
     client.put("/ocs/circuits", {"circuits": FRAGMENTED})
     put, job = {}, {}
     if kind == "place":
+
         def action():
             job.update(client.post("/jobs", {"gpus": JOB_GPUS, "policy": "regroup", "workload": WORKLOAD})["job"])
     else:
@@ -131,6 +135,7 @@ def _round(client, kind: str, delay_ms: int, label: str) -> int | None:
 
         def action():
             client.post(f"/jobs/{job['id']}/regroup")
+
     swap = _put_swap(client, put)
     _race(client, *((swap, action) if delay_ms >= 0 else (action, swap)), abs(delay_ms) / 1000)
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["state"] != "configuring", 120, "the placement")

@@ -42,7 +42,11 @@ def _leftovers() -> dict:
         if pid.isdigit():
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if b"mininet:" in cmdline or b"/run/optirack/engines/" in cmdline or b"/run/optirack/registry/" in cmdline:
+                if (
+                    b"mininet:" in cmdline
+                    or b"/run/optirack/engines/" in cmdline
+                    or b"/run/optirack/registry/" in cmdline
+                ):
                     shells.append(pid + " " + cmdline.replace(b"\0", b" ").decode(errors="replace"))
             except OSError:
                 pass
@@ -119,8 +123,15 @@ def test_same_switch_and_across_the_uplink(paper_rack):
 def _configured(dev: str, netns: str | None) -> tuple[float | None, int]:
     """The htb root rate of an interface (Mbit/s) and the bfifo limit of its bulk class (bytes)."""
     out = sh("tc", *(["-n", netns] if netns else []), "qdisc", "show", "dev", dev)
-    limit = next((int(w[:-1]) if w.endswith("b") else int(w) for line in out.splitlines() if "bfifo 20:" in line
-                  for w in [line.split("limit ")[1].split()[0]]), 0)
+    limit = next(
+        (
+            int(w[:-1]) if w.endswith("b") else int(w)
+            for line in out.splitlines()
+            if "bfifo 20:" in line
+            for w in [line.split("limit ")[1].split()[0]]
+        ),
+        0,
+    )
     return ovs.shaped_mbps(dev, netns), limit
 
 
@@ -135,8 +146,10 @@ def _check_path(rack, devices, rate, server_ns, server_ip, client_ns, client_ip,
     for dev, netns in devices:  # put back exactly as it was
         assert _configured(dev, netns) == (rate, QUEUE_FRAMES * frame), (dev, netns)
     check = RateCheck(rate, shaped, unshaped)
-    print(f"{what}: shaped {shaped:.1f} Mbit/s at a rate of {rate:g}; unshaped {unshaped:.1f} Mbit/s"
-          + ("" if check.host_can_tell else " (this host cannot carry much more than the rate unshaped)"))
+    print(
+        f"{what}: shaped {shaped:.1f} Mbit/s at a rate of {rate:g}; unshaped {unshaped:.1f} Mbit/s"
+        + ("" if check.host_can_tell else " (this host cannot carry much more than the rate unshaped)")
+    )
     assert not check.problems(), check.problems()
     return check
 
@@ -148,8 +161,16 @@ def test_line_rate_is_the_scaled_nic_rate(paper_rack):
     ip = {g: rack.addresses[g][0] for g in rack.gpus}
     rate = rack.spec.emulation.mbps(rack.gpus["gpu1"].nic.rate_gbps)
     # gpu1 -> gpu2: shaped at gpu1's NIC port and at the OCS port facing gpu2 (both the NIC's rate)
-    _check_path(rack, [(nic_port("gpu1"), "optirack-srv1"), ("ocs1-p2", None)], rate,
-                "optirack-srv2", ip["gpu2"], "optirack-srv1", ip["gpu1"], "same switch")
+    _check_path(
+        rack,
+        [(nic_port("gpu1"), "optirack-srv1"), ("ocs1-p2", None)],
+        rate,
+        "optirack-srv2",
+        ip["gpu2"],
+        "optirack-srv1",
+        ip["gpu1"],
+        "same switch",
+    )
 
 
 def test_rack8_up_rates_and_down():
@@ -164,8 +185,16 @@ def test_rack8_up_rates_and_down():
         rate = rack.spec.emulation.mbps(rack.switches["as1"].uplinks[0].rate_gbps)
         # gpu1 (as1) -> gpu7 (as3) crosses as1 -> core -> as3: the narrowest hops are the uplinks
         uplinks = [(f"{w.name}-p{u.port}", None) for w in rack.spec.switches for u in w.uplinks]
-        _check_path(rack, uplinks, rate, "optirack-srv4", ip["gpu7"], "optirack-srv1", ip["gpu1"],
-                    f"across two {rate:g} Mbit/s uplinks")
+        _check_path(
+            rack,
+            uplinks,
+            rate,
+            "optirack-srv4",
+            ip["gpu7"],
+            "optirack-srv1",
+            ip["gpu1"],
+            f"across two {rate:g} Mbit/s uplinks",
+        )
     finally:
         optirack_rack("down")
     assert _leftovers() == {}
@@ -207,8 +236,15 @@ def test_mininet_cli_entry(tmp_path):
     import subprocess
 
     from tests.integration.helpers import BIN, ROOT
-    proc = subprocess.run([str(BIN / "optirack-rack"), "cli", "--controller", NOBODY], input="srv1 ip -br addr\nnet\nexit\n",
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+    proc = subprocess.run(
+        [str(BIN / "optirack-rack"), "cli", "--controller", NOBODY],
+        input="srv1 ip -br addr\nnet\nexit\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout + proc.stderr  # Mininet prints to stderr
     assert "198.18.0.1/24" in out and "ocs1-p1:gpu1" in out

@@ -131,8 +131,11 @@ def test_silent_switch_times_out_and_rolls_back(rig, monkeypatch):
         apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
     assert ctx.circuits == before
     ocs.silent = False  # it answers again: the OCS app puts its circuits back by itself
-    wait_until(lambda: "ocs1" in apps[1].synchronised and ocs.circuits() == {(a.port, b.port) for a, b in before.circuits},
-               10, "the OCS resynchronised")
+    wait_until(
+        lambda: "ocs1" in apps[1].synchronised and ocs.circuits() == {(a.port, b.port) for a, b in before.circuits},
+        10,
+        "the OCS resynchronised",
+    )
     _device_holds(ctx, ocs, switches, before)
 
 
@@ -178,8 +181,12 @@ def test_rest_in_process(rig):
     topo = json.loads(Request.blank("/api/v1/topology").get_response(app).body)
     assert topo["gpus"]["gpu3"]["switch"] == {"name": "as2", "port": 1}
     assert topo["ocs"]["ocs1"]["connected"] is True
-    req = Request.blank("/api/v1/ocs/circuits", method="PUT", body=json.dumps({"circuits": REGROUPED}).encode(),
-                        headers={"Authorization": f"Bearer {ctx.token}"})
+    req = Request.blank(
+        "/api/v1/ocs/circuits",
+        method="PUT",
+        body=json.dumps({"circuits": REGROUPED}).encode(),
+        headers={"Authorization": f"Bearer {ctx.token}"},
+    )
     resp = req.get_response(app)
     assert resp.status_int == 200, resp.body
     assert json.loads(resp.body)["event"]["dark_window_s"] >= 0.025

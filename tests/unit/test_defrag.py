@@ -114,5 +114,7 @@ def test_iteration_model_on_the_paper_rack():
     t = iteration_seconds(RACK, jobs, grouped, {"red": "vgg16", "blue": "vgg16"})
     assert t["red"] == pytest.approx(compute + ring)
     # blue still crosses the uplink, alone now: the uplink is its narrowest hop
-    assert t["blue"] == pytest.approx(compute_seconds("vgg16", "TitanV") + 2 * 1 / 2 * vgg.gradient_bytes * 8 / (uplink * 1e9))
+    assert t["blue"] == pytest.approx(
+        compute_seconds("vgg16", "TitanV") + 2 * 1 / 2 * vgg.gradient_bytes * 8 / (uplink * 1e9)
+    )
     assert iteration_seconds(RACK, {"one": ("gpu1",)}, where, {})["one"] == pytest.approx(compute)

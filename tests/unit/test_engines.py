@@ -26,7 +26,9 @@ def test_the_paper_rack_names_one_engine_per_server_with_tls():
     rack = load_rack(PAPER)
     assert [s.docker for s in rack.spec.servers] == [f"tcp://198.19.0.{i}:2376" for i in range(1, 5)]
     assert rack.spec.engines.tls is not None and rack.spec.engines.registry == "198.19.0.254:5000"
-    assert [(p.server, p.ip, p.port) for p in engine_plans(rack)] == [(f"srv{i}", f"198.19.0.{i}", 2376) for i in range(1, 5)]
+    assert [(p.server, p.ip, p.port) for p in engine_plans(rack)] == [
+        (f"srv{i}", f"198.19.0.{i}", 2376) for i in range(1, 5)
+    ]
 
 
 def test_the_sample_lab_rack_is_valid():
@@ -35,13 +37,16 @@ def test_the_sample_lab_rack_is_valid():
     assert rack.engine_host("gpu03") == "10.10.0.13" and rack.interface("v1") == "ens1f0v0"
 
 
-@pytest.mark.parametrize("url, problem", [
-    ("tcp://198.19.0.1", "names its port"),
-    ("http://198.19.0.1:2376", "expected 'local'"),
-    ("ssh://198.19.0.1", "names its user"),
-    ("tcp://198.19.0.1:99999", "not a port number"),
-    ("tcp://198.19.0.1:2376", "also the engine of server srv1"),
-])
+@pytest.mark.parametrize(
+    "url, problem",
+    [
+        ("tcp://198.19.0.1", "names its port"),
+        ("http://198.19.0.1:2376", "expected 'local'"),
+        ("ssh://198.19.0.1", "names its user"),
+        ("tcp://198.19.0.1:99999", "not a port number"),
+        ("tcp://198.19.0.1:2376", "also the engine of server srv1"),
+    ],
+)
 def test_bad_engine_urls_are_refused_by_field(url, problem):
     data = paper()
     data["servers"][1]["docker"] = url
@@ -79,7 +84,11 @@ class FakeContainer:
         self.id = f"id-{name}"
         self.labels = kwargs.get("labels", {})
         self.status = "running"
-        self.attrs = {"State": {"Pid": 4242 if name.endswith("-net") else 4343}, "Config": {"Image": image}, "Image": "sha"}
+        self.attrs = {
+            "State": {"Pid": 4242 if name.endswith("-net") else 4343},
+            "Config": {"Image": image},
+            "Image": "sha",
+        }
 
     def reload(self):
         pass
@@ -122,6 +131,7 @@ class FakeImages:
     def get_registry_data(self, ref):
         class Data:
             id = "sha256:" + "a" * 64
+
         return Data()
 
 
@@ -164,8 +174,10 @@ def test_start_runs_sandbox_then_helper_add_then_a_worker_in_the_sandbox_on_the_
     assert worker.image == "198.19.0.254:5000/optirack-worker@sha256:" + "a" * 64  # pulled by digest
     assert worker.kwargs["environment"]["OPTIRACK_GPU_ID"] == "gpu3"
     sandbox = engines["srv3"].containers.by_name[sandbox_name("job-1", "gpu3")]
-    assert sandbox.kwargs["sysctls"] == {"net.ipv4.tcp_slow_start_after_idle": "0",  # emulated NIC: small queues too
-                                         "net.ipv4.tcp_limit_output_bytes": str(2 * (9000 + 14))}
+    assert sandbox.kwargs["sysctls"] == {
+        "net.ipv4.tcp_slow_start_after_idle": "0",  # emulated NIC: small queues too
+        "net.ipv4.tcp_limit_output_bytes": str(2 * (9000 + 14)),
+    }
     assert all(e.calls == [] for s, e in engines.items() if s != "srv3")
 
 
@@ -201,7 +213,10 @@ def test_sweep_removes_only_jobs_that_are_over():
     driver.start(_spec("gpu1", "srv1"))
     driver.start(GpuContainer("job-2", "gpu5", "srv1", 1, "TitanV", "gpu5", "198.18.0.5/24", []))
     assert driver.sweep("srv1", keep_jobs={"job-2"}) == ["gpu1"]
-    assert sorted(engines["srv1"].containers.by_name) == [container_name("job-2", "gpu5"), sandbox_name("job-2", "gpu5")]
+    assert sorted(engines["srv1"].containers.by_name) == [
+        container_name("job-2", "gpu5"),
+        sandbox_name("job-2", "gpu5"),
+    ]
 
 
 def test_rack_check_names_the_server_and_the_cause():
@@ -211,7 +226,9 @@ def test_rack_check_names_the_server_and_the_cause():
     engines["srv2"].helper_fails = True  # its helper exits non-zero, saying why
     results = {r.server: r for r in check_rack(driver, gpus_emulated=True)}
     assert results["srv1"].ok and "GPUs emulated (gpu1, gpu5)" in results["srv1"].text
-    assert not results["srv2"].ok and "NIC helper" in results["srv2"].text and "no interface gpu1" in results["srv2"].text
+    assert (
+        not results["srv2"].ok and "NIC helper" in results["srv2"].text and "no interface gpu1" in results["srv2"].text
+    )
     assert not results["srv4"].ok and "engine unreachable" in results["srv4"].text and "refused" in results["srv4"].text
     assert results["srv4"].line().startswith("srv4") and " FAIL: " in results["srv4"].line()
     needs_gpus = {r.server: r for r in check_rack(driver, gpus_emulated=False)}

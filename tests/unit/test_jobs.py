@@ -209,7 +209,8 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path):
     assert (plan["switches_before"], plan["switches_after"]) == (4, 2) and plan["expected_stall_s"] == 0.025
     for m in plan["jobs_moved"]:
         assert m["iteration_s_after"] < m["iteration_s_before"] and m["remaining_iterations"] == 7
-    with pytest.raises(Conflict, match=f"the circuit map is at version {ctx.circuits_version}, the plan was made from version 99"):
+    moved = f"the circuit map is at version {ctx.circuits_version}, the plan was made from version 99"
+    with pytest.raises(Conflict, match=moved):
         placement.regroup_all(version=99)
     kept, placement._plans = placement._plans, {}  # as after a restart: the plan is forgotten
     with pytest.raises(Conflict, match=f"no plan was made from version {plan['version']}"):
@@ -218,7 +219,9 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path):
     done = placement.regroup_all(version=plan["version"])
     ev = done["event"]
     assert done["applied"] and ev["kind"] == "regroup" and ctx.circuits_version > plan["version"]
-    assert sorted(ev["removed"]) == sorted(plan["circuits"]["remove"]) and sorted(ev["added"]) == sorted(plan["circuits"]["add"])
+    assert sorted(ev["removed"]) == sorted(plan["circuits"]["remove"]) and sorted(ev["added"]) == sorted(
+        plan["circuits"]["add"]
+    )
     assert red.events == blue.events == [ev["id"]]  # one reconfiguration for both jobs
     assert len(red.switches) == len(blue.switches) == 1
     assert ocs.circuits() == {(a.port, b.port) for a, b in ctx.circuits.circuits}

@@ -31,16 +31,39 @@ def test_flow_mods_are_ryus_bytes():
     cases = [
         (of.circuit_add(7, 1011), _ryu_flow(ofp.OFPFC_ADD, of.OCS_COOKIE, 100, parser.OFPMatch(in_port=7), 1011)),
         (of.circuit_delete(7), _ryu_flow(ofp.OFPFC_DELETE_STRICT, of.OCS_COOKIE, 100, parser.OFPMatch(in_port=7))),
-        (of.forward_add("198.18.1.20", 3)[0],
-         _ryu_flow(ofp.OFPFC_ADD, of.FABRIC_COOKIE, 100, parser.OFPMatch(eth_type=0x0800, ipv4_dst="198.18.1.20"), 3)),
-        (of.forward_add("198.18.1.20", 3)[1],
-         _ryu_flow(ofp.OFPFC_ADD, of.FABRIC_COOKIE, 100, parser.OFPMatch(eth_type=0x0806, arp_tpa="198.18.1.20"), 3)),
-        (of.forward_delete("10.0.0.1")[0], _ryu_flow(ofp.OFPFC_DELETE_STRICT, of.FABRIC_COOKIE, 100,
-                                                     parser.OFPMatch(eth_type=0x0800, ipv4_dst="10.0.0.1"))),
-        (of.forward_delete("10.0.0.1")[1], _ryu_flow(ofp.OFPFC_DELETE_STRICT, of.FABRIC_COOKIE, 100,
-                                                     parser.OFPMatch(eth_type=0x0806, arp_tpa="10.0.0.1"))),
-        (of.delete_all(), parser.OFPFlowMod(None, table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_ANY,
-                                            out_group=ofp.OFPG_ANY, match=parser.OFPMatch())),
+        (
+            of.forward_add("198.18.1.20", 3)[0],
+            _ryu_flow(
+                ofp.OFPFC_ADD, of.FABRIC_COOKIE, 100, parser.OFPMatch(eth_type=0x0800, ipv4_dst="198.18.1.20"), 3
+            ),
+        ),
+        (
+            of.forward_add("198.18.1.20", 3)[1],
+            _ryu_flow(ofp.OFPFC_ADD, of.FABRIC_COOKIE, 100, parser.OFPMatch(eth_type=0x0806, arp_tpa="198.18.1.20"), 3),
+        ),
+        (
+            of.forward_delete("10.0.0.1")[0],
+            _ryu_flow(
+                ofp.OFPFC_DELETE_STRICT, of.FABRIC_COOKIE, 100, parser.OFPMatch(eth_type=0x0800, ipv4_dst="10.0.0.1")
+            ),
+        ),
+        (
+            of.forward_delete("10.0.0.1")[1],
+            _ryu_flow(
+                ofp.OFPFC_DELETE_STRICT, of.FABRIC_COOKIE, 100, parser.OFPMatch(eth_type=0x0806, arp_tpa="10.0.0.1")
+            ),
+        ),
+        (
+            of.delete_all(),
+            parser.OFPFlowMod(
+                None,
+                table_id=ofp.OFPTT_ALL,
+                command=ofp.OFPFC_DELETE,
+                out_port=ofp.OFPP_ANY,
+                out_group=ofp.OFPG_ANY,
+                match=parser.OFPMatch(),
+            ),
+        ),
         (of.barrier(), parser.OFPBarrierRequest(None)),
     ]
     for ours, ryus in cases:
@@ -49,7 +72,8 @@ def test_flow_mods_are_ryus_bytes():
 
 def test_bundle_messages_are_ryus_bytes():
     assert of.with_xid(of.bundle_ctrl(9, ofp.ONF_BCT_COMMIT_REQUEST), 5) == ryu_bytes(
-        parser.ONFBundleCtrlMsg(None, 9, ofp.ONF_BCT_COMMIT_REQUEST, ofp.ONF_BF_ATOMIC | ofp.ONF_BF_ORDERED, []), 5)
+        parser.ONFBundleCtrlMsg(None, 9, ofp.ONF_BCT_COMMIT_REQUEST, ofp.ONF_BF_ATOMIC | ofp.ONF_BF_ORDERED, []), 5
+    )
     inner = parser.OFPBarrierRequest(_Dp())
     ryu = ryu_bytes(parser.ONFBundleAddMsg(None, 9, ofp.ONF_BF_ATOMIC | ofp.ONF_BF_ORDERED, inner, []), 6)
     assert of.with_xid(of.bundle_add(9, of.with_xid(of.barrier(), 6)), 6) == ryu

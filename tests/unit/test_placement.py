@@ -122,7 +122,9 @@ def test_bad_requests():
         plan(o, Request(7))
     with pytest.raises(InvalidRequest, match="unknown GPU gpu42"):
         plan(o, Request(("gpu42",)))
-    with pytest.raises(InvalidRequest, match=r"unknown GPU model 'X100' on rack paper \(models here: M40, TitanV\)") as info:
+    with pytest.raises(
+        InvalidRequest, match=r"unknown GPU model 'X100' on rack paper \(models here: M40, TitanV\)"
+    ) as info:
         plan(o, Request(2, gpu_model="X100"))
     assert info.value.field == "gpu_model"
     with pytest.raises(InvalidRequest, match="no 'V100' GPUs on rack paper"):
@@ -221,9 +223,13 @@ def _brute_changes(o: Occupancy, gpus) -> int:
             movers = [x for x in mine if o.switch_of(x) != w]
             downs = [ix.ports[d] for d in ix.downlinks[ix.switch_id[w]][g]]
             empty = [d for d in downs if o.circuits.partner(d) is None]
-            idle = [d for d in downs if o.circuits.partner(d) is not None
-                    and o.holder[ix.gpu_id[rack.gpu_at(o.circuits.partner(d))]] is None
-                    and rack.gpu_at(o.circuits.partner(d)) not in gpus]
+            idle = [
+                d
+                for d in downs
+                if o.circuits.partner(d) is not None
+                and o.holder[ix.gpu_id[rack.gpu_at(o.circuits.partner(d))]] is None
+                and rack.gpu_at(o.circuits.partner(d)) not in gpus
+            ]
             if len(movers) > len(empty) + len(idle):
                 ok = False
                 break
@@ -236,8 +242,14 @@ def _brute_changes(o: Occupancy, gpus) -> int:
 @pytest.mark.parametrize("seed", range(40))
 def test_random_states_keep_every_invariant(seed):
     rng = random.Random(seed)
-    rack = generate(32, gpus_per_server=4, switches=4, ocs=rng.choice([1, 2]), spare=rng.choice([1.0, 1.5]),
-                    models=rng.choice([("V100",), ("V100", "M40"), ("A100", "V100", "M40")]))
+    rack = generate(
+        32,
+        gpus_per_server=4,
+        switches=4,
+        ocs=rng.choice([1, 2]),
+        spare=rng.choice([1.0, 1.5]),
+        models=rng.choice([("V100",), ("V100", "M40"), ("A100", "V100", "M40")]),
+    )
     circuits = CircuitMap.initial(rack)
     o = Occupancy(rack, circuits)
     for j in range(rng.randrange(1, 6)):  # some jobs, placed by the planner itself
@@ -274,8 +286,10 @@ def test_random_states_keep_every_invariant(seed):
         assert named.changes == _brute_changes(o, p.gpus)
 
 
-@pytest.mark.parametrize("gpus,kw", [(64, dict(switches=8)), (256, dict(switches=16, ocs=2)),
-                                     (1024, dict(switches=32, ocs=4, gpus_per_server=8))])
+@pytest.mark.parametrize(
+    "gpus,kw",
+    [(64, dict(switches=8)), (256, dict(switches=16, ocs=2)), (1024, dict(switches=32, ocs=4, gpus_per_server=8))],
+)
 def test_regroup_on_generated_racks(gpus, kw):
     rack = generate(gpus, spare=1.5, **kw)
     o = Occupancy(rack, CircuitMap.initial(rack))

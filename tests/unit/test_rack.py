@@ -76,30 +76,61 @@ def _append(path, value):
 
 SRV0_GPU0 = ["servers", 0, "gpus", 0]
 BROKEN = {
-    "port cabled twice": (_set(SRV0_GPU0 + ["nic", "ocs_port"], "ocs1:2"),
-                          "servers[1].gpus[0].nic.ocs_port", "cabled twice"),
-    "circuit on a port with nothing cabled": (_append(["circuits"], ["ocs1:30", "ocs1:26"]),
-                                              "circuits[6]", "nothing is cabled"),
+    "port cabled twice": (
+        _set(SRV0_GPU0 + ["nic", "ocs_port"], "ocs1:2"),
+        "servers[1].gpus[0].nic.ocs_port",
+        "cabled twice",
+    ),
+    "circuit on a port with nothing cabled": (
+        _append(["circuits"], ["ocs1:30", "ocs1:26"]),
+        "circuits[6]",
+        "nothing is cabled",
+    ),
     "unknown GPU model": (_set(SRV0_GPU0 + ["model"], "K80"), "servers[0].gpus[0].model", "unknown GPU model 'K80'"),
     "zero line rate": (_set(SRV0_GPU0 + ["nic", "rate_gbps"], 0), "servers[0].gpus[0].nic.rate_gbps", "greater than 0"),
-    "negative line rate": (_set(["switches", 0, "uplinks", 0, "rate_gbps"], -100),
-                           "switches[0].uplinks[0].rate_gbps", "greater than 0"),
-    "duplicate names": (_set(["servers", 1, "gpus", 0, "name"], "gpu1"), "servers[1].gpus[0].name", "duplicate name 'gpu1'"),
+    "negative line rate": (
+        _set(["switches", 0, "uplinks", 0, "rate_gbps"], -100),
+        "switches[0].uplinks[0].rate_gbps",
+        "greater than 0",
+    ),
+    "duplicate names": (
+        _set(["servers", 1, "gpus", 0, "name"], "gpu1"),
+        "servers[1].gpus[0].name",
+        "duplicate name 'gpu1'",
+    ),
     "GPU without NIC": (_del(SRV0_GPU0 + ["nic"]), "servers[0].gpus[0].nic", "Field required"),
-    "OCS port beyond port count": (_set(["switches", 1, "downlinks", 0, "ocs_port"], "ocs1:400"),
-                                   "switches[1].downlinks[0].ocs_port", "has only 320 ports"),
+    "OCS port beyond port count": (
+        _set(["switches", 1, "downlinks", 0, "ocs_port"], "ocs1:400"),
+        "switches[1].downlinks[0].ocs_port",
+        "has only 320 ports",
+    ),
     "unknown key": (_set(["ocs", 0, "colour"], "blue"), "ocs[0].colour", "unknown key"),
     "wrong type": (_set(["ocs", 0, "ports"], "many"), "ocs[0].ports", "valid integer"),
-    "port in two circuits": (_append(["circuits"], ["ocs1:1", "ocs1:24"]), "circuits[6]", "already used by circuits[0]"),
+    "port in two circuits": (
+        _append(["circuits"], ["ocs1:1", "ocs1:24"]),
+        "circuits[6]",
+        "already used by circuits[0]",
+    ),
     "GPU to GPU circuit": (_set(["circuits", 0], ["ocs1:1", "ocs1:2"]), "circuits[0]", "joins a GPU NIC and a switch"),
-    "unknown OCS": (_set(SRV0_GPU0 + ["nic", "ocs_port"], "ocs9:1"), "servers[0].gpus[0].nic.ocs_port", "no OCS named 'ocs9'"),
-    "uplink peer missing": (_set(["switches", 0, "uplinks", 0, "peer"], "as3:10"), "switches[0].uplinks[0].peer", "no other switch"),
+    "unknown OCS": (
+        _set(SRV0_GPU0 + ["nic", "ocs_port"], "ocs9:1"),
+        "servers[0].gpus[0].nic.ocs_port",
+        "no OCS named 'ocs9'",
+    ),
+    "uplink peer missing": (
+        _set(["switches", 0, "uplinks", 0, "peer"], "as3:10"),
+        "switches[0].uplinks[0].peer",
+        "no other switch",
+    ),
     "bad port reference": (_set(["circuits", 0], ["ocs1-1", "ocs1:11"]), "circuits[0][0]", "expected 'device:port'"),
     "duplicate datapath id": (_set(["switches", 1, "dpid"], "0x201"), "switches[1].dpid", "duplicate datapath id"),
     "name too long": (_set(["switches", 0, "name"], "aggregator1"), "switches[0].name", "not a valid name"),
     "no servers": (_set(["servers"], []), "servers", "at least 1 item"),
-    "interface twice on a server": (_set(["servers", 0, "gpus", 1, "nic", "interface"], "gpu1"),
-                                    "servers[0].gpus[1].nic.interface", "used twice on server srv1"),
+    "interface twice on a server": (
+        _set(["servers", 0, "gpus", 1, "nic", "interface"], "gpu1"),
+        "servers[0].gpus[1].nic.interface",
+        "used twice on server srv1",
+    ),
 }
 
 
@@ -119,12 +150,15 @@ def test_broken_rack_is_refused_by_field(case, tmp_path, capsys):
     assert err.startswith(f"error: {path}: {field}: ")
 
 
-@pytest.mark.parametrize("text,problem", [
-    ("", "the file is empty"),
-    ("servers: [unclosed\n", "not valid YAML at line 2"),
-    ("- just\n- a list\n", "not a list"),
-    ("name: x\n", "servers"),
-])
+@pytest.mark.parametrize(
+    "text,problem",
+    [
+        ("", "the file is empty"),
+        ("servers: [unclosed\n", "not valid YAML at line 2"),
+        ("- just\n- a list\n", "not a list"),
+        ("name: x\n", "servers"),
+    ],
+)
 def test_unusable_documents(text, problem, tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -141,8 +175,9 @@ def test_missing_file_names_the_file(tmp_path):
 def test_console_script_refuses_without_traceback(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("name: paper\nservers: 3\n")
-    proc = subprocess.run([sys.executable, "-m", "controller.cli", "check-topology", str(path)],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "check-topology", str(path)], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "servers" in proc.stderr

@@ -51,7 +51,9 @@ def test_routes_served_are_the_operations_documented():
             info = getattr(getattr(cls, name), "routing_info", None)
             if info:
                 served |= {(m, info["path"].removeprefix("/api/v1")) for m in info["methods"] or []}
-    assert served == documented, f"undocumented: {served - documented}; documented but not served: {documented - served}"
+    assert served == documented, (
+        f"undocumented: {served - documented}; documented but not served: {documented - served}"
+    )
 
 
 def test_every_error_answer_is_documented_with_the_error_shape():
@@ -59,20 +61,34 @@ def test_every_error_answer_is_documented_with_the_error_shape():
         for method, op in ops.items():
             for status, resp in op["responses"].items():
                 if int(status) >= 400:  # the shared response, or one with its own description and the same schema
-                    assert (resp == {"$ref": "#/components/responses/Error"} or resp["content"] == {
-                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}), (method, path, status)
+                    assert resp == {"$ref": "#/components/responses/Error"} or resp["content"] == {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                    }, (method, path, status)
 
 
-@pytest.mark.parametrize("path, method, status", [
-    ("/", "GET", 404), ("/nothing", "POST", 404), ("/api/v1/nothing", "GET", 404),
-    ("/api/v1/jobs/job-999", "GET", 404), ("/api/v1/jobs/%C3%A9t%C3%A9", "GET", 404),
-    ("/api/v1/jobs/%0A", "GET", 404), ("/api/v1/jobs/%FF%FE", "GET", 404),
-    ("/api/v1/ocs/circuits", "POST", 405), ("/api/v1/jobs/job-1", "PATCH", 405), ("/api/v1/topology", "OPTIONS", 405),
-    ("/api/v1/events?limit=0", "GET", 400), ("/api/v1/events?limit=%D9%A3", "GET", 400),
-    ("/api/v1/events?limit=" + "9" * 5000, "GET", 400), ("/api/v1/stats/ports?history=-1", "GET", 400),
-    ("/api/v1/ocs/circuits?device=yes", "GET", 400), ("/api/v1/jobs/job-1?history=x", "GET", 404),
-    ("/api/v1/ocs/circuits", "PUT", 401), ("/api/v1/jobs", "POST", 401),
-])
+@pytest.mark.parametrize(
+    "path, method, status",
+    [
+        ("/", "GET", 404),
+        ("/nothing", "POST", 404),
+        ("/api/v1/nothing", "GET", 404),
+        ("/api/v1/jobs/job-999", "GET", 404),
+        ("/api/v1/jobs/%C3%A9t%C3%A9", "GET", 404),
+        ("/api/v1/jobs/%0A", "GET", 404),
+        ("/api/v1/jobs/%FF%FE", "GET", 404),
+        ("/api/v1/ocs/circuits", "POST", 405),
+        ("/api/v1/jobs/job-1", "PATCH", 405),
+        ("/api/v1/topology", "OPTIONS", 405),
+        ("/api/v1/events?limit=0", "GET", 400),
+        ("/api/v1/events?limit=%D9%A3", "GET", 400),
+        ("/api/v1/events?limit=" + "9" * 5000, "GET", 400),
+        ("/api/v1/stats/ports?history=-1", "GET", 400),
+        ("/api/v1/ocs/circuits?device=yes", "GET", 400),
+        ("/api/v1/jobs/job-1?history=x", "GET", 404),
+        ("/api/v1/ocs/circuits", "PUT", 401),
+        ("/api/v1/jobs", "POST", 401),
+    ],
+)
 def test_errors_are_json_of_one_shape_everywhere(app, path, method, status):
     resp, body = call(app, path, method)
     assert resp.status_int == status and resp.content_type == "application/json", (resp.status, resp.body[:200])
@@ -89,15 +105,27 @@ def _documented(path: str) -> set[str]:
 
 def test_unknown_job_ids_are_404_for_every_method(app, tmp_path):
     token = {"Authorization": "Bearer " + (tmp_path / "token").read_text().strip()}
-    for method, path in [("GET", "/api/v1/jobs/%F0%9F%98%80"), ("DELETE", "/api/v1/jobs/r%C3%B6"),
-                         ("POST", "/api/v1/jobs/x%20y/regroup")]:
+    for method, path in [
+        ("GET", "/api/v1/jobs/%F0%9F%98%80"),
+        ("DELETE", "/api/v1/jobs/r%C3%B6"),
+        ("POST", "/api/v1/jobs/x%20y/regroup"),
+    ]:
         resp, body = call(app, path, method, headers=token)
-        assert resp.status_int == 404 and _is_error(body, 404) and body["error"]["field"] == "job_id", (method, path, body)
+        assert resp.status_int == 404 and _is_error(body, 404) and body["error"]["field"] == "job_id", (
+            method,
+            path,
+            body,
+        )
 
 
 def test_query_bounds_are_the_documents():
-    params = {(path, p["name"]): p["schema"] for path, ops in DOC["paths"].items() for op in ops.values()
-              for p in op.get("parameters", []) if p["in"] == "query"}
+    params = {
+        (path, p["name"]): p["schema"]
+        for path, ops in DOC["paths"].items()
+        for op in ops.values()
+        for p in op.get("parameters", [])
+        if p["in"] == "query"
+    }
     assert params[("/events", "limit")] == {"type": "integer", "minimum": 1, "maximum": 100000, "default": 100}
     assert params[("/stats/ports", "history")]["maximum"] == 100000
     assert params[("/jobs/{job_id}", "history")]["maximum"] == 100000

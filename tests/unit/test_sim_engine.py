@@ -17,7 +17,9 @@ from simulator.workloads import TraceError, paper_case, read_trace
 from tests.unit.test_rack import PAPER
 
 POLICIES = policies(300.0)
-SAMPLE_RACK = RackOptions(32, gpus_per_switch=8, gpus_per_server=4, oversubscription=8, models=(("V100", 1.0),), spare=1.0)
+SAMPLE_RACK = RackOptions(
+    32, gpus_per_switch=8, gpus_per_server=4, oversubscription=8, models=(("V100", 1.0),), spare=1.0
+)
 
 
 def run(rack, jobs, policy, **kw):
@@ -45,7 +47,9 @@ def test_the_paper_case_is_placed_by_the_controllers_own_code():
     fixed = run(rack, paper_case("a", iterations=10), "fixed")
     regroup = run(rack, paper_case("a", iterations=10), "regroup")
     concern, beside = fixed.jobs
-    assert concern.placement == ("gpu1", "gpu2", "gpu3", "gpu4") and concern.switches == 2 and fixed.circuits_changed == 0
+    assert (
+        concern.placement == ("gpu1", "gpu2", "gpu3", "gpu4") and concern.switches == 2 and fixed.circuits_changed == 0
+    )
     assert concern.shared and beside.shared  # both rings cross the one uplink
     gpus, changes = expected_regroup(rack, ["gpu1", "gpu2", "gpu3", "gpu4"], ["gpu5", "gpu6"])
     moved = regroup.jobs[0]
@@ -59,15 +63,37 @@ def test_the_paper_case_is_placed_by_the_controllers_own_code():
 
 def test_the_same_seed_gives_the_same_results_and_another_seed_does_not(tmp_path):
     """Each run in its own process with its own string hashing, as two users' runs would be."""
+
     def results(seed, hashseed):
         out = tmp_path / f"s{seed}-{hashseed}"
-        cmd = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
-               "simulate", "--gpus", "128", "--gpus-per-switch", "16", "--jobs", "60", "--seed", str(seed),
-               "--load", "1.2", "--out", str(out), "--no-plots", "--quiet", "--workers", "1"]
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
+            "simulate",
+            "--gpus",
+            "128",
+            "--gpus-per-switch",
+            "16",
+            "--jobs",
+            "60",
+            "--seed",
+            str(seed),
+            "--load",
+            "1.2",
+            "--out",
+            str(out),
+            "--no-plots",
+            "--quiet",
+            "--workers",
+            "1",
+        ]
         subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": str(hashseed)})
         record = json.loads((out / "results.json").read_text())
-        return {name: [(j["id"], j["placement"], j["start_s"], j["end_s"]) for j in p["jobs"]]
-                for name, p in record["policies"].items()}
+        return {
+            name: [(j["id"], j["placement"], j["start_s"], j["end_s"]) for j in p["jobs"]]
+            for name, p in record["policies"].items()
+        }
 
     first = results(3, 1)
     assert first == results(3, 2)
@@ -93,16 +119,19 @@ def read_trace_text(text, tmp=None):
     return read_trace(path)
 
 
-@pytest.mark.parametrize("line, where", [
-    ("x,4,vgg16,10", "line 2: arrival_s"),
-    ("-1,4,vgg16,10", "line 2: arrival_s"),
-    ("0,four,vgg16,10", "line 2: gpus"),
-    ("0,0,vgg16,10", "line 2: gpus"),
-    ("0,4,alexnet,10", "line 2: model"),
-    ("0,4,vgg16,1.5", "line 2: iterations"),
-    ("0,4,vgg16", "line 2: 3 fields"),
-    ("0,4096,vgg16,10", "line 2: gpus"),
-])
+@pytest.mark.parametrize(
+    "line, where",
+    [
+        ("x,4,vgg16,10", "line 2: arrival_s"),
+        ("-1,4,vgg16,10", "line 2: arrival_s"),
+        ("0,four,vgg16,10", "line 2: gpus"),
+        ("0,0,vgg16,10", "line 2: gpus"),
+        ("0,4,alexnet,10", "line 2: model"),
+        ("0,4,vgg16,1.5", "line 2: iterations"),
+        ("0,4,vgg16", "line 2: 3 fields"),
+        ("0,4096,vgg16,10", "line 2: gpus"),
+    ],
+)
 def test_a_malformed_trace_names_the_line_and_the_field(tmp_path, line, where):
     path = tmp_path / "bad.csv"
     path.write_text("arrival_s,gpus,model,iterations\n" + line + "\n")
@@ -190,11 +219,36 @@ def test_under_held_shares_time_shifting_shifts_nothing_and_shared_rings_keep_ha
 
 def test_simulate_records_the_sharing_of_its_net_and_the_option_overrides_it(tmp_path):
     got = {}
-    for name, extra in {"rack": [], "emulation": ["--net", "emulation"],
-                        "rack-held": ["--sharing", "held"], "emulation-maxmin": ["--net", "emulation", "--sharing", "maxmin"]}.items():
+    for name, extra in {
+        "rack": [],
+        "emulation": ["--net", "emulation"],
+        "rack-held": ["--sharing", "held"],
+        "emulation-maxmin": ["--net", "emulation", "--sharing", "maxmin"],
+    }.items():
         out = tmp_path / name
-        assert cli(["simulate", "--gpus", "32", "--gpus-per-switch", "8", "--trace", "traces/sample.csv", "--policies",
-                    "regroup", "--no-plots", "--quiet", "--workers", "1", "--out", str(out), *extra]) == 0
+        assert (
+            cli(
+                [
+                    "simulate",
+                    "--gpus",
+                    "32",
+                    "--gpus-per-switch",
+                    "8",
+                    "--trace",
+                    "traces/sample.csv",
+                    "--policies",
+                    "regroup",
+                    "--no-plots",
+                    "--quiet",
+                    "--workers",
+                    "1",
+                    "--out",
+                    str(out),
+                    *extra,
+                ]
+            )
+            == 0
+        )
         net = json.loads((out / "results.json").read_text())["net"]
         got[name] = net["sharing"]
         assert ("held shares" if net["sharing"] == "held" else "max-min sharing") in net["description"]
@@ -257,5 +311,7 @@ def test_a_job_that_can_never_be_placed_fails_and_the_queue_goes_on():
     stuck = JobSpec("stuck", 0.0, 4, "vgg16", 10, names=("gpu1", "gpu2", "gpu3", "gpu4"), policy="fixed")
     after = JobSpec("after", 1.0, 2, "vgg16", 10)
     r = run(rack, [stuck, after], "regroup")
-    assert "gpu4" in r.jobs[0].failed or "no other job" in r.jobs[0].failed  # occupancy API: the reason; today: it cannot tell
+    assert (
+        "gpu4" in r.jobs[0].failed or "no other job" in r.jobs[0].failed
+    )  # occupancy API: the reason; today: it cannot tell
     assert not r.jobs[1].failed and r.jobs[1].end_s > r.jobs[1].start_s >= 1.0

@@ -128,32 +128,60 @@ def test_the_recorded_points_are_read_as_the_demo_wrote_them():
                                   {"case": "a", "summary": s("regroup", 0.3, 0.3)},
                                   {"case": "b", "summary": s("fixed", 0.4)}],
            "sweep": [{"nic_to_uplink": 2.5, "uplink_gbps": 40, "fixed": s("fixed", 9), "regroup": s("regroup", 9)},
-                     {"nic_to_uplink": 4, "uplink_gbps": 25, "fixed": s("fixed", 0.9, 1.1), "regroup": s("regroup", 0.3)}]}
+                     {"nic_to_uplink": 4, "uplink_gbps": 25,
+                      "fixed": s("fixed", 0.9, 1.1), "regroup": s("regroup", 0.3)}]}
     got = [(p.case, p.uplink_gbps, p.policy, p.emulated_s, len(p.runs)) for p in fidelity.points(rec)]
     # the sweep point at the demo rack's own uplink is the case (a) run, compared once
-    assert got == [("a", 40, "fixed", 0.6, 3), ("a", 40, "regroup", 0.3, 2), ("b", 40, "fixed", 0.4, 1),
-                   ("a", 25, "fixed", 1.0, 2), ("a", 25, "regroup", 0.3, 1)]
+    assert got == [
+        ("a", 40, "fixed", 0.6, 3),
+        ("a", 40, "regroup", 0.3, 2),
+        ("b", 40, "fixed", 0.4, 1),
+        ("a", 25, "fixed", 1.0, 2),
+        ("a", 25, "regroup", 0.3, 1),
+    ]
 
 
 def test_the_demos_repeated_points_and_calibration_are_read():
     """The record with repeats: medians per point, the fitted point once, the calibration at the rate used."""
+
     def fig(*its):
         return {"mean_iteration_rack_s": sorted(its)[len(its) // 2], "mean_iteration_rack_s_values": list(its)}
 
     def point(name, case, k, uplink, fixed, regroup):
-        return {"name": name, "case": case, "nic_to_uplink": k, "uplink_gbps": uplink, "fixed": fixed, "regroup": regroup}
+        return {
+            "name": name,
+            "case": case,
+            "nic_to_uplink": k,
+            "uplink_gbps": uplink,
+            "fixed": fixed,
+            "regroup": regroup,
+        }
 
     main_a = point("case a", "a", 5.0, 20.0, fig(1.0, 1.2, 1.1), fig(0.3, 0.3, 0.31))
     rack = {"servers": [{"gpus": [{"nic": {"rate_gbps": 100}}]}], "emulation": {"rate_scale": 0.001}}
-    rec = {"rack": rack, "rate_scale": 0.0005,
-           "points": [main_a, point("case b", "b", 5.0, 20.0, fig(0.9), fig(0.28))],
-           "sweep": [point("sweep 1:2", "a", 2, 50.0, fig(0.5), fig(0.3)), {**main_a, "name": "fitted 1:5"}],
-           "calibration": {"runs": [{"rate_mbps": 100.0, "fraction": 0.5},  # at the rate it gave up on
-                                    {"rate_mbps": 50.0, "fraction": 0.93}, {"rate_mbps": 50.0, "fraction": 0.95},
-                                    {"rate_mbps": 50.0, "fraction": 0.97}]}}
+    rec = {
+        "rack": rack,
+        "rate_scale": 0.0005,
+        "points": [main_a, point("case b", "b", 5.0, 20.0, fig(0.9), fig(0.28))],
+        "sweep": [point("sweep 1:2", "a", 2, 50.0, fig(0.5), fig(0.3)), {**main_a, "name": "fitted 1:5"}],
+        "calibration": {
+            "runs": [
+                {"rate_mbps": 100.0, "fraction": 0.5},  # at the rate it gave up on
+                {"rate_mbps": 50.0, "fraction": 0.93},
+                {"rate_mbps": 50.0, "fraction": 0.95},
+                {"rate_mbps": 50.0, "fraction": 0.97},
+            ]
+        },
+    }
     got = [(p.case, p.uplink_gbps, p.policy, p.emulated_s, len(p.runs)) for p in fidelity.points(rec)]
-    assert got == [("a", 20.0, "fixed", 1.1, 3), ("a", 20.0, "regroup", 0.3, 3), ("b", 20.0, "fixed", 0.9, 1),
-                   ("b", 20.0, "regroup", 0.28, 1), ("a", 50.0, "fixed", 0.5, 1), ("a", 50.0, "regroup", 0.3, 1)]
+    assert got == [
+        ("a", 20.0, "fixed", 1.1, 3),
+        ("a", 20.0, "regroup", 0.3, 3),
+        ("b", 20.0, "fixed", 0.9, 1),
+        ("b", 20.0, "regroup", 0.28, 1),
+        ("a", 50.0, "fixed", 0.5, 1),
+        ("a", 50.0, "regroup", 0.3, 1),
+    ]
     cal = calibration.from_record(rec)
     assert cal.efficiency == pytest.approx(0.95) and cal.step_latency_emulated_s == calibration.LOOPBACK_STEP_S
     assert calibration.from_record({"runs": []}) == calibration.PROVISIONAL
@@ -188,21 +216,37 @@ def test_the_evidence_reads_resent_bytes_and_crossings_from_a_record():
     what gpu2 receives; gpu2 -> gpu1 crosses back, nothing resent, and its one comm window is stalled."""
     from simulator import evidence
 
-    rack = {"servers": [{"gpus": [{"name": "gpu1", "nic": {"rate_gbps": 100, "ocs_port": "o:1"}}]},
-                        {"gpus": [{"name": "gpu2", "nic": {"rate_gbps": 100, "ocs_port": "o:2"}}]}],
-            "switches": [{"name": "as1", "downlinks": [{"ocs_port": "o:11"}], "uplinks": [{"rate_gbps": 10}]},
-                         {"name": "as2", "downlinks": [{"ocs_port": "o:21"}], "uplinks": [{"rate_gbps": 10}]}],
-            "circuits": [["o:1", "o:11"], ["o:2", "o:21"]], "emulation": {"rate_scale": 0.001}}
+    rack = {
+        "servers": [
+            {"gpus": [{"name": "gpu1", "nic": {"rate_gbps": 100, "ocs_port": "o:1"}}]},
+            {"gpus": [{"name": "gpu2", "nic": {"rate_gbps": 100, "ocs_port": "o:2"}}]},
+        ],
+        "switches": [
+            {"name": "as1", "downlinks": [{"ocs_port": "o:11"}], "uplinks": [{"rate_gbps": 10}]},
+            {"name": "as2", "downlinks": [{"ocs_port": "o:21"}], "uplinks": [{"rate_gbps": 10}]},
+        ],
+        "circuits": [["o:1", "o:11"], ["o:2", "o:21"]],
+        "emulation": {"rate_scale": 0.001},
+    }
     assert evidence.gpu_switches(rack) == {"gpu1": "as1", "gpu2": "as2"}
 
     def samples(tx, rx):
         return [{"t": 0.0, "tx_bps": 0, "rx_bps": 0}, {"t": 1.0, "tx_bps": tx, "rx_bps": rx}]
 
     ranks = {g: [{"t_start": -1.0, "compute_s": 0.5, "t_end": 2.0}] for g in ("gpu1", "gpu2")}
-    job = {"gpus": ["gpu1", "gpu2"], "ranks": ranks, "switches": ["as2"],
-           "throughput": {"gpu1": samples(3e6, 4e5), "gpu2": samples(4e5, 2e6)}}
-    rec = {"rack": rack, "runs": [{"tag": "t", "summary": {"policy": "fixed"}, "job": job},
-                                  {"tag": "r", "summary": {"policy": "regroup"}, "job": job}]}
+    job = {
+        "gpus": ["gpu1", "gpu2"],
+        "ranks": ranks,
+        "switches": ["as2"],
+        "throughput": {"gpu1": samples(3e6, 4e5), "gpu2": samples(4e5, 2e6)},
+    }
+    rec = {
+        "rack": rack,
+        "runs": [
+            {"tag": "t", "summary": {"policy": "fixed"}, "job": job},
+            {"tag": "r", "summary": {"policy": "regroup"}, "job": job},
+        ],
+    }
     got = [(f.src, f.dst, f.crossing, round(f.sent_over_delivered, 3), f.stalled_windows) for f in evidence.flows(rec)]
     # uplink: 10 Gbit/s x 0.001 = 10 Mbit/s; gpu1's 2 Mbit/s reach gpu2 (20 %), gpu2's 0.4 Mbit/s gpu1 (4 %: stalled)
     assert got[:2] == [("gpu1", "gpu2", True, 1.5, 0.0), ("gpu2", "gpu1", True, 1.0, 1.0)]

@@ -26,8 +26,11 @@ def job_state(i: int, state: str = "done", ended: float | None = 100.0) -> dict:
 
 def test_save_writes_only_what_it_is_given_in_one_transaction(tmp_path):
     store = Store(tmp_path / "state.db")
-    store.save(meta={"rack": "paper", "circuits": [["ocs1:1", "ocs1:11"]], "circuits_version": 3},
-               jobs=[job_state(1), job_state(2, "running", None)], events=[{"id": 1, "requested_at": 5.0, "status": "ok"}])
+    store.save(
+        meta={"rack": "paper", "circuits": [["ocs1:1", "ocs1:11"]], "circuits_version": 3},
+        jobs=[job_state(1), job_state(2, "running", None)],
+        events=[{"id": 1, "requested_at": 5.0, "status": "ok"}],
+    )
     store.save(jobs=[job_state(2, "failed")])  # one job changed: one row rewritten, the others untouched
     state = store.load()
     assert state["circuits_version"] == 3 and [j["state"] for j in state["jobs"]] == ["done", "failed"]
@@ -60,6 +63,7 @@ def test_a_damaged_database_is_named(tmp_path):
 
 # --- the controller on the store ------------------------------------------------------------------
 
+
 def _apps(tmp_path, driver=None):
     from tests.unit.test_change import make
 
@@ -71,8 +75,9 @@ def test_jobs_events_and_ids_survive_a_restart_and_an_event_cut_short_ends_faile
     from controller.core.jobs import JobRequest
 
     ctx, ocs_app, placement, _ = _apps(tmp_path)
-    job = placement.submit(JobRequest.model_validate({"gpus": ["gpu1", "gpu3"], "policy": "regroup",
-                                                       "workload": {"iterations": 2}}))
+    job = placement.submit(
+        JobRequest.model_validate({"gpus": ["gpu1", "gpu3"], "policy": "regroup", "workload": {"iterations": 2}})
+    )
     wait_until(lambda: job.state == "done")
     ev = ctx.events.start("circuits", "cut short by a kill", ctx.clock())
     ctx.record_event(ev)  # as if the controller died in the middle of this change
@@ -109,8 +114,9 @@ def _call(app, path, method="GET", body=None, token=None):
     from webob import Request
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    resp = Request.blank(path, method=method, body=json.dumps(body).encode() if body is not None else b"",
-                         headers=headers).get_response(app)
+    resp = Request.blank(
+        path, method=method, body=json.dumps(body).encode() if body is not None else b"", headers=headers
+    ).get_response(app)
     return resp.status_int, json.loads(resp.body)
 
 
@@ -120,8 +126,13 @@ def test_jobs_and_events_page_and_old_jobs_are_pruned(tmp_path):
     ctx, ocs_app, placement, _ = _apps(tmp_path)
     now = ctx.clock()
     for i in range(1, 26):
-        job = Job(id=f"job-{i}", request={"gpus": 1, "policy": "fixed"}, state="done", created_at=now - 1000 + i,
-                  ended_at=now - 1000 + i)
+        job = Job(
+            id=f"job-{i}",
+            request={"gpus": 1, "policy": "fixed"},
+            state="done",
+            created_at=now - 1000 + i,
+            ended_at=now - 1000 + i,
+        )
         placement.jobs[job.id] = job
         placement.save(job)
     app = _api(ctx)
@@ -190,8 +201,12 @@ def test_kill_9_during_saves_always_leaves_a_state_that_loads(tmp_path):
     rng = random.Random(16)
     counters = []
     for _ in range(25):
-        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True,
-                                cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+        )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.0, 0.15))
         os.kill(proc.pid, signal.SIGKILL)

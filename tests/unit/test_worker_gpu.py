@@ -66,8 +66,22 @@ def _profile_run(monkeypatch, capsys, work_of):
     monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(gpu, lookups))
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: PROPS)
     util = worker.Utilization(torch, 0)
-    args = worker.build_parser().parse_args(["--rank", "0", "--world-size", "1", "--master", "127.0.0.1",
-                                             "--iterations", "3", "--compute-seconds", "0.3", "--gradient-bytes", "4000"])
+    args = worker.build_parser().parse_args(
+        [
+            "--rank",
+            "0",
+            "--world-size",
+            "1",
+            "--master",
+            "127.0.0.1",
+            "--iterations",
+            "3",
+            "--compute-seconds",
+            "0.3",
+            "--gradient-bytes",
+            "4000",
+        ]
+    )
     worker.run_profile(args, OneRank(), torch, torch.device("cpu"), util, work=work_of(gpu))
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     return records, lookups
@@ -142,7 +156,11 @@ def test_two_ranks_on_one_gpu_end_with_one_clear_line():
     out = proc.stdout.splitlines()
     assert out[0] == "init nccl cuda:0"  # the process group was told its device
     assert lines[0].startswith("optirack-worker: rank 1: ")
-    assert json.loads(out[1]) == {"event": "error", "rank": 1, "error": lines[0].removeprefix("optirack-worker: rank 1: ")}
+    assert json.loads(out[1]) == {
+        "event": "error",
+        "rank": 1,
+        "error": lines[0].removeprefix("optirack-worker: rank 1: "),
+    }
 
 
 def test_only_the_duplicate_gpu_gets_a_line_of_its_own():
