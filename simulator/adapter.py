@@ -58,13 +58,13 @@ class OccupancyPlacer:
     def free(self) -> int:
         return sum(self.occ.free_model)
 
-    def place(self, job: str, gpus: int, names: tuple[str, ...], policy: str, workload: str = "vgg16") \
-            -> Placement | None:
+    def place(self, job: str, gpus: int, names: tuple[str, ...], policy: str, workload: str = "vgg16",
+              gpu_model: str | None = None) -> Placement | None:
         """Place a new job and commit it, or None when it must wait."""
         if not names and gpus > self.free():
             return None
         try:
-            p = core.plan(self.occ, core.Request(names or gpus, policy, None, workload))
+            p = core.plan(self.occ, core.Request(names or gpus, policy, gpu_model, workload))
         except core.NoRoomNow:
             return None
         except core.PlacementError as e:
@@ -146,9 +146,10 @@ class LegacyPlacer:
     def free(self) -> int:
         return len(self.rack.gpus) - len(self.busy)
 
-    def place(self, job: str, gpus: int, names: tuple[str, ...], policy: str, workload: str = "vgg16") \
-            -> Placement | None:
-        """Place a new job and commit it, or None when it must wait (too few free GPUs, or no room)."""
+    def place(self, job: str, gpus: int, names: tuple[str, ...], policy: str, workload: str = "vgg16",
+              gpu_model: str | None = None) -> Placement | None:
+        """Place a new job and commit it, or None when it must wait (too few free GPUs, or no room).
+        This older core picks GPUs without regard to their model: `gpu_model` is not honoured."""
         if names:
             if self.busy.intersection(names):
                 return None

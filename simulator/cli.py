@@ -10,12 +10,19 @@ from pathlib import Path
 
 from containers.profiles import WORKLOADS, compute_seconds
 from controller.core.rack import RackError
-from simulator import calibration, engine, racks, report, workloads
+from simulator import calibration, engine, racks, report, traces, workloads
 from simulator.interference import Limits
 from simulator.network import GBPS, SHARINGS
 from simulator.study import run_all
+from simulator.workloads import DURATION_MODES
 
 DEMO_RECORD = Path("results/paper-experiment.json")
+CHECKOUT = Path(__file__).resolve().parents[1]  # the repository, for its rack and record outside it
+
+
+def _in_checkout(path: Path) -> Path:
+    """A relative path as given when it exists here, else the checkout's (the console script runs anywhere)."""
+    return path if path.is_absolute() or path.exists() or not (CHECKOUT / path).exists() else CHECKOUT / path
 
 
 def add_parser(sub) -> None:
@@ -52,10 +59,46 @@ def add_parser(sub) -> None:
         default="V100:0.5,A100:0.5",
         help="generated: GPU models and their shares of the servers (%(default)s)",
     )
+    rack.add_argument(
+        "--ocs-ports",
+        type=int,
+        default=0,
+        help="generated: at most this many ports per OCS (default: 1024, or up to 9999 when every switch's "
+        "ports on every OCS need more)",
+    )
     rack.add_argument("--nic-gbps", type=float, default=100.0, help="generated: NIC line rate (%(default)s)")
     work = p.add_argument_group("workload (one of)")
     work.add_argument("--case", choices=["a", "b"], help="the paper's case, as make demo runs it")
-    work.add_argument("--trace", help="a CSV trace: arrival_s,gpus,model,iterations")
+    work.add_argument(
+        "--trace",
+        help="a trace file: CSV (arrival_s,gpus,model and iterations or duration_s; optional gpu_type), or a "
+        "public trace (see --trace-format)",
+    )
+    work.add_argument(
+        "--trace-format",
+        choices=["auto", *traces.FORMATS],
+        default="auto",
+        help="philly: msr-fiddle/philly-traces' cluster_job_log (JSON); helios: HeliosData's or Acme's "
+        "cluster_log.csv; pai: Alibaba PAI 2020's pai_task_table.csv (pai_job_table.csv beside it gives "
+        "submit times); auto: by the file's name and first line (%(default)s)",
+    )
+    work.add_argument(
+        "--trace-model",
+        default="resnet50",
+        help="the workload every job of a public trace runs, which names none (%(default)s)",
+    )
+    work.add_argument(
+        "--durations",
+        choices=list(DURATION_MODES),
+        default="derived",
+        help="jobs given by duration: derived: iterations from the workload, so that alone on the fabric a job "
+        "keeps its recorded duration; replayed: held for the recorded duration as is, off the network (%(default)s)",
+    )
+    work.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a trace with a job larger than the rack (default: skip such jobs and count them)",
+    )
     work.add_argument("--jobs", type=int, help="this many synthetic jobs (see --seed, --load)")
     work.add_argument("--seed", type=int, default=1, help="synthetic jobs: random seed (%(default)s)")
     work.add_argument(
@@ -130,8 +173,10 @@ def add_parser(sub) -> None:
 def _rack(args):
     if args.rack and args.gpus:
         raise ValueError("give --rack or --gpus, not both")
-    if args.gpus:
-        if args.spare < 1:
+    if args.gpus is not None:
+        if args.ocs_ports < 0 or args.ocs_ports == 1:
+            raise ValueError(f"--ocs-ports must be at least 2, not {args.ocs_ports}")
+        if not args.spare >= 1:
             raise ValueError("--spare must be at least 1 (every GPU needs a downlink)")
         return racks.generate(
             racks.RackOptions(
@@ -142,12 +187,14 @@ def _rack(args):
                 args.nic_gbps,
                 racks.parse_models(args.models),
                 spare=args.spare,
+                ocs_ports=args.ocs_ports,
             )
         )
-    path = args.rack or ("topologies/paper-testbed.yaml" if args.case else None)
-    if not path:
+    if args.rack:
+        return racks.load(args.rack)
+    if not args.case:
         raise ValueError("give a rack: --rack FILE, or --gpus N for a generated one")
-    return racks.load(path)
+    return racks.load(str(_in_checkout(Path("topologies/paper-testbed.yaml"))))
 
 
 def _typical_iteration(rack, model: str) -> float:
@@ -180,12 +227,33 @@ def _workload(args, rack):
             f"{args.iterations} iterations of the job of concern",
         }
     if args.trace:
-        jobs = workloads.read_trace(args.trace, len(rack.gpus))
+        if args.trace_model not in WORKLOADS:
+            raise ValueError(f"--trace-model: unknown workload {args.trace_model!r} (known: {', '.join(WORKLOADS)})")
+        imported = traces.load(args.trace, args.trace_format, args.trace_model)
+        fitted = workloads.fit(imported.jobs, len(rack.gpus), {g.model for g in rack.gpus.values()}, args.strict)
+        jobs = fitted.jobs
+        left = dict(imported.left_out)
+        if fitted.skipped:
+            left[f"larger than the rack's {len(rack.gpus)} GPUs"] = len(fitted.skipped)
+        by_duration = sum(1 for j in jobs if j.duration_s and not j.iterations)
+        desc = f"trace {args.trace} ({imported.fmt}), {len(jobs)} jobs"
+        if left:
+            desc += "; left out: " + ", ".join(f"{n} {why}" for why, n in left.items())
+        if by_duration:
+            desc += f"; {by_duration} jobs by duration: {DURATION_MODES[args.durations]}"
+        if fitted.types_dropped:
+            desc += f"; {fitted.types_dropped} jobs asked for a GPU type the rack lacks and take any GPU"
         return jobs, {
             "kind": "trace",
             "trace": args.trace,
+            "format": imported.fmt,
             "jobs": len(jobs),
-            "description": f"trace {args.trace}, {len(jobs)} jobs",
+            "left_out": left,
+            "skipped": fitted.skipped[:20],
+            "by_duration": by_duration,
+            "durations": args.durations if by_duration else None,
+            "gpu_types_dropped": fitted.types_dropped,
+            "description": desc,
         }
     per = {m: _typical_iteration(rack, m) for m in WORKLOADS}
     jobs = workloads.synthetic(args.jobs, args.seed, len(rack.gpus), per, args.load)
@@ -201,7 +269,7 @@ def _workload(args, rack):
 def _net(args, rack):
     mode = args.net or ("emulation" if args.case else "rack")
     if mode == "emulation":
-        cal = calibration.from_record(calibration.load_record(args.calibration))
+        cal = calibration.from_record(calibration.load_record(_in_checkout(args.calibration)))
         net, source = cal.net(rack), cal.source
     else:
         net, source = calibration.RACK, "assumed for a real rack"
@@ -237,7 +305,7 @@ def _against_emulation(args, record: dict) -> str:
     for name, p in record["policies"].items():
         job = p["jobs"][0]
         lines.append(f"| {name} | {job['switches']} | {job['mean_iteration_s']:.3f} s | {job['jct_s']:.1f} s |")
-    demo = calibration.load_record(args.calibration)
+    demo = calibration.load_record(_in_checkout(args.calibration))
     if demo is None:
         lines += ["", f"({args.calibration} is absent: run `make demo` to compare with the emulation.)"]
     else:
@@ -262,7 +330,7 @@ def main(args) -> int:
             raise ValueError("--defrag-interval must be positive")
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out} is a file, not a folder")
-    except (ValueError, RackError, workloads.TraceError) as e:
+    except (ValueError, RackError, workloads.TraceError, OSError, RuntimeError) as e:
         print(f"optirack simulate: error: {e}", file=sys.stderr)
         return 2
     options = engine.Options(
@@ -271,6 +339,7 @@ def main(args) -> int:
         args.control_overhead_ms / 1000,
         None if args.interference == "auto" else args.interference,
         args.step_model,
+        args.durations,
     )
     study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
     meta = {

@@ -23,9 +23,7 @@ from simulator.rings import Ring
 from simulator.timeshift import best_shift
 from simulator.workloads import JobSpec
 
-ARRIVE, START, MOVE, RESUME, DEFRAG = range(5)
-
-
+ARRIVE, START, MOVE, RESUME, DEFRAG, END = range(6)
 
 
 @dataclass(frozen=True)
@@ -53,6 +51,7 @@ class Options:
     control_overhead_s: float = 0.010  # controller work per reconfiguration besides switching
     force: str | None = None  # 'detail' or 'mean' for every shared component
     step_model: str = "auto"  # exact: every ring step an event; phase: whole all-reduces; auto: exact up to 64 GPUs
+    durations: str = "derived"  # jobs given by duration: "derived" iterations or "replayed" as is (workloads.py)
 
     def coarse(self, rack: Rack) -> bool:
         return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
@@ -144,6 +143,9 @@ class Run:
         self.seq = 0
         self.ocs_free = 0.0
         self.out = RunResult(policy, [], [], [])
+        self.iterations = {i: j.iterations for i, j in self.jobs.items()}  # derived at admission for durations
+        self.replayed: set[int] = set()  # held for their recorded durations, off the simulated network
+        self.replay_busy: list[tuple[float, float, float]] = []
 
     def push(self, t: float, kind: int, key: int = -1, data: object = None) -> None:
         self.seq += 1
@@ -156,7 +158,7 @@ class Run:
             self.push(self.policy.defrag_s, DEFRAG)
         finished = 0
         handlers = {ARRIVE: self._arrive, START: self._start, MOVE: self._move, RESUME: self._resume,
-                    DEFRAG: self._defragment}
+                    DEFRAG: self._defragment, END: lambda t, key, _: self._finish(t, key)}
         now = 0.0
         while True:
             if not self.heap or self.heap[0][0] > now:  # events of this instant first: their changes are solved once
@@ -187,7 +189,8 @@ class Run:
             key = self.queue[0]
             job = self.jobs[key]
             try:
-                p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement, job.model)
+                p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement, job.model,
+                                      job.gpu_model or None)
             except Unplaceable as e:  # the controller fails such a job and goes on with the queue
                 self.queue.popleft()
                 self._fail(t, key, str(e))
@@ -204,8 +207,13 @@ class Run:
             r.placed_s, r.placement, r.switches = t, p.gpus, len(p.switches)
             ring = self._ring(key)
             r.alone_iteration_s = self.inter.period_alone(ring)
+            if job.duration_s and not job.iterations:
+                if self.o.durations == "replayed":
+                    self.replayed.add(key)
+                else:  # alone on the fabric, it runs for its recorded duration
+                    self.iterations[key] = r.iterations = max(1, round(job.duration_s / r.alone_iteration_s))
             # held shares leave idle whatever a computing ring does not use: interleaving gains nothing
-            if self.policy.timeshift and ring.links and self.o.net.sharing == "maxmin":
+            if self.policy.timeshift and ring.links and self.o.net.sharing == "maxmin" and key not in self.replayed:
                 r.shift_s, r.score_before, r.score_after = self._shift(ready, ring)
             self.pending[key] = (ring, ready + r.shift_s)
             self.push(ready + r.shift_s, START, key)
@@ -252,10 +260,15 @@ class Run:
         self.pending.pop(key, None)
         self.results[key].start_s = t
         self.running.add(key)
-        self.inter.add(t, self._ring(key), self.jobs[key].iterations)
+        if key in self.replayed:
+            duration = self.jobs[key].duration_s
+            self.push(t + duration, END, key)
+            self.replay_busy.append((t, t + duration, duration * self.jobs[key].gpus))
+            return
+        self.inter.add(t, self._ring(key), self.iterations[key])
 
     def _finish(self, t: float, key: int, stopped: bool = False) -> None:
-        _, done = self.inter.remove(t, key)
+        done = 0.0 if key in self.replayed else self.inter.remove(t, key)[1]
         r = self.results[key]
         r.end_s, r.shared, r.stopped = t, key in self.inter.shared, stopped
         r.done = done if stopped else float(r.iterations)
@@ -268,7 +281,8 @@ class Run:
 
     # --- defragmentation -----------------------------------------------------------------
     def _defragment(self, t: float, *_) -> None:
-        running = {self.jobs[k].id: self.placer.gpus[self.jobs[k].id] for k in self.running if k not in self.moving}
+        running = {self.jobs[k].id: self.placer.gpus[self.jobs[k].id] for k in self.running
+                   if k not in self.moving and k not in self.replayed}
         for step in self.placer.defragment(running):
             begin = max(t, self.ocs_free)
             ready = self._reconfigure(t, step.diff)
@@ -294,10 +308,11 @@ class Run:
     def _resume(self, t: float, key: int, state) -> None:
         self.moving.discard(key)
         self.running.add(key)
-        self.inter.add(t, self._ring(key), self.jobs[key].iterations, state)
+        self.inter.add(t, self._ring(key), self.iterations[key], state)
 
     def _busy(self) -> list[tuple[float, float, float]]:
         """GPU-seconds of computing in each stretch a ring ran at one pace (every rank computes each iteration)."""
         per_iteration = {key: sum(compute_seconds(self.jobs[key].model, self.rack.gpus[g].model) for g in r.placement)
                          for key, r in self.results.items()}
-        return [(t0, t1, iterations * per_iteration[key]) for key, t0, t1, iterations in self.inter.segments]
+        return [(t0, t1, iterations * per_iteration[key]) for key, t0, t1, iterations in self.inter.segments] \
+            + self.replay_busy

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from containers.profiles import GPU_MODELS
-from controller.core.rack import Rack, RackError, load_rack, parse_rack
+from controller.core.rack import MAX_PORTS, Rack, RackError, load_rack, parse_rack
 from controller.core.rackgen import rack_spec
 
 
@@ -16,7 +16,8 @@ class RackOptions:
     oversubscription: float = 16.0  # a switch's GPUs' NIC capacity : its uplink's
     nic_gbps: float = 100.0
     models: tuple[tuple[str, float], ...] = (("V100", 0.5), ("A100", 0.5))
-    ocs_ports: int = 1024  # at most this many ports per OCS: more GPUs take more OCS
+    ocs_ports: int = 0  # at most this many ports per OCS (0: 1,024, or up to 9,999 where no count of 1,024-port
+    # OCS does: every aggregator needs a port on every OCS)
     switching_time_ms: float = 25.0
     spare: float = 2.0  # a switch's downlinks over its share of the GPUs: room to regroup into
 
@@ -38,20 +39,63 @@ def parse_models(text: str) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+DEFAULT_OCS_PORTS = 1024
+MAX_GPUS = 65536
+
+
+def _check_shape(o: RackOptions) -> None:
+    """A generated rack's shape, or a ValueError that says which flag to change and to what."""
+    for flag, value in (("--gpus", o.gpus), ("--gpus-per-server", o.gpus_per_server),
+                        ("--gpus-per-switch", o.gpus_per_switch)):
+        if value < 1:
+            raise ValueError(f"{flag} must be a positive number of GPUs, not {value}")
+    if o.gpus > MAX_GPUS:
+        raise ValueError(f"--gpus {o.gpus}: generated racks go up to {MAX_GPUS:,} GPUs")
+    if not o.oversubscription > 0 or o.oversubscription == float("inf"):
+        raise ValueError(f"--oversubscription must be a positive number (NIC capacity over uplink capacity), "
+                         f"not {o.oversubscription:g}")
+    if not o.nic_gbps > 0:
+        raise ValueError(f"--nic-gbps must be positive, not {o.nic_gbps:g}")
+    if o.gpus_per_switch % o.gpus_per_server:
+        raise ValueError(f"--gpus-per-switch {o.gpus_per_switch} must be a multiple of --gpus-per-server "
+                         f"{o.gpus_per_server} (a server sits under one switch); "
+                         f"try --gpus-per-switch {_nearest_multiple(o.gpus_per_switch, o.gpus_per_server)}")
+    if o.gpus % o.gpus_per_switch:
+        near = _nearest_multiple(o.gpus, o.gpus_per_switch)
+        raise ValueError(f"--gpus {o.gpus} is not a multiple of --gpus-per-switch {o.gpus_per_switch}: "
+                         f"try --gpus {near}, or a --gpus-per-switch that divides {o.gpus}")
+
+
+def _nearest_multiple(n: int, k: int) -> int:
+    return max(k, round(n / k) * k)
+
+
+def choose_ocs(gpus: int, switches: int, spare: float, ocs_ports: int = 0) -> tuple[int, int]:
+    """The fewest OCS (a divisor of `gpus`) whose port count fits, and that count: each OCS has a
+    port per GPU on it and, for every aggregator, a port per starting GPU on it plus the spare."""
+    def ports(ocs: int) -> int:
+        per = max(1, -(-gpus // (switches * ocs)), round(gpus / switches / ocs * spare))
+        return gpus // ocs + switches * per
+
+    counts = [n for n in range(1, gpus + 1) if gpus % n == 0]
+    for limit in (ocs_ports,) if ocs_ports else (DEFAULT_OCS_PORTS, MAX_PORTS):
+        for n in counts:
+            if ports(n) <= limit:
+                return n, ports(n)
+    fewest = min(counts, key=lambda n: (ports(n), n))
+    raise ValueError(f"no OCS count splits {gpus} GPUs under {switches} switches into OCS of at most "
+                     f"{ocs_ports or MAX_PORTS} ports (every switch needs a port on every OCS; the fewest possible is "
+                     f"{ports(fewest)} ports, with {fewest} OCS): raise --ocs-ports (at most {MAX_PORTS}), "
+                     "raise --gpus-per-switch or lower --spare")
+
+
 def generate(o: RackOptions) -> Rack:
     """Servers of `gpus_per_server`, aggregators of `gpus_per_switch` under a core switch, uplinks
     at downlink capacity / oversubscription; GPU models by contiguous blocks of servers in the
     given shares (so most switches hold one model, as pods of one GPU kind do)."""
-    if o.gpus < 1 or o.gpus % o.gpus_per_server or o.gpus % o.gpus_per_switch:
-        raise ValueError(f"--gpus {o.gpus} must be a positive multiple of --gpus-per-server ({o.gpus_per_server}) "
-                         f"and of --gpus-per-switch ({o.gpus_per_switch})")
+    _check_shape(o)
     switches = o.gpus // o.gpus_per_switch
-    ocs = 1
-    # rackgen gives each OCS gpus/ocs GPU ports and as many switch ports, every switch an equal share
-    while o.gpus / ocs * (1 + o.spare) > o.ocs_ports or o.gpus % ocs or o.gpus_per_switch % ocs:
-        ocs += 1
-        if ocs > o.gpus:
-            raise ValueError(f"no OCS count splits {o.gpus} GPUs into OCS of at most {o.ocs_ports} ports")
+    ocs, ports = choose_ocs(o.gpus, switches, o.spare, o.ocs_ports)
     uplink = o.gpus_per_switch * o.nic_gbps / o.oversubscription
     spec = rack_spec(o.gpus, gpus_per_server=o.gpus_per_server, switches=switches, ocs=ocs, nic_gbps=o.nic_gbps,
                      uplink_gbps=round(uplink, 3), name=f"g{o.gpus}", spare=o.spare)
@@ -67,7 +111,7 @@ def generate(o: RackOptions) -> Rack:
     for o_spec in spec["ocs"]:
         o_spec["switching_time_ms"] = o.switching_time_ms
     try:
-        return parse_rack(spec, f"<generated: {o.gpus} GPUs, {switches} switches, {ocs} OCS>")
+        return parse_rack(spec, f"<generated: {o.gpus} GPUs, {switches} switches, {ocs} OCS of {ports} ports>")
     except RackError as e:
         if "rate_gbps" in e.field:
             raise ValueError(f"uplinks of {uplink:g} Gbit/s ({o.gpus_per_switch} GPUs x {o.nic_gbps:g} Gbit/s / "

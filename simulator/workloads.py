@@ -7,7 +7,10 @@ Synthetic jobs (`synthetic`), all drawn from one seeded generator:
 - models: vgg16 or resnet50 with weights MODEL_WEIGHTS (profiles in containers/profiles.py);
 - iterations: log-uniform between ITERATIONS[0] and ITERATIONS[1].
 
-A CSV trace has the header `arrival_s,gpus,model,iterations`, one job per line; `#` starts a comment.
+A CSV trace has a header naming its columns, one job per line; `#` starts a comment. Columns:
+`arrival_s`, `gpus`, `model` and one of `iterations` (run exactly that many) or `duration_s` (the
+recorded run time: see `DURATION_MODES`); optionally `gpu_type` (a GPU model the job asks for).
+Public traces (Philly, Helios/Acme, Alibaba PAI 2020) are read by simulator/traces.py.
 """
 from __future__ import annotations
 
@@ -16,15 +19,24 @@ import importlib.util
 import math
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from containers.profiles import WORKLOADS
+from containers.profiles import GPU_MODELS, WORKLOADS
 
 SIZE_WEIGHTS = (0.20, 0.20, 0.20, 0.15, 0.10, 0.08, 0.05, 0.02)  # 1, 2, 4, ..., 128 GPUs
 MODEL_WEIGHTS = (("vgg16", 0.6), ("resnet50", 0.4))
 ITERATIONS = (100, 5000)
-TRACE_FIELDS = ("arrival_s", "gpus", "model", "iterations")
+TRACE_FIELDS = ("arrival_s", "gpus", "model", "iterations")  # the original header; duration_s may replace iterations
+OPTIONAL_FIELDS = ("gpu_type",)
+MAX_ITERATIONS = 100_000_000  # more would run for years of simulated time: give a duration instead
+MAX_DURATION_S = 366 * 86400.0
+DURATION_MODES = {
+    "derived": "iterations derived from the workload: the recorded duration over the job's iteration time alone "
+    "on the GPUs it is given, so a job alone on the fabric keeps its recorded duration and sharing stretches it",
+    "replayed": "the recorded duration replayed as is: the job holds its GPUs that long whatever the network "
+    "(its traffic is not simulated)",
+}
 
 
 @dataclass(frozen=True)
@@ -38,42 +50,77 @@ class JobSpec:
     policy: str = ""  # a placement policy it keeps whatever the run's (the paper's job beside)
     label: str = ""
     stops_with: str = ""  # stopped when this job ends (the demo stops the job beside with the job of concern)
+    duration_s: float = 0.0  # recorded run time (iterations 0): see DURATION_MODES
+    gpu_model: str = ""  # a GPU model it asks for (the trace's GPU type), else any
+    source: str = ""  # where it was read: file:line (for messages)
 
 
 class TraceError(ValueError):
     """A trace line that cannot be used; the message names the file, line and field."""
 
 
-def read_trace(path: str | Path, max_gpus: int | None = None) -> list[JobSpec]:
-    """Parse a CSV trace, or raise TraceError naming the line and the field at fault."""
+def read_text(path: str | Path) -> str:
+    """A trace file's text, or TraceError naming the file: unreadable, binary or not UTF-8; a
+    spreadsheet's byte-order mark is dropped."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
         raise TraceError(f"{path}: cannot read: {e.strerror}") from None
+    if b"\0" in data[:65536]:
+        raise TraceError(f"{path}: a binary file, not a text trace")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise TraceError(f"{path}: line {line}: not UTF-8 text (byte {data[e.start]:#04x})") from None
+    return text
+
+
+def positive_int(text: str) -> int | None:
+    """'12' -> 12; None for anything but ASCII digits (so '²', '1.5', '-3' are refused) or 0."""
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        return None
+    return int(text)
+
+
+def read_trace(path: str | Path, max_gpus: int | None = None) -> list[JobSpec]:
+    """Parse a CSV trace, or raise TraceError naming the line and the field at fault.
+
+    `max_gpus` is no longer checked here: jobs larger than the rack are skipped (or refused) by `fit`."""
+    path = Path(path)
+    text = read_text(path)
     lines = [
         (i, line) for i, line in enumerate(text.splitlines(), 1) if line.strip() and not line.lstrip().startswith("#")
     ]
+    expected = ",".join(TRACE_FIELDS)
     if not lines:
-        raise TraceError(f"{path}: no header; the first line must be {','.join(TRACE_FIELDS)}")
+        raise TraceError(f"{path}: no header; the first line must be {expected} (or duration_s for iterations)")
     header_no, header = lines[0]
     names = [h.strip() for h in next(csv.reader([header]))]
-    if names != list(TRACE_FIELDS):
-        raise TraceError(f"{path}: line {header_no}: header is {','.join(names)!r}; expected {','.join(TRACE_FIELDS)}")
+    required = ["arrival_s", "gpus", "model"]
+    counts = [n for n in ("iterations", "duration_s") if n in names]
+    unknown = [n for n in names if n not in (*required, "iterations", "duration_s", *OPTIONAL_FIELDS)]
+    missing = [n for n in required if n not in names]
+    if unknown or missing or len(counts) != 1 or len(set(names)) != len(names):
+        problem = (f"unknown column {unknown[0]!r}" if unknown else f"no {missing[0]} column" if missing
+                   else "repeated column" if len(set(names)) != len(names)
+                   else "give one of iterations and duration_s")
+        raise TraceError(f"{path}: line {header_no}: header {','.join(names)!r}: {problem}; expected {expected} "
+                         f"(duration_s may replace iterations; optional: {', '.join(OPTIONAL_FIELDS)})")
     jobs = []
     for no, line in lines[1:]:
         row = [x.strip() for x in next(csv.reader([line]))]
-        if len(row) != len(TRACE_FIELDS):
-            raise TraceError(
-                f"{path}: line {no}: {len(row)} fields, expected {len(TRACE_FIELDS)} ({','.join(TRACE_FIELDS)})"
-            )
-        jobs.append(_trace_job(path, no, dict(zip(TRACE_FIELDS, row, strict=True)), len(jobs), max_gpus))
+        if len(row) != len(names):
+            raise TraceError(f"{path}: line {no}: {len(row)} fields, expected {len(names)} ({','.join(names)})")
+        jobs.append(_trace_job(path, no, dict(zip(names, row, strict=True)), len(jobs)))
     if not jobs:
         raise TraceError(f"{path}: no jobs after the header")
     return sorted(jobs, key=lambda j: (j.arrival_s, int(j.id[1:])))
 
 
-def _trace_job(path: Path, no: int, row: dict[str, str], index: int, max_gpus: int | None) -> JobSpec:
+def _trace_job(path: Path, no: int, row: dict[str, str], index: int) -> JobSpec:
     def bad(field: str, problem: str) -> TraceError:
         return TraceError(f"{path}: line {no}: {field}: {problem}")
 
@@ -83,15 +130,64 @@ def _trace_job(path: Path, no: int, row: dict[str, str], index: int, max_gpus: i
         raise bad("arrival_s", f"{row['arrival_s']!r} is not a number of seconds") from None
     if not math.isfinite(arrival) or arrival < 0:
         raise bad("arrival_s", f"{row['arrival_s']} must be a finite number >= 0")
-    for field in ("gpus", "iterations"):
-        if not row[field].isdigit() or int(row[field]) < 1:
-            raise bad(field, f"{row[field]!r} is not a positive integer")
-    gpus = int(row["gpus"])
-    if max_gpus is not None and gpus > max_gpus:
-        raise bad("gpus", f"{gpus} GPUs asked for; the rack has {max_gpus}")
+    gpus = positive_int(row["gpus"])
+    if gpus is None:
+        raise bad("gpus", f"{row['gpus']!r} is not a positive integer")
     if row["model"] not in WORKLOADS:
         raise bad("model", f"unknown model {row['model']!r} (known: {', '.join(sorted(WORKLOADS))})")
-    return JobSpec(f"j{index + 1}", arrival, gpus, row["model"], int(row["iterations"]))
+    iterations, duration = 0, 0.0
+    if "iterations" in row:
+        iterations = positive_int(row["iterations"])
+        if iterations is None:
+            raise bad("iterations", f"{row['iterations']!r} is not a positive integer")
+        if iterations > MAX_ITERATIONS:
+            raise bad("iterations", f"{iterations:,} is more than {MAX_ITERATIONS:,} (years of simulated time); "
+                      "give the job's duration_s instead")
+    else:
+        duration = check_duration(row["duration_s"], lambda p: bad("duration_s", p))
+    gpu_model = row.get("gpu_type", "")
+    if gpu_model and gpu_model not in GPU_MODELS:
+        raise bad("gpu_type", f"unknown GPU model {gpu_model!r} (known: {', '.join(GPU_MODELS)})")
+    return JobSpec(f"j{index + 1}", arrival, gpus, row["model"], iterations, duration_s=duration,
+                   gpu_model=gpu_model, source=f"{path}:{no}")
+
+
+def check_duration(text: str, bad) -> float:
+    try:
+        duration = float(text)
+    except ValueError:
+        raise bad(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(duration) or duration <= 0:
+        raise bad(f"{text} must be a positive number of seconds")
+    if duration > MAX_DURATION_S:
+        raise bad(f"{duration:,.0f} s is more than a year")
+    return duration
+
+
+@dataclass(frozen=True)
+class Fitted:
+    jobs: list[JobSpec]
+    skipped: list[str]  # why each job left out was (one line each)
+    types_dropped: int = 0  # jobs whose GPU type the rack lacks: placed on any GPU
+
+
+def fit(jobs: list[JobSpec], rack_gpus: int, rack_models: set[str], strict: bool = False) -> Fitted:
+    """Leave out jobs larger than the rack (counted; `strict`: refused with TraceError naming the first)."""
+    kept, skipped, dropped = [], [], 0
+    for j in jobs:
+        if j.gpus > rack_gpus:
+            why = f"{j.source or j.id}: gpus: {j.gpus} GPUs asked for; the rack has {rack_gpus}"
+            if strict:
+                raise TraceError(why + " (--strict refuses such a trace; without it such jobs are skipped)")
+            skipped.append(why)
+            continue
+        if j.gpu_model and j.gpu_model not in rack_models:
+            j = replace(j, gpu_model="")
+            dropped += 1
+        kept.append(j)
+    if not kept:
+        raise TraceError(f"no job of the trace fits the rack's {rack_gpus} GPUs ({len(skipped)} skipped)")
+    return Fitted(kept, skipped, dropped)
 
 
 def synthetic(jobs: int, seed: int, rack_gpus: int, iteration_s: dict[str, float], load: float = 0.9) -> list[JobSpec]:

@@ -13,13 +13,24 @@ from collections.abc import Sequence
 from controller.core.rack import Rack, parse_rack
 
 
+def dpid_bases(switches: int, ocs: int) -> tuple[int, int, int]:
+    """Datapath id bases of the OCS, the aggregators and the core switch, which never collide:
+    0x100 + o, 0x200 + w and 0x300 while under 255 of each (the paper testbed's numbering), else
+    one 2**32-wide range per kind."""
+    if switches < 255 and ocs < 255:
+        return 0x100, 0x200, 0x300
+    return 1 << 32, 2 << 32, 3 << 32
+
+
 def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int = 1, model: str = "V100",
               nic_gbps: float = 100.0, uplink_gbps: float = 100.0, rate_scale: float = 0.0005, name: str = "gen",
               spare: float = 1.0, models: Sequence[str] = ()) -> dict:
     """A rack file as a dict. `spare` scales each aggregator's downlinks above an even share."""
     if gpus % gpus_per_server or gpus % ocs:
         raise ValueError("gpus must be a multiple of gpus_per_server and of ocs")
-    per_switch_per_ocs = max(1, round(gpus / switches / ocs * spare))
+    # every aggregator needs a port on every OCS for each of its starting GPUs there, spare on top
+    per_switch_per_ocs = max(1, -(-gpus // (switches * ocs)), round(gpus / switches / ocs * spare))
+    ocs_base, switch_base, core_dpid = dpid_bases(switches, ocs)
     gpu_ports = gpus // ocs
     ports = gpu_ports + switches * per_switch_per_ocs
     models = list(models) or [model]
@@ -36,12 +47,12 @@ def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int =
             for d in range(per_switch_per_ocs):
                 downlinks.append({"port": len(downlinks) + 1, "rate_gbps": nic_gbps,
                                   "ocs_port": f"o{o + 1}:{gpu_ports + w * per_switch_per_ocs + d + 1}"})
-        sw.append({"name": f"a{w + 1}", "dpid": 0x200 + w + 1, "downlinks": downlinks,
+        sw.append({"name": f"a{w + 1}", "dpid": switch_base + w + 1, "downlinks": downlinks,
                    "uplinks": [{"port": 9000, "peer": f"core:{w + 1}", "rate_gbps": uplink_gbps}]})
     sw.append(
         {
             "name": "core",
-            "dpid": 0x300,
+            "dpid": core_dpid,
             "role": "core",
             "uplinks": [{"port": w + 1, "peer": f"a{w + 1}:9000", "rate_gbps": uplink_gbps} for w in range(switches)],
         }
@@ -61,7 +72,7 @@ def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int =
         "emulation": {"rate_scale": rate_scale},
         "servers": servers,
         "ocs": [
-            {"name": f"o{o + 1}", "ports": ports, "dpid": 0x100 + o + 1, "switching_time_ms": 25} for o in range(ocs)
+            {"name": f"o{o + 1}", "ports": ports, "dpid": ocs_base + o + 1, "switching_time_ms": 25} for o in range(ocs)
         ],
         "switches": sw,
         "circuits": circuits,

@@ -129,7 +129,8 @@ def read_trace_text(text, tmp=None):
         ("0,4,alexnet,10", "line 2: model"),
         ("0,4,vgg16,1.5", "line 2: iterations"),
         ("0,4,vgg16", "line 2: 3 fields"),
-        ("0,4096,vgg16,10", "line 2: gpus"),
+        ("0,\u00b2,vgg16,10", "line 2: gpus: '\u00b2' is not a positive integer"),
+        ("0,4,vgg16,1000000000000", "line 2: iterations: .* give the job's duration_s"),
     ],
 )
 def test_a_malformed_trace_names_the_line_and_the_field(tmp_path, line, where):
