@@ -80,6 +80,7 @@ class JobResult:
     stopped: bool = False  # stopped with the job it ran beside
     done: float = 0.0  # iterations done (all of them, unless stopped)
     failed: str = ""  # why the controller gave up on it (it could never be placed)
+    alone_run_s: float = 0.0  # a replayed job's recorded duration (else iterations x alone_iteration_s)
 
     @property
     def jct_s(self) -> float:
@@ -104,6 +105,7 @@ class RunResult:
     circuits_changed: int = 0
     dark_s: float = 0.0  # summed dark windows
     stats: dict = field(default_factory=dict)
+    frag: list[tuple[float, int, int]] = field(default_factory=list)  # time, most free GPUs under one switch, free
 
 
 def dark_time(rack: Rack, diff: CircuitDiff) -> float:
@@ -185,6 +187,25 @@ class Run:
         self._admit(t)
 
     def _admit(self, t: float) -> None:
+        self._place_queued(t)
+        self._sample_fragmentation(t)
+
+    def _sample_fragmentation(self, t: float) -> None:
+        """The most free GPUs under one switch now, and all free GPUs: at every change of placement,
+        or every k-th on racks so large that counting every time would dominate the run."""
+        occ = getattr(self.placer, "occ", None)
+        if occ is None or not hasattr(occ, "free_under"):
+            return
+        self._frag_calls = getattr(self, "_frag_calls", -1) + 1
+        if not hasattr(self, "_frag_every"):
+            cost = sum(len(m) for w in occ.free_under for m in w)
+            self._frag_every = max(1, -(-cost * 2 * len(self.jobs) // 20_000_000))
+        if self._frag_calls % self._frag_every:
+            return
+        largest = max((sum(len(m) for g in w for m in g) for w in occ.free_under), default=0)
+        self.out.frag.append((t, largest, sum(occ.free_model)))
+
+    def _place_queued(self, t: float) -> None:
         while self.queue:
             key = self.queue[0]
             job = self.jobs[key]
@@ -210,6 +231,7 @@ class Run:
             if job.duration_s and not job.iterations:
                 if self.o.durations == "replayed":
                     self.replayed.add(key)
+                    r.alone_run_s = job.duration_s
                 else:  # alone on the fabric, it runs for its recorded duration
                     self.iterations[key] = r.iterations = max(1, round(job.duration_s / r.alone_iteration_s))
             # held shares leave idle whatever a computing ring does not use: interleaving gains nothing

@@ -20,7 +20,155 @@ def quantile(values: list[float], q: float) -> float:
 
 def spread(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values) if values else float("nan"), "median": quantile(values, 0.5),
-            "p90": quantile(values, 0.9), "p99": quantile(values, 0.99), "max": max(values, default=float("nan"))}
+            "p50": quantile(values, 0.5), "p90": quantile(values, 0.9), "p95": quantile(values, 0.95),
+            "p99": quantile(values, 0.99), "max": max(values, default=float("nan"))}
+
+
+SIZE_CLASSES = ((1, 1), (2, 8), (9, 32), (33, 128), (129, 10**9))  # GPUs: one GPU, one server, ...
+WARMUP = 0.1  # of the arrival span, left out of the steady-state window
+
+
+def size_class(gpus: int) -> str:
+    lo, hi = next(c for c in SIZE_CLASSES if c[0] <= gpus <= c[1])
+    return str(lo) if lo == hi else f"{lo}-{hi}" if hi < 10**9 else f">{lo - 1}"
+
+
+def alone_s(j: JobResult) -> float:
+    """The job's run time alone: its iterations at its iteration time alone where it was first
+    placed (no queueing, no dark window, no other traffic); a replayed job's recorded duration."""
+    if j.alone_run_s:
+        return j.alone_run_s
+    return j.iterations * j.alone_iteration_s
+
+
+def slowdown(j: JobResult) -> float:
+    """Completion time (arrival to end) over the time alone: 1 for a job that never waited or shared."""
+    alone = alone_s(j)
+    return j.jct_s / alone if alone > 0 else float("nan")
+
+
+def steady_window(run: RunResult) -> tuple[float, float]:
+    """From WARMUP of the arrival span after the first arrival to the last arrival: the cluster's
+    load is then the trace's, neither filling up nor draining."""
+    arrivals = [j.arrival_s for j in run.jobs]
+    if not arrivals:
+        return 0.0, 0.0
+    first, last = min(arrivals), max(arrivals)
+    return first + WARMUP * (last - first), last
+
+
+def _within(pieces, t0: float, t1: float) -> float:
+    """Amount of pieces (from, to, amount spread evenly) that falls in [t0, t1)."""
+    total = 0.0
+    for a, b, amount in pieces:
+        overlap = min(b, t1) - max(a, t0)
+        if b > a and overlap > 0:
+            total += amount * overlap / (b - a)
+    return total
+
+
+def steady_utilization(run: RunResult, gpus: int) -> dict:
+    t0, t1 = steady_window(run)
+    if t1 <= t0:
+        return {"from_s": t0, "to_s": t1, "held": float("nan"), "computing": float("nan"),
+                "window": "none: all jobs arrive at once"}
+    held = _within([(a, b, n * (b - a)) for a, b, n in run.held], t0, t1)
+    busy = _within(run.busy, t0, t1)
+    return {"from_s": t0, "to_s": t1, "held": held / (gpus * (t1 - t0)), "computing": busy / (gpus * (t1 - t0)),
+            "window": f"from {100 * WARMUP:g} % into the arrivals to the last arrival (warm-up and drain left out)"}
+
+
+def _dist(jobs: list[JobResult]) -> dict:
+    return {"jobs": len(jobs), "jct_s": spread([j.jct_s for j in jobs]), "slowdown": spread([slowdown(j) for j in jobs]),
+            "queue_s": spread([j.queue_s for j in jobs])}
+
+
+def by_size(jobs: list[JobResult]) -> dict[str, dict]:
+    out = {}
+    for lo, hi in SIZE_CLASSES:
+        members = [j for j in jobs if lo <= j.gpus <= hi]
+        if members:
+            out[size_class(lo)] = _dist(members)
+    return out
+
+
+def fragmentation(run: RunResult, switch_ports: int) -> dict:
+    """Over time: the largest job one switch could take without rewiring (its free GPUs), and all free GPUs."""
+    if not run.frag:
+        return {}
+    t = [x for x, _, _ in run.frag]
+    largest = [y for _, y, _ in run.frag]
+    free = [z for _, _, z in run.frag]
+    # time-weighted mean of the share of what one switch could hold (its downlinks, or all free GPUs
+    # when fewer) that the best switch holds free now
+    share, weight = 0.0, 0.0
+    for i in range(len(t) - 1):
+        dt = t[i + 1] - t[i]
+        want = min(free[i], switch_ports)
+        if dt > 0 and want > 0:
+            share += dt * largest[i] / want
+            weight += dt
+    mean_largest = sum((t[i + 1] - t[i]) * largest[i] for i in range(len(t) - 1)) / (t[-1] - t[0]) \
+        if t[-1] > t[0] else float("nan")
+    return {"t_s": t, "largest_one_switch": largest, "free": free, "mean_largest": mean_largest,
+            "mean_reachable": share / weight if weight else float("nan")}
+
+
+def percent_change(value: float, base: float) -> float:
+    return 100 * (value - base) / base if base and base == base and value == value else float("nan")
+
+
+COMPARED = (("jct_s", "mean"), ("jct_s", "p95"), ("jct_s", "p99"), ("slowdown", "mean"), ("slowdown", "p95"),
+            ("queue_s", "mean"), ("makespan_s", None), ("steady", "held"), ("steady", "computing"))
+
+
+def pick(summary: dict, key: str, sub: str | None) -> float:
+    return summary[key] if sub is None else summary[key][sub]
+
+
+def against(summary: dict, base: dict) -> dict[str, float]:
+    """Percent change of each COMPARED figure against the baseline policy's (negative: lower)."""
+    return {f"{k}.{sub}" if sub else k: percent_change(pick(summary, k, sub), pick(base, k, sub))
+            for k, sub in COMPARED}
+
+
+def why_equal(a: RunResult, b: RunResult) -> str | None:
+    """When two runs gave every job the same completion time: the reason, from what the runs did."""
+    ja, jb = {j.id: j.jct_s for j in a.jobs}, {j.id: j.jct_s for j in b.jobs}
+    if any(abs(ja[k] - jb[k]) > 1e-9 * max(1.0, abs(ja[k])) for k in ja):
+        return None
+    reasons = []
+    for run in (a, b):
+        p = run.policy
+        if p.placement == "regroup" and not run.circuits_changed:
+            reasons.append(f"{p.name} changed no circuit (every job fit under one switch as cabled)")
+        if p.defrag_s and not any(j.moves for j in run.jobs):
+            reasons.append(f"{p.name} moved no job (no running job was spread over switches at a round)")
+        if p.timeshift and not any(j.shift_s for j in run.jobs):
+            shared = sum(j.shared for j in run.jobs)
+            reasons.append(f"{p.name} shifted no job" + (f" ({shared} jobs shared a link, but shares are held, "
+                           "so interleaving gains nothing, or no shift helped)" if shared else ""))
+    if a.policy.placement != b.policy.placement and not any(j.switches > 1 for j in a.jobs + b.jobs):
+        reasons.append("no job spanned switches under either, so regrouping had nothing to join")
+    if not any(j.shared for j in a.jobs + b.jobs):
+        reasons.append("no link was shared by two rings")
+    return "; ".join(dict.fromkeys(reasons)) or "the policies made the same decisions for every job"
+
+
+T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13, 2.12, 2.11, 2.10,
+       2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04)  # Student's t, two-sided 95 %, df 1..30
+
+
+def interval(values: list[float]) -> dict[str, float]:
+    """Mean and the half-width of its 95 % confidence interval (Student's t) over seeds."""
+    values = [v for v in values if v == v]
+    if not values:
+        return {"mean": float("nan"), "ci95": float("nan"), "n": 0}
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return {"mean": mean, "ci95": float("nan"), "n": 1}
+    t = T95[len(values) - 2] if len(values) - 1 <= len(T95) else 1.96
+    return {"mean": mean, "ci95": t * statistics.stdev(values) / len(values) ** 0.5, "n": len(values)}
 
 
 def series(pieces: list[tuple[float, float, float]], end: float, bins: int = BINS) -> list[float]:
@@ -56,7 +204,8 @@ def summary(run: RunResult, gpus: int, wall_s: float) -> dict:
     busy = sum(x for _, _, x in run.busy)
     return {
         "jobs": len(jobs), "jct_s": spread([j.jct_s for j in jobs]), "queue_s": spread([j.queue_s for j in jobs]),
-        "makespan_s": end, "gpu_held": held / (gpus * end) if end else 0.0,
+        "slowdown": spread([slowdown(j) for j in jobs]), "steady": steady_utilization(run, gpus),
+        "by_size": by_size(jobs), "makespan_s": end, "gpu_held": held / (gpus * end) if end else 0.0,
         "gpu_computing": busy / (gpus * end) if end else 0.0,
         "reconfigurations": run.reconfigurations, "circuits_changed": run.circuits_changed, "dark_s": run.dark_s,
         "stalled_gpu_s": sum(j.stall_s * j.gpus for j in jobs), "moves": sum(j.moves for j in jobs),
@@ -72,7 +221,8 @@ def job_rows(run: RunResult, placements: bool) -> list[dict]:
         row = {"id": j.id, "gpus": j.gpus, "model": j.model, "iterations": j.iterations, "arrival_s": j.arrival_s,
                "placed_s": j.placed_s, "start_s": j.start_s, "end_s": j.end_s, "jct_s": j.jct_s, "queue_s": j.queue_s,
                "switches": j.switches, "shared": j.shared, "shift_s": j.shift_s, "moves": j.moves,
-               "stall_s": j.stall_s, "mean_iteration_s": j.mean_iteration_s, "alone_iteration_s": j.alone_iteration_s}
+               "stall_s": j.stall_s, "mean_iteration_s": j.mean_iteration_s, "alone_iteration_s": j.alone_iteration_s,
+               "slowdown": slowdown(j)}
         if j.label:
             row["label"] = j.label
         if j.failed:

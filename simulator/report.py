@@ -15,20 +15,104 @@ def _s(x: float) -> str:
     return f"{x:,.0f} s" if abs(x) >= 100 else f"{x:.1f} s" if abs(x) >= 1 else f"{1000 * x:.1f} ms"
 
 
-def build(study: Study, meta: dict) -> dict:
+def build(study: Study, meta: dict, baseline: str | None = None) -> dict:
     gpus = len(study.rack.gpus)
     placements = len(study.jobs) <= 500
+    ports = max((len(study.rack.downlink_ports(w)) for w in study.rack.aggregators()), default=1)
     record = {**meta, "policies": {}}
     for name, run in study.runs.items():
         record["policies"][name] = {
             "label": run.policy.label,
             "summary": metrics.summary(run, gpus, study.wall_s[name]),
             "utilization": metrics.utilization(run, gpus),
+            "fragmentation": metrics.fragmentation(run, ports),
             "jobs": metrics.job_rows(run, placements),
         }
+    base = baseline or next(iter(study.runs))
+    record["baseline"] = base
+    for name, p in record["policies"].items():
+        p["against_baseline"] = metrics.against(p["summary"], record["policies"][base]["summary"])
+    names = list(study.runs)
+    record["equal"] = [
+        {"policies": [a, b], "why": why}
+        for i, a in enumerate(names)
+        for b in names[i + 1:]
+        if (why := metrics.why_equal(study.runs[a], study.runs[b]))
+    ]
     if "regroup" in study.runs and "timeshift" in study.runs:
         record["timeshift"] = metrics.timeshift_gain(study.runs["regroup"], study.runs["timeshift"])
     return record
+
+
+def _pct(x: float) -> str:
+    return "-" if x != x else f"{x:+.1f} %"
+
+
+def _x(x: float) -> str:
+    return "-" if x != x else f"{x:.2f}"
+
+
+def field_table(record: dict) -> str:
+    """The field's figures per policy: completion time and slowdown (mean, p50, p95, p99), queueing,
+    steady-state utilization, fragmentation, and the change against the baseline policy."""
+    base = record.get("baseline")
+    rows = [
+        "| policy | JCT mean / p50 / p95 / p99 | slowdown mean / p50 / p95 / p99 | queueing mean / p95 | makespan "
+        "| steady held / computing | one switch's reach | vs " + f"{base}: JCT mean, p95, slowdown mean, steady computing |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, p in record["policies"].items():
+        s, a, f = p["summary"], p.get("against_baseline", {}), p.get("fragmentation") or {}
+        j, sl, q, st = s["jct_s"], s["slowdown"], s["queue_s"], s["steady"]
+        vs = "baseline" if name == base else ", ".join(
+            _pct(a.get(k, float("nan"))) for k in ("jct_s.mean", "jct_s.p95", "slowdown.mean", "steady.computing"))
+        rows.append(
+            f"| {name} | {_s(j['mean'])} / {_s(j['p50'])} / {_s(j['p95'])} / {_s(j['p99'])} "
+            f"| {_x(sl['mean'])} / {_x(sl['p50'])} / {_x(sl['p95'])} / {_x(sl['p99'])} "
+            f"| {_s(q['mean'])} / {_s(q['p95'])} | {_s(s['makespan_s'])} "
+            f"| {100 * st['held']:.1f} % / {100 * st['computing']:.1f} % "
+            f"| {100 * f.get('mean_reachable', float('nan')):.0f} % | {vs} |"
+        )
+    return "\n".join(rows)
+
+
+def size_table(record: dict) -> str:
+    base = record.get("baseline")
+    classes = list(dict.fromkeys(c for p in record["policies"].values() for c in p["summary"]["by_size"]))
+    rows = ["| policy | GPUs | jobs | JCT mean / p95 | slowdown mean / p95 | queueing mean | JCT mean vs "
+            f"{base} |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name, p in record["policies"].items():
+        for c in classes:
+            d = p["summary"]["by_size"].get(c)
+            if not d:
+                continue
+            b = record["policies"][base]["summary"]["by_size"].get(c) if base else None
+            vs = "baseline" if name == base else _pct(metrics.percent_change(d["jct_s"]["mean"], b["jct_s"]["mean"])) \
+                if b else "-"
+            rows.append(f"| {name} | {c} | {d['jobs']} | {_s(d['jct_s']['mean'])} / {_s(d['jct_s']['p95'])} "
+                        f"| {_x(d['slowdown']['mean'])} / {_x(d['slowdown']['p95'])} | {_s(d['queue_s']['mean'])} "
+                        f"| {vs} |")
+    return "\n".join(rows)
+
+
+def equal_text(record: dict) -> str:
+    return "\n".join(f"- {a} and {b} gave every job the same completion time: {e['why']}."
+                     for e in record.get("equal", []) for a, b in [e["policies"]])
+
+
+def seeds_table(seeds: dict) -> str:
+    base = seeds["baseline"]
+    rows = [f"Over {seeds['n']} seeds ({', '.join(map(str, seeds['seeds']))}): mean ± 95 % interval (Student's t).",
+            "", f"| policy | JCT mean | JCT p95 | slowdown mean | steady computing | JCT mean vs {base} |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name, p in seeds["policies"].items():
+        def f(key, fmt):
+            v = p[key]
+            return f"{fmt(v['mean'])} ± {fmt(v['ci95'])}" if v["ci95"] == v["ci95"] else fmt(v["mean"])
+        rows.append(f"| {name} | {f('jct_mean', _s)} | {f('jct_p95', _s)} | {f('slowdown_mean', _x)} "
+                    f"| {f('steady_computing', lambda x: f'{100 * x:.1f} %')} "
+                    f"| {'baseline' if name == base else f('jct_mean_vs_baseline', _pct)} |")
+    return "\n".join(rows)
 
 
 def table(record: dict) -> str:
@@ -77,7 +161,24 @@ def markdown(record: dict, extra: str = "") -> str:
         "",
         table(record),
         "",
+        "## The field's figures",
+        "",
+        field_table(record),
+        "",
+        f"Steady state: {next(iter(record['policies'].values()))['summary']['steady']['window']}. Slowdown: "
+        "completion time (arrival to end) over the job's run time alone where it was first placed. One switch's "
+        "reach: time average of the most free GPUs one switch holds without rewiring, as a share of what it could "
+        "hold (its downlinks, or all free GPUs when fewer).",
+        "",
+        "## Per job size",
+        "",
+        size_table(record),
+        "",
     ]
+    if record.get("equal"):
+        lines += ["## Where policies tie", "", equal_text(record), ""]
+    if record.get("seeds"):
+        lines += ["## Over seeds", "", seeds_table(record["seeds"]), ""]
     if "timeshift" in record:
         lines += [timeshift_text(record["timeshift"]), ""]
     failed = {
@@ -123,6 +224,7 @@ def write(out: Path, record: dict, extra: str = "") -> list[Path]:
             "shift_s",
             "moves",
             "mean_iteration_s",
+            "slowdown",
         ]
         w = csv.DictWriter(f, fields, extrasaction="ignore")
         w.writeheader()

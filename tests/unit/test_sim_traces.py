@@ -1,0 +1,169 @@
+"""Public traces replayed, jobs by duration, generated racks of any size, and bad inputs refused in one line."""
+import json
+from pathlib import Path
+
+import pytest
+
+from controller.cli import main as cli
+from controller.core.rack import MAX_PORTS
+from simulator import traces
+from simulator.engine import Options, Run, policies
+from simulator.racks import RackOptions, choose_ocs, generate
+from simulator.workloads import TraceError, fit
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
+PHILLY = DATA / "philly_cluster_job_log.json"
+HELIOS = DATA / "helios_cluster_log.csv"
+PAI = DATA / "pai_task_table.csv"
+RACK = RackOptions(64, gpus_per_switch=16, gpus_per_server=4, oversubscription=4, models=(("V100", 1.0),))
+
+
+def test_a_philly_job_log_imports_by_recorded_duration():
+    imported = traces.load(PHILLY)
+    assert imported.fmt == "philly"
+    assert [j.gpus for j in imported.jobs] == [4, 2, 1, 16, 40]
+    # first attempt's start to the last attempt's end (the third job ran twice, 14:00-14:25)
+    assert [j.duration_s for j in imported.jobs] == [1800, 1200, 1500, 3600, 2400]
+    assert [j.arrival_s for j in imported.jobs] == [0, 7200, 14400, 21600, 32400]
+    assert imported.left_out == {"never ran or never ended": 1}
+    assert all(j.iterations == 0 and j.model == "resnet50" for j in imported.jobs)
+
+
+def test_a_helios_cluster_log_imports_and_leaves_out_cpu_jobs():
+    imported = traces.load(HELIOS)
+    assert imported.fmt == "helios"
+    assert [(j.arrival_s, j.gpus, j.duration_s) for j in imported.jobs] == [
+        (0, 1, 1800), (600, 8, 3600), (1200, 2, 1200), (1800, 16, 1800), (2400, 64, 600)]
+    assert imported.left_out == {"no GPU (CPU jobs)": 1}
+
+
+def test_a_pai_task_table_imports_with_its_job_table_and_gpu_types():
+    imported = traces.load(PAI)
+    assert imported.fmt == "pai"
+    jobs = {j.gpus: j for j in imported.jobs}
+    # jobA: 2 instances of 1 GPU (its ps task has none); jobB: a quarter GPU taken whole; jobD: 4 x 2 GPUs
+    assert sorted(jobs) == [1, 2, 8]
+    assert jobs[2].duration_s == 1800 and jobs[2].gpu_model == "V100" and jobs[2].arrival_s == 0
+    assert jobs[1].gpu_model == ""  # T4: not a model the simulator knows, so any GPU
+    # jobD: submitted at 1300 (job table), its task ran 1310-4900; V100M32 read as V100
+    assert jobs[8].arrival_s == 300 and jobs[8].duration_s == 3590 and jobs[8].gpu_model == "V100"
+    assert imported.left_out == {"running or waiting when the trace ends": 1}
+
+
+@pytest.mark.parametrize("path", [PHILLY, HELIOS, PAI])
+def test_jobs_alone_on_the_fabric_keep_their_recorded_durations(path):
+    """Derived iterations: a job alone runs within 1 % of its recorded duration; replayed: exactly."""
+    rack = generate(RACK)
+    jobs = fit(traces.load(path).jobs, len(rack.gpus), {"V100"}).jobs
+    for mode in ("derived", "replayed"):
+        result = Run(rack, jobs, policies(300)["regroup"], Options(durations=mode)).run()
+        by_id = {j.id: j for j in jobs}
+        alone = [r for r in result.jobs if not r.shared]
+        assert alone, "the fixtures' jobs do not all overlap"
+        for r in alone:
+            ran = r.end_s - r.start_s
+            assert ran == pytest.approx(by_id[r.id].duration_s, rel=0.01 if mode == "derived" else 1e-9)
+            if mode == "derived":
+                assert r.iterations >= 1 and r.mean_iteration_s == pytest.approx(r.alone_iteration_s, rel=1e-6)
+
+
+def test_jobs_larger_than_the_rack_are_skipped_and_counted_or_refused_with_strict():
+    jobs = traces.load(PHILLY).jobs
+    kept = fit(jobs, 32, {"V100"})
+    assert [j.gpus for j in kept.jobs] == [4, 2, 1, 16] and len(kept.skipped) == 1
+    assert "40 GPUs asked for; the rack has 32" in kept.skipped[0]
+    with pytest.raises(TraceError, match="--strict"):
+        fit(jobs, 32, {"V100"}, strict=True)
+
+
+def test_simulate_replays_a_public_trace_and_says_what_it_left_out(tmp_path, capsys):
+    out = tmp_path / "sim"
+    args = ["simulate", "--gpus", "32", "--gpus-per-switch", "16", "--gpus-per-server", "4", "--trace", str(PHILLY),
+            "--out", str(out), "--quiet", "--no-plots", "--policies", "fixed,regroup", "--workers", "1"]
+    assert cli(args) == 0
+    workload = json.loads((out / "results.json").read_text())["workload"]
+    assert workload["format"] == "philly" and workload["jobs"] == 4 and workload["by_duration"] == 4
+    assert workload["left_out"] == {"never ran or never ended": 1, "larger than the rack's 32 GPUs": 1}
+    assert "derived from the workload" in workload["description"]
+    capsys.readouterr()
+    assert cli([*args, "--strict"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "job 6" in err and "gpus: 40 GPUs asked for" in err
+
+
+@pytest.mark.parametrize("gpus, switches", [(8192, 256), (65536, 2048)])
+def test_racks_of_8192_and_65536_gpus_build_with_datapath_ids_that_never_collide(gpus, switches):
+    rack = generate(RackOptions(gpus))
+    assert len(rack.gpus) == gpus and len(rack.aggregators()) == switches
+    dpids = [o.dpid for o in rack.spec.ocs] + [s.dpid for s in rack.spec.switches]
+    assert len(set(dpids)) == len(dpids)
+    assert all(o.ports <= MAX_PORTS for o in rack.spec.ocs)
+
+
+def test_small_racks_keep_the_paper_testbeds_numbering():
+    rack = generate(RackOptions(64, gpus_per_switch=16))
+    assert sorted(s.dpid for s in rack.spec.switches) == [0x201, 0x202, 0x203, 0x204, 0x300]
+
+
+def test_the_ocs_count_fits_every_switch_on_every_ocs():
+    assert choose_ocs(4096, 128, 2.0) == (16, 768)  # the shape earlier releases built
+    ocs, ports = choose_ocs(16384, 512, 2.0)
+    assert ports <= 1024 and 16384 % ocs == 0 and ports >= 512
+    with pytest.raises(ValueError, match="raise --ocs-ports"):
+        choose_ocs(65536, 2048, 2.0, ocs_ports=1024)
+
+
+def _bytes(tmp_path, name, data: bytes) -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--gpus", "64", "--oversubscription", "0", "--jobs", "3"], "--oversubscription must be a positive number"),
+        (["--gpus", "0", "--jobs", "3"], "--gpus must be a positive number of GPUs, not 0"),
+        (["--gpus", "100", "--jobs", "3"], "try --gpus 96"),
+        (["--gpus", "65536", "--gpus-per-switch", "32", "--ocs-ports", "1024", "--jobs", "3"], "raise --ocs-ports"),
+        (["--gpus", "32", "--trace", "BIN"], "BIN: a binary file"),
+        (["--gpus", "32", "--trace", "LATIN1"], "LATIN1: line 2: not UTF-8"),
+        (["--gpus", "32", "--trace", "SQUARE"], "SQUARE: line 2: gpus: '\u00b2' is not a positive integer"),
+        (["--gpus", "32", "--trace", "HUGE"], "HUGE: line 2: iterations: 1,000,000,000,000 is more than"),
+        (["--gpus", "32", "--trace", "BADPHILLY"], "BADPHILLY: line 1: not JSON"),
+        (["--gpus", "32", "--trace", "BADHELIOS"], "BADHELIOS: line 2: submit_time: 'yesterday'"),
+    ],
+)
+def test_every_bad_input_exits_2_with_one_line_naming_it(tmp_path, capsys, args, message):
+    files = {
+        "BIN": _bytes(tmp_path, "bin.csv", b"\x7fELF\x02\x01\x01\x00\x00\x00"),
+        "LATIN1": _bytes(tmp_path, "latin.csv", b"arrival_s,gpus,model,iterations\n0,4,vgg16,10 \xe9\n"),
+        "SQUARE": _bytes(tmp_path, "square.csv", "arrival_s,gpus,model,iterations\n0,\u00b2,vgg16,10\n".encode()),
+        "HUGE": _bytes(tmp_path, "huge.csv", b"arrival_s,gpus,model,iterations\n0,4,vgg16,1000000000000\n"),
+        "BADPHILLY": _bytes(tmp_path, "cluster_job_log.json", b"[{"),
+        "BADHELIOS": _bytes(tmp_path, "cluster_log.csv",
+                            b"job_id,user,vc,gpu_num,cpu_num,node_num,state,submit_time,start_time,end_time,duration,"
+                            b"queue\n1,u,v,1,1,1,COMPLETED,yesterday,,,60,0\n"),
+    }
+    args = [files.get(a, a) for a in args]
+    message = message.split(":")[0] in files and message.replace(message.split(":")[0], files[message.split(":")[0]],
+                                                                   1) or message
+    out = tmp_path / "sim"
+    assert cli(["simulate", *args, "--out", str(out), "--quiet", "--no-plots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert message in err
+    assert not out.exists()
+
+
+def test_a_spreadsheets_byte_order_mark_is_accepted(tmp_path):
+    trace = _bytes(tmp_path, "bom.csv", "\ufeffarrival_s,gpus,model,duration_s\n0,4,vgg16,600\n".encode())
+    (job,) = traces.load(trace).jobs
+    assert job.duration_s == 600 and job.gpus == 4
+
+
+def test_case_a_finds_its_rack_outside_the_repository(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "sim"
+    assert cli(["simulate", "--case", "a", "--iterations", "3", "--out", str(out), "--quiet", "--no-plots",
+                "--policies", "fixed", "--workers", "1"]) == 0
