@@ -102,6 +102,13 @@ def add_parser(sub) -> None:
     work.add_argument("--jobs", type=int, help="this many synthetic jobs (see --seed, --load)")
     work.add_argument("--seed", type=int, default=1, help="synthetic jobs: random seed (%(default)s)")
     work.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="synthetic jobs: run this many seeds (--seed, --seed+1, ...) and give means with 95 %% intervals "
+        "(%(default)s)",
+    )
+    work.add_argument(
         "--load",
         type=float,
         default=0.9,
@@ -112,6 +119,10 @@ def add_parser(sub) -> None:
     )
     pol = p.add_argument_group("policies and models")
     pol.add_argument("--policies", default="fixed,regroup,defrag,timeshift", help="which to compare (%(default)s)")
+    pol.add_argument(
+        "--baseline",
+        help="the policy the others are compared with, in percent (default: the first of --policies)",
+    )
     pol.add_argument(
         "--defrag-interval", type=float, default=300.0, help="defrag: seconds between rounds (%(default)s)"
     )
@@ -315,6 +326,32 @@ def _against_emulation(args, record: dict) -> str:
     return "\n".join(lines)
 
 
+def _over_seeds(args, rack, chosen, options, first: dict) -> dict:
+    """The study again for --seed+1 ... --seed+N-1: per policy, each figure's mean and 95 % interval."""
+    from simulator import metrics
+
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    records = [first]
+    per = {m: _typical_iteration(rack, m) for m in WORKLOADS}
+    for seed in seeds[1:]:
+        jobs = workloads.synthetic(args.jobs, seed, len(rack.gpus), per, args.load)
+        study = run_all(rack, jobs, chosen, options, quiet=args.quiet, workers=args.workers or None)
+        records.append(report.build(study, {}, args.baseline))
+    base = first["baseline"]
+    out = {"n": len(seeds), "seeds": seeds, "baseline": base, "policies": {}}
+    for name in first["policies"]:
+        sums = [r["policies"][name]["summary"] for r in records]
+        out["policies"][name] = {
+            "jct_mean": metrics.interval([s["jct_s"]["mean"] for s in sums]),
+            "jct_p95": metrics.interval([s["jct_s"]["p95"] for s in sums]),
+            "slowdown_mean": metrics.interval([s["slowdown"]["mean"] for s in sums]),
+            "steady_computing": metrics.interval([s["steady"]["computing"] for s in sums]),
+            "jct_mean_vs_baseline": metrics.interval(
+                [r["policies"][name]["against_baseline"]["jct_s.mean"] for r in records]),
+        }
+    return out
+
+
 def main(args) -> int:
     t0 = time.monotonic()
     try:
@@ -326,6 +363,10 @@ def main(args) -> int:
         unknown = [n for n in names if n not in table]
         if unknown or not names:
             raise ValueError(f"--policies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(table)})")
+        if args.baseline is not None and args.baseline not in names:
+            raise ValueError(f"--baseline {args.baseline} is not one of --policies ({', '.join(names)})")
+        if args.seeds < 1 or (args.seeds > 1 and args.jobs is None):
+            raise ValueError("--seeds must be at least 1, and more than 1 only with --jobs (synthetic jobs)")
         if args.defrag_interval <= 0:
             raise ValueError("--defrag-interval must be positive")
         if args.out.exists() and not args.out.is_dir():
@@ -360,9 +401,13 @@ def main(args) -> int:
             "step_model": args.step_model,
             "interference": args.interference,
             "control_overhead_ms": args.control_overhead_ms,
+            "baseline": args.baseline,
+            "seeds": args.seeds,
         },
     }
-    record = report.build(study, meta)
+    record = report.build(study, meta, args.baseline)
+    if args.seeds > 1:
+        record["seeds"] = _over_seeds(args, rack, [table[n] for n in names], options, record)
     extra = ""
     if args.case:
         extra = _against_emulation(args, record)
@@ -374,6 +419,11 @@ def main(args) -> int:
     print(report.table(record))
     if extra:
         print("\n" + extra)
+    print("\n" + report.field_table(record))
+    if record.get("equal"):
+        print("\n" + report.equal_text(record))
+    if record.get("seeds"):
+        print("\n" + report.seeds_table(record["seeds"]))
     if "timeshift" in record:
         print("\n" + report.timeshift_text(record["timeshift"]))
     print(f"\nwrote {', '.join(str(f) for f in files)} in {time.monotonic() - t0:.1f} s")

@@ -79,8 +79,8 @@ def steady_utilization(run: RunResult, gpus: int) -> dict:
 
 
 def _dist(jobs: list[JobResult]) -> dict:
-    return {"jobs": len(jobs), "jct_s": spread([j.jct_s for j in jobs]), "slowdown": spread([slowdown(j) for j in jobs]),
-            "queue_s": spread([j.queue_s for j in jobs])}
+    return {"jobs": len(jobs), "jct_s": spread([j.jct_s for j in jobs]),
+            "slowdown": spread([slowdown(j) for j in jobs]), "queue_s": spread([j.queue_s for j in jobs])}
 
 
 def by_size(jobs: list[JobResult]) -> dict[str, dict]:

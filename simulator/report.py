@@ -30,7 +30,7 @@ def build(study: Study, meta: dict, baseline: str | None = None) -> dict:
         }
     base = baseline or next(iter(study.runs))
     record["baseline"] = base
-    for name, p in record["policies"].items():
+    for p in record["policies"].values():
         p["against_baseline"] = metrics.against(p["summary"], record["policies"][base]["summary"])
     names = list(study.runs)
     record["equal"] = [
@@ -58,7 +58,8 @@ def field_table(record: dict) -> str:
     base = record.get("baseline")
     rows = [
         "| policy | JCT mean / p50 / p95 / p99 | slowdown mean / p50 / p95 / p99 | queueing mean / p95 | makespan "
-        "| steady held / computing | one switch's reach | vs " + f"{base}: JCT mean, p95, slowdown mean, steady computing |",
+        "| steady held / computing | one switch's reach "
+        f"| vs {base}: JCT mean, p95, slowdown mean, steady computing |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, p in record["policies"].items():
@@ -106,9 +107,10 @@ def seeds_table(seeds: dict) -> str:
             "", f"| policy | JCT mean | JCT p95 | slowdown mean | steady computing | JCT mean vs {base} |",
             "| --- | --- | --- | --- | --- | --- |"]
     for name, p in seeds["policies"].items():
-        def f(key, fmt):
+        def f(key, fmt, p=p):
             v = p[key]
-            return f"{fmt(v['mean'])} ± {fmt(v['ci95'])}" if v["ci95"] == v["ci95"] else fmt(v["mean"])
+            half = f"{v['ci95']:.1f} %" if fmt is _pct else fmt(v["ci95"])
+            return f"{fmt(v['mean'])} ± {half}" if v["ci95"] == v["ci95"] else fmt(v["mean"])
         rows.append(f"| {name} | {f('jct_mean', _s)} | {f('jct_p95', _s)} | {f('slowdown_mean', _x)} "
                     f"| {f('steady_computing', lambda x: f'{100 * x:.1f} %')} "
                     f"| {'baseline' if name == base else f('jct_mean_vs_baseline', _pct)} |")

@@ -26,7 +26,7 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from containers.profiles import GPU_MODELS
@@ -68,7 +68,7 @@ def detect(path: Path) -> str:
 
 def _time(text, path: Path, where: str, field_name: str) -> float:
     try:
-        return datetime.strptime(str(text).strip(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+        return datetime.strptime(str(text).strip(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
     except ValueError:
         raise TraceError(f"{path}: {where}: {field_name}: {text!r} is not a time YYYY-MM-DD HH:MM:SS") from None
 

@@ -167,3 +167,52 @@ def test_case_a_finds_its_rack_outside_the_repository(tmp_path, monkeypatch):
     out = tmp_path / "sim"
     assert cli(["simulate", "--case", "a", "--iterations", "3", "--out", str(out), "--quiet", "--no-plots",
                 "--policies", "fixed", "--workers", "1"]) == 0
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_on_random_traces_slowdown_is_at_least_1_exactly_1_alone_and_utilization_at_most_100(seed):
+    import random
+
+    from simulator import metrics
+    from simulator.workloads import JobSpec
+
+    rng = random.Random(seed)
+    rack = generate(RACK)
+    jobs, t = [], 0.0
+    for i in range(40):
+        t += rng.expovariate(1 / 60)
+        gpus, model = rng.choice([1, 2, 4, 8, 16, 24]), rng.choice(["vgg16", "resnet50"])
+        jobs.append(JobSpec(f"j{i + 1}", round(t, 3), gpus, model, 0, duration_s=rng.uniform(5, 120)))
+    for name in ("fixed", "regroup"):
+        run = Run(rack, jobs, policies(300)[name], Options()).run()
+        done = [j for j in run.jobs if not j.failed]
+        assert len(done) == len(jobs)
+        for j in done:
+            assert metrics.slowdown(j) >= 1 - 1e-9
+        if name == "fixed":  # no circuit changes: a job that never overlaps another runs exactly as alone
+            lonely = [j for j in done if all(k is j or k.end_s <= j.arrival_s or k.arrival_s >= j.end_s for k in done)]
+            assert lonely, "the trace has no job alone: pick another seed"
+            for j in lonely:
+                assert metrics.slowdown(j) == pytest.approx(1.0, abs=1e-9)
+        s = metrics.summary(run, len(rack.gpus), 0.0)
+        assert 0 < s["steady"]["computing"] <= s["steady"]["held"] <= 1 + 1e-9
+        assert s["gpu_computing"] <= s["gpu_held"] <= 1 + 1e-9
+        u = metrics.utilization(run, len(rack.gpus))
+        assert max(u["held"]) <= 1 + 1e-9 and max(u["computing"]) <= 1 + 1e-9
+
+
+def test_seeds_give_means_with_intervals_and_the_same_seed_the_same_files(tmp_path):
+    args = ["simulate", "--gpus", "64", "--gpus-per-switch", "16", "--jobs", "30", "--seeds", "3", "--quiet",
+            "--no-plots", "--policies", "fixed,regroup", "--workers", "1"]
+    assert cli([*args, "--out", str(tmp_path / "a")]) == 0
+    assert cli([*args, "--out", str(tmp_path / "b")]) == 0
+    a, b = (json.loads((tmp_path / x / "results.json").read_text()) for x in "ab")
+    seeds = a["seeds"]
+    assert seeds["n"] == 3 and seeds["seeds"] == [1, 2, 3]
+    jct = seeds["policies"]["regroup"]["jct_mean"]
+    assert jct["n"] == 3 and jct["ci95"] > 0
+    for rec in (a, b):  # wall-clock fields aside
+        rec.pop("command", None)
+        for p in rec["policies"].values():
+            p["summary"].pop("wall_s")
+    assert a == b
