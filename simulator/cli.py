@@ -10,7 +10,7 @@ from pathlib import Path
 
 from containers.profiles import WORKLOADS, compute_seconds
 from controller.core.rack import RackError
-from simulator import calibration, engine, racks, report, traces, workloads
+from simulator import calibration, engine, models, racks, report, traces, workloads
 from simulator.interference import Limits
 from simulator.network import GBPS, SHARINGS
 from simulator.study import run_all
@@ -85,7 +85,8 @@ def add_parser(sub) -> None:
     work.add_argument(
         "--trace-model",
         default="resnet50",
-        help="the workload every job of a public trace runs, which names none (%(default)s)",
+        help="the workload every job of a public trace runs, which names none: vgg16, resnet50 or "
+        "transformer:<parameters>, e.g. transformer:7e9 (%(default)s)",
     )
     work.add_argument(
         "--durations",
@@ -118,7 +119,12 @@ def add_parser(sub) -> None:
         "--iterations", type=int, default=60, help="--case: iterations of the job of concern (%(default)s)"
     )
     pol = p.add_argument_group("policies and models")
-    pol.add_argument("--policies", default="fixed,regroup,defrag,timeshift", help="which to compare (%(default)s)")
+    pol.add_argument(
+        "--policies",
+        default="fixed,regroup,defrag,timeshift",
+        help="which to compare (%(default)s); baselines: ideal (a non-blocking electrical fabric, the upper "
+        "bound), static (the static oversubscribed electrical fabric: the cabling never changes, as fixed)",
+    )
     pol.add_argument(
         "--baseline",
         help="the policy the others are compared with, in percent (default: the first of --policies)",
@@ -141,6 +147,14 @@ def add_parser(sub) -> None:
         "once (a lossless RoCE/PFC fabric; --net rack's); held: each ring keeps its equal share "
         "through its compute phases (the emulation's TCP over shallow drop-tail queues, measured "
         "in make demo's record; --net emulation's). Time shifting only shifts under maxmin",
+    )
+    pol.add_argument(
+        "--nvlink-gbps",
+        type=float,
+        default=0.0,
+        help="a server's GPUs as an NVLink domain at this rate per GPU, e.g. 2400 (300 GB/s): flows inside a "
+        "server skip the NICs, transformers' tensor parallelism runs over it (default 0: every flow through "
+        "its NIC, as in the emulation)",
     )
     pol.add_argument("--efficiency", type=float, help="override the protocol efficiency (0-1]")
     pol.add_argument("--step-latency-us", type=float, help="override the per-step latency (rack microseconds)")
@@ -238,8 +252,10 @@ def _workload(args, rack):
             f"{args.iterations} iterations of the job of concern",
         }
     if args.trace:
-        if args.trace_model not in WORKLOADS:
-            raise ValueError(f"--trace-model: unknown workload {args.trace_model!r} (known: {', '.join(WORKLOADS)})")
+        try:
+            models.check(args.trace_model)
+        except ValueError as e:
+            raise ValueError(f"--trace-model: {e}") from None
         imported = traces.load(args.trace, args.trace_format, args.trace_model)
         fitted = workloads.fit(imported.jobs, len(rack.gpus), {g.model for g in rack.gpus.values()}, args.strict)
         jobs = fitted.jobs
@@ -367,6 +383,8 @@ def main(args) -> int:
             raise ValueError(f"--baseline {args.baseline} is not one of --policies ({', '.join(names)})")
         if args.seeds < 1 or (args.seeds > 1 and args.jobs is None):
             raise ValueError("--seeds must be at least 1, and more than 1 only with --jobs (synthetic jobs)")
+        if not 0 <= args.nvlink_gbps < float("inf"):
+            raise ValueError(f"--nvlink-gbps must be 0 (none) or a positive rate, not {args.nvlink_gbps:g}")
         if args.defrag_interval <= 0:
             raise ValueError("--defrag-interval must be positive")
         if args.out.exists() and not args.out.is_dir():
@@ -380,6 +398,7 @@ def main(args) -> int:
         args.control_overhead_ms / 1000,
         None if args.interference == "auto" else args.interference,
         args.step_model,
+        args.nvlink_gbps,
         args.durations,
     )
     study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
@@ -402,6 +421,7 @@ def main(args) -> int:
             "interference": args.interference,
             "control_overhead_ms": args.control_overhead_ms,
             "baseline": args.baseline,
+            "nvlink_gbps": args.nvlink_gbps,
             "seeds": args.seeds,
         },
     }

@@ -13,12 +13,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from containers.profiles import WORKLOADS, compute_seconds
 from controller.core.circuits import CircuitDiff
 from controller.core.rack import Rack
+from simulator import models
 from simulator.adapter import Placer, Unplaceable
 from simulator.interference import Interference, Limits
-from simulator.network import Fabric, NetParams, ring_net
+from simulator.network import GBPS, Fabric, NetParams, ring_net
 from simulator.rings import Ring
 from simulator.timeshift import best_shift
 from simulator.workloads import JobSpec
@@ -33,6 +33,7 @@ class Policy:
     defrag_s: float = 0.0  # defragment every this many seconds (0: never)
     timeshift: bool = False
     label: str = ""
+    ideal: bool = False  # a non-blocking electrical fabric: only the NICs limit a ring (the upper bound)
 
 
 def policies(defrag_s: float) -> dict[str, Policy]:
@@ -41,6 +42,8 @@ def policies(defrag_s: float) -> dict[str, Policy]:
         Policy("regroup", "regroup", label="regroup at admission"),
         Policy("defrag", "regroup", defrag_s=defrag_s, label=f"regroup + defragment every {defrag_s:g} s"),
         Policy("timeshift", "regroup", timeshift=True, label="regroup + time shifting of rings that share"),
+        Policy("ideal", "fixed", label="ideal non-blocking fabric (upper bound)", ideal=True),
+        Policy("static", "fixed", label="static oversubscribed fabric (no OCS; as fixed)"),
     )}
 
 
@@ -51,6 +54,7 @@ class Options:
     control_overhead_s: float = 0.010  # controller work per reconfiguration besides switching
     force: str | None = None  # 'detail' or 'mean' for every shared component
     step_model: str = "auto"  # exact: every ring step an event; phase: whole all-reduces; auto: exact up to 64 GPUs
+    nvlink_gbps: float = 0.0  # a server's GPUs as an NVLink domain at this rate per GPU (0: through their NICs)
     durations: str = "derived"  # jobs given by duration: "derived" iterations or "replayed" as is (workloads.py)
 
     def coarse(self, rack: Rack) -> bool:
@@ -134,6 +138,7 @@ class Run:
         self.inter = Interference([c * eff for c in self.fabric.capacity], options.net.step_latency_s, limits,
                                   options.force, options.net.sharing == "held")
         self.placer = Placer(rack)
+        self.server_gpus = max(len(s.gpus) for s in rack.spec.servers)
         self.results = {i: JobResult(j.id, j.gpus, j.model, j.iterations, j.arrival_s, label=j.label)
                         for i, j in self.jobs.items()}
         self.key_of = {j.id: i for i, j in self.jobs.items()}
@@ -257,12 +262,19 @@ class Run:
         self.out.dark_s += dark
         return self.ocs_free
 
+    def _cost(self, key: int, gpus) -> models.Cost:
+        nvlink = self.o.nvlink_gbps * GBPS
+        nic = min(self.rack.gpus[g].nic.rate_gbps for g in gpus) * GBPS
+        return models.cost(self.jobs[key].model, [self.rack.gpus[g].model for g in gpus], self.server_gpus, nvlink, nic)
+
     def _ring(self, key: int) -> Ring:
-        job, gpus = self.jobs[key], self.placer.gpus[self.jobs[key].id]
-        computes = [compute_seconds(job.model, self.rack.gpus[g].model) for g in gpus]
-        net = ring_net(self.fabric, gpus, self.placer.switch_of(gpus))
-        return Ring(key, max(computes), statistics.fmean(computes), len(gpus), WORKLOADS[job.model].gradient_bytes,
-                    net.cap * self.o.net.efficiency, net.links, self.coarse)
+        gpus = self.placer.gpus[self.jobs[key].id]
+        c = self._cost(key, gpus)
+        computes = c.compute_s
+        net = ring_net(self.fabric, gpus, self.placer.switch_of(gpus), self.o.nvlink_gbps * GBPS)
+        links = {} if self.policy.ideal else net.links  # non-blocking: no link between switches limits it
+        return Ring(key, max(computes), statistics.fmean(computes), len(gpus), c.gradient_bytes,
+                    net.cap * self.o.net.efficiency, links, self.coarse)
 
     def _shift(self, t: float, ring: Ring) -> tuple[float, float, float]:
         """The delay that interleaves a new ring with the rings it shares links with: those running
@@ -334,7 +346,7 @@ class Run:
 
     def _busy(self) -> list[tuple[float, float, float]]:
         """GPU-seconds of computing in each stretch a ring ran at one pace (every rank computes each iteration)."""
-        per_iteration = {key: sum(compute_seconds(self.jobs[key].model, self.rack.gpus[g].model) for g in r.placement)
+        per_iteration = {key: sum(self._cost(key, r.placement).compute_s) if r.placement else 0.0
                          for key, r in self.results.items()}
         return [(t0, t1, iterations * per_iteration[key]) for key, t0, t1, iterations in self.inter.segments] \
             + self.replay_busy

@@ -88,11 +88,20 @@ class RingNet:
     crossings: int  # flows that leave their switch
 
 
-def ring_net(fabric: Fabric, gpus: tuple[str, ...] | list[str], where: dict[str, str]) -> RingNet:
-    """The ring rank i -> rank i+1 over `gpus` (in rank order); `where`: the switch each hangs under."""
+def ring_net(fabric: Fabric, gpus: tuple[str, ...] | list[str], where: dict[str, str],
+             nvlink_bps: float = 0.0) -> RingNet:
+    """The ring rank i -> rank i+1 over `gpus` (in rank order); `where`: the switch each hangs under.
+    `nvlink_bps` > 0: a flow between two GPUs of one server goes over the server's NVLink domain at
+    that rate, not through the NICs (0: every flow leaves through its NIC, as in the emulation)."""
     rack = fabric.rack
     n = len(gpus)
     rates = [rack.gpus[g].nic.rate_gbps * GBPS for g in gpus]
+    if nvlink_bps > 0 and n > 1:
+        server = rack.server_of
+        rates = [nvlink_bps if server[g] == server[gpus[(i + 1) % n]]
+                 else min(rates[i], rates[(i + 1) % n]) for i, g in enumerate(gpus)]
+        if all(server[g] == server[gpus[0]] for g in gpus):
+            return RingNet(min(rates), {}, 0)  # inside one server: no switch sees it
     links: dict[int, int] = {}
     crossings = 0
     if n < 2:

@@ -3,7 +3,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"fixed": "#c0392b", "regroup": "#2471a3", "defrag": "#1e8449", "timeshift": "#b9770e"}
+COLORS = {"fixed": "#c0392b", "regroup": "#2471a3", "defrag": "#1e8449", "timeshift": "#b9770e", "ideal": "#555555",
+          "static": "#8e44ad"}
+
+
+def _groups(record: dict, values) -> list[tuple[list[str], object]]:
+    """Policies whose curves are equal, drawn once and labelled together ('regroup = defrag')."""
+    groups: list[tuple[list[str], object]] = []
+    for name, p in record["policies"].items():
+        v = values(p)
+        for names, w in groups:
+            if w == v:
+                names.append(name)
+                break
+        else:
+            groups.append(([name], v))
+    return groups
+
+
+def _legend(ax) -> None:
+    """Beside the axes, never over the data."""
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _label(names: list[str]) -> str:
+    return " = ".join(names) + (" (equal)" if len(names) > 1 else "")
 
 
 def _plt():
@@ -16,29 +40,53 @@ def _plt():
 
 
 def _cdf(ax, record: dict, key: str, xlabel: str) -> None:
-    for name, p in record["policies"].items():
-        values = sorted(max(row[key], 0.0) for row in p["jobs"] if not row.get("failed"))
+    base = record.get("baseline")
+    for names, values in _groups(record, lambda p: sorted(max(row[key], 0.0) for row in p["jobs"]
+                                                          if not row.get("failed"))):
+        if not values:
+            continue
         ys = [(i + 1) / len(values) for i in range(len(values))]
-        ax.step(values, ys, where="post", color=COLORS.get(name), label=p["label"], linewidth=1.5)
+        mean = sum(values) / len(values)
+        vs = ""
+        if base and base not in names:
+            b = [max(r[key], 0.0) for r in record["policies"][base]["jobs"] if not r.get("failed")]
+            bm = sum(b) / len(b) if b else 0
+            vs = f", mean {100 * (mean - bm) / bm:+.1f} % vs {base}" if bm else ""
+        ax.step(values, ys, where="post", color=COLORS.get(names[0]), label=_label(names) + vs, linewidth=1.5)
     ax.set_xscale("symlog", linthresh=1.0)  # linear below a second (no wait at 0), logarithmic above
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of jobs")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    _legend(ax)
 
 
 def _utilization(ax, record: dict) -> None:
-    for name, p in record["policies"].items():
-        u = p["utilization"]
-        ax.plot(u["t_s"], [100 * x for x in u["computing"]], color=COLORS.get(name), linewidth=1.4,
-                label=f"{name}: computing")
-        ax.plot(u["t_s"], [100 * x for x in u["held"]], color=COLORS.get(name), linewidth=0.8, linestyle=":",
-                label=f"{name}: held")
+    for names, u in _groups(record, lambda p: p["utilization"]):
+        steady = record["policies"][names[0]]["summary"]["steady"]
+        tag = f" (steady {100 * steady['computing']:.1f} %)" if steady["computing"] == steady["computing"] else ""
+        ax.plot(u["t_s"], [100 * x for x in u["computing"]], color=COLORS.get(names[0]), linewidth=1.4,
+                label=f"{_label(names)}: computing{tag}")
+        ax.plot(u["t_s"], [100 * x for x in u["held"]], color=COLORS.get(names[0]), linewidth=0.8, linestyle=":",
+                label=f"{_label(names)}: held")
+    steady = next(iter(record["policies"].values()))["summary"]["steady"]
+    if steady["to_s"] > steady["from_s"]:
+        ax.axvspan(steady["from_s"], steady["to_s"], color="#999999", alpha=0.12, label="steady-state window")
     ax.set_xlabel("simulated time (s)")
     ax.set_ylabel("cluster GPUs (%)")
     ax.set_ylim(0, 105)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, loc="upper right", ncol=2)
+    _legend(ax)
+
+
+def _fragmentation(ax, record: dict) -> None:
+    for names, f in _groups(record, lambda p: p.get("fragmentation") or {}):
+        if f:
+            ax.step(f["t_s"], f["largest_one_switch"], where="post", color=COLORS.get(names[0]), linewidth=1.2,
+                    label=f"{_label(names)}: mean {f['mean_largest']:.1f} GPUs")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("largest job one switch could take now (free GPUs under it)")
+    ax.grid(alpha=0.3)
+    _legend(ax)
 
 
 def _bars(ax, record: dict) -> None:
@@ -49,14 +97,17 @@ def _bars(ax, record: dict) -> None:
     ax.bar([x - 0.2 for x in xs], means, 0.4, color=[COLORS.get(n) for n in names], label="mean JCT")
     ax.bar([x + 0.2 for x in xs], queue, 0.4, color=[COLORS.get(n) for n in names], alpha=0.45, hatch="//",
            label="mean queueing delay")
+    base = record.get("baseline")
     for x, n in zip(xs, names, strict=True):
         s = record["policies"][n]["summary"]
-        ax.annotate(f"{s['circuits_changed']:,} circuits\n{s['dark_s']:.1f} s dark", (x, max(means) * 1.02),
+        change = record["policies"][n].get("against_baseline", {}).get("jct_s.mean", float("nan"))
+        vs = "baseline" if n == base else f"{change:+.1f} % JCT\\nvs {base}" if change == change else ""
+        ax.annotate(f"{vs}\n{s['circuits_changed']:,} circuits\n{s['dark_s']:.1f} s dark", (x, max(means) * 1.02),
                     ha="center", fontsize=6)
     ax.set_xticks(list(xs), names)
     ax.set_ylabel("seconds")
-    ax.set_ylim(0, max(means) * 1.25 if means else 1)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_ylim(0, max(means) * 1.45 if means else 1)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3, axis="y")
 
 
@@ -64,7 +115,7 @@ def write(out: Path, record: dict) -> list[Path]:
     plt = _plt()
     files = []
     title = record["rack"]["summary"] + "\n" + record["workload"]["description"]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    fig, axes = plt.subplots(2, 2, figsize=(15, 8.5))
     _cdf(axes[0][0], record, "jct_s", "job completion time (s, log)")
     _cdf(axes[0][1], record, "queue_s", "queueing delay (s, log above 1 s)")
     _utilization(axes[1][0], record)
@@ -76,8 +127,9 @@ def write(out: Path, record: dict) -> list[Path]:
     plt.close(fig)
     for name, draw in (("jct-cdf.png", lambda ax: _cdf(ax, record, "jct_s", "job completion time (s, log)")),
                        ("queueing-cdf.png", lambda ax: _cdf(ax, record, "queue_s", "queueing delay (s, log)")),
-                       ("utilization.png", lambda ax: _utilization(ax, record))):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+                       ("utilization.png", lambda ax: _utilization(ax, record)),
+                       ("fragmentation.png", lambda ax: _fragmentation(ax, record))):
+        fig, ax = plt.subplots(figsize=(9, 4.5))
         draw(ax)
         ax.set_title(title, fontsize=8)
         fig.tight_layout()

@@ -22,7 +22,8 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from containers.profiles import GPU_MODELS, WORKLOADS
+from containers.profiles import GPU_MODELS
+from simulator import models
 
 SIZE_WEIGHTS = (0.20, 0.20, 0.20, 0.15, 0.10, 0.08, 0.05, 0.02)  # 1, 2, 4, ..., 128 GPUs
 MODEL_WEIGHTS = (("vgg16", 0.6), ("resnet50", 0.4))
@@ -133,8 +134,10 @@ def _trace_job(path: Path, no: int, row: dict[str, str], index: int) -> JobSpec:
     gpus = positive_int(row["gpus"])
     if gpus is None:
         raise bad("gpus", f"{row['gpus']!r} is not a positive integer")
-    if row["model"] not in WORKLOADS:
-        raise bad("model", f"unknown model {row['model']!r} (known: {', '.join(sorted(WORKLOADS))})")
+    try:
+        models.check(row["model"])
+    except ValueError as e:
+        raise bad("model", str(e)) from None
     iterations, duration = 0, 0.0
     if "iterations" in row:
         iterations = positive_int(row["iterations"])

@@ -216,3 +216,40 @@ def test_seeds_give_means_with_intervals_and_the_same_seed_the_same_files(tmp_pa
         for p in rec["policies"].values():
             p["summary"].pop("wall_s")
     assert a == b
+
+
+def test_a_transformer_is_sized_from_its_parameter_count():
+    from simulator import models
+
+    small, large = models.parse("transformer:1e9"), models.parse("transformer:70e9")
+    assert small.tensor_parallel("H100", 8, 64) == 1  # 16 GB of state fits an 80 GB GPU
+    assert large.tensor_parallel("H100", 8, 64) == 8  # 1.1 TB of state: the whole server, and more
+    c = models.cost("transformer:70e9", ["H100"] * 16, 8, 2400 * 1.25e8, 100 * 1.25e8)
+    assert c.tensor_parallel == 8 and c.gradient_bytes == pytest.approx(2 * 70e9 / 8)
+    # 6 P x tokens FLOPs at 40 % of 989 TFLOPS, plus the tensor-parallel all-reduces over NVLink
+    assert min(c.compute_s) > 6 * 70e9 * models.TOKENS_PER_GPU / (989e12 * 0.4)
+    with pytest.raises(ValueError, match="parameter count"):
+        models.parse("transformer:lots")
+
+
+def test_an_nvlink_domain_keeps_a_servers_ring_off_the_nics_and_ideal_removes_shared_links():
+    from simulator.workloads import JobSpec
+
+    rack = generate(RackOptions(64, gpus_per_switch=16, models=(("H100", 1.0),)))
+    jobs = [JobSpec("j1", 0, 8, "transformer:7e9", 5), JobSpec("j2", 0, 32, "resnet50", 5)]
+    nic = Run(rack, jobs, policies(300)["fixed"], Options()).run().jobs
+    nvlink = Run(rack, jobs, policies(300)["fixed"], Options(nvlink_gbps=2400)).run().jobs
+    assert nvlink[0].mean_iteration_s < 0.5 * nic[0].mean_iteration_s  # one server: all flows over NVLink
+    # across servers a flat ring's step is as slow as its flows through the NICs: no faster
+    assert nvlink[1].mean_iteration_s == pytest.approx(nic[1].mean_iteration_s)
+    fixed = Run(rack, jobs, policies(300)["fixed"], Options()).run()
+    ideal = Run(rack, jobs, policies(300)["ideal"], Options()).run()
+    assert not any(j.shared for j in ideal.jobs)
+    assert all(b.jct_s <= a.jct_s + 1e-9 for a, b in zip(fixed.jobs, ideal.jobs, strict=True))
+
+
+def test_plots_draw_equal_curves_once_and_label_them_together():
+    from simulator.plots import _groups
+
+    record = {"policies": {"fixed": {"v": [1, 2]}, "regroup": {"v": [1, 3]}, "defrag": {"v": [1, 3]}}}
+    assert _groups(record, lambda p: p["v"]) == [(["fixed"], [1, 2]), (["regroup", "defrag"], [1, 3])]
