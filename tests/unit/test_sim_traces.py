@@ -253,3 +253,29 @@ def test_plots_draw_equal_curves_once_and_label_them_together():
 
     record = {"policies": {"fixed": {"v": [1, 2]}, "regroup": {"v": [1, 3]}, "defrag": {"v": [1, 3]}}}
     assert _groups(record, lambda p: p["v"]) == [(["fixed"], [1, 2]), (["regroup", "defrag"], [1, 3])]
+
+
+@pytest.mark.parametrize("sharing", ["maxmin", "held"])
+def test_two_rings_sharing_one_uplink_match_the_hand_computed_max_min_rate(sharing):
+    """Two 8-GPU vgg16 rings, each half under switch a1 and half under a2, start together: each ring
+    sends one flow a1 -> a2 and one back, so every uplink direction carries one flow of each. Max-min
+    gives each ring half the 100 Gbit/s uplink (its NICs could take all of it): 50 Gbit/s x efficiency."""
+    from containers.profiles import WORKLOADS, compute_seconds
+    from simulator.network import GBPS, NetParams
+    from simulator.workloads import JobSpec
+
+    rack = generate(RackOptions(32, gpus_per_switch=8, gpus_per_server=4, oversubscription=8,
+                                models=(("V100", 1.0),), spare=1.0))
+    a = tuple(f"g{i}" for i in (1, 2, 3, 4, 9, 10, 11, 12))
+    b = tuple(f"g{i}" for i in (5, 6, 7, 8, 13, 14, 15, 16))
+    jobs = [JobSpec("a", 0.0, 8, "vgg16", 50, a, "fixed"), JobSpec("b", 0.0, 8, "vgg16", 50, b, "fixed")]
+    net = NetParams(efficiency=0.9, step_latency_s=20e-6, sharing=sharing)
+    run = Run(rack, jobs, policies(300)["fixed"], Options(net=net, step_model="exact")).run()
+    rate = 0.5 * 100 * GBPS * 0.9
+    n, size = 8, WORKLOADS["vgg16"].gradient_bytes
+    by_hand = compute_seconds("vgg16", "V100") + 2 * (n - 1) * (size / n / rate + 20e-6)
+    for job in run.jobs:
+        assert job.switches == 2 and job.shared
+        assert job.mean_iteration_s == pytest.approx(by_hand, rel=0.01)
+    alone = compute_seconds("vgg16", "V100") + 2 * (n - 1) * (size / n / (2 * rate) + 20e-6)
+    assert run.jobs[0].alone_iteration_s == pytest.approx(alone, rel=1e-6)
