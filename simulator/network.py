@@ -59,24 +59,24 @@ class Fabric:
                 self.link_ids[(w.name, u.port)] = len(self.capacity)
                 self.capacity.append(u.rate_gbps * GBPS)
                 self.names.append(f"{w.name}:{u.port}->{u.peer}")
-        hops, links = next_hop_ports(rack), switch_links(rack)
-        self._routes: dict[tuple[str, str], tuple[int, ...]] = {}
-        for src in rack.switches:
-            for dst in hops.get(src, {}):
-                route, at = [], src
-                while at != dst:
-                    port = hops[at][dst]
-                    route.append(self.link_ids[(at, port)])
-                    at = next(n for n, p in links[at].items() if p == port)
-                self._routes[(src, dst)] = tuple(route)
+        self._hops, links = next_hop_ports(rack), switch_links(rack)
+        self._peer = {at: {p: n for n, p in ports.items()} for at, ports in links.items()}  # port -> neighbour
+        self._routes: dict[tuple[str, str], tuple[int, ...]] = {}  # filled as rings ask (all pairs: S^2 on big racks)
 
     def route(self, src: str, dst: str) -> tuple[int, ...]:
         if src == dst:
             return ()
-        try:
-            return self._routes[(src, dst)]
-        except KeyError:
-            raise ValueError(f"no path between switches {src} and {dst}") from None
+        key = (src, dst)
+        if key not in self._routes:
+            if dst not in self._hops.get(src, {}):
+                raise ValueError(f"no path between switches {src} and {dst}")
+            route, at = [], src
+            while at != dst:
+                port = self._hops[at][dst]
+                route.append(self.link_ids[(at, port)])
+                at = self._peer[at][port]
+            self._routes[key] = tuple(route)
+        return self._routes[key]
 
 
 @dataclass(frozen=True)
