@@ -235,8 +235,8 @@ def _workload(args, rack):
     if len(given) != 1:
         raise ValueError("give one workload: --case a|b, --trace FILE or --jobs N")
     if args.case:
-        if args.iterations < 1:
-            raise ValueError("--iterations must be at least 1")
+        if not 1 <= args.iterations <= workloads.MAX_ITERATIONS:
+            raise ValueError(f"--iterations must be between 1 and {workloads.MAX_ITERATIONS:,}, not {args.iterations:,}")
         jobs = workloads.paper_case(args.case, args.iterations)
         missing = sorted({g for j in jobs for g in j.names} - set(rack.gpus))
         if missing:
@@ -385,7 +385,7 @@ def main(args) -> int:
             raise ValueError("--seeds must be at least 1, and more than 1 only with --jobs (synthetic jobs)")
         if not 0 <= args.nvlink_gbps < float("inf"):
             raise ValueError(f"--nvlink-gbps must be 0 (none) or a positive rate, not {args.nvlink_gbps:g}")
-        if args.defrag_interval <= 0:
+        if not 0 < args.defrag_interval < float("inf"):
             raise ValueError("--defrag-interval must be positive")
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"--out {args.out} is a file, not a folder")

@@ -70,7 +70,9 @@ def test_jobs_alone_on_the_fabric_keep_their_recorded_durations(path):
 def test_jobs_larger_than_the_rack_are_skipped_and_counted_or_refused_with_strict():
     jobs = traces.load(PHILLY).jobs
     kept = fit(jobs, 32, {"V100"})
-    assert [j.gpus for j in kept.jobs] == [4, 2, 1, 16] and len(kept.skipped) == 1
+    assert [j.gpus for j in kept.jobs] == [4, 2, 1, 16] and len(kept.skipped) == 1 and kept.types_dropped == 0
+    pai = fit(traces.load(PAI).jobs, 32, {"A100"})  # the rack has no V100: such requests take any GPU, counted
+    assert pai.types_dropped == 2 and not any(j.gpu_model for j in pai.jobs)
     assert "40 GPUs asked for; the rack has 32" in kept.skipped[0]
     with pytest.raises(TraceError, match="--strict"):
         fit(jobs, 32, {"V100"}, strict=True)
@@ -127,6 +129,8 @@ def _bytes(tmp_path, name, data: bytes) -> str:
         (["--gpus", "100", "--jobs", "3"], "try --gpus 96"),
         (["--gpus", "65536", "--gpus-per-switch", "32", "--ocs-ports", "1024", "--jobs", "3"], "raise --ocs-ports"),
         (["--gpus", "32", "--trace", "BIN"], "BIN: a binary file"),
+        (["--case", "a", "--iterations", "1000000000000"], "--iterations must be between 1 and 100,000,000"),
+        (["--gpus", "64", "--jobs", "3", "--defrag-interval", "nan"], "--defrag-interval must be positive"),
         (["--gpus", "32", "--trace", "LATIN1"], "LATIN1: line 2: not UTF-8"),
         (["--gpus", "32", "--trace", "SQUARE"], "SQUARE: line 2: gpus: '\u00b2' is not a positive integer"),
         (["--gpus", "32", "--trace", "HUGE"], "HUGE: line 2: iterations: 1,000,000,000,000 is more than"),
