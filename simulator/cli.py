@@ -236,7 +236,9 @@ def _workload(args, rack):
         raise ValueError("give one workload: --case a|b, --trace FILE or --jobs N")
     if args.case:
         if not 1 <= args.iterations <= workloads.MAX_ITERATIONS:
-            raise ValueError(f"--iterations must be between 1 and {workloads.MAX_ITERATIONS:,}, not {args.iterations:,}")
+            raise ValueError(
+                f"--iterations must be between 1 and {workloads.MAX_ITERATIONS:,}, not {args.iterations:,}"
+            )
         jobs = workloads.paper_case(args.case, args.iterations)
         missing = sorted({g for j in jobs for g in j.names} - set(rack.gpus))
         if missing:
