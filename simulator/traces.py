@@ -5,9 +5,10 @@ Formats (the column names are those the trace projects publish):
   `submitted_time` and `attempts` (each attempt `start_time`, `end_time` and `detail`, a list of
   machines with their `gpus`); times "YYYY-MM-DD HH:MM:SS". A job's GPUs: its first attempt's;
   its run time: from its first attempt's start to its last attempt's end.
-- helios: S-Lab-System-Group/HeliosData's `cluster_log.csv` (and Acme's, which has the same job
-  columns): `job_id`, `gpu_num`, `submit_time` and `duration` (seconds) are used; jobs of 0 GPUs
-  (CPU jobs) are left out and counted.
+- helios: S-Lab-System-Group/HeliosData's `cluster_log.csv`, and Acme's `trace_seren.csv` and
+  `trace_kalos.csv` (InternLM/AcmeTrace), which name the same job columns: `job_id`, `gpu_num`,
+  `submit_time` and `duration` (seconds) are used; jobs of 0 GPUs (CPU jobs) and jobs with no
+  duration are left out and counted.
 - pai: alibaba/clusterdata's cluster-trace-gpu-v2020 `pai_task_table.csv` (headerless upstream:
   job_name, task_name, inst_num, status, start_time, end_time, plan_cpu, plan_mem, plan_gpu,
   gpu_type), with the job table `pai_job_table.csv` (job_name, inst_id, user, status,
@@ -61,7 +62,7 @@ def detect(path: Path) -> str:
     if head.startswith("["):
         return "philly"
     first = head.splitlines()[0] if head else ""
-    if "gpu_num" in first and "submit_time" in first:
+    if "gpu_num" in first and "submit_time" in first:  # Helios' and Acme's job logs
         return "helios"
     return "csv"
 
@@ -159,7 +160,7 @@ def helios(path: Path, model: str) -> Imported:
         if gpus < 1:
             left["no GPU (CPU jobs)"] += 1
             continue
-        if _number(path, no, row, "duration") <= 0:
+        if not row["duration"] or _number(path, no, row, "duration") <= 0:
             left["no run time"] += 1
             continue
         duration = check_duration(row["duration"], lambda p, w=where: TraceError(f"{path}: {w}: duration: {p}"))

@@ -37,6 +37,13 @@ def test_a_helios_cluster_log_imports_and_leaves_out_cpu_jobs():
     assert imported.left_out == {"no GPU (CPU jobs)": 1}
 
 
+def test_an_acme_job_trace_imports_as_helios_does():
+    imported = traces.load(DATA / "acme_trace_kalos.csv")
+    assert imported.fmt == "helios"
+    assert [(j.arrival_s, j.gpus, j.duration_s) for j in imported.jobs] == [(0, 64, 7200), (600, 8, 18)]
+    assert imported.left_out == {"no GPU (CPU jobs)": 1, "no run time": 1}
+
+
 def test_a_pai_task_table_imports_with_its_job_table_and_gpu_types():
     imported = traces.load(PAI)
     assert imported.fmt == "pai"
