@@ -21,7 +21,7 @@ from controller.config import conf
 from controller.core import defrag
 from controller.core import placement as policy
 from controller.core.circuits import CircuitDiff, CircuitMap, displaced
-from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, Job, JobRequest, JobTable
+from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, Job, JobRequest, JobTable, transition
 from controller.core.occupancy import Occupancy
 from controller.core.rack import PortRef
 from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer
@@ -194,7 +194,7 @@ class PlacementApp(app_manager.RyuApp):
             job.id = f"job-{next(self._ids)}"
             self.jobs[job.id] = job
             if p is None:
-                job.state, job.note = QUEUED, f"waiting: {wait}"
+                transition(job, QUEUED, note=f"waiting: {wait}")
                 self.queue.append(job.id)
                 self._number_queue()
                 self.save(job)
@@ -204,7 +204,7 @@ class PlacementApp(app_manager.RyuApp):
         return job
 
     def _admit_job(self, job: Job, p: policy.Plan) -> None:
-        job.state, job.gpus, job.switches, job.note = "pending", list(p.gpus), list(p.switches), p.note
+        transition(job, "pending", gpus=list(p.gpus), switches=list(p.switches), note=p.note)
         self.save()
         LOG.info(
             "%s admitted: %d GPUs %s, policy %s; %s",
@@ -214,7 +214,7 @@ class PlacementApp(app_manager.RyuApp):
             job.request["policy"],
             p.note,
         )
-        hub.spawn(self._run, job)
+        hub.spawn(self._run, job, p)
 
     def _number_queue(self) -> None:
         for i, job_id in enumerate(self.queue):
@@ -232,7 +232,7 @@ class PlacementApp(app_manager.RyuApp):
                     break
                 except policy.PlacementError as e:  # the rack changed under it: it can never run
                     self.queue.popleft()
-                    job.state, job.reason, job.ended_at, job.position = "failed", str(e), self.ctx.clock(), None
+                    transition(job, "failed", reason=str(e), ended_at=self.ctx.clock(), position=None)
                     self.save(job)
                     continue
                 self.queue.popleft()
@@ -263,17 +263,17 @@ class PlacementApp(app_manager.RyuApp):
                 )
             )
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job, admitted: policy.Plan | None = None) -> None:
         """The job's thread. Every way out ends the job: running on, done, or failed with the reason."""
         placed: dict = {}  # what the placement changed, for the undo
         try:
             with self.admission:
-                job.state = "configuring"
+                transition(job, "configuring")
                 self.save()
-                self._place(job, placed)
+                self._place(job, placed, admitted)
                 job.circuits = self._circuits_of(job)
             self._start_containers(job)
-            job.state, job.started_at = "running", self.ctx.clock()
+            transition(job, "running", started_at=self.ctx.clock())
             self.save()
         except Exception as e:  # noqa: BLE001 (the edge: whatever a step raised, the job fails with it)
             self._fail(job, _reason(e), placed.get("diff"), e)
@@ -281,7 +281,7 @@ class PlacementApp(app_manager.RyuApp):
         LOG.info("%s running on %s (switches %s)", job.id, ",".join(job.gpus), ",".join(job.switches))
         self._watch(job)
 
-    def _place(self, job: Job, placed: dict) -> None:
+    def _place(self, job: Job, placed: dict, admitted: policy.Plan | None = None) -> None:
         """Plan the job's circuits from the map the reconfiguration lock protects, and apply them."""
         decided: dict = {}
 
@@ -301,8 +301,10 @@ class PlacementApp(app_manager.RyuApp):
         if ev is not None:
             placed["diff"] = decided["diff"]
             job.events.append(ev.id)
-        p = decided["plan"]  # the note made at admission (which GPUs, and why) stands
+        p = decided["plan"]  # the admission's note (which GPUs, and why) for the placement that stands
         job.gpus, job.switches = list(p.gpus), list(p.switches)
+        if admitted is not None:
+            job.note = policy.restated(admitted, p)
 
     def _note(self, job: Job, diff: CircuitDiff) -> str:
         """What the event should say: the idle GPUs whose circuits the job took (no free port was left)."""
@@ -415,7 +417,7 @@ class PlacementApp(app_manager.RyuApp):
         """Keep the workers' last lines, remove the containers, record the final state. Never raises."""
         _attempt(job, "keeping the workers' logs", self._keep_logs, job)
         _attempt(job, "removing the containers", self._remove_containers, job)
-        job.state, job.reason, job.ended_at = state, reason, self.ctx.clock()
+        transition(job, state, reason=reason, ended_at=self.ctx.clock())
         _attempt(job, "saving the job", self.save, job)
         _attempt(job, "starting queued jobs", self._drain_queue)  # its GPUs are free
 
@@ -531,12 +533,7 @@ class PlacementApp(app_manager.RyuApp):
         if job.state == QUEUED:
             with self._admit:
                 self.queue.remove(job_id)
-                job.state, job.reason, job.ended_at, job.position = (
-                    "stopped",
-                    "stopped while queued",
-                    self.ctx.clock(),
-                    None,
-                )
+                transition(job, "stopped", reason="stopped while queued", ended_at=self.ctx.clock(), position=None)
                 self._number_queue()
                 self.save(job)
             self._drain_queue()  # the next one may fit now
@@ -545,7 +542,7 @@ class PlacementApp(app_manager.RyuApp):
             return job
         if job.state != "running":
             raise Conflict(f"{job_id} is {job.state}; stop it once it runs")
-        job.state, job.reason = "stopped", "stopped by request"
+        transition(job, "stopped", reason="stopped by request")
         for gpu in job.gpus:
             self._kill(job, gpu)
         hub.joinall(self._threads.get(job.id, []))
@@ -685,7 +682,12 @@ class PlacementApp(app_manager.RyuApp):
     def _recover(self) -> None:
         """After a restart: follow running jobs whose workers are all still there, on every engine;
         fail the others; then remove what is left of jobs that are over."""
-        for job in list(self.jobs.values()):
+        # The states found at start: ending one job drains the queue, which admits queued jobs that must not be
+        # taken for jobs the restart interrupted.
+        found = [(job, job.state) for job in self.jobs.values() if job.state in ACTIVE]
+        for job, state in found:
+            if job.state != state:
+                continue
             if job.state == "running":
                 present = self._present(job)
                 if set(present) == set(job.gpus):

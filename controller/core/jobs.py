@@ -20,6 +20,42 @@ from containers.profiles import WORKLOADS
 ACTIVE = ("pending", "configuring", "running")  # these hold GPUs
 QUEUED = "queued"
 TERMINAL = ("done", "failed", "stopped")
+NEW = "new"  # a job being submitted: admitted (pending) or queued before anyone can read it
+
+# Every state change a job may make, and the only place one is allowed: `transition` checks it.
+TRANSITIONS: dict[str, frozenset[str]] = {
+    NEW: frozenset({QUEUED, "pending"}),
+    QUEUED: frozenset({"pending", "failed", "stopped"}),  # failed: the rack changed so it can never run
+    "pending": frozenset({"configuring", "failed"}),  # failed: e.g. the controller restarted before it ran
+    "configuring": frozenset({"running", "failed"}),
+    "running": frozenset({"done", "failed", "stopped"}),
+    # A stop marks the job stopped first (so the threads following its workers see it is over), then ends it.
+    "stopped": frozenset({"stopped"}),
+    "done": frozenset(),
+    "failed": frozenset(),
+}
+# Observers of every transition made (from, to): tests use it to compare what they exercised with the table.
+OBSERVERS: list = []
+
+
+class IllegalTransition(RuntimeError):
+    """A state change the table does not allow: a bug in the caller, never a user's error."""
+
+
+def transition(job: Job, to: str, **fields) -> None:
+    """Move `job` to state `to` (and set `fields`, e.g. reason, ended_at) if the table allows it; else raise
+    IllegalTransition and change nothing."""
+    if to not in TRANSITIONS.get(job.state, ()):
+        raise IllegalTransition(f"{job.id or 'a new job'}: {job.state} -> {to} is not a job transition")
+    for name in fields:
+        if not hasattr(job, name) or name == "state":
+            raise AttributeError(f"a job has no field {name!r} to set in a transition")
+    before = job.state
+    job.state = to
+    for name, value in fields.items():
+        setattr(job, name, value)
+    for observe in OBSERVERS:
+        observe(before, to)
 
 
 class Workload(BaseModel):
@@ -63,7 +99,7 @@ class JobRequest(BaseModel):
 class Job:
     id: str
     request: dict
-    state: str = "pending"
+    state: str = NEW
     reason: str | None = None
     gpus: list[str] = field(default_factory=list)  # rank order
     switches: list[str] = field(default_factory=list)

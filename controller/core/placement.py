@@ -515,13 +515,28 @@ def _count_note(
         why = f"one model; of the models with {len(p.gpus)} free, the fewest switches, then fastest ({pace})"
     else:
         why = f"one model ({pace})"
+    return f"{got}: {why}; {where_note(p)}"
+
+
+def where_note(p: Plan) -> str:
+    """The end of a placement's note: where its GPUs are and how many circuits that changes."""
     where = (
         f"under {p.switches[0]}"
         if len(p.switches) == 1
         else f"no single aggregator switch has room for {len(p.gpus)} GPUs; spread over {len(p.switches)}: "
         f"{', '.join(p.switches)}"
     )
-    return f"{got}: {why}; {where} ({p.changes} circuit changes)"
+    return f"{where} ({p.changes} circuit changes)"
+
+
+def restated(admitted: Plan, applied: Plan) -> str:
+    """The admission's note for the placement that stands. A job is admitted with one plan and placed with another,
+    made again under the reconfiguration lock from the circuits as they are then: the GPUs and why they were chosen
+    stay, where they are and what it changed come from the plan applied."""
+    tail = where_note(admitted)
+    if admitted.note.endswith(tail):
+        return admitted.note[: -len(tail)] + where_note(applied)
+    return applied.note
 
 
 def plan_regroup(occ: Occupancy, gpus: Sequence[str]) -> Plan:

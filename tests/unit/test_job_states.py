@@ -1,0 +1,134 @@
+"""A job's states as one table (controller/core/jobs.py TRANSITIONS): every state change goes through `transition`,
+an illegal one raises and changes nothing, and the job's life on the placement app (fake switches and engines) makes
+exactly the table's transitions, no more and no fewer."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.core import jobs as core
+from controller.core import placement as policy
+from controller.core.jobs import NEW, TRANSITIONS, IllegalTransition, Job, transition
+from tests.unit.fakes import FakeDriver, wait_until
+from tests.unit.test_jobs import finished, make, req
+
+STATES = set(TRANSITIONS)
+EDGES = {(a, b) for a, tos in TRANSITIONS.items() for b in tos}
+
+
+def test_the_table_covers_every_state_and_ends_only_in_terminal_ones():
+    assert STATES == {NEW, core.QUEUED, *core.ACTIVE, *core.TERMINAL}
+    assert all(b in STATES for _, b in EDGES)
+    assert {s for s, tos in TRANSITIONS.items() if not tos} == {"done", "failed"}
+    assert not any(b == NEW for _, b in EDGES)  # nothing goes back to being submitted
+
+
+@pytest.mark.parametrize(("a", "b"), sorted((a, b) for a in STATES for b in STATES if (a, b) not in EDGES))
+def test_an_illegal_transition_raises_and_changes_nothing(a, b):
+    job = Job(id="job-7", request={}, state=a, reason="before")
+    with pytest.raises(IllegalTransition, match=f"job-7: {a} -> {b} is not a job transition"):
+        transition(job, b, reason="after")
+    assert job.state == a and job.reason == "before"
+
+
+def test_a_transition_sets_its_fields_with_the_state_and_refuses_unknown_ones():
+    job = Job(id="job-1", request={})
+    assert job.state == NEW
+    transition(job, "pending", gpus=["gpu1"], note="n")
+    assert (job.state, job.gpus, job.note) == ("pending", ["gpu1"], "n")
+    with pytest.raises(AttributeError, match="no field 'colour'"):
+        transition(job, "configuring", colour="red")
+    assert job.state == "pending"
+
+
+@pytest.fixture
+def seen():
+    made: list[tuple[str, str]] = []
+    core.OBSERVERS.append(lambda a, b: made.append((a, b)))
+    yield made
+    core.OBSERVERS.pop()
+
+
+def test_the_lifecycle_makes_exactly_the_tables_transitions(tmp_path, seen, monkeypatch):
+    # new -> pending -> configuring -> running -> done
+    ctx, placement, _ = make(tmp_path / "a", FakeDriver())
+    job = placement.submit(req(gpus=["gpu1", "gpu2"], policy="regroup"))
+    wait_until(finished(placement, job.id))
+    assert job.state == "done", job.reason
+
+    # new -> queued -> pending (drained when the first job ends); queued -> stopped; running -> stopped -> stopped
+    ctx, placement, _ = make(tmp_path / "b", FakeDriver(block=True))
+    first = placement.submit(req(gpus=6))
+    wait_until(lambda: first.state == "running")
+    waiting, dropped = placement.submit(req(gpus=2)), placement.submit(req(gpus=2))
+    assert (waiting.state, dropped.state) == ("queued", "queued")
+    placement.stop_job(dropped.id)
+    placement.stop_job(first.id)
+    wait_until(lambda: waiting.state == "running", what="the queued job to start")
+    placement.stop_job(waiting.id)
+    assert (first.state, dropped.state, waiting.state) == ("stopped", "stopped", "stopped")
+
+    # configuring -> failed (a container does not start); running -> failed (a worker exits with an error)
+    ctx, placement, _ = make(tmp_path / "c", FakeDriver(fail_start_on="gpu2"))
+    bad = placement.submit(req(gpus=["gpu1", "gpu2"], policy="fixed"))
+    wait_until(finished(placement, bad.id))
+    ctx, placement, _ = make(tmp_path / "d", FakeDriver(exit_codes={"gpu2": 3}))
+    crash = placement.submit(req(gpus=["gpu1", "gpu2"], policy="fixed"))
+    wait_until(finished(placement, crash.id))
+    assert (bad.state, crash.state) == ("failed", "failed")
+
+    # pending -> failed: the controller restarts before the job is configured
+    ctx, placement, _ = make(tmp_path / "e", FakeDriver(block=True))
+    placement.admission.acquire()  # another job's reconfiguration holds it: this one stays pending
+    held = placement.submit(req(gpus=2))
+    assert held.state == "pending"
+    _, placement2, _ = make(tmp_path / "e", FakeDriver(block=True))
+    assert placement2.get(held.id).state == "failed" and "while the job was pending" in placement2.get(held.id).reason
+
+    # queued -> failed: the rack changed so that the queued job can never run
+    ctx, placement, _ = make(tmp_path / "f", FakeDriver(block=True))
+    first = placement.submit(req(gpus=6))
+    wait_until(lambda: first.state == "running")
+    doomed = placement.submit(req(gpus=2))
+    assert doomed.state == "queued"
+
+    def never(*a, **k):
+        raise policy.PlacementError("gpus: no GPU of model Z80 in this rack")
+
+    monkeypatch.setattr(policy, "plan", never)
+    placement.stop_job(first.id)
+    assert doomed.state == "failed" and "Z80" in doomed.reason
+
+    extra, never = set(seen) - EDGES, EDGES - set(seen)
+    assert not extra and not never, f"exercised but not in the table: {extra}; never exercised: {never}"
+
+
+def test_each_job_record_describes_the_placement_it_holds(tmp_path):
+    """Jobs submitted together are admitted from one picture of the rack and placed one after the other, each
+    planned again from the circuits as they are then: each record's note, switches, GPUs and circuits must
+    describe the placement that stood."""
+    ctx, placement, _ = make(tmp_path, FakeDriver(block=True))
+    jobs = [placement.submit(req(gpus=n, policy="regroup")) for n in (2, 2, 2)]
+    wait_until(lambda: all(j.state == "running" for j in jobs), what="the three jobs to run")
+    where = ctx.circuits.gpu_locations(ctx.rack)
+    for job in jobs:
+        switches = sorted({where[g][0] for g in job.gpus})
+        assert sorted(job.switches) == switches, job.id
+        if len(switches) == 1:
+            assert f"under {switches[0]} (" in job.note, (job.id, job.note, switches)
+        else:
+            assert f"spread over {len(switches)}: {', '.join(job.switches)}" in job.note, (job.id, job.note)
+        circuits = {frozenset(map(str, c)) for c in ctx.circuits.circuits}
+        assert {frozenset(c) for c in job.circuits} <= circuits
+        assert {c[0] for c in job.circuits} == {str(ctx.rack.gpu_port(g)) for g in job.gpus}
+    for job in jobs:
+        placement.stop_job(job.id)
+
+
+def test_the_note_is_restated_for_the_plan_that_stood():
+    why = "2 x M40: one model (0.2 s); "
+    admitted = policy.Plan(("gpu1", "gpu2"), ("s1",), (), (), why + "under s1 (0 circuit changes)")
+    applied = policy.Plan(("gpu1", "gpu2"), ("s2",), (), (), "under one switch (0 circuit changes)")
+    assert policy.restated(admitted, applied) == "2 x M40: one model (0.2 s); under s2 (0 circuit changes)"
+    named = policy.Plan(("gpu1",), ("s1",), (), (), "under one switch (0 circuit changes)")
+    assert policy.restated(named, applied) == applied.note
