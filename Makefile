@@ -29,7 +29,7 @@ setup:
 	@bash scripts/setup.sh
 
 lint: setup
-	$(VENV)/bin/ruff check --no-cache controller emulation containers simulator scripts tests
+	$(VENV)/bin/ruff check --no-cache controller emulation containers profiles simulator scripts tests
 
 test: setup lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -70,8 +70,11 @@ def base_inputs() -> str:
 
 
 def worker_inputs(base_id: str) -> str:
-    files = sorted(p for p in HERE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    return _digest(base_id.encode(), *(str(p.relative_to(HERE)).encode() + p.read_bytes() for p in files))
+    root = HERE.parent  # the build context: containers/ and the profiles it shares with the controller
+    files = sorted(
+        p for d in (HERE, root / "profiles") for p in d.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    )
+    return _digest(base_id.encode(), *(str(p.relative_to(root)).encode() + p.read_bytes() for p in files))
 
 
 def debian_mirror() -> str:

@@ -2,7 +2,7 @@
 
 Two modes:
   profile  the gradient size and the per-iteration compute time come from the profile table
-           (containers/profiles.py) for the workload and this GPU's model; sizes are scaled by
+           (profiles/__init__.py) for the workload and this GPU's model; sizes are scaled by
            the rack's rate scale, compute times are not. On a real GPU the compute phase keeps
            the GPU computing (chained matrix products) for that time, so NVML reads what a
            training step would; on an emulated GPU it is waited out. The all-reduce is real
@@ -32,7 +32,7 @@ import sys
 import time
 from datetime import timedelta
 
-from containers.profiles import GPU_MODELS, WORKLOADS, compute_seconds
+from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 
 
 def emit(record: dict) -> None:

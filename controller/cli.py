@@ -5,9 +5,11 @@ import argparse
 import json
 import sys
 import time
+from importlib.metadata import entry_points
 
 from controller.client import ApiError, Client, find_token
 from controller.config import DEFAULT_RACK
+from controller.core.emulated import emulated_rack_name
 from controller.core.rack import RackError, load_rack
 
 
@@ -51,10 +53,7 @@ def _rack_check(args) -> int:
 
 def _emulated_here(name: str) -> bool:
     """Whether this host's emulated rack of that name is up (its GPUs are emulated)."""
-    from emulation.rack import RackState
-
-    state = RackState.load()
-    return state is not None and state.name == name
+    return emulated_rack_name() == name
 
 
 def _client(args) -> Client:
@@ -430,9 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, metavar="N", help="apply the dry-run plan made from circuit-map version N")
     p.set_defaults(func=_regroup)
 
-    from simulator.cli import add_parser as add_simulate  # runs offline: no controller needed
-
-    add_simulate(sub)
+    # Commands of other packages (`optirack simulate`: the simulator, offline) register themselves under the entry
+    # point group optirack.commands, so the controller imports none of them.
+    for ep in sorted(entry_points(group="optirack.commands"), key=lambda e: e.name):
+        ep.load()(sub)
     return parser
 
 

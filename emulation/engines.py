@@ -19,13 +19,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.core.emulated import RUN_DIR
 from controller.core.rack import Rack, RackError
 from emulation import netns as ns
 from emulation import pki
 from emulation.plan import netns_of
 
 CACHE_DIR = Path(os.environ.get("OPTIRACK_CACHE_DIR", "/var/lib/optirack"))
-RUN_DIR = Path(os.environ.get("OPTIRACK_RUN_DIR", "/run/optirack"))
 BRIDGE = "optirack-mgmt"
 LEG_IFNAME = "mgmt0"  # a server's end of its management leg
 STOP_TIMEOUT = 30.0

@@ -16,13 +16,13 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
+from controller.core.emulated import RUN_DIR, STATE_FILE
 from controller.core.rack import Rack
 from emulation import engines, nics, ovs, registry
 from emulation import netns as ns
 from emulation.plan import NETNS_PREFIX, netns_of, nic_plans
 from emulation.topo import RackTopo, check_emulable, downlink_patches, port_mtus
 
-RUN_DIR = Path(os.environ.get("OPTIRACK_RUN_DIR", "/run/optirack"))
 CONTAINER_LABEL = "org.optirack.rack"
 CIRCUIT_COOKIE = "0x0c"  # flows the rack itself installs for the starting circuits
 
@@ -47,7 +47,7 @@ class RackState:
 
     @staticmethod
     def path() -> Path:
-        return RUN_DIR / "rack.json"
+        return RUN_DIR / STATE_FILE
 
     def save(self) -> None:
         RUN_DIR.mkdir(parents=True, exist_ok=True)

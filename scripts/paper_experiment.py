@@ -39,6 +39,7 @@ import yaml
 from controller.core.rack import load_rack
 from emulation.calibrate import Calibration, calibrate
 from emulation.harness import ROOT, Testbed
+from simulator.cases import CASES, Case
 
 PAPER_RACK = ROOT / "topologies" / "paper-testbed.yaml"
 # The rack file's starting cabling: srv1 and srv2 under as1, srv3 and srv4 under as2.
@@ -51,22 +52,6 @@ PAPER = {  # Yan et al., OFC 2022, section 3
 }
 MAX_SPREAD_PP = 10.0  # what the issue asks of every figure's spread over the repeats
 RATE_HALVINGS = 2  # how many times the rates may be halved when the host cannot carry them
-
-
-@dataclass
-class Case:
-    name: str
-    concern: list[str]  # the job the paper reports (red)
-    other: list[str]  # the job running beside it (blue)
-    label: str = ""
-
-
-CASES = {
-    # With the starting cabling, red's GPUs sit 2 + 2 (case a) or 2 + 1 (case b) under the two
-    # switches and blue's 1 + 1 or 1 + 2: both rings cross the uplink, as in the paper's Fig. 3.
-    "a": Case("a", ["gpu1", "gpu2", "gpu3", "gpu4"], ["gpu5", "gpu6"], "jobs of 4 and 2 GPUs"),
-    "b": Case("b", ["gpu1", "gpu2", "gpu3"], ["gpu5", "gpu6", "gpu4"], "jobs of 3 and 3 GPUs"),
-}
 
 
 @dataclass

@@ -8,8 +8,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from containers.profiles import WORKLOADS, compute_seconds
 from controller.core.rack import RackError
+from profiles import WORKLOADS, compute_seconds
 from simulator import calibration, engine, models, racks, report, traces, workloads
 from simulator.interference import Limits
 from simulator.network import GBPS, SHARINGS

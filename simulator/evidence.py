@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from containers.profiles import WORKLOADS, compute_seconds
+from profiles import WORKLOADS, compute_seconds
 from simulator import calibration, fidelity
 from simulator.workloads import paper_case
 

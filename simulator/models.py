@@ -1,4 +1,4 @@
-"""What one iteration of a simulated job costs: the CNN profiles of containers/profiles.py, or
+"""What one iteration of a simulated job costs: the CNN profiles of profiles/__init__.py, or
 transformer training sized from a parameter count.
 
 A transformer workload is named `transformer:<parameters>`, e.g. `transformer:7e9`. From the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from containers.profiles import GPU_MODELS, WORKLOADS, compute_seconds
+from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 
 TOKENS_PER_GPU = 16_384  # per iteration: e.g. 8 sequences of 2,048 tokens (assumed)
 MFU = 0.4  # model FLOPs utilization (assumed; large trainings report 0.35-0.55)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from containers.profiles import GPU_MODELS
 from controller.core.rack import MAX_PORTS, Rack, RackError, load_rack, parse_rack
 from controller.core.rackgen import rack_spec
+from profiles import GPU_MODELS
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from containers.profiles import GPU_MODELS
+from profiles import GPU_MODELS
 from simulator.workloads import JobSpec, TraceError, check_duration, read_text
 
 FORMATS = ("csv", "philly", "helios", "pai")

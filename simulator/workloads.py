@@ -4,7 +4,7 @@ Synthetic jobs (`synthetic`), all drawn from one seeded generator:
 - arrivals: a Poisson process whose rate offers `load` x the cluster's GPUs in GPU-seconds
   (each job's GPU-seconds estimated as GPUs x iterations x its iteration time alone under one switch);
 - sizes: 2^k GPUs, k = 0..7 (1 to 128 GPUs) with weights SIZE_WEIGHTS, never more than the rack has;
-- models: vgg16 or resnet50 with weights MODEL_WEIGHTS (profiles in containers/profiles.py);
+- models: vgg16 or resnet50 with weights MODEL_WEIGHTS (profiles in profiles/__init__.py);
 - iterations: log-uniform between ITERATIONS[0] and ITERATIONS[1].
 
 A CSV trace has a header naming its columns, one job per line; `#` starts a comment. Columns:
@@ -15,15 +15,14 @@ Public traces (Philly, Helios/Acme, Alibaba PAI 2020) are read by simulator/trac
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import random
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from containers.profiles import GPU_MODELS
+from profiles import GPU_MODELS
 from simulator import models
+from simulator.cases import CASES
 
 SIZE_WEIGHTS = (0.20, 0.20, 0.20, 0.15, 0.10, 0.08, 0.05, 0.02)  # 1, 2, 4, ..., 128 GPUs
 MODEL_WEIGHTS = (("vgg16", 0.6), ("resnet50", 0.4))
@@ -45,7 +44,7 @@ class JobSpec:
     id: str
     arrival_s: float
     gpus: int
-    model: str  # a workload of containers/profiles.py
+    model: str  # a workload of profiles/__init__.py
     iterations: int
     names: tuple[str, ...] = ()  # the GPUs it asks for by name (the paper's cases), else any
     policy: str = ""  # a placement policy it keeps whatever the run's (the paper's job beside)
@@ -219,29 +218,12 @@ def synthetic(jobs: int, seed: int, rack_gpus: int, iteration_s: dict[str, float
     return out
 
 
-def _demo():
-    """scripts/paper_experiment.py, imported as a module, or loaded from this checkout when `scripts`
-    is not importable (the console script does not run from the repository)."""
-    try:
-        import scripts.paper_experiment as demo
-    except ModuleNotFoundError:
-        path = Path(__file__).resolve().parents[1] / "scripts" / "paper_experiment.py"
-        spec = importlib.util.spec_from_file_location("optirack_paper_experiment", path)
-        if spec is None or not path.exists():
-            raise RuntimeError(f"--case needs the demo's definition of the cases, {path}, which is missing") from None
-        demo = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = demo  # dataclasses look their module up there
-        spec.loader.exec_module(demo)
-    return demo
-
-
 def paper_case(name: str, iterations: int = 60, model: str = "vgg16", beside_factor: int = 20) -> list[JobSpec]:
     """The demo's case: its job of concern and the job beside it, both at t = 0, named GPUs.
 
     The job beside runs `beside_factor` times as many iterations, so that it runs for the job of
     concern's whole run, as in scripts/paper_experiment.py (which stops it when the first ends).
     """
-    CASES = _demo().CASES  # the demo's own definition of the cases
     if name not in CASES:
         raise ValueError(f"--case: unknown case {name!r} (cases: {', '.join(CASES)})")
     case = CASES[name]

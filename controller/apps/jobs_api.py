@@ -5,8 +5,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ryu.app.wsgi import route
 
 from controller.apps.context import Conflict
-from controller.apps.placement import LOG_LINES, UnknownJob
-from controller.apps.rest import (
+from controller.apps.http import (
     PREFIX,
     ApiError,
     OptirackController,
@@ -16,6 +15,7 @@ from controller.apps.rest import (
     path_text,
     read_json,
 )
+from controller.apps.placement import LOG_LINES, UnknownJob
 from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, JobRequest
 from controller.core.placement import InvalidRequest, PlacementError
 

@@ -4,17 +4,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from controller.core.cabling import CircuitError, check_circuits  # noqa: F401 (the circuits' names)
 from controller.core.rack import PortRef, Rack, _port_ref
 
 Circuit = tuple[PortRef, PortRef]  # always (lower, higher)
-
-
-class CircuitError(ValueError):
-    """A circuit request that cannot be applied; `field` names the offending part."""
-
-    def __init__(self, field: str, problem: str):
-        self.field, self.problem = field, problem
-        super().__init__(f"{field}: {problem}")
 
 
 def normalize(a: PortRef, b: PortRef) -> Circuit:
@@ -118,32 +111,6 @@ def displaced(rack: Rack, diff: CircuitDiff, own: Iterable[str]) -> list[str]:
             if ep is not None and ep.kind == "gpu" and ep.name not in own:
                 lines.append(f"moved {ep.name}'s circuit {a}-{b}")
     return lines
-
-
-def check_circuits(rack: Rack, pairs: list[tuple[PortRef, PortRef]], field: str = "circuits") -> None:
-    """Raise CircuitError unless every pair joins a GPU NIC and a switch downlink of equal rate on one OCS."""
-    used: dict[PortRef, int] = {}
-    for i, (a, b) in enumerate(pairs):
-        where = f"{field}[{i}]"
-        for ref in (a, b):
-            ocs = rack.ocs.get(ref.device)
-            if ocs is None:
-                raise CircuitError(where, f"{ref}: no OCS named {ref.device!r}")
-            if ref.port > ocs.ports:
-                raise CircuitError(where, f"{ref}: OCS {ref.device} has only {ocs.ports} ports")
-            if ref not in rack.endpoints:
-                raise CircuitError(where, f"{ref}: nothing is cabled to this OCS port")
-            if ref in used:
-                raise CircuitError(where, f"{ref} is already used by {field}[{used[ref]}]")
-            used[ref] = i
-        if a.device != b.device:
-            raise CircuitError(where, f"{a} and {b} are on different OCS")
-        ea, eb = rack.endpoints[a], rack.endpoints[b]
-        if {ea.kind, eb.kind} != {"gpu", "switch"}:
-            kinds = " to ".join("GPU NIC" if e.kind == "gpu" else "switch port" for e in (ea, eb))
-            raise CircuitError(where, f"{a} - {b} would join {kinds}; a circuit joins a GPU NIC and a switch downlink")
-        if ea.rate_gbps != eb.rate_gbps:
-            raise CircuitError(where, f"{a} runs at {ea.rate_gbps:g} Gbit/s and {b} at {eb.rate_gbps:g} Gbit/s")
 
 
 class Changes:

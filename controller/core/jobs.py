@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from containers.profiles import WORKLOADS
+from profiles import WORKLOADS
 
 ACTIVE = ("pending", "configuring", "running")  # these hold GPUs
 QUEUED = "queued"
@@ -61,7 +61,7 @@ def transition(job: Job, to: str, **fields) -> None:
 class Workload(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as the OpenAPI document says: no "5" for 5
     mode: Literal["profile", "real"] = "profile"
-    model: str = Field("vgg16", description="profile mode's workload (containers/profiles.py)")
+    model: str = Field("vgg16", description="profile mode's workload (profiles/__init__.py)")
     iterations: int = Field(50, ge=1, le=1_000_000)
     compute_seconds: float | None = Field(None, ge=0, le=3600, description="override the profile's compute time")
     batch: int = Field(32, ge=1, le=4096, description="real mode's batch size")

@@ -1,7 +1,7 @@
 """A first-order model of a synchronous ring all-reduce job's iteration time on a rack, for predicting
 what a regrouping gains before it is made.
 
-Iteration = compute (the slowest GPU's, from containers/profiles.py) + ring all-reduce of the
+Iteration = compute (the slowest GPU's, from profiles/__init__.py) + ring all-reduce of the
 model's gradients, 2(n-1)/n x S / B. B is the ring's slowest hop: a NIC's rate, or an uplink's
 rate shared by every ring hop (of every job) that crosses it in the same direction. It assumes
 the jobs' all-reduce phases overlap, so it is an upper bound on what contention costs and on
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping, Sequence
 
-from containers.profiles import WORKLOADS
 from controller.core.placement import seconds_per_iteration
 from controller.core.rack import Rack
+from profiles import WORKLOADS
 
 
 def switch_routes(rack: Rack) -> dict[str, dict[str, list[str]]]:

@@ -35,9 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
 
-from containers.profiles import GPU_MODELS, WORKLOADS, compute_seconds
 from controller.core.circuits import Changes, Circuit, CircuitMap
 from controller.core.occupancy import Occupancy
+from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 
 POLICIES = ("fixed", "regroup")
 _PLANNING = "~planning"  # holder of GPUs a plan has placed, inside a tentative change
@@ -64,7 +64,7 @@ class Request:
     gpus: int | tuple[str, ...]  # how many, or which (rank order is decided by the plan)
     policy: str = "regroup"
     gpu_model: str | None = None
-    workload: str = "vgg16"  # for ranking GPU models by speed (containers/profiles.py)
+    workload: str = "vgg16"  # for ranking GPU models by speed (profiles/__init__.py)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from typing import Annotated, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError
 
-from containers.profiles import GPU_MODELS
+from controller.core.cabling import CircuitError, check_circuits
+from profiles import GPU_MODELS
 
 # Emulated interfaces are named <device>-p<port> and Linux allows 15 characters.
 NAME_PATTERN = r"^[a-z][a-z0-9]{0,8}$"
@@ -410,8 +411,6 @@ def _check_uplinks(spec: RackSpec, src: str) -> None:
 
 
 def _check_circuits(spec: RackSpec, src: str, rack: Rack) -> None:
-    from controller.core.circuits import CircuitError, check_circuits
-
     try:
         check_circuits(rack, list(spec.circuits))
     except CircuitError as e:

@@ -3,13 +3,13 @@ import random
 
 import pytest
 
-from containers.profiles import WORKLOADS, compute_seconds
 from controller.core.circuits import CircuitMap, check_circuits
 from controller.core.defrag import plan_defrag
 from controller.core.occupancy import Occupancy
 from controller.core.perf import iteration_seconds
 from controller.core.placement import NoRoomNow, Request, plan, plan_regroup
 from controller.core.rackgen import generate
+from profiles import WORKLOADS, compute_seconds
 from tests.unit.test_placement import INITIAL, RACK, RED, _trimmed, snapshot
 
 BLUE = ("gpu5", "gpu6")

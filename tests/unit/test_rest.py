@@ -7,12 +7,12 @@ import json
 import pytest
 from webob import Request
 
-from containers.profiles import WORKLOADS
 from controller.apps.context import Optirack
 from controller.apps.jobs_api import JobsApi
 from controller.apps.placement import PlacementApp
 from controller.apps.rest import Api, NotFound, _openapi
 from controller.core.rack import load_rack
+from profiles import WORKLOADS
 from tests.unit.fakes import FakeDriver
 from tests.unit.test_rack import PAPER
 

@@ -271,7 +271,7 @@ def test_two_rings_sharing_one_uplink_match_the_hand_computed_max_min_rate(shari
     """Two 8-GPU vgg16 rings, each half under switch a1 and half under a2, start together: each ring
     sends one flow a1 -> a2 and one back, so every uplink direction carries one flow of each. Max-min
     gives each ring half the 100 Gbit/s uplink (its NICs could take all of it): 50 Gbit/s x efficiency."""
-    from containers.profiles import WORKLOADS, compute_seconds
+    from profiles import WORKLOADS, compute_seconds
     from simulator.network import GBPS, NetParams
     from simulator.workloads import JobSpec
 

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from containers.profiles import GPU_MODELS, WORKLOADS, compute_seconds
 from emulation.harness import free_port
+from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 
 
 def run_ranks(n: int, *args: str, timeout: float = 120) -> list[list[dict]]:

@@ -1,4 +1,4 @@
-"""Compute profiles of GPU models and training workloads (stdlib only: the worker image imports it).
+"""Compute profiles of GPU models and training workloads (stdlib only: the worker and the controller import it).
 
 The worker's profile mode waits out ``compute_seconds`` and all-reduces a real tensor of
 ``gradient_bytes``; both come from here. Every figure names its source.
