@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from controller.core import admission
 from controller.core.circuits import CircuitDiff
 from controller.core.rack import Rack
 from simulator import models
@@ -211,39 +212,40 @@ class Run:
         self.out.frag.append((t, largest, sum(occ.free_model)))
 
     def _place_queued(self, t: float) -> None:
-        while self.queue:
-            key = self.queue[0]
-            job = self.jobs[key]
-            try:
-                p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement, job.model,
-                                      job.gpu_model or None)
-            except Unplaceable as e:  # the controller fails such a job and goes on with the queue
-                self.queue.popleft()
-                self._fail(t, key, str(e))
-                continue
-            if p is None:
-                if self.running or self.pending or self.moving:
-                    return  # it waits for GPUs to free up
-                self.queue.popleft()  # nothing holds a GPU: no end of a job will make room for it
-                self._fail(t, key, "could not be placed on the rack with no other job on it")
-                continue
-            self.queue.popleft()
-            ready = self._reconfigure(t, p.diff)
-            r = self.results[key]
-            r.placed_s, r.placement, r.switches = t, p.gpus, len(p.switches)
-            ring = self._ring(key)
-            r.alone_iteration_s = self.inter.period_alone(ring)
-            if job.duration_s and not job.iterations:
-                if self.o.durations == "replayed":
-                    self.replayed.add(key)
-                    r.alone_run_s = job.duration_s
-                else:  # alone on the fabric, it runs for its recorded duration
-                    self.iterations[key] = r.iterations = max(1, round(job.duration_s / r.alone_iteration_s))
-            # held shares leave idle whatever a computing ring does not use: interleaving gains nothing
-            if self.policy.timeshift and ring.links and self.o.net.sharing == "maxmin" and key not in self.replayed:
-                r.shift_s, r.score_before, r.score_after = self._shift(ready, ring)
-            self.pending[key] = (ring, ready + r.shift_s)
-            self.push(ready + r.shift_s, START, key)
+        """The controller's admission policy (controller.core.admission) over the simulated queue."""
+        admission.fifo(self.queue, lambda key: self._attempt(t, key))
+
+    def _attempt(self, t: float, key: int) -> admission.Outcome:
+        job = self.jobs[key]
+        try:
+            p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement, job.model,
+                                  job.gpu_model or None)
+        except Unplaceable as e:  # the controller fails such a job and goes on with the queue
+            self._fail(t, key, str(e))
+            return admission.Outcome.REFUSED
+        if p is None:
+            if self.running or self.pending or self.moving:
+                return admission.Outcome.WAIT  # it waits for GPUs to free up
+            # nothing holds a GPU: no end of a job will make room for it
+            self._fail(t, key, "could not be placed on the rack with no other job on it")
+            return admission.Outcome.REFUSED
+        ready = self._reconfigure(t, p.diff)
+        r = self.results[key]
+        r.placed_s, r.placement, r.switches = t, p.gpus, len(p.switches)
+        ring = self._ring(key)
+        r.alone_iteration_s = self.inter.period_alone(ring)
+        if job.duration_s and not job.iterations:
+            if self.o.durations == "replayed":
+                self.replayed.add(key)
+                r.alone_run_s = job.duration_s
+            else:  # alone on the fabric, it runs for its recorded duration
+                self.iterations[key] = r.iterations = max(1, round(job.duration_s / r.alone_iteration_s))
+        # held shares leave idle whatever a computing ring does not use: interleaving gains nothing
+        if self.policy.timeshift and ring.links and self.o.net.sharing == "maxmin" and key not in self.replayed:
+            r.shift_s, r.score_before, r.score_after = self._shift(ready, ring)
+        self.pending[key] = (ring, ready + r.shift_s)
+        self.push(ready + r.shift_s, START, key)
+        return admission.Outcome.PLACED
 
     def _fail(self, t: float, key: int, reason: str) -> None:
         r = self.results[key]

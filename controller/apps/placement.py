@@ -18,7 +18,7 @@ from ryu.lib import hub
 from controller.apps.context import Conflict, Optirack
 from controller.apps.ocs import ReconfigFailed
 from controller.config import conf
-from controller.core import defrag
+from controller.core import admission, defrag
 from controller.core import placement as policy
 from controller.core.circuits import CircuitDiff, CircuitMap, displaced
 from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, Job, JobRequest, JobTable, transition
@@ -222,22 +222,23 @@ class PlacementApp(app_manager.RyuApp):
 
     def _drain_queue(self) -> None:
         """Start queued jobs, in order of arrival, while the first one can be placed."""
+        def attempt(job_id: str) -> admission.Outcome:
+            job = self.jobs[job_id]
+            try:
+                p = policy.plan(self.occ(admitting=True), self._request(job))
+            except policy.NoRoomNow as e:
+                job.note = f"waiting: {e}"
+                return admission.Outcome.WAIT
+            except policy.PlacementError as e:  # the rack changed under it: it can never run
+                transition(job, "failed", reason=str(e), ended_at=self.ctx.clock(), position=None)
+                self.save(job)
+                return admission.Outcome.REFUSED
+            job.position = None
+            self._admit_job(job, p)
+            return admission.Outcome.PLACED
+
         with self._admit:
-            while self.queue:
-                job = self.jobs[self.queue[0]]
-                try:
-                    p = policy.plan(self.occ(admitting=True), self._request(job))
-                except policy.NoRoomNow as e:
-                    job.note = f"waiting: {e}"
-                    break
-                except policy.PlacementError as e:  # the rack changed under it: it can never run
-                    self.queue.popleft()
-                    transition(job, "failed", reason=str(e), ended_at=self.ctx.clock(), position=None)
-                    self.save(job)
-                    continue
-                self.queue.popleft()
-                job.position = None
-                self._admit_job(job, p)
+            admission.fifo(self.queue, attempt)
             self._number_queue()
             self.save()
 

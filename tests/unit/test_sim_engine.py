@@ -28,17 +28,10 @@ def run(rack, jobs, policy, **kw):
 
 def expected_regroup(rack, gpus, others):
     """What controller.core itself plans for `gpus` (regroup) beside a job holding `others`."""
-    initial = CircuitMap.initial(rack)
-    if adapter.Occupancy is not None:
-        from controller.core.placement import Request, plan
+    from controller.core.placement import Request, plan
 
-        occ = adapter.Occupancy(rack, initial, {g: "beside" for g in others})
-        p = plan(occ, Request(tuple(gpus), "regroup"))
-        return p.gpus, p.changes
-    from controller.core.placement import plan_regroup
-
-    protected = {rack.gpu_port(g) for g in others} | {initial.partner(rack.gpu_port(g)) for g in others}
-    p = plan_regroup(rack, initial, list(gpus), protected)
+    occ = adapter.Occupancy(rack, CircuitMap.initial(rack), {g: "beside" for g in others})
+    p = plan(occ, Request(tuple(gpus), "regroup"))
     return p.gpus, p.changes
 
 
