@@ -13,10 +13,10 @@ import json
 import logging
 
 from ryu.base import app_manager
-from ryu.lib import hub
 
 from controller.apps.context import Conflict, Optirack
 from controller.apps.ocs import ReconfigFailed
+from controller.apps.runtime import HubRuntime
 from controller.config import conf
 from controller.core import admission, defrag
 from controller.core import placement as policy
@@ -27,6 +27,7 @@ from controller.core.rack import PortRef
 from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer
 from controller.drivers.engines import EngineDown
 from controller.drivers.ocs import OcsUnavailable
+from controller.jobs.runtime import Runtime
 
 LOG = logging.getLogger("optirack.placement")
 RECONFIG_WAIT = 120.0  # seconds a job waits for another reconfiguration to finish
@@ -62,6 +63,7 @@ class PlacementApp(app_manager.RyuApp):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.ctx: Optirack = kwargs["optirack"]
+        self.rt: Runtime = kwargs.get("runtime") or HubRuntime()
         self.ctx.placement = self
         self.driver = kwargs.get("driver") or ContainerDriver(
             self.ctx.rack, conf().worker_image, nic_home=conf().nic_home
@@ -69,19 +71,19 @@ class PlacementApp(app_manager.RyuApp):
         self.jobs = JobTable(Job.from_state(j) for j in self.ctx.saved.get("jobs", []))
         start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
         self._ids = itertools.count(start)
-        self.admission = hub.Semaphore(1)  # plan and reconfigure one job at a time
-        self._admit = hub.Semaphore(1)  # admission (submit and the queue) one job at a time
+        self.admission = self.rt.lock()  # plan and reconfigure one job at a time
+        self._admit = self.rt.lock()  # admission (submit and the queue) one job at a time
         self.queue: collections.deque[str] = collections.deque(
             j.id for j in sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id)) if j.state == QUEUED
         )
         self.occupancy = Occupancy(self.ctx.rack, self.ctx.circuits, self.busy_gpus())
         self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
         self._threads: dict[str, list] = {}
-        hub.spawn(self._recover)
+        self.rt.spawn(self._recover)
         self.engine_poll = kwargs.get("engine_poll") or conf().engine_poll
-        hub.spawn(self._watch_engines)
+        self.rt.spawn(self._watch_engines)
         if self.queue:
-            hub.spawn(self._drain_when_ready)
+            self.rt.spawn(self._drain_when_ready)
 
     # --- what other apps and the REST API ask ---------------------------------------
     def busy_gpus(self) -> dict[str, str]:
@@ -214,7 +216,7 @@ class PlacementApp(app_manager.RyuApp):
             job.request["policy"],
             p.note,
         )
-        hub.spawn(self._run, job, p)
+        self.rt.spawn(self._run, job, p)
 
     def _number_queue(self) -> None:
         for i, job_id in enumerate(self.queue):
@@ -246,7 +248,7 @@ class PlacementApp(app_manager.RyuApp):
         """After a restart: start queued jobs once every OCS is back in sync (or after `timeout` s)."""
         waited = 0.0
         while self.ctx.ocs and set(self.ctx.ocs.synchronised) != set(self.ctx.rack.ocs) and waited < timeout:
-            hub.sleep(0.2)
+            self.rt.sleep(0.2)
             waited += 0.2
         self._drain_queue()
 
@@ -383,7 +385,7 @@ class PlacementApp(app_manager.RyuApp):
                 image,
             )
 
-        threads = [hub.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)]
+        threads = [self.rt.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)]
         errors = []
         for t in threads:
             try:
@@ -405,7 +407,7 @@ class PlacementApp(app_manager.RyuApp):
             except Exception as e:  # noqa: BLE001 (keep cleaning the others)
                 LOG.error("%s: removing the containers of %s on %s: %s", job.id, gpu, server, e)
 
-        hub.joinall([hub.spawn(one, gpu) for gpu in (gpus if gpus is not None else job.gpus)])
+        self.rt.joinall([self.rt.spawn(one, gpu) for gpu in (gpus if gpus is not None else job.gpus)])
 
     def _fail(self, job: Job, reason: str, applied: CircuitDiff | None, error: BaseException | None = None) -> None:
         """End a job that could not run: its circuits back, its containers gone (last log lines kept)."""
@@ -460,9 +462,9 @@ class PlacementApp(app_manager.RyuApp):
     # --- watching the workers ---------------------------------------------------------
     def _watch(self, job: Job) -> None:
         try:
-            threads = [hub.spawn(self._follow, job, gpu, raise_error=True) for gpu in job.gpus]
+            threads = [self.rt.spawn(self._follow, job, gpu, raise_error=True) for gpu in job.gpus]
             self._threads[job.id] = threads
-            hub.joinall(threads)
+            self.rt.joinall(threads)
             if job.state != "running":
                 return  # stopped or failed meanwhile
             unknown = [g for g in job.gpus if g not in job.exit_codes]
@@ -546,7 +548,7 @@ class PlacementApp(app_manager.RyuApp):
         transition(job, "stopped", reason="stopped by request")
         for gpu in job.gpus:
             self._kill(job, gpu)
-        hub.joinall(self._threads.get(job.id, []))
+        self.rt.joinall(self._threads.get(job.id, []))
         self._finish(job, "stopped", "stopped by request")
         return job
 
@@ -693,7 +695,7 @@ class PlacementApp(app_manager.RyuApp):
                 present = self._present(job)
                 if set(present) == set(job.gpus):
                     LOG.info("%s: its workers are still there after the restart; following them again", job.id)
-                    hub.spawn(self._watch, job)
+                    self.rt.spawn(self._watch, job)
                     continue
                 missing = ", ".join(sorted(set(job.gpus) - set(present)))
                 self._fail(job, f"the workers of {missing} went away while the controller was down", None)
@@ -722,7 +724,7 @@ class PlacementApp(app_manager.RyuApp):
     def _watch_engines(self) -> None:
         """Ask every engine now and then; one that comes back gets its stale containers removed."""
         while True:
-            hub.sleep(self.engine_poll)
+            self.rt.sleep(self.engine_poll)
             for server in self.ctx.rack.servers:
                 was_down = server in self.driver.down_servers()
                 if self.driver.engines.ping(server) and was_down:

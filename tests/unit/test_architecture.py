@@ -141,3 +141,20 @@ def test_the_graph_sees_imports_inside_functions_and_from_packages():
     assert "controller.apps.jobs_api" in GRAPH["controller.apps.rest"]
     assert "profiles" in GRAPH["containers.worker"]
     assert "simulator.cases" in GRAPH["scripts.paper_experiment"]
+
+
+def test_the_job_service_imports_neither_ryu_nor_eventlet():
+    """controller/jobs and what it imports of the project: no Ryu, no eventlet, however deep."""
+    seen, todo, outside = set(), [m for m in MODULES if _under(m, "controller.jobs")], []
+    assert todo
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        tree = ast.parse(MODULES[m].read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]
+        outside += [f"{m} imports {x}" for x in names if x.split(".")[0] in ("ryu", "eventlet")]
+        todo += GRAPH[m]
+    assert not outside, "\n".join(outside)
