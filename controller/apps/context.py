@@ -17,13 +17,10 @@ from controller.core.circuits import CircuitError, CircuitMap
 from controller.core.events import EventLog, ReconfigEvent
 from controller.core.rack import Rack, RackError, load_rack
 from controller.core.stats import PortHistory
+from controller.jobs.errors import Conflict  # noqa: F401 (the apps' name for it)
 from controller.store import Store, StoreError
 
 LOG = logging.getLogger("optirack")
-
-
-class Conflict(RuntimeError):
-    """The request conflicts with the state of the rack (a running job, another request)."""
 
 
 class Busy(Conflict):

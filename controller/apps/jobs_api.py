@@ -15,9 +15,10 @@ from controller.apps.http import (
     path_text,
     read_json,
 )
-from controller.apps.placement import LOG_LINES, UnknownJob
 from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, JobRequest
 from controller.core.placement import InvalidRequest, PlacementError
+from controller.jobs.errors import UnknownJob
+from controller.jobs.steps import LOG_LINES
 
 JOB_ID = {"job_id": r"[^/]+"}  # any segment: an id that names no job is a JSON 404, not a routing miss
 

@@ -18,15 +18,10 @@ from controller.core.events import ReconfigEvent
 from controller.drivers.ocs import OcsDriver, OcsUnavailable, OpenFlowOcs
 from controller.drivers.openflow import OfRpc, SwitchError
 from controller.drivers.tl1 import Tl1Error, Tl1Ocs
+from controller.jobs.errors import ReconfigFailed  # noqa: F401 (the apps' name for it)
 
 LOG = logging.getLogger("optirack.ocs")
 DEVICE_ERRORS = (OcsUnavailable, SwitchError, Tl1Error, OSError)
-
-
-class ReconfigFailed(RuntimeError):
-    def __init__(self, event: ReconfigEvent):
-        self.event = event
-        super().__init__(event.error)
 
 
 def _pairs(circuits) -> set[tuple[int, int]]:

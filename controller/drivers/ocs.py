@@ -10,14 +10,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from controller.core.errors import OcsUnavailable  # noqa: F401 (the drivers' name for it)
 from controller.core.rack import Ocs
 from controller.drivers import openflow as of
 
 Pair = tuple[int, int]
-
-
-class OcsUnavailable(RuntimeError):
-    """The device cannot be reached now."""
 
 
 @dataclass(frozen=True)

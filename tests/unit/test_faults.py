@@ -177,7 +177,7 @@ def test_a_bug_while_following_the_workers(tmp_path, monkeypatch):
     def broken(job, gpu):
         raise TypeError("bad log line")
 
-    monkeypatch.setattr(rig.placement, "_follow", broken)
+    monkeypatch.setattr(rig.placement.service, "_follow", broken)
     job = rig.wait_end(rig.submit())
     rig.assert_clean(job, "TypeError: bad log line", circuits_back=False)
 

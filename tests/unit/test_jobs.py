@@ -212,10 +212,10 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path):
     moved = f"the circuit map is at version {ctx.circuits_version}, the plan was made from version 99"
     with pytest.raises(Conflict, match=moved):
         placement.regroup_all(version=99)
-    kept, placement._plans = placement._plans, {}  # as after a restart: the plan is forgotten
+    kept, placement.service._plans = placement.service._plans, {}  # as after a restart: the plan is forgotten
     with pytest.raises(Conflict, match=f"no plan was made from version {plan['version']}"):
         placement.regroup_all(version=plan["version"])
-    placement._plans = kept
+    placement.service._plans = kept
     done = placement.regroup_all(version=plan["version"])
     ev = done["event"]
     assert done["applied"] and ev["kind"] == "regroup" and ctx.circuits_version > plan["version"]

@@ -1,0 +1,142 @@
+"""Regrouping: one running job under fewer switches, or every running job at once in one bulk OCS change
+(defragmentation).
+"""
+
+from __future__ import annotations
+
+from controller.core import defrag
+from controller.core import placement as policy
+from controller.core.circuits import CircuitMap, displaced
+from controller.jobs.errors import Conflict
+from controller.jobs.steps import KEPT_PLANS, LOG, RECONFIG_WAIT
+
+
+class RegroupMixin:
+    # --- regrouping running jobs --------------------------------------------------------
+    def regroup(self, job_id: str):
+        """Bring a running job's GPUs under fewer switches; it stalls for the dark window and goes on.
+        Returns the reconfiguration event, or None if its switch count cannot fall."""
+        return self.regroup_with_note(job_id)[0]
+
+    def regroup_with_note(self, job_id: str):
+        """`regroup`, and what happened in words (e.g. "cannot fall below 2 switches")."""
+        job = self.get(job_id)
+        if job.state != "running":
+            raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
+        plans = []
+
+        def plan(current: CircuitMap) -> CircuitMap | None:
+            if job.state != "running":
+                raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
+            p = policy.plan_regroup(self.occ(current), job.gpus)
+            plans.append(p)
+            return p.target(current) if p.changes else None
+
+        ev = self.ctx.ocs.change(
+            plan,
+            "regroup",
+            lambda: f"{job.id}: regroup under {','.join(plans[-1].switches)}",
+            job=job.id,
+            wait=RECONFIG_WAIT,
+            note=lambda: self._note(job, plans[-1].diff),
+        )
+        p = plans[-1]
+        if ev is not None:
+            job.switches, job.note = list(p.switches), f"regrouped: {p.note}"
+            job.circuits = self._circuits_of(job)
+            job.events.append(ev.id)
+            self.save()
+            LOG.info("%s regrouped under %s (%d circuit changes)", job.id, ",".join(p.switches), p.changes)
+        return ev, p.note
+
+    def _defrag_plan(self, current: CircuitMap) -> tuple[defrag.Defrag, dict]:
+        """The joint regrouping of every running job, planned from `current`, and its description."""
+        running = {j.id: j for j in self.jobs.values() if j.state == "running"}
+        occ = self.occ(current)
+        d = defrag.plan_defrag(occ, {j: job.gpus for j, job in running.items()})
+        where = {g: occ.switch_of(g) for job in running.values() for g in job.gpus}
+        made: dict[str, int] = {}
+        for a, _ in d.add:
+            made[a.device] = made.get(a.device, 0) + 1
+        stall = max((self.ctx.ocs.drivers[o].switching_time_s(n) for o, n in made.items()), default=0.0)
+        body = defrag.describe(
+            self.ctx.rack,
+            d,
+            {j: job.gpus for j, job in running.items()},
+            where,
+            {j: job.request["workload"].get("model", "vgg16") for j, job in running.items()},
+            {
+                j: max(0, (job.request["workload"]["iterations"] or 0) - len(job.iterations()))
+                for j, job in running.items()
+            },
+            stall,
+        )
+        return d, {"version": self.ctx.circuits_version, **body}
+
+    @staticmethod
+    def _moves(body: dict) -> tuple:
+        """What a plan changes: the jobs it moves with their circuits, and every circuit."""
+        return ([(m["job"], m["circuits_removed"], m["circuits_added"]) for m in body["jobs_moved"]], body["circuits"])
+
+    def regroup_all(self, dry_run: bool = False, version: int | None = None) -> dict:
+        """Defragment: one joint plan for all running jobs, applied in one bulk OCS change.
+
+        `dry_run` returns the plan (with the circuit map's version) and changes nothing; `version`
+        applies exactly the dry-run plan made from that version, or raises Conflict if the map
+        or the running jobs changed since."""
+        result: dict = {}
+        decided: dict = {}
+
+        def plan(current: CircuitMap) -> CircuitMap | None:
+            d, body = self._defrag_plan(current)
+            result.update(body)
+            decided["defrag"] = d
+            if dry_run:
+                self._plans[body["version"]] = body
+                while len(self._plans) > KEPT_PLANS:
+                    self._plans.popitem(last=False)
+                return None
+            if version is not None:
+                if version != self.ctx.circuits_version:
+                    raise Conflict(
+                        f"the circuit map is at version {self.ctx.circuits_version}, the plan was made "
+                        f"from version {version}; make a new plan (dry_run=true)"
+                    )
+                if version not in self._plans:
+                    raise Conflict(f"no plan was made from version {version}; make one first (dry_run=true)")
+                if self._moves(self._plans[version]) != self._moves(body):
+                    raise Conflict("the running jobs changed since the plan was made; make a new plan (dry_run=true)")
+            return current.apply(d.diff) if d.changes else None
+
+        def reason() -> str:
+            return "defragment: " + ", ".join(
+                f"{m['job']} {'+'.join(m['switches_before'])} -> {'+'.join(m['switches_after'])}"
+                for m in result["jobs_moved"]
+            )
+
+        def note() -> str:
+            gpus = [g for m in result["jobs_moved"] for g in self.jobs[m["job"]].gpus]
+            moved = displaced(self.ctx.rack, decided["defrag"].diff, gpus)
+            return "; ".join(moved) + " (no free switch port was left)" if moved else ""
+
+        ev = self.ctx.ocs.change(plan, "regroup", reason, job=None, wait=RECONFIG_WAIT, note=note)
+        if ev is not None:
+            for m in result["jobs_moved"]:
+                job = self.jobs[m["job"]]
+                job.switches, job.note = (
+                    m["switches_after"],
+                    f"regrouped under {', '.join(m['switches_after'])} (defragmentation, event {ev.id})",
+                )
+                job.circuits = self._circuits_of(job)
+                job.events.append(ev.id)
+            self.save()
+            LOG.info("%s (%d circuit changes, one reconfiguration)", ev.reason, result["circuits_changed"])
+        result.update(
+            applied=not dry_run, event=ev.to_json() if ev else None, circuits_version=self.ctx.circuits_version
+        )
+        if not dry_run:
+            self._drain_queue()
+        return result
+
+    def fragmentation(self) -> dict:
+        return policy.fragmentation(self.occ())
