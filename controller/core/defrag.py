@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from controller.core.circuits import Changes, Circuit
 from controller.core.occupancy import Occupancy
-from controller.core.placement import NoRoomNow, _Named, _place
+from controller.core.placement import NoRoomNow
+from controller.core.pools import _Named, _place
 
 
 @dataclass(frozen=True)

@@ -30,35 +30,24 @@ asked). `occ` is left exactly as it was. Cost: O(switches x OCS groups + job siz
 """
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 from controller.core.circuits import Changes, Circuit, CircuitMap
 from controller.core.occupancy import Occupancy
+from controller.core.pools import (  # noqa: F401 (the errors are placement's names too)
+    _PLANNING,
+    InvalidRequest,
+    NoRoomNow,
+    PlacementError,
+    _cost,
+    _Models,
+    _Named,
+    _place,
+)
 from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 
 POLICIES = ("fixed", "regroup")
-_PLANNING = "~planning"  # holder of GPUs a plan has placed, inside a tentative change
-
-
-class PlacementError(ValueError):
-    """No placement exists for the request; the message says why and `field` names the request's part."""
-
-    def __init__(self, message: str, field: str = "gpus"):
-        super().__init__(message)
-        self.field = field
-
-
-class InvalidRequest(PlacementError):
-    """The request itself is wrong (an unknown policy, model or GPU, a GPU named twice)."""
-
-
-class NoRoomNow(PlacementError):
-    """Not enough free GPUs or switch downlinks now; the request may succeed when jobs end."""
-
-
 @dataclass(frozen=True)
 class Request:
     gpus: int | tuple[str, ...]  # how many, or which (rank order is decided by the plan)
@@ -85,254 +74,6 @@ def seconds_per_iteration(workload: str, model: str) -> float:
     if workload in WORKLOADS:
         return compute_seconds(workload, model)
     return 1.0 / GPU_MODELS[model].fp32_tflops
-
-
-# --- pools: the GPUs one placement step may choose from ---------------------------------------
-# A placement step puts GPUs of a pool under one switch w. Per (OCS, rate) group g: "stayers" are
-# pool GPUs already under w (no change); "movers" are loose (1 change: a new circuit) or under
-# another switch (2: cut and new); a mover takes an empty downlink of w (no extra change) or one
-# whose circuit goes to an idle GPU outside the pool (1 more: cut it). Pairing the cheapest movers
-# with the cheapest downlinks is optimal within a group and its marginal costs (1, 2 or 3) only
-# rise, so taking the cost tiers in order across groups gives the fewest changes.
-def _split(u: int, c: int, e: int, i: int) -> tuple[int, int, int]:
-    """Movers of one group at marginal cost 1, 2 and 3: `u` loose and `c` wired movers, `e` empty and `i` idle
-    downlinks."""
-    n = u + c if u + c < e + i else e + i
-    if n <= 0:
-        return 0, 0, 0
-    n1 = u if u < e else e
-    if n1 > n:
-        n1 = n
-    hi = u if u > e else e
-    n3 = n - hi if n > hi else 0
-    return n1, n - n1 - n3, n3
-
-
-class _Named:
-    """Given GPUs, all of which must be placed."""
-
-    fixed_set = True
-
-    def __init__(self, occ: Occupancy, ids: Sequence[int]):
-        ix = occ.ix
-        self.ids = set(ids)
-        ng = len(ix.groups)
-        self.loose: dict[int, list[int]] = {}
-        self.wired: dict[int, list[int]] = {}
-        self.under: dict[int, dict[int, list[int]]] = {}  # switch -> group -> ids there
-        self.idle_under: dict[int, dict[int, int]] = {}  # switch -> group -> idle ones of those
-        for gi in sorted(ids):
-            g, w = ix.gpu_group[gi], occ.loc[gi]
-            if w < 0:
-                self.loose.setdefault(g, []).append(gi)
-            else:
-                self.wired.setdefault(g, []).append(gi)
-                self.under.setdefault(w, {}).setdefault(g, []).append(gi)
-                if occ.holder[gi] is None:
-                    idle = self.idle_under.setdefault(w, {})
-                    idle[g] = idle.get(g, 0) + 1
-        self.groups = sorted(set(self.loose) | set(self.wired))
-        self.n_loose = [len(self.loose.get(g, ())) for g in range(ng)]
-        self.n_wired = [len(self.wired.get(g, ())) for g in range(ng)]
-
-    def totals(self, occ: Occupancy, w: int, fixed: bool) -> tuple[int, int, int, int]:
-        """(stayers, movers at cost 1, 2, 3) for switch `w`."""
-        under, idle_under = self.under.get(w, {}), self.idle_under.get(w, {})
-        stay = sum(len(v) for v in under.values())
-        if fixed:
-            return stay, 0, 0, 0
-        empty_w, idle_w = occ.empty[w], occ.idle[w]
-        n1 = n2 = n3 = 0
-        for g in self.groups:
-            s = len(under[g]) if g in under else 0
-            a, b, c = _split(
-                self.n_loose[g], self.n_wired[g] - s, len(empty_w[g]), len(idle_w[g]) - idle_under.get(g, 0)
-            )
-            n1, n2, n3 = n1 + a, n2 + b, n3 + c
-        return stay, n1, n2, n3
-
-    def rows(self, occ: Occupancy, w: int) -> list[tuple[int, int, int, int]]:
-        under, idle_under = self.under.get(w, {}), self.idle_under.get(w, {})
-        return [
-            (
-                g,
-                *_split(
-                    self.n_loose[g],
-                    self.n_wired[g] - len(under.get(g, ())),
-                    len(occ.empty[w][g]),
-                    len(occ.idle[w][g]) - idle_under.get(g, 0),
-                ),
-            )
-            for g in self.groups
-        ]
-
-    def stayers(self, w: int, k: int) -> list[int]:
-        return sorted(chain.from_iterable(self.under.get(w, {}).values()))
-
-    def movers(self, g: int, w: int, k: int) -> list[int]:
-        loose = self.loose.get(g, [])[:k]
-        here = set(self.under.get(w, {}).get(g, ()))
-        return loose + [gi for gi in self.wired.get(g, ()) if gi not in here][: k - len(loose)]
-
-    def rest(self, occ: Occupancy, placed: list[int]):
-        """The pool without `placed`."""
-        done = set(placed)
-        return _Named(occ, [gi for gi in self.ids if gi not in done])
-
-    def member(self, gi: int) -> bool:
-        return gi in self.ids
-
-
-class _Models:
-    """Any idle GPUs of the given models (`occ`'s free indices)."""
-
-    fixed_set = False
-
-    def __init__(self, occ: Occupancy, models: Sequence[int]):
-        self.occ, self.models = occ, list(models)
-        ng = len(occ.ix.groups)
-        self.n_loose = [sum(len(occ.free_loose[g][m]) for m in self.models) for g in range(ng)]
-        self.n_wired = [sum(occ.free_wired[g][m] for m in self.models) for g in range(ng)]
-        self.groups = [g for g in range(ng) if self.n_loose[g] or self.n_wired[g]]
-
-    def totals(self, occ: Occupancy, w: int, fixed: bool) -> tuple[int, int, int, int]:
-        under, empty_w, idle_w = occ.free_under[w], occ.empty[w], occ.idle[w]
-        models, n_loose, n_wired = self.models, self.n_loose, self.n_wired
-        stay = n1 = n2 = n3 = 0
-        for g in self.groups:
-            ug = under[g]
-            s = 0
-            for m in models:
-                s += len(ug[m])
-            stay += s
-            if fixed:
-                continue
-            # inline _split (this loop is the planner's hot spot)
-            u, c, e, i = n_loose[g], n_wired[g] - s, len(empty_w[g]), len(idle_w[g]) - s
-            n = u + c if u + c < e + i else e + i
-            if n > 0:
-                a = u if u < e else e
-                if a > n:
-                    a = n
-                hi = u if u > e else e
-                b = n - hi if n > hi else 0
-                n1, n2, n3 = n1 + a, n2 + n - a - b, n3 + b
-        return stay, n1, n2, n3
-
-    def rows(self, occ: Occupancy, w: int) -> list[tuple[int, int, int, int]]:
-        under = occ.free_under[w]
-        rows = []
-        for g in self.groups:
-            s = sum(len(under[g][m]) for m in self.models)
-            rows.append(
-                (g, *_split(self.n_loose[g], self.n_wired[g] - s, len(occ.empty[w][g]), len(occ.idle[w][g]) - s))
-            )
-        return rows
-
-    def stayers(self, w: int, k: int) -> list[int]:
-        under = self.occ.free_under[w]
-        return heapq.nsmallest(k, chain.from_iterable(under[g][m] for g in self.groups for m in self.models))
-
-    def movers(self, g: int, w: int, k: int) -> list[int]:
-        occ = self.occ
-        loose = heapq.nsmallest(k, chain.from_iterable(occ.free_loose[g][m] for m in self.models))
-        if len(loose) == k:
-            return loose
-        wired = chain.from_iterable(
-            occ.free_under[x][g][m] for x in range(len(occ.ix.switches)) if x != w for m in self.models
-        )
-        return loose + heapq.nsmallest(k - len(loose), wired)
-
-    def rest(self, occ: Occupancy, placed: list[int]):
-        """The pool without `placed` (they are held by the plan now)."""
-        for gi in placed:
-            occ._hold(gi, _PLANNING)
-        return _Models(occ, self.models)
-
-    def member(self, gi: int) -> bool:
-        return self.occ.ix.gpu_model[gi] in self.models
-
-
-def _cost(k: int, stay: int, n1: int, n2: int, n3: int) -> tuple[int, int]:
-    """(how many of `k` GPUs one switch takes, circuit changes for them)."""
-    k -= stay
-    if k <= 0:
-        return k + stay, 0
-    t1 = k if k < n1 else n1
-    k -= t1
-    t2 = k if k < n2 else n2
-    k -= t2
-    t3 = k if k < n3 else n3
-    return stay + t1 + t2 + t3, t1 + 2 * t2 + 3 * t3
-
-
-def _assign(occ: Occupancy, pool, w: int, k: int, original: dict[int, int]) -> list[int]:
-    """Put `k` GPUs of `pool` under switch `w`: stayers first, then the cheapest moves."""
-    ix = occ.ix
-    placed = pool.stayers(w, k)[:k]
-    k -= len(placed)
-    if k <= 0:
-        return placed
-    rows = pool.rows(occ, w)
-    take = {row[0]: 0 for row in rows}
-    for tier in (1, 2, 3):
-        for row in rows:
-            t = min(k, row[tier])
-            take[row[0]] += t
-            k -= t
-    for g, m in take.items():
-        if not m:
-            continue
-        movers = pool.movers(g, w, m)
-        slots = heapq.nsmallest(m, occ.empty[w][g])
-        if len(slots) < m:
-            idle = (d for d in occ.idle[w][g] if not pool.member(ix.port_gpu[occ.partner[d]]))
-            slots += heapq.nsmallest(m - len(slots), idle)
-        for gi, d in zip(movers, slots, strict=True):
-            original.setdefault(gi, occ.partner[ix.gpu_port[gi]])
-            other = occ.partner[d]
-            if other >= 0:
-                original.setdefault(ix.port_gpu[other], d)
-            occ.move(gi, d)
-        placed += movers
-    return placed
-
-
-def _place(occ: Occupancy, pool, n: int, fixed: bool, original: dict[int, int]) -> tuple[list[int], list[int]]:
-    """Place `n` GPUs of `pool` under the fewest switches (greedy: the switch that takes the most,
-    then the fewest changes, then the first); mutates `occ` (callers wrap it in `occ.tentative()`).
-    Returns (GPU ids placed, switch ids used)."""
-    placed: list[int] = []
-    used: list[int] = []
-    while len(placed) < n:
-        need = n - len(placed)
-        best = None
-        for w in range(len(occ.ix.switches)):
-            if w in used:
-                continue
-            fits, cost = _cost(need, *pool.totals(occ, w, fixed))
-            if fits and (best is None or fits > best[0] or (fits == best[0] and cost < best[1])):
-                best = (fits, cost, w)
-                if fits == need and cost == 0:
-                    break  # nothing beats it
-        if best is None:
-            raise NoRoomNow(_no_room(occ, pool, need, fixed))
-        fits, _, w = best
-        ids = _assign(occ, pool, w, fits, original)
-        used.append(w)
-        placed += ids
-        if len(placed) < n:
-            pool = pool.rest(occ, ids)
-    return placed, used
-
-
-def _no_room(occ: Occupancy, pool, need: int, fixed: bool) -> str:
-    if fixed:
-        return f"{need} more free GPUs with circuits are needed (the fixed policy keeps the cabling)"
-    if pool.fixed_set:
-        names = ", ".join(occ.ix.gpus[gi] for gi in sorted(pool.ids))
-        return f"no free downlink can take {names} (every switch port is held by other jobs)"
-    return f"no switch has a free downlink for {need} more GPUs (every switch port is held by other jobs)"
 
 
 def _plan_from(

@@ -158,3 +158,11 @@ def test_the_job_service_imports_neither_ryu_nor_eventlet():
         outside += [f"{m} imports {x}" for x in names if x.split(".")[0] in ("ryu", "eventlet")]
         todo += GRAPH[m]
     assert not outside, "\n".join(outside)
+
+
+def test_modules_stay_readable():
+    """No module of the controller over 400 lines; the placement app is wiring (at most 120)."""
+    lines = {m: len(p.read_text().splitlines()) for m, p in MODULES.items() if _under(m, "controller")}
+    long = {m: n for m, n in lines.items() if n > 400}
+    assert not long, long
+    assert len(MODULES["controller.apps.placement"].read_text().splitlines()) <= 120

@@ -168,7 +168,8 @@ def test_jobs_and_events_page_and_old_jobs_are_pruned(tmp_path):
 
 
 def test_the_cli_parses_durations_and_refuses_nothing_to_prune():
-    from controller.cli import _duration, main
+    from controller.cli import main
+    from controller.cli_jobs import _duration
 
     assert _duration("90") == 90 and _duration("15m") == 900 and _duration("7d") == 7 * 86400
     with pytest.raises(SystemExit, match="give --older-than, --keep"):

@@ -1,0 +1,201 @@
+"""The rack file's schema: what each field of a rack file is and which values it takes (pydantic models), with the
+error that names the file and the field. controller/core/rack.py checks the references between devices and builds
+the rack from it."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Annotated, Literal, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+
+# Emulated interfaces are named <device>-p<port> and Linux allows 15 characters.
+NAME_PATTERN = r"^[a-z][a-z0-9]{0,8}$"
+MAX_PORTS = 9999
+
+
+class RackError(ValueError):
+    """A rack file that cannot be used; `str()` is the message for the user."""
+
+    def __init__(self, source: str, field: str, problem: str):
+        self.source, self.field, self.problem = source, field, problem
+        super().__init__(f"{source}: {field}: {problem}" if field else f"{source}: {problem}")
+
+
+@dataclass(frozen=True, order=True)
+class PortRef:
+    """A port of a named device: ``ocs1:7`` in the rack file."""
+
+    device: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.device}:{self.port}"
+
+
+def _port_ref(value: object) -> PortRef:
+    if isinstance(value, PortRef):
+        return value
+    if not isinstance(value, str) or value.count(":") != 1:
+        raise ValueError("expected 'device:port', e.g. 'ocs1:7'")
+    device, port = value.split(":")
+    if not port.isdigit() or int(port) < 1:
+        raise ValueError(f"port in {value!r} must be a positive integer")
+    return PortRef(device, int(port))
+
+
+def _dpid(value: object) -> int:
+    if isinstance(value, bool):
+        raise ValueError("expected an integer or a hex string")
+    if isinstance(value, str):
+        text = value.replace(":", "").lower()
+        text = text[2:] if text.startswith("0x") else text
+        try:
+            value = int(text, 16)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a datapath id (hex, e.g. 0x100)") from None
+    if not isinstance(value, int) or not 0 < value < 2**64:
+        raise ValueError("datapath id must be between 1 and 2**64-1")
+    return value
+
+
+Port = Annotated[PortRef, BeforeValidator(_port_ref), PlainSerializer(str, when_used="json")]
+Dpid = Annotated[int, BeforeValidator(_dpid)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+Rate = Annotated[float, Field(gt=0, le=1_600)]  # Gbit/s
+PortNumber = Annotated[int, Field(ge=1, le=MAX_PORTS)]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+class Nic(_Spec):
+    rate_gbps: Rate
+    ocs_port: Port
+    ip: Optional[ipaddress.IPv4Address] = None  # default: taken from network.subnet in GPU order
+    # The NIC's interface name on its server (a port or an SR-IOV VF); default: the GPU's name.
+    interface: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,15}$")]] = None
+    mac: Optional[Annotated[str, Field(pattern=r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")]] = None
+
+
+class Gpu(_Spec):
+    name: Name
+    model: str
+    index: Annotated[int, Field(ge=0)] = 0  # device index on its server (nvidia-smi numbering)
+    nic: Nic
+
+
+def _engine_url(value: object) -> str:
+    """A server's Docker Engine: "local" (this host's), tcp://HOST:PORT (mutual TLS) or ssh://USER@HOST[:PORT]."""
+    if not isinstance(value, str):
+        raise ValueError("expected 'local', 'tcp://HOST:PORT' or 'ssh://USER@HOST'")
+    if value == "local":
+        return value
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in ("tcp", "ssh") or not rest or "/" in rest:
+        raise ValueError(f"{value!r}: expected 'local', 'tcp://HOST:PORT' or 'ssh://USER@HOST[:PORT]'")
+    if scheme == "ssh" and ("@" not in rest or not rest.split("@", 1)[0]):
+        raise ValueError(f"{value!r}: an ssh engine names its user, e.g. ssh://optirack@{rest.split('@')[-1]}")
+    host, colon, port = rest.split("@")[-1].rpartition(":")
+    if scheme == "tcp" and not colon:
+        raise ValueError(f"{value!r}: a tcp engine names its port, e.g. tcp://{rest}:2376")
+    if colon and (not port.isdigit() or not 0 < int(port) < 65536 or not host):
+        raise ValueError(f"{value!r}: {port!r} is not a port number")
+    return value
+
+
+EngineUrl = Annotated[str, BeforeValidator(_engine_url)]
+FilePath = Annotated[str, Field(min_length=1)]
+
+
+class Tls(_Spec):
+    """Mutual TLS to tcp:// engines: the CA that signed the engines' certificates, and our client pair."""
+
+    ca: FilePath
+    cert: FilePath
+    key: FilePath
+
+
+class Engines(_Spec):
+    # Certificates for every tcp:// engine (the emulated rack's are made by rack-up).
+    tls: Optional[Tls] = None
+    # Where engines pull the worker and NIC helper images (HOST:PORT, TLS); none: images are local.
+    registry: Optional[Annotated[str, Field(pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$")]] = None
+    # The NIC helper: the CNI host-device plugin in a short-lived container on each server's engine.
+    helper_image: Annotated[str, Field(min_length=1)] = "optirack-cni:1"
+
+
+class Server(_Spec):
+    name: Name
+    docker: EngineUrl = "local"  # Docker Engine: "local" or a URL (tcp://host:2376, ssh://user@host)
+    gpus: Annotated[list[Gpu], Field(min_length=1)]
+
+
+class Ocs(_Spec):
+    name: Name
+    ports: Annotated[int, Field(ge=2, le=MAX_PORTS)]
+    dpid: Dpid
+    switching_time_ms: Annotated[float, Field(ge=0, le=60_000)] = 25.0
+    reconfiguration_time_ms: Optional[Annotated[float, Field(ge=0, le=600_000)]] = None
+    driver: Literal["openflow", "tl1"] = "openflow"
+    address: Optional[str] = None  # TL1 driver: host:port
+
+    @property
+    def bulk_time_ms(self) -> float:
+        return self.switching_time_ms if self.reconfiguration_time_ms is None else self.reconfiguration_time_ms
+
+
+class Downlink(_Spec):
+    port: PortNumber
+    ocs_port: Port
+    rate_gbps: Rate
+
+
+class Uplink(_Spec):
+    port: PortNumber
+    peer: Port
+    rate_gbps: Rate
+
+
+class Switch(_Spec):
+    name: Name
+    dpid: Dpid
+    role: Literal["aggregator", "core"] = "aggregator"
+    downlinks: list[Downlink] = []
+    uplinks: list[Uplink] = []
+
+
+class Emulation(_Spec):
+    rate_scale: Annotated[float, Field(gt=0, le=1)] = 0.0005
+    # Emulated time runs this many times slower than the rack's: compute phases and gradient
+    # sizes are both multiplied by it, so every ratio is kept while fixed software latencies of
+    # the emulation (tens of ms per all-reduce on 2 cores) weigh less.
+    time_dilation: Annotated[float, Field(ge=1, le=100)] = 1.0
+    # MTU of every emulated NIC, uplink and OVS port. Jumbo frames cut the userspace datapath's
+    # work per emulated bit about sixfold (each frame crosses userspace on its own; DESIGN.md).
+    mtu: Annotated[int, Field(ge=1280, le=9000)] = 9000
+    # The emulated servers' management network (their engines' addresses, and the registry on the
+    # bridge's last address). Outside the private ranges labs use.
+    management: ipaddress.IPv4Network = ipaddress.IPv4Network("198.19.0.0/24")
+
+    def mbps(self, rate_gbps: float) -> float:
+        """The emulated rate in Mbit/s of a physical rate in Gbit/s."""
+        return rate_gbps * 1000.0 * self.rate_scale
+
+
+class Network(_Spec):
+    subnet: ipaddress.IPv4Network = ipaddress.IPv4Network("198.18.0.0/24")
+
+
+class RackSpec(_Spec):
+    name: Name
+    description: str = ""
+    network: Network = Network()
+    engines: Engines = Engines()
+    emulation: Emulation = Emulation()
+    servers: Annotated[list[Server], Field(min_length=1)]
+    ocs: Annotated[list[Ocs], Field(min_length=1)]
+    switches: Annotated[list[Switch], Field(min_length=1)]
+    circuits: list[tuple[Port, Port]] = []
