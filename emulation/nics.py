@@ -11,6 +11,7 @@ from __future__ import annotations
 from controller.core.rack import Rack
 from emulation import netns as ns
 from emulation.plan import NicPlan, netns_of
+from emulation.shaping import route_window
 
 
 def prepare_server(netns: str) -> None:
@@ -29,6 +30,7 @@ def make(nic: NicPlan, rack: Rack) -> None:
         ns.ip("link", "add", nic.ifname, "link", nic.port, "address", nic.mac, "type", "macvlan", "mode", "bridge",
               netns=netns)
     ns.address(nic.ifname, netns, f"{nic.ip}/{subnet.prefixlen}")
-    ns.ip("route", "replace", str(subnet), "dev", nic.ifname, "src", nic.ip, "table", str(nic.table), netns=netns)
+    ns.ip("route", "replace", str(subnet), "dev", nic.ifname, "src", nic.ip, "table", str(nic.table),
+          *route_window(rack.spec.emulation.fabric), netns=netns)
     if f"from {nic.ip} lookup {nic.table}" not in ns.ip("rule", "show", netns=netns):
         ns.ip("rule", "add", "from", nic.ip, "table", str(nic.table), netns=netns)

@@ -17,10 +17,46 @@ DEV = "{dev}"
 # holds the packets of every port's queue until they leave: a congested port with a deep queue
 # (htb's default is 1,000 frames) would fill it, and then every other port's packets are dropped
 # (ovs-vswitchd.log: "error sending Ethernet packet ... Resource temporarily unavailable").
-QUEUE_FRAMES = 8
+QUEUE_FRAMES = 8  # the droptail fabric's queues (emulation.fabric: droptail)
+
+# The lossless fabric (emulation.fabric: lossless, the default). RoCE with PFC never drops: a full
+# queue pauses its senders. Our kernels have no PFC, so the same guarantee is built from two bounds:
+# each TCP flow has at most WINDOW_SEGMENTS segments in flight (the route's `cwnd lock`, on every
+# GPU NIC's route, at home and in a container), and every queue holds the windows of all the flows
+# that can ever meet there (FLOWS_PER_GPU per GPU NIC of the rack, each way). Flows meeting at a
+# bottleneck then slow down and share it about evenly (each has the same window in the same queue)
+# instead of losing packets. Four jumbo segments cover a NIC's bandwidth-delay product at the
+# emulated rates (scripts/bench_allreduce.py). Open vSwitch's transmit socket holds 8 MB
+# (scripts/setup.sh), far more than every window of the rack together.
+WINDOW_SEGMENTS = 4
+FLOWS_PER_GPU = 4  # a rank's ring connections (to the next and the previous rank) and a spare pair
+MIN_LOSSLESS_FRAMES = 32
 
 
-def htb_commands(mbps: float, mtu: int = 1500) -> list[list[str]]:
+def lossless_queue_frames(gpus: int) -> int:
+    """Frames each queue of a lossless rack with `gpus` GPU NICs holds: every window that can meet there."""
+    return max(MIN_LOSSLESS_FRAMES, gpus * FLOWS_PER_GPU * (WINDOW_SEGMENTS + 1))
+
+
+def queue_frames(fabric: str, gpus: int) -> int:
+    """Frames per shaped queue on the `fabric` ("lossless" or "droptail") of a rack with `gpus` GPU NICs."""
+    if fabric == "lossless":
+        return lossless_queue_frames(gpus)
+    if fabric == "droptail":
+        return QUEUE_FRAMES
+    raise ValueError(f"unknown fabric {fabric!r} (lossless or droptail)")
+
+
+def route_window(fabric: str) -> list[str]:
+    """`ip route` arguments that bound a GPU NIC's TCP flows on `fabric` (none on droptail, where
+    the initial window of 64 that stands in for RoCE's line-rate start stays)."""
+    if fabric == "lossless":
+        n = str(WINDOW_SEGMENTS)
+        return ["initcwnd", n, "initrwnd", "64", "cwnd", "lock", n]
+    return ["initcwnd", "64", "initrwnd", "64"]
+
+
+def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES) -> list[list[str]]:
     """tc argument lists (after `tc`), with ``{dev}`` where the interface goes.
 
     The quantum is one full frame, so a jumbo frame is sent in one round. The bucket holds two
@@ -30,7 +66,7 @@ def htb_commands(mbps: float, mtu: int = 1500) -> list[list[str]]:
     frame = mtu + 14
     burst = str(max(15_000, 2 * frame))
     common = ["burst", burst, "cburst", burst, "quantum", str(frame)]
-    queue = ["bfifo", "limit", str(QUEUE_FRAMES * frame)]
+    queue = ["bfifo", "limit", str(frames * frame)]
     return [
         ["qdisc", "replace", "dev", DEV, "root", "handle", "5:", "htb", "default", "20"],
         ["class", "replace", "dev", DEV, "parent", "5:", "classid", "5:1", "htb", "rate", rate, *common],

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from controller.core.rack import load_rack
+from emulation import counters
 from emulation.calibrate import Calibration, calibrate
 from emulation.harness import ROOT, Testbed
 
@@ -79,6 +80,31 @@ class Settings:
     sweep_iterations: int = 0
     rack_file: Path = PAPER_RACK
     recalibrate: bool = True  # calibrate again after the cases (--quick: once, before them)
+    fabric: str | None = None  # lossless or droptail: overrides the rack file's emulation.fabric
+
+
+TCP = counters.TcpSampler()  # each container namespace's TCP counters, polled while the experiment runs
+
+
+def fabric_counted(tb: Testbed, what, *args):
+    """Run `what(*args)` and read, around it, every drop counter of the fabric and the TCP counters of
+    the container namespaces that lived meanwhile; returns (result, their record)."""
+    before = counters.snapshot(tb.state.root_intfs)
+    TCP.take()  # forget namespaces of earlier runs
+    result = what(*args)
+    drops = counters.drops_between(before, counters.snapshot(tb.state.root_intfs))
+    tcp = TCP.take()
+    fabric = {"fabric": tb.rack.spec.emulation.fabric, "drops": drops, "tcp": tcp,
+              "problems": counters.verdict(drops, tcp)}
+    return result, fabric
+
+
+def calibrate_counted(tb: Testbed) -> tuple[Calibration, dict]:
+    cal, fabric = fabric_counted(tb, calibrate, tb)
+    out = {**cal.to_json(), "fabric_counters": fabric}
+    for problem in fabric["problems"]:
+        log(f"  FABRIC: calibration: {problem}")
+    return cal, out
 
 
 def log(msg: str) -> None:
@@ -144,6 +170,15 @@ def wait_job(tb: Testbed, job_id: str, what: str, total: int, timeout: float) ->
 
 
 def run_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, tag: str, detail: bool) -> dict:
+    """`one_case`, with the fabric's drop and retransmission counters read around it."""
+    run, fabric = fabric_counted(tb, one_case, tb, case, policy, iterations, model, tag, detail)
+    run["fabric_counters"] = fabric
+    for problem in fabric["problems"]:
+        log(f"    FABRIC: {tag}: {problem}")
+    return run
+
+
+def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, tag: str, detail: bool) -> dict:
     """Both jobs of a case at once from the fragmented start; the job of concern uses `policy`."""
     tb.client.put("/ocs/circuits", {"circuits": FRAGMENTED})
     workload = {"model": model, "iterations": iterations}
@@ -240,6 +275,22 @@ def checks(points: list[dict], sweep: list[dict]) -> dict:
     return out
 
 
+def fabric_checks(record: dict) -> dict:
+    """Did the fabric drop nothing and retransmit little, in every calibration and run? Each problem
+    named with the run (its tag) and the port, socket or job's NIC."""
+    problems = [f"calibration {i + 1}: {p}" for i, c in enumerate(record["calibration"]["runs"])
+                for p in c.get("fabric_counters", {}).get("problems", [])]
+    problems += [f"{r['tag']}: {p}" for r in record["runs"] for p in r.get("fabric_counters", {}).get("problems", [])]
+    return {"fabric": record.get("fabric"), "fabric_clean": not problems, "fabric_problems": problems}
+
+
+def passed(record: dict) -> bool:
+    """Every self-check of the record: signs kept, spread, the sweep (if any) and a clean fabric."""
+    c = record["checks"]
+    return bool(c["signs_kept"] and c["spread_ok"] and (c["sweep_monotonic"] or not record["sweep"])
+                and c.get("fabric_clean", True))
+
+
 # --- the experiment ------------------------------------------------------------------------
 def calibrated_testbed(spec: dict, workdir: Path, record: dict):
     """A testbed on `spec` that this host can carry: calibrate, and halve the rates until it can.
@@ -248,16 +299,17 @@ def calibrated_testbed(spec: dict, workdir: Path, record: dict):
         rack, path = write_rack(spec, workdir / f"rack-{attempt}.yaml")
         tb = Testbed(rack, path, workdir / f"main-{attempt}", MONITOR).__enter__()
         try:
-            cal = calibrate(tb)
+            cal, cal_json = calibrate_counted(tb)
             log(cal.line())
             if not cal.ok:  # a passing burst of steal, or a host that is too slow: once more to tell
+                record["calibration"]["runs"].append(cal_json)
                 time.sleep(5)
-                cal = calibrate(tb)
+                cal, cal_json = calibrate_counted(tb)
                 log(cal.line())
         except BaseException:
             tb.__exit__(None, None, None)
             raise
-        record["calibration"]["runs"].append(cal.to_json())
+        record["calibration"]["runs"].append(cal_json)
         if cal.ok:
             return tb, spec
         tb.__exit__(None, None, None)
@@ -297,6 +349,9 @@ def run_pairs(
 
 def experiment(s: Settings, cases: list[str]) -> dict:
     base = yaml.safe_load(s.rack_file.read_text())
+    if s.fabric:
+        base.setdefault("emulation", {})["fabric"] = s.fabric
+    TCP.start()
     record = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "settings": {
@@ -309,6 +364,7 @@ def experiment(s: Settings, cases: list[str]) -> dict:
         "rack_file": str(s.rack_file.relative_to(ROOT)) if s.rack_file.is_relative_to(ROOT) else str(s.rack_file),
         "rack_sha256": hashlib.sha256(s.rack_file.read_bytes()).hexdigest(),
         "rack": base,
+        "fabric": base.get("emulation", {}).get("fabric", "lossless"),
         "versions": versions(),
         "calibration": {"runs": []},
         "runs": [],
@@ -329,9 +385,9 @@ def experiment(s: Settings, cases: list[str]) -> dict:
                 uplink = nic_gbps(spec) / fitted_k
                 record["points"].append(point(f"case {name}", name, fitted_k, uplink, pairs))
             if s.recalibrate:
-                cal = calibrate(tb)  # the host again, after the main runs
+                cal, cal_json = calibrate_counted(tb)  # the host again, after the main runs
                 log(cal.line())
-                record["calibration"]["runs"].append(cal.to_json())
+                record["calibration"]["runs"].append(cal_json)
         finally:
             tb.__exit__(None, None, None)
         for k in s.sweep:
@@ -347,6 +403,7 @@ def experiment(s: Settings, cases: list[str]) -> dict:
         record["sweep"].append({**main_a, "name": f"fitted 1:{fitted_k:g}"})
         record["sweep"].sort(key=lambda p: p["nic_to_uplink"])
     record["checks"] = checks(record["points"], record["sweep"])
+    record["checks"].update(fabric_checks(record))
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return record
 
@@ -435,6 +492,14 @@ def checks_text(record: dict) -> str:
     ]
     if record["sweep"]:
         lines.append(f"- the sweep's savings grow with k: {'yes' if c['sweep_monotonic'] else 'NO'}")
+    if "fabric_clean" in c:
+        lines.append(
+            f"- the {c['fabric']} fabric dropped nothing and every container retransmitted at most "
+            f"{100 * counters.MAX_RETRANS:g} % of its segments: {'yes' if c['fabric_clean'] else 'NO'}"
+        )
+        lines += [f"  - {p}" for p in c["fabric_problems"][:20]]
+        if len(c["fabric_problems"]) > 20:
+            lines.append(f"  - ... and {len(c['fabric_problems']) - 20} more (in the record)")
     if "case_a_saving_pp_vs_paper" in c:
         lines.append(
             f"- case (a), to which the uplink was fitted: {c['case_a_saving_pp_vs_paper']:+.1f} pp "
@@ -502,6 +567,11 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of the experiment: find the uplink rate at which case (a) saves the paper's 73.2 %%",
     )
     p.add_argument("--results", type=Path, default=ROOT / "results", help="output folder (default %(default)s)")
+    p.add_argument(
+        "--fabric",
+        choices=["lossless", "droptail"],
+        help="the emulated fabric, overriding the rack file's emulation.fabric (default: the rack file's, lossless)",
+    )
     args = p.parse_args(argv)
     quick = args.quick
     iterations = args.iterations or (4 if quick else 12)
@@ -520,6 +590,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep_iterations=iterations,
         rack_file=args.rack.resolve(),
         recalibrate=not quick,
+        fabric=args.fabric,
     )
     t0 = time.monotonic()
     if args.fit:
@@ -539,6 +610,9 @@ def main(argv: list[str] | None = None) -> int:
         f"finished in {record['wall_s'] / 60:.1f} min; wrote "
         + ", ".join(str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f) for f in files)
     )
+    if not passed(record):
+        log("FAILED: a self-check above did not pass (exit 1)")
+        return 1
     return 0
 
 

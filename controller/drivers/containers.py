@@ -335,8 +335,10 @@ class ContainerDriver:
 def _home_settings(rack: Rack) -> dict[str, dict[str, str]]:
     """Per GPU, what the helper needs to rebuild the emulated NIC at home (its port, MAC, route table)."""
     from emulation.plan import nic_plans
+    from emulation.shaping import route_window
 
-    return {p.gpu: {"PORT": p.port, "MAC": p.mac, "TABLE": str(p.table)} for p in nic_plans(rack)}
+    route = " ".join(route_window(rack.spec.emulation.fabric))  # the fabric's bound on each flow's window
+    return {p.gpu: {"PORT": p.port, "MAC": p.mac, "TABLE": str(p.table), "ROUTE": route} for p in nic_plans(rack)}
 
 
 def _text(e: Exception) -> str:

@@ -1,0 +1,193 @@
+"""Where the emulated fabric drops packets: every counter that can show it, read before and after a run.
+
+A lossless fabric (emulation.fabric: lossless) must show no drop at any of these; the droptail one
+shows its uplink queue's. Read here, for the rack's interfaces only:
+- every qdisc and every class of every interface, in the root namespace (the OCS, aggregator and
+  uplink ports) and in each server's namespace (the NICs' ports): `tc -s`;
+- every interface's receive and transmit drops: `ip -s link`;
+- Open vSwitch's packet sockets (its one transmit socket and one receive socket per port):
+  `ss -0 -m -p`, the `d` of each socket's memory line;
+- the host's per-CPU backlog drops (veth and every other device): /proc/net/softnet_stat.
+And, by `TcpSampler`, each container namespace's TcpRetransSegs and TcpOutSegs (from a process of
+its sandbox, polled while it lives: the last reading before the namespace goes).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from emulation.plan import NETNS_PREFIX
+
+
+def _run(*cmd: str) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def _json(*cmd: str) -> list:
+    try:
+        return json.loads(_run(*cmd) or "[]")
+    except ValueError:
+        return []
+
+
+def _namespaces() -> list[str | None]:
+    names = [line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()]
+    return [None, *sorted(n for n in names if n.startswith(NETNS_PREFIX))]
+
+
+def _ns(netns: str | None) -> list[str]:
+    return ["-n", netns] if netns else []
+
+
+def queue_drops(root_intfs: set[str]) -> dict[str, int]:
+    """Drops of every qdisc and class: 'NETNS DEV qdisc|class HANDLE' -> packets dropped so far."""
+    out: dict[str, int] = {}
+    for netns in _namespaces():
+        where = netns or "root"
+        for kind in ("qdisc", "class"):
+            for q in _json("tc", *_ns(netns), "-s", "-j", kind, "show"):
+                dev = q.get("dev", "?")
+                if netns is None and dev not in root_intfs:
+                    continue
+                out[f"{where} {dev} {kind} {q.get('handle', q.get('class', '?'))}"] = int(q.get("drops", 0))
+    return out
+
+
+def link_drops(root_intfs: set[str]) -> dict[str, int]:
+    """'NETNS DEV rx|tx' -> packets the interface dropped so far."""
+    out: dict[str, int] = {}
+    for netns in _namespaces():
+        for link in _json("ip", *_ns(netns), "-s", "-j", "link", "show"):
+            dev = link.get("ifname", "?")
+            if netns is None and dev not in root_intfs:
+                continue
+            stats = link.get("stats64", link.get("stats", {}))
+            for way in ("rx", "tx"):
+                out[f"{netns or 'root'} {dev} {way}"] = int(stats.get(way, {}).get("dropped", 0))
+    return out
+
+
+_SKMEM = re.compile(r"skmem:\(([^)]*)\)")
+_INODE = re.compile(r"ino:(\d+)")
+
+
+def ovs_socket_drops() -> dict[str, int]:
+    """ovs-vswitchd's packet sockets: 'ovs packet socket INODE' -> packets it dropped so far."""
+    out: dict[str, int] = {}
+    entries: list[str] = []
+    for line in _run("ss", "-0", "-a", "-m", "-p", "-e", "-n").split("\n"):
+        if line[:1].isspace() and entries:
+            entries[-1] += " " + line.strip()  # a socket's details continue on indented lines
+        else:
+            entries.append(line)
+    for line in entries:
+        if "ovs-vswitchd" not in line:
+            continue
+        m, ino = _SKMEM.search(line), _INODE.search(line)
+        if not m:
+            continue
+        fields = dict(re.match(r"([a-z]+)(\d+)", f).groups() for f in m.group(1).split(",") if re.match(r"[a-z]+\d", f))
+        key = ino.group(1) if ino else str(len(out))
+        out[f"ovs packet socket {key}"] = int(fields.get("d", 0))
+    return out
+
+
+def softnet_drops() -> dict[str, int]:
+    """'softnet cpuN' -> packets the CPU's backlog dropped so far (second column, hex)."""
+    lines = Path("/proc/net/softnet_stat").read_text().split("\n")
+    return {f"softnet cpu{i}": int(line.split()[1], 16) for i, line in enumerate(lines) if line.strip()}
+
+
+def snapshot(root_intfs: list[str]) -> dict[str, int]:
+    intfs = set(root_intfs)
+    return {**queue_drops(intfs), **link_drops(intfs), **ovs_socket_drops(), **softnet_drops()}
+
+
+def drops_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """The counters that grew from `before` to `after` (a counter new in `after` counts from 0)."""
+    return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v > before.get(k, 0)}
+
+
+def _tcp(pid: str) -> tuple[int, int] | None:
+    try:
+        lines = [
+            line.split() for line in Path(f"/proc/{pid}/net/snmp").read_text().split("\n") if line.startswith("Tcp:")
+        ]
+        row = dict(zip(lines[0][1:], lines[1][1:], strict=True))
+        return int(row["RetransSegs"]), int(row["OutSegs"])
+    except (OSError, IndexError, KeyError, ValueError):
+        return None
+
+
+def _nics(pid: str) -> list[str]:
+    try:
+        rows = Path(f"/proc/{pid}/net/dev").read_text().split("\n")[2:]
+    except OSError:
+        return []
+    return sorted(r.split(":")[0].strip() for r in rows if ":" in r and r.split(":")[0].strip() != "lo")
+
+
+class TcpSampler:
+    """Polls every container sandbox's namespace (a process `sleep 2147483647`, the sandbox of
+    controller.drivers.containers) for its TCP segment counters; keeps each namespace's last reading,
+    named by its NICs (a GPU's NIC carries the GPU's name)."""
+
+    def __init__(self, interval: float = 0.5):
+        self.interval = interval
+        self.latest: dict[int, dict] = {}  # netns inode -> {"nics", "retrans", "out"}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> TcpSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                if (proc / "cmdline").read_bytes() != b"/bin/sleep\x002147483647\x00":
+                    continue
+                inode = (proc / "ns" / "net").stat().st_ino
+            except OSError:
+                continue
+            tcp, nics = _tcp(proc.name), _nics(proc.name)
+            if tcp and nics:
+                self.latest[inode] = {"nics": nics, "retrans": tcp[0], "out": tcp[1], "t": time.time()}
+
+    def take(self) -> list[dict]:
+        """The namespaces read since the last take, and forget them."""
+        self.sample()
+        out, self.latest = list(self.latest.values()), {}
+        return out
+
+
+MAX_RETRANS = 0.01  # retransmitted segments above this share of those sent fail a run
+
+
+def verdict(drops: dict[str, int], tcp: list[dict]) -> list[str]:
+    """What is wrong with a run: each counter that dropped, each namespace that retransmitted too much."""
+    bad = [f"{n} packets dropped at {where}" for where, n in drops.items()]
+    for t in tcp:
+        if t["out"] and t["retrans"] > MAX_RETRANS * t["out"]:
+            bad.append(
+                f"{'+'.join(t['nics'])}: {t['retrans']} of {t['out']} TCP segments retransmitted "
+                f"({100 * t['retrans'] / t['out']:.1f} % > {100 * MAX_RETRANS:g} %)"
+            )
+    return bad
