@@ -114,13 +114,24 @@ def drops_between(before: dict[str, int], after: dict[str, int]) -> dict[str, in
     return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v > before.get(k, 0)}
 
 
-def _tcp(pid: str) -> tuple[int, int] | None:
+TCP_EXT = ("TCPTimeouts", "TCPLossProbes", "TCPSpuriousRTOs", "TCPSackRecovery", "TCPRenoRecovery",
+           "TCPSynRetrans", "TCPLostRetransmit", "TCPFastRetrans", "TCPSlowStartRetrans",
+           # a receiver's own drops, and reordering (a retransmission that was not needed)
+           "PruneCalled", "RcvPruned", "OfoPruned", "TCPBacklogDrop", "TCPRcvQDrop", "TCPOFODrop", "TCPOFOQueue",
+           "TCPZeroWindowDrop", "TCPSACKReorder", "TCPTSReorder", "TCPDSACKRecv", "TCPDSACKUndo", "TCPLossUndo")
+
+
+def _rows(path: str, prefix: str) -> dict[str, int]:
+    lines = [line.split() for line in Path(path).read_text().split("\n") if line.startswith(prefix)]
+    return {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:], strict=True)}
+
+
+def _tcp(pid: str) -> dict[str, int] | None:
+    """TcpRetransSegs and TcpOutSegs of the process's namespace, and the TcpExt counters that say why."""
     try:
-        lines = [
-            line.split() for line in Path(f"/proc/{pid}/net/snmp").read_text().split("\n") if line.startswith("Tcp:")
-        ]
-        row = dict(zip(lines[0][1:], lines[1][1:], strict=True))
-        return int(row["RetransSegs"]), int(row["OutSegs"])
+        tcp = _rows(f"/proc/{pid}/net/snmp", "Tcp:")
+        ext = _rows(f"/proc/{pid}/net/netstat", "TcpExt:")
+        return {"retrans": tcp["RetransSegs"], "out": tcp["OutSegs"], **{k: ext[k] for k in TCP_EXT if k in ext}}
     except (OSError, IndexError, KeyError, ValueError):
         return None
 
@@ -169,7 +180,7 @@ class TcpSampler:
                 continue
             tcp, nics = _tcp(proc.name), _nics(proc.name)
             if tcp and nics:
-                self.latest[inode] = {"nics": nics, "retrans": tcp[0], "out": tcp[1], "t": time.time()}
+                self.latest[inode] = {"nics": nics, **tcp, "t": time.time()}
 
     def take(self) -> list[dict]:
         """The namespaces read since the last take, and forget them."""
@@ -191,3 +202,83 @@ def verdict(drops: dict[str, int], tcp: list[dict]) -> list[str]:
                 f"({100 * t['retrans'] / t['out']:.1f} % > {100 * MAX_RETRANS:g} %)"
             )
     return bad
+
+
+_IP_RULE = re.compile(r"n_bytes=(\d+),.*\bip,.*nw_dst=([0-9.]+)\s.*actions=output:\"?(\d+)")
+
+
+def uplink_rule_bytes(uplinks: dict[str, set[int]]) -> dict[str, int]:
+    """Bytes of every per-address IPv4 rule toward an uplink: 'SWITCH:PORT ADDRESS' -> n_bytes."""
+    out = {}
+    for switch, ports in uplinks.items():
+        for line in _run("ovs-ofctl", "-O", "OpenFlow13", "dump-flows", switch).splitlines():
+            m = _IP_RULE.search(line)
+            if m and int(m.group(3)) in ports:
+                out[f"{switch}:{m.group(3)} {m.group(2)}"] = int(m.group(1))
+    return out
+
+
+class UplinkSampler:
+    """Reads the per-address rules toward every uplink every `interval` seconds while it runs."""
+
+    def __init__(self, uplinks: dict[str, set[int]], interval: float = 0.5):
+        self.uplinks, self.interval = uplinks, interval
+        self.samples: list[tuple[float, dict[str, int]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> UplinkSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), uplink_rule_bytes(self.uplinks)))
+            self._stop.wait(self.interval)
+
+
+MAX_SHARE_ERROR = 0.10  # a crossing flow's share may differ from its max-min share by this fraction of it
+ACTIVE = 0.05  # a flow sent in a window if it carried this share of the uplink's capacity there (acks do not)
+
+
+def uplink_shares(samples: list[tuple[float, dict[str, int]]], capacity_bps: float,
+                  rings: list[set[str]]) -> dict:
+    """Each crossing flow's share of its uplink beside its max-min share, over the windows between
+    samples in which flows of at least two of `rings` (sets of NIC addresses) crossed that uplink.
+
+    A flow is the bytes of one per-address rule toward an uplink (a ring's flow into that NIC). In a
+    window its share is its bytes over what the uplink can carry then; its max-min share, that of a
+    lossless fabric where each of the n flows active there wants more than the link gives it: the
+    bytes the uplink carried in the window over n. Each figure is the sum over the windows."""
+    got: dict[str, float] = {}
+    fair: dict[str, float] = {}
+    windows = 0
+    for (t0, a), (t1, b) in zip(samples, samples[1:], strict=False):
+        cap = capacity_bps / 8 * (t1 - t0)
+        by_link: dict[str, dict[str, int]] = {}
+        for key, n in b.items():
+            d = n - a.get(key, 0) if n >= a.get(key, 0) else n  # a re-installed rule counts from 0
+            if d >= ACTIVE * cap:
+                link, addr = key.split(" ")
+                by_link.setdefault(link, {})[addr] = d
+        for link, flows in by_link.items():
+            if sum(1 for r in rings if r & flows.keys()) < 2:
+                continue
+            windows += 1
+            total = sum(flows.values())
+            for addr, d in flows.items():
+                key = f"{link} {addr}"
+                got[key] = got.get(key, 0.0) + d / cap
+                fair[key] = fair.get(key, 0.0) + total / len(flows) / cap
+    flows = {k: {"share": got[k], "maxmin": fair[k], "error": got[k] / fair[k] - 1} for k in sorted(got)}
+    return {"windows": windows, "flows": flows}
+
+
+def share_problems(shares: dict) -> list[str]:
+    return [f"uplink {k.split(' ')[0]}: the flow to {k.split(' ')[1]} got {100 * f['error']:+.0f} % of its max-min "
+            f"share (at most {100 * MAX_SHARE_ERROR:g} % off)" for k, f in shares["flows"].items()
+            if abs(f["error"]) > MAX_SHARE_ERROR]

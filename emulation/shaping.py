@@ -8,6 +8,9 @@ receives at once) the delayed acknowledgements held each flow to about 81 % of t
 with it, about 91 % (scripts/bench_allreduce.py). A real NIC's queue is microseconds deep at
 100 Gbit/s; our scaled queue is not, and this keeps it from stalling the reverse direction.
 Only htb, tbf, pfifo and the u32 filter exist in the kernels we target (no fq, no netem).
+A small segment that carries data (PSH set; the TCP flags at byte 33 with no IP options) stays in
+the bulk class: ahead of its flow's earlier segments it would arrive out of order, and TCP takes
+that reordering for a loss and retransmits (seen with the lossless fabric's deeper queues).
 """
 from __future__ import annotations
 
@@ -77,5 +80,6 @@ def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES) -> li
         ["qdisc", "replace", "dev", DEV, "parent", "5:10", "handle", "10:", *queue],
         ["qdisc", "replace", "dev", DEV, "parent", "5:20", "handle", "20:", *queue],
         ["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32",
-         "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "5:10"],
+         "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2",
+         "match", "u8", "0x00", "0x08", "at", "33", "flowid", "5:10"],
     ]

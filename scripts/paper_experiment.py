@@ -86,21 +86,30 @@ class Settings:
 TCP = counters.TcpSampler()  # each container namespace's TCP counters, polled while the experiment runs
 
 
-def fabric_counted(tb: Testbed, what, *args):
-    """Run `what(*args)` and read, around it, every drop counter of the fabric and the TCP counters of
-    the container namespaces that lived meanwhile; returns (result, their record)."""
+def fabric_counted(tb: Testbed, rings: list[list[str]], what, *args):
+    """Run `what(*args)` and read, around it, every drop counter of the fabric, the TCP counters of
+    the container namespaces that lived meanwhile, and (`rings` given: the GPUs of each job) the
+    crossing flows' shares of the uplinks; returns (result, their record)."""
+    rack = tb.rack
+    uplinks = {w.name: {u.port for u in w.uplinks} for w in rack.spec.switches if w.uplinks}
+    capacity = min(rack.spec.emulation.mbps(u.rate_gbps) for w in rack.spec.switches for u in w.uplinks) * 1e6
     before = counters.snapshot(tb.state.root_intfs)
     TCP.take()  # forget namespaces of earlier runs
-    result = what(*args)
+    with counters.UplinkSampler(uplinks) as sampler:
+        result = what(*args)
     drops = counters.drops_between(before, counters.snapshot(tb.state.root_intfs))
     tcp = TCP.take()
-    fabric = {"fabric": tb.rack.spec.emulation.fabric, "drops": drops, "tcp": tcp,
+    fabric = {"fabric": rack.spec.emulation.fabric, "drops": drops, "tcp": tcp,
               "problems": counters.verdict(drops, tcp)}
+    if rings:
+        ips = [{rack.addresses[g][0] for g in ring} for ring in rings]
+        fabric["uplink_shares"] = counters.uplink_shares(sampler.samples, capacity, ips)
+        fabric["problems"] += counters.share_problems(fabric["uplink_shares"])
     return result, fabric
 
 
 def calibrate_counted(tb: Testbed) -> tuple[Calibration, dict]:
-    cal, fabric = fabric_counted(tb, calibrate, tb)
+    cal, fabric = fabric_counted(tb, [], calibrate, tb)
     out = {**cal.to_json(), "fabric_counters": fabric}
     for problem in fabric["problems"]:
         log(f"  FABRIC: calibration: {problem}")
@@ -171,7 +180,8 @@ def wait_job(tb: Testbed, job_id: str, what: str, total: int, timeout: float) ->
 
 def run_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, tag: str, detail: bool) -> dict:
     """`one_case`, with the fabric's drop and retransmission counters read around it."""
-    run, fabric = fabric_counted(tb, one_case, tb, case, policy, iterations, model, tag, detail)
+    rings = [case.concern, case.other]
+    run, fabric = fabric_counted(tb, rings, one_case, tb, case, policy, iterations, model, tag, detail)
     run["fabric_counters"] = fabric
     for problem in fabric["problems"]:
         log(f"    FABRIC: {tag}: {problem}")
@@ -473,7 +483,7 @@ def table(record: dict) -> str:
 
 def calibration_text(record: dict) -> str:
     runs = [
-        Calibration(**{k: v for k, v in r.items() if k not in ("fraction", "ok")})
+        Calibration(**{k: v for k, v in r.items() if k not in ("fraction", "ok", "fabric_counters")})
         for r in record["calibration"]["runs"]
     ]
     lines = [c.line() for c in runs]

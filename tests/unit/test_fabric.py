@@ -1,0 +1,71 @@
+"""The emulated fabric's settings (lossless or droptail) and the demo's verdict on its counters, without a rack."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from controller.core.rack import RackError, load_rack
+from emulation import counters
+from emulation.shaping import QUEUE_FRAMES, WINDOW_SEGMENTS, htb_commands, queue_frames, route_window
+from scripts.paper_experiment import fabric_checks, passed
+from tests.unit.test_rack import PAPER
+
+
+def test_the_default_fabric_is_lossless_and_droptail_is_kept(tmp_path):
+    assert load_rack(PAPER).spec.emulation.fabric == "lossless"
+    spec = yaml.safe_load(PAPER.read_text())
+    spec["emulation"]["fabric"] = "droptail"
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(spec))
+    assert load_rack(tmp_path / "r.yaml").spec.emulation.fabric == "droptail"
+    spec["emulation"]["fabric"] = "pfc"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(RackError, match="fabric"):
+        load_rack(tmp_path / "bad.yaml")
+
+
+def test_lossless_queues_hold_every_window_that_can_meet_there():
+    gpus = 6
+    frames = queue_frames("lossless", gpus)
+    assert frames >= gpus * 2 * WINDOW_SEGMENTS  # each GPU's two ring connections, each way
+    assert queue_frames("droptail", gpus) == QUEUE_FRAMES < frames
+    with pytest.raises(ValueError, match="unknown fabric"):
+        queue_frames("red", gpus)
+    limits = [c[c.index("limit") + 1] for c in htb_commands(50, 9000, frames) if "limit" in c]
+    assert limits == [str(frames * 9014)] * 2
+
+
+def test_only_the_lossless_fabric_locks_each_flows_window():
+    lossless = " ".join(route_window("lossless"))
+    assert f"cwnd lock {WINDOW_SEGMENTS}" in lossless and f"initcwnd {WINDOW_SEGMENTS}" in lossless
+    assert "lock" not in route_window("droptail") and "64" in route_window("droptail")
+
+
+def test_drops_between_reads_only_counters_that_grew():
+    before = {"root as1-p7 qdisc 20:": 3, "root ocs1-p1 tx": 0}
+    after = {"root as1-p7 qdisc 20:": 10, "root ocs1-p1 tx": 0, "ovs packet socket 9": 2}
+    assert counters.drops_between(before, after) == {"ovs packet socket 9": 2, "root as1-p7 qdisc 20:": 7}
+
+
+def test_verdict_names_the_port_and_the_job_that_retransmitted():
+    tcp = [{"nics": ["gpu1"], "retrans": 5, "out": 1000}, {"nics": ["gpu2"], "retrans": 11, "out": 1000},
+           {"nics": ["gpu3"], "retrans": 0, "out": 0}]
+    bad = counters.verdict({"root as1-p7 qdisc 20:": 7}, tcp)
+    assert bad[0] == "7 packets dropped at root as1-p7 qdisc 20:"
+    assert len(bad) == 2 and bad[1].startswith("gpu2: 11 of 1000")
+
+
+def _record(problems: list[str]) -> dict:
+    return {"fabric": "droptail", "calibration": {"runs": [{"fabric_counters": {"problems": []}}]},
+            "runs": [{"tag": "case a fragmented #1", "fabric_counters": {"problems": problems}}], "sweep": []}
+
+
+def test_a_drop_fails_the_demo_and_is_named_with_its_run():
+    record = _record(["7 packets dropped at root as1-p7 qdisc 20:"])
+    record["checks"] = {"signs_kept": True, "spread_ok": True, "sweep_monotonic": False, **fabric_checks(record)}
+    assert record["checks"]["fabric_problems"] == ["case a fragmented #1: 7 packets dropped at root as1-p7 qdisc 20:"]
+    assert not passed(record)
+    clean = _record([])
+    clean["checks"] = {"signs_kept": True, "spread_ok": True, "sweep_monotonic": False, **fabric_checks(clean)}
+    assert passed(clean)  # no sweep: its check does not apply
+    clean["checks"]["spread_ok"] = False
+    assert not passed(clean)
