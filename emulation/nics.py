@@ -11,12 +11,15 @@ from __future__ import annotations
 from controller.core.rack import Rack
 from emulation import netns as ns
 from emulation.plan import NicPlan, netns_of
-from emulation.shaping import route_window
+from emulation.shaping import LOSSLESS_SYSCTLS, route_window
 
 
-def prepare_server(netns: str) -> None:
+def prepare_server(netns: str, fabric: str = "droptail") -> None:
     """Several NICs on one subnet in one namespace: each answers ARP for, and sends from, its own
-    address. Set on `default` too, so a NIC that comes home (or is recreated) inherits it."""
+    address. Set on `default` too, so a NIC that comes home (or is recreated) inherits it. On the
+    lossless fabric, TCP as in a container's sandbox (emulation/shaping.py)."""
+    if fabric == "lossless":
+        ns.in_netns(netns, "sysctl", "-qw", *(f"{k}={v}" for k, v in LOSSLESS_SYSCTLS.items()))
     for key in ("all", "default"):
         ns.in_netns(netns, "sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter=0", f"net.ipv4.conf.{key}.arp_ignore=1",
                     f"net.ipv4.conf.{key}.arp_announce=2")

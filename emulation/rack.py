@@ -138,7 +138,7 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
     for h in net.hosts:
         h.cmd("ip", "link", "set", "dev", "lo", "up")
         ns.attach(netns_of(h.name), h.pid)
-        nics.prepare_server(netns_of(h.name))
+        nics.prepare_server(netns_of(h.name), rack.spec.emulation.fabric)
     for nic in nic_plans(rack):
         nics.make(nic, rack)
     for a, b in rack.spec.circuits:

@@ -36,6 +36,13 @@ FLOWS_PER_GPU = 4  # a rank's ring connections (to the next and the previous ran
 MIN_LOSSLESS_FRAMES = 32
 
 
+# A tail loss probe resends a flow's last segment when its acknowledgement is late by twice the
+# smoothed round trip: behind the windows of the other flows in a lossless queue it is late with
+# nothing lost, and every such probe is a needless retransmission (TCPDSACKRecv counts them back).
+# Set in every container sandbox and in every server's namespace (the calibration's iperf3 flows).
+LOSSLESS_SYSCTLS = {"net.ipv4.tcp_early_retrans": "0"}
+
+
 def lossless_queue_frames(gpus: int) -> int:
     """Frames each queue of a lossless rack with `gpus` GPU NICs holds: every window that can meet there."""
     return max(MIN_LOSSLESS_FRAMES, gpus * FLOWS_PER_GPU * (WINDOW_SEGMENTS + 1))

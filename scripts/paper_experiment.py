@@ -38,7 +38,7 @@ import yaml
 
 from controller.core.rack import load_rack
 from emulation import counters
-from emulation.calibrate import Calibration, calibrate
+from emulation.calibrate import Calibration, CpuMeter, calibrate
 from emulation.harness import ROOT, Testbed
 
 PAPER_RACK = ROOT / "topologies" / "paper-testbed.yaml"
@@ -181,7 +181,10 @@ def wait_job(tb: Testbed, job_id: str, what: str, total: int, timeout: float) ->
 def run_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, tag: str, detail: bool) -> dict:
     """`one_case`, with the fabric's drop and retransmission counters read around it."""
     rings = [case.concern, case.other]
+    cpu = CpuMeter()
     run, fabric = fabric_counted(tb, rings, one_case, tb, case, policy, iterations, model, tag, detail)
+    cpu.stop()
+    run["summary"]["host_idle_percent"], run["summary"]["host_steal_percent"] = cpu.idle, cpu.steal
     run["fabric_counters"] = fabric
     for problem in fabric["problems"]:
         log(f"    FABRIC: {tag}: {problem}")
@@ -261,6 +264,34 @@ def point(name: str, case: str, k: float, uplink_gbps: float, pairs: list[tuple[
             )
         }
         out[policy]["mean_iteration_rack_s_values"] = [r["mean_iteration_rack_s"] for r in runs]
+    out["disturbed"] = disturbed(pairs)
+    return out
+
+
+SLOW = 0.10  # a repeat whose mean iteration is this much above its policy's median was disturbed
+
+
+def disturbed(pairs: list[tuple[dict, dict]]) -> list[dict]:
+    """The repeats slower than the others of their policy, and where their time went: compute (the
+    workers' own phase: the host's CPU), communication (the emulated network), with the host's idle
+    and stolen CPU over the run."""
+    out = []
+    for i, policy in enumerate(("fixed", "regroup")):
+        runs = [p[i] for p in pairs]
+        if len(runs) < 2:
+            continue
+        med = {k: statistics.median(r[k] for r in runs) for k in ("mean_iteration_rack_s", "mean_compute_rack_s",
+                                                                 "mean_comm_rack_s")}
+        for rep, r in enumerate(runs):
+            extra = r["mean_iteration_rack_s"] / med["mean_iteration_rack_s"] - 1
+            if extra <= SLOW:
+                continue
+            compute = r["mean_compute_rack_s"] - med["mean_compute_rack_s"]
+            comm = r["mean_comm_rack_s"] - med["mean_comm_rack_s"]
+            out.append({"policy": policy, "repeat": rep, "slower_by": extra, "compute_extra_rack_s": compute,
+                        "comm_extra_rack_s": comm, "by": "compute" if compute > comm else "communication",
+                        "host_idle_percent": r.get("host_idle_percent"),
+                        "host_steal_percent": r.get("host_steal_percent")})
     return out
 
 
@@ -502,6 +533,13 @@ def checks_text(record: dict) -> str:
     ]
     if record["sweep"]:
         lines.append(f"- the sweep's savings grow with k: {'yes' if c['sweep_monotonic'] else 'NO'}")
+    slow = [(p["name"], d) for p in record["points"] + record["sweep"] for d in p.get("disturbed", [])]
+    for name, d in slow:
+        idle = "" if d["host_idle_percent"] is None else f"; host CPU idle {d['host_idle_percent']:.0f} %, stolen " \
+            f"{d['host_steal_percent']:.1f} %"
+        lines.append(f"- {name}: {d['policy']} repeat #{d['repeat'] + 1} was {100 * d['slower_by']:.0f} % slower than "
+                     f"its median, in {d['by']} ({d['compute_extra_rack_s']:+.3f} rack s compute, "
+                     f"{d['comm_extra_rack_s']:+.3f} communication per iteration){idle}")
     if "fabric_clean" in c:
         lines.append(
             f"- the {c['fabric']} fabric dropped nothing and every container retransmitted at most "

@@ -27,14 +27,19 @@ LABEL_ROLE = "org.optirack.role"  # sandbox | worker | helper
 HELPER_TTL = 30.0  # seconds a resolved helper digest is used before the registry is asked again
 
 
-def sandbox_sysctls(emulated_mtu: int | None) -> dict[str, str]:
+def sandbox_sysctls(emulated_mtu: int | None, fabric: str = "droptail") -> dict[str, str]:
     """The sandbox namespace's TCP, standing in for RoCE: no slow start after an idle compute phase.
     On an emulated NIC also TCP small queues of two frames: segments wait in the socket rather than
     in the shaped NIC's queue, so a round trip is not inflated by its own queue, and TCP does not
-    take that queueing for a loss and retransmit what has not yet left the host."""
+    take that queueing for a loss and retransmit what has not yet left the host. On the emulated
+    lossless fabric, where nothing is lost, also no tail loss probes (emulation/shaping.py)."""
     out = {"net.ipv4.tcp_slow_start_after_idle": "0"}
     if emulated_mtu:
         out["net.ipv4.tcp_limit_output_bytes"] = str(2 * (emulated_mtu + 14))
+        if fabric == "lossless":
+            from emulation.shaping import LOSSLESS_SYSCTLS
+
+            out.update(LOSSLESS_SYSCTLS)
     return out
 
 
@@ -195,7 +200,8 @@ class ContainerDriver:
                 entrypoint=["/bin/sleep", "2147483647"],
                 name=sandbox_name(spec.job, spec.gpu),
                 network_mode="none",
-                sysctls=sandbox_sysctls(self.rack.spec.emulation.mtu if self.home else None),
+                sysctls=sandbox_sysctls(self.rack.spec.emulation.mtu if self.home else None,
+                                        self.rack.spec.emulation.fabric),
                 init=True,
                 labels={**labels, LABEL_ROLE: "sandbox"},
             )

@@ -69,3 +69,22 @@ def test_a_drop_fails_the_demo_and_is_named_with_its_run():
     assert passed(clean)  # no sweep: its check does not apply
     clean["checks"]["spread_ok"] = False
     assert not passed(clean)
+
+
+def _summary(compute: float, comm: float) -> dict:
+    return {"completion_s": 10 * (compute + comm), "mean_iteration_rack_s": compute + comm,
+            "mean_compute_rack_s": compute, "mean_comm_rack_s": comm, "host_idle_percent": 5.0,
+            "host_steal_percent": 0.2}
+
+
+def test_a_slow_repeat_is_named_with_where_its_time_went():
+    from scripts.paper_experiment import disturbed
+
+    fixed = [_summary(0.2, 0.5)] * 3
+    regroup = [_summary(0.2, 0.1), _summary(0.2, 0.1), _summary(0.27, 0.1)]  # the third: compute slowed
+    out = disturbed(list(zip(fixed, regroup, strict=True)))
+    assert len(out) == 1
+    d = out[0]
+    assert (d["policy"], d["repeat"], d["by"]) == ("regroup", 2, "compute")
+    assert d["slower_by"] == pytest.approx(0.07 / 0.3) and d["host_idle_percent"] == 5.0
+    assert disturbed(list(zip(fixed, fixed, strict=True))) == []
