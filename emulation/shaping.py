@@ -43,6 +43,14 @@ MIN_LOSSLESS_FRAMES = 32
 LOSSLESS_SYSCTLS = {"net.ipv4.tcp_early_retrans": "0"}
 
 
+# TCP's retransmission timer runs in real time, and a round trip through a lossless queue at a low
+# emulated rate (the windows of every crossing flow ahead: 4 x 4 jumbo frames at 6.9 Mbit/s are
+# 167 ms) can outlast the default floor (the smoothed round trip + 200 ms) with nothing lost: a
+# spurious timeout, which stalls the flow and resends its window (seen: TCPTimeouts, undone by
+# DSACK). A floor of 500 ms on the NIC's route keeps the timer behind the deepest such queue.
+RTO_MIN = "500ms"
+
+
 def lossless_queue_frames(gpus: int) -> int:
     """Frames each queue of a lossless rack with `gpus` GPU NICs holds: every window that can meet there."""
     return max(MIN_LOSSLESS_FRAMES, gpus * FLOWS_PER_GPU * (WINDOW_SEGMENTS + 1))
@@ -62,7 +70,7 @@ def route_window(fabric: str) -> list[str]:
     the initial window of 64 that stands in for RoCE's line-rate start stays)."""
     if fabric == "lossless":
         n = str(WINDOW_SEGMENTS)
-        return ["initcwnd", n, "initrwnd", "64", "cwnd", "lock", n]
+        return ["initcwnd", n, "initrwnd", "64", "cwnd", "lock", n, "rto_min", RTO_MIN]
     return ["initcwnd", "64", "initrwnd", "64"]
 
 
