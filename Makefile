@@ -64,6 +64,7 @@ bench: setup
 	$(PY) scripts/bench_placement.py
 	$(PY) scripts/bench_store.py
 	$(PY) scripts/bench_simulate.py
+	$(PY) scripts/bench_loopback.py
 
 # Also the caches rack-down keeps: each emulated engine's image store and the registry's storage.
 clean:
