@@ -243,12 +243,14 @@ class UplinkSampler:
 
 MAX_SHARE_ERROR = 0.10  # a crossing flow's share may differ from its max-min share by this fraction of it
 ACTIVE = 0.05  # a flow sent in a window if it carried this share of the uplink's capacity there (acks do not)
+BUSY = 0.8  # a window counts if the uplink carried this share of its capacity: a bottleneck, where max-min applies
 
 
 def uplink_shares(samples: list[tuple[float, dict[str, int]]], capacity_bps: float,
                   rings: list[set[str]]) -> dict:
     """Each crossing flow's share of its uplink beside its max-min share, over the windows between
-    samples in which flows of at least two of `rings` (sets of NIC addresses) crossed that uplink.
+    samples in which flows of at least two of `rings` (sets of NIC addresses) crossed that uplink
+    and it was busy (a bottleneck).
 
     A flow is the bytes of one per-address rule toward an uplink (a ring's flow into that NIC). In a
     window its share is its bytes over what the uplink can carry then; its max-min share, that of a
@@ -266,7 +268,7 @@ def uplink_shares(samples: list[tuple[float, dict[str, int]]], capacity_bps: flo
                 link, addr = key.split(" ")
                 by_link.setdefault(link, {})[addr] = d
         for link, flows in by_link.items():
-            if sum(1 for r in rings if r & flows.keys()) < 2:
+            if sum(1 for r in rings if r & flows.keys()) < 2 or sum(flows.values()) < BUSY * cap:
                 continue
             windows += 1
             total = sum(flows.values())
@@ -274,7 +276,8 @@ def uplink_shares(samples: list[tuple[float, dict[str, int]]], capacity_bps: flo
                 key = f"{link} {addr}"
                 got[key] = got.get(key, 0.0) + d / cap
                 fair[key] = fair.get(key, 0.0) + total / len(flows) / cap
-    flows = {k: {"share": got[k], "maxmin": fair[k], "error": got[k] / fair[k] - 1} for k in sorted(got)}
+    flows = {k: {"share": got[k] / windows, "maxmin": fair[k] / windows, "error": got[k] / fair[k] - 1}
+             for k in sorted(got)}
     return {"windows": windows, "flows": flows}
 
 

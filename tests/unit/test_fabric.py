@@ -88,3 +88,18 @@ def test_a_slow_repeat_is_named_with_where_its_time_went():
     assert (d["policy"], d["repeat"], d["by"]) == ("regroup", 2, "compute")
     assert d["slower_by"] == pytest.approx(0.07 / 0.3) and d["host_idle_percent"] == 5.0
     assert disturbed(list(zip(fixed, fixed, strict=True))) == []
+
+
+def test_uplink_shares_compare_each_crossing_flow_with_an_even_split_of_a_busy_uplink():
+    cap = 8e6  # bit/s: 0.5 MB per 0.5 s window
+    red, blue = {"198.18.0.1"}, {"198.18.0.5"}
+    samples = [(0.0, {"as1:10 198.18.0.1": 0, "as1:10 198.18.0.5": 0})]
+    for i in range(1, 5):  # red gets 300 kB, blue 150 kB of each window: blue is short of its share
+        samples.append((0.5 * i, {"as1:10 198.18.0.1": 300_000 * i, "as1:10 198.18.0.5": 150_000 * i}))
+    shares = counters.uplink_shares(samples, cap, [red, blue])
+    assert shares["windows"] == 4
+    assert shares["flows"]["as1:10 198.18.0.1"]["error"] == pytest.approx(300 / 225 - 1)
+    assert shares["flows"]["as1:10 198.18.0.5"]["share"] == pytest.approx(0.3)
+    problems = counters.share_problems(shares)
+    assert len(problems) == 2 and problems[0].startswith("uplink as1:10: the flow to 198.18.0.1 got +33 %")
+    assert counters.uplink_shares(samples, cap, [red])["windows"] == 0  # one ring alone: no sharing to judge
