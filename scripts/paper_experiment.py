@@ -322,7 +322,16 @@ def fabric_checks(record: dict) -> dict:
     problems = [f"calibration {i + 1}: {p}" for i, c in enumerate(record["calibration"]["runs"])
                 for p in c.get("fabric_counters", {}).get("problems", [])]
     problems += [f"{r['tag']}: {p}" for r in record["runs"] for p in r.get("fabric_counters", {}).get("problems", [])]
-    return {"fabric": record.get("fabric"), "fabric_clean": not problems, "fabric_problems": problems}
+
+    def by_port(runs: list[dict]) -> dict[str, int]:  # every counter that dropped, summed over `runs`
+        out: dict[str, int] = {}
+        for c in runs:
+            for where, n in c.get("fabric_counters", {}).get("drops", {}).items():
+                out[where] = out.get(where, 0) + n
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    return {"fabric": record.get("fabric"), "fabric_clean": not problems, "fabric_problems": problems,
+            "fabric_drops": by_port(record["runs"]), "fabric_calibration_drops": by_port(record["calibration"]["runs"])}
 
 
 def passed(record: dict) -> bool:
@@ -545,9 +554,14 @@ def checks_text(record: dict) -> str:
             f"- the {c['fabric']} fabric dropped nothing and every container retransmitted at most "
             f"{100 * counters.MAX_RETRANS:g} % of its segments: {'yes' if c['fabric_clean'] else 'NO'}"
         )
-        lines += [f"  - {p}" for p in c["fabric_problems"][:20]]
-        if len(c["fabric_problems"]) > 20:
-            lines.append(f"  - ... and {len(c['fabric_problems']) - 20} more (in the record)")
+        drops = c.get("fabric_drops", {})
+        lines += [f"  - {n} packets dropped at {where} in the jobs' runs" for where, n in list(drops.items())[:10]]
+        lines += [f"  - {n} packets dropped at {where} in the calibrations"
+                  for where, n in list(c.get("fabric_calibration_drops", {}).items())[:3]]
+        others = [p for p in c["fabric_problems"] if "packets dropped at" not in p]
+        lines += [f"  - {p}" for p in others[:10]]
+        if len(drops) + len(others) > 20:
+            lines.append(f"  - ... and {len(drops) + len(others) - 20} more (in the record, checks.fabric_problems)")
     if "case_a_saving_pp_vs_paper" in c:
         lines.append(
             f"- case (a), to which the uplink was fitted: {c['case_a_saving_pp_vs_paper']:+.1f} pp "
