@@ -97,13 +97,16 @@ def fabric_counted(tb: Testbed, rings: list[list[str]], what, *args):
     TCP.take()  # forget namespaces of earlier runs
     with counters.UplinkSampler(uplinks) as sampler:
         result = what(*args)
+    spans = result.pop("_all_reduces", None) if isinstance(result, dict) else None
+    dark = result.pop("_dark", []) if isinstance(result, dict) else []
     drops = counters.drops_between(before, counters.snapshot(tb.state.root_intfs))
     tcp = TCP.take()
-    fabric = {"fabric": rack.spec.emulation.fabric, "drops": drops, "tcp": tcp,
+    counters.dark_retransmissions(tcp, dark)
+    fabric = {"fabric": rack.spec.emulation.fabric, "drops": drops, "tcp": tcp, "ocs_dark_windows": dark,
               "problems": counters.verdict(drops, tcp)}
     if rings:
         ips = [{rack.addresses[g][0] for g in ring} for ring in rings]
-        fabric["uplink_shares"] = counters.uplink_shares(sampler.samples, capacity, ips)
+        fabric["uplink_shares"] = counters.uplink_shares(sampler.samples, capacity, ips, spans)
         fabric["problems"] += counters.share_problems(fabric["uplink_shares"])
     return result, fabric
 
@@ -206,13 +209,15 @@ def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
             "workload": {**workload, "iterations": iterations * 20},
         },
     )["job"]
+    blue_job = None
     try:
         done = wait_job(tb, red["id"], tag, iterations, timeout=120 + 60 * iterations)
+        blue_job = tb.client.get(f"/jobs/{blue['id']}", history=100_000)["job"]  # its all-reduces, below
     finally:
         tb.client.delete(f"/jobs/{blue['id']}")  # blue ran beside red for red's whole run
     if done["state"] != "done":
         raise RuntimeError(f"{tag}: {red['id']} {done['state']}: {done['reason']}")
-    job = tb.client.get(f"/jobs/{red['id']}", **({"history": 100_000} if detail else {}))["job"]
+    job = tb.client.get(f"/jobs/{red['id']}", history=100_000)["job"]
     its = job["iteration_log"]
     dilation = tb.rack.spec.emulation.time_dilation
     summary = {
@@ -229,10 +234,25 @@ def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
         f"    {tag}: done in {summary['completion_rack_s']:.2f} rack s on {','.join(job['switches'])}, "
         f"mean iteration {summary['mean_iteration_rack_s']:.3f} rack s, GPU utilization {summary['mean_gpu_util']:.2f}"
     )
-    run = {"case": case.name, "tag": tag, "summary": summary}
+    run = {"case": case.name, "tag": tag, "summary": summary, "_all_reduces": [all_reduces(job), all_reduces(blue_job)]}
+    if policy == "regroup":  # red's circuits changed while it was configuring, with blue beside it
+        run["_dark"] = [(job["created_at"], job["started_at"])]
     if detail:
         run["job"] = job
     return run
+
+
+def all_reduces(job: dict | None) -> list[tuple[float, float]]:
+    """When a job's ring communicated: the spans (wall-clock seconds) in which every rank was in its
+    all-reduce, from the ranks' iteration records."""
+    recorded = ((job or {}).get("ranks") or {}).values()
+    ranks = [[(r["t_start"] + r["compute_s"], r["t_end"]) for r in recs] for recs in recorded]
+    if not ranks:
+        return []
+    spans = ranks[0]
+    for other in ranks[1:]:
+        spans = [(max(a, c), min(b, d)) for a, b in spans for c, d in other if max(a, c) < min(b, d)]
+    return spans
 
 
 # --- figures over repeats (pure) -----------------------------------------------------------

@@ -103,3 +103,26 @@ def test_uplink_shares_compare_each_crossing_flow_with_an_even_split_of_a_busy_u
     problems = counters.share_problems(shares)
     assert len(problems) == 2 and problems[0].startswith("uplink as1:10: the flow to 198.18.0.1 got +33 %")
     assert counters.uplink_shares(samples, cap, [red])["windows"] == 0  # one ring alone: no sharing to judge
+
+
+def test_retransmissions_in_an_ocs_dark_window_are_counted_apart():
+    tcp = [{"nics": ["gpu5"], "retrans": 20, "out": 1000,
+            "history": [(100.0, 0), (100.5, 15), (101.0, 15), (110.0, 15), (110.5, 20)]}]
+    counters.dark_retransmissions(tcp, [(100.2, 100.4)])
+    assert tcp[0]["retrans_dark"] == 15 and "history" not in tcp[0]
+    bad = counters.verdict({}, tcp)  # 5 of 1000 outside the dark window: within 1 %
+    assert bad == []
+    tcp[0]["retrans_dark"] = 0
+    assert counters.verdict({}, tcp)[0].startswith("gpu5: 20 of 1000")
+
+
+def test_only_windows_inside_every_rings_all_reduce_are_judged():
+    from scripts.paper_experiment import all_reduces
+
+    job = {"ranks": {"gpu1": [{"t_start": 0.0, "compute_s": 1.0, "t_end": 3.0}],
+                     "gpu2": [{"t_start": 0.0, "compute_s": 1.5, "t_end": 3.2}]}}
+    assert all_reduces(job) == [(1.5, 3.0)] and all_reduces(None) == []
+    samples = [(0.5 * i, {"as1:10 198.18.0.1": 250_000 * i, "as1:10 198.18.0.5": 250_000 * i}) for i in range(8)]
+    rings = [{"198.18.0.1"}, {"198.18.0.5"}]
+    assert counters.uplink_shares(samples, 8e6, rings)["windows"] == 7
+    assert counters.uplink_shares(samples, 8e6, rings, [[(1.5, 3.0)], [(0.0, 9.0)]])["windows"] == 3
