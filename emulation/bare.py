@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import time
 
+from controller.core.emulated import port_intf
 from controller.core.rack import Rack
 from emulation import ovs
-from emulation.plan import port_intf
 from emulation.rack import RackConflict, RackState, down
 from emulation.topo import downlink_patches
 

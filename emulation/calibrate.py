@@ -16,8 +16,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from controller.core.emulated import netns_of
 from controller.core.rack import Rack
-from emulation.plan import netns_of
 
 GOOD_FRACTION = 0.9  # each flow of the ring should reach this share of the emulated line rate
 
@@ -261,7 +261,8 @@ def without_shapers(devices: list[tuple[str, str | None]]):
         saved = []
         for dev, netns in devices:
             rate = shaped_mbps(dev, netns)
-            saved.append((dev, netns, rate, _mtu(dev, netns)))
+            mtu = _mtu(dev, netns)
+            saved.append((dev, netns, rate, mtu, _queue_frames(dev, netns, mtu)))
             subprocess.run(
                 ["tc", *(["-n", netns] if netns else []), "qdisc", "del", "dev", dev, "root"],
                 capture_output=True,
@@ -270,10 +271,10 @@ def without_shapers(devices: list[tuple[str, str | None]]):
         try:
             yield
         finally:
-            for dev, netns, rate, mtu in saved:
+            for dev, netns, rate, mtu, frames in saved:
                 if rate is None:
                     continue
-                for args in htb_commands(rate, mtu):
+                for args in htb_commands(rate, mtu, frames):
                     subprocess.run(
                         ["tc", *(["-n", netns] if netns else []), *[dev if a == DEV else a for a in args]],
                         capture_output=True,
@@ -281,6 +282,19 @@ def without_shapers(devices: list[tuple[str, str | None]]):
                     )
 
     return manage()
+
+
+def _queue_frames(dev: str, netns: str | None, mtu: int) -> int:
+    """Frames the bulk class's queue (bfifo 20:) holds on an interface (the fabric's queue size)."""
+    from emulation.shaping import QUEUE_FRAMES
+
+    out = subprocess.run(
+        ["tc", *(["-n", netns] if netns else []), "-j", "qdisc", "show", "dev", dev], capture_output=True, text=True
+    ).stdout
+    for q in json.loads(out) if out.strip() else []:
+        if q.get("kind") == "bfifo" and q.get("handle") == "20:":
+            return int(q["options"]["limit"]) // (mtu + 14)
+    return QUEUE_FRAMES
 
 
 def _mtu(dev: str, netns: str | None) -> int:

@@ -19,11 +19,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.core.emulated import RUN_DIR
+from controller.core.emulated import RUN_DIR, netns_of
 from controller.core.rack import Rack, RackError
 from emulation import netns as ns
 from emulation import pki
-from emulation.plan import netns_of
 
 CACHE_DIR = Path(os.environ.get("OPTIRACK_CACHE_DIR", "/var/lib/optirack"))
 BRIDGE = "optirack-mgmt"

@@ -8,14 +8,17 @@ container's namespace takes nothing else with it: the helper container recreates
 """
 from __future__ import annotations
 
+from controller.core.emulated import LOSSLESS_SYSCTLS, NicPlan, netns_of, route_window
 from controller.core.rack import Rack
 from emulation import netns as ns
-from emulation.plan import NicPlan, netns_of
 
 
-def prepare_server(netns: str) -> None:
+def prepare_server(netns: str, fabric: str = "droptail") -> None:
     """Several NICs on one subnet in one namespace: each answers ARP for, and sends from, its own
-    address. Set on `default` too, so a NIC that comes home (or is recreated) inherits it."""
+    address. Set on `default` too, so a NIC that comes home (or is recreated) inherits it. On the
+    lossless fabric, TCP as in a container's sandbox (emulation/shaping.py)."""
+    if fabric == "lossless":
+        ns.in_netns(netns, "sysctl", "-qw", *(f"{k}={v}" for k, v in LOSSLESS_SYSCTLS.items()))
     for key in ("all", "default"):
         ns.in_netns(netns, "sysctl", "-qw", f"net.ipv4.conf.{key}.rp_filter=0", f"net.ipv4.conf.{key}.arp_ignore=1",
                     f"net.ipv4.conf.{key}.arp_announce=2")
@@ -29,6 +32,7 @@ def make(nic: NicPlan, rack: Rack) -> None:
         ns.ip("link", "add", nic.ifname, "link", nic.port, "address", nic.mac, "type", "macvlan", "mode", "bridge",
               netns=netns)
     ns.address(nic.ifname, netns, f"{nic.ip}/{subnet.prefixlen}")
-    ns.ip("route", "replace", str(subnet), "dev", nic.ifname, "src", nic.ip, "table", str(nic.table), netns=netns)
+    ns.ip("route", "replace", str(subnet), "dev", nic.ifname, "src", nic.ip, "table", str(nic.table),
+          *route_window(rack.spec.emulation.fabric), netns=netns)
     if f"from {nic.ip} lookup {nic.table}" not in ns.ip("rule", "show", netns=netns):
         ns.ip("rule", "add", "from", nic.ip, "table", str(nic.table), netns=netns)

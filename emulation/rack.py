@@ -16,11 +16,10 @@ from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 
-from controller.core.emulated import RUN_DIR, STATE_FILE
+from controller.core.emulated import NETNS_PREFIX, RUN_DIR, STATE_FILE, netns_of, nic_plans
 from controller.core.rack import Rack
 from emulation import engines, nics, ovs, registry
 from emulation import netns as ns
-from emulation.plan import NETNS_PREFIX, netns_of, nic_plans
 from emulation.topo import RackTopo, check_emulable, downlink_patches, port_mtus
 
 CONTAINER_LABEL = "org.optirack.rack"
@@ -138,7 +137,7 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
     for h in net.hosts:
         h.cmd("ip", "link", "set", "dev", "lo", "up")
         ns.attach(netns_of(h.name), h.pid)
-        nics.prepare_server(netns_of(h.name))
+        nics.prepare_server(netns_of(h.name), rack.spec.emulation.fabric)
     for nic in nic_plans(rack):
         nics.make(nic, rack)
     for a, b in rack.spec.circuits:

@@ -8,8 +8,13 @@ receives at once) the delayed acknowledgements held each flow to about 81 % of t
 with it, about 91 % (scripts/bench_allreduce.py). A real NIC's queue is microseconds deep at
 100 Gbit/s; our scaled queue is not, and this keeps it from stalling the reverse direction.
 Only htb, tbf, pfifo and the u32 filter exist in the kernels we target (no fq, no netem).
+A small segment that carries data (PSH set; the TCP flags at byte 33 with no IP options) stays in
+the bulk class: ahead of its flow's earlier segments it would arrive out of order, and TCP takes
+that reordering for a loss and retransmits (seen with the lossless fabric's deeper queues).
 """
 from __future__ import annotations
+
+from controller.core.emulated import WINDOW_SEGMENTS
 
 DEV = "{dev}"
 # Each class queues at most this many full frames, like a switch port's shallow buffer. Open
@@ -17,10 +22,29 @@ DEV = "{dev}"
 # holds the packets of every port's queue until they leave: a congested port with a deep queue
 # (htb's default is 1,000 frames) would fill it, and then every other port's packets are dropped
 # (ovs-vswitchd.log: "error sending Ethernet packet ... Resource temporarily unavailable").
-QUEUE_FRAMES = 8
+QUEUE_FRAMES = 8  # the droptail fabric's queues (emulation.fabric: droptail)
+
+# The lossless fabric's queues: see WINDOW_SEGMENTS in controller.core.emulated.
+FLOWS_PER_GPU = 4  # a rank's ring connections (to the next and the previous rank) and a spare pair
+MIN_LOSSLESS_FRAMES = 32
 
 
-def htb_commands(mbps: float, mtu: int = 1500) -> list[list[str]]:
+def lossless_queue_frames(gpus: int) -> int:
+    """Frames each queue of a lossless rack with `gpus` GPU NICs holds: every window that can meet there."""
+    return max(MIN_LOSSLESS_FRAMES, gpus * FLOWS_PER_GPU * (WINDOW_SEGMENTS + 1))
+
+
+def queue_frames(fabric: str, gpus: int) -> int:
+    """Frames per shaped queue on the `fabric` ("lossless" or "droptail") of a rack with `gpus` GPU NICs."""
+    if fabric == "lossless":
+        return lossless_queue_frames(gpus)
+    if fabric == "droptail":
+        return QUEUE_FRAMES
+    raise ValueError(f"unknown fabric {fabric!r} (lossless or droptail)")
+
+
+
+def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES) -> list[list[str]]:
     """tc argument lists (after `tc`), with ``{dev}`` where the interface goes.
 
     The quantum is one full frame, so a jumbo frame is sent in one round. The bucket holds two
@@ -30,7 +54,7 @@ def htb_commands(mbps: float, mtu: int = 1500) -> list[list[str]]:
     frame = mtu + 14
     burst = str(max(15_000, 2 * frame))
     common = ["burst", burst, "cburst", burst, "quantum", str(frame)]
-    queue = ["bfifo", "limit", str(QUEUE_FRAMES * frame)]
+    queue = ["bfifo", "limit", str(frames * frame)]
     return [
         ["qdisc", "replace", "dev", DEV, "root", "handle", "5:", "htb", "default", "20"],
         ["class", "replace", "dev", DEV, "parent", "5:", "classid", "5:1", "htb", "rate", rate, *common],
@@ -41,5 +65,6 @@ def htb_commands(mbps: float, mtu: int = 1500) -> list[list[str]]:
         ["qdisc", "replace", "dev", DEV, "parent", "5:10", "handle", "10:", *queue],
         ["qdisc", "replace", "dev", DEV, "parent", "5:20", "handle", "20:", *queue],
         ["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32",
-         "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2", "flowid", "5:10"],
+         "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2",
+         "match", "u8", "0x00", "0x08", "at", "33", "flowid", "5:10"],
     ]

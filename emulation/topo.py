@@ -18,9 +18,9 @@ from __future__ import annotations
 from mininet.link import Link, TCIntf
 from mininet.topo import Topo
 
+from controller.core.emulated import nic_plans, port_intf
 from controller.core.rack import Rack, RackError
-from emulation.plan import nic_plans, port_intf
-from emulation.shaping import DEV, htb_commands
+from emulation.shaping import DEV, QUEUE_FRAMES, htb_commands, queue_frames
 
 MAX_EMULATED_MBPS = 1000.0  # Mininet's htb settings are meant for at most 1 Gbit/s
 MIN_EMULATED_MBPS = 0.1
@@ -46,21 +46,21 @@ class ShapedIntf(TCIntf):
     """Mininet's TCIntf with optirack's shaping (emulation/shaping.py) instead of its single htb class,
     and the rack's MTU set before the shaper is sized for it."""
 
-    def config(self, mtu: int = 1500, **params):
-        self.mtu = mtu
+    def config(self, mtu: int = 1500, frames: int = QUEUE_FRAMES, **params):
+        self.mtu, self.frames = mtu, frames
         self.cmd("ip", "link", "set", "dev", self.name, "mtu", str(mtu))
         return super().config(**params)
 
     def bwCmds(self, bw=None, **kw):  # noqa: N802 (Mininet's name)
         if bw is None:
             return [], " root "
-        return (["%s " + " ".join("%s" if a == DEV else a for a in args) for args in htb_commands(bw, self.mtu)],
-                " parent 5:20 ")
+        cmds = htb_commands(bw, self.mtu, self.frames)
+        return ["%s " + " ".join("%s" if a == DEV else a for a in args) for args in cmds], " parent 5:20 "
 
 
-def _shaped(mbps: float | None, mtu: int) -> dict:
+def _shaped(mbps: float | None, mtu: int, frames: int) -> dict:
     # tx checksum offload off: TCP through userspace OVS over veth stalls with it on.
-    params = {"txo": False, "gro": False, "mtu": mtu}
+    params = {"txo": False, "gro": False, "mtu": mtu, "frames": frames}
     if mbps is not None:
         params["bw"] = mbps
     return params
@@ -72,6 +72,7 @@ class RackTopo(Topo):
     def build(self, rack: Rack):  # noqa: D102 (Topo's hook)
         self.rack = rack
         scale = rack.spec.emulation
+        frames = queue_frames(scale.fabric, len(rack.gpus))
         for o in rack.spec.ocs:
             self.addSwitch(o.name, dpid=f"{o.dpid:016x}", role="ocs")
         for w in rack.spec.switches:
@@ -82,8 +83,8 @@ class RackTopo(Topo):
             # The server's end is the NIC's port; the NIC that moves into containers is a macvlan on
             # it (emulation/nics.py), so both ends stay put and keep their shaping.
             self.addLink(nic.ocs, nic.server, port1=nic.ocs_port, intfName1=nic.peer_intf, intfName2=nic.port,
-                         cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(nic.mbps, nic.mtu),
-                         params2=_shaped(nic.mbps, nic.mtu))
+                         cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(nic.mbps, nic.mtu, frames),
+                         params2=_shaped(nic.mbps, nic.mtu, frames))
         done = set()
         for w in rack.spec.switches:
             for u in w.uplinks:
@@ -94,8 +95,8 @@ class RackTopo(Topo):
                 mbps = scale.mbps(u.rate_gbps)
                 self.addLink(w.name, u.peer.device, port1=u.port, port2=u.peer.port,
                              intfName1=port_intf(w.name, u.port), intfName2=port_intf(u.peer.device, u.peer.port),
-                             cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(mbps, scale.mtu),
-                             params2=_shaped(mbps, scale.mtu))
+                             cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(mbps, scale.mtu, frames),
+                             params2=_shaped(mbps, scale.mtu, frames))
 
 
 def port_mtus(rack: Rack) -> list[str]:

@@ -53,9 +53,22 @@ if [ "$(sysctl -n net.core.wmem_default)" -ge "$WANT_WMEM" ]; then
   ok "net.core.wmem_default is $(sysctl -n net.core.wmem_default)"
 else
   sysctl -qw net.core.wmem_default="$WANT_WMEM" || fail "cannot set net.core.wmem_default"
-  echo "net.core.wmem_default = $WANT_WMEM" >/etc/sysctl.d/60-optirack.conf
+  echo "net.core.wmem_default = $WANT_WMEM" >>/etc/sysctl.d/60-optirack.conf
   RESTART_OVS=1
   changed "net.core.wmem_default = $WANT_WMEM (kept in /etc/sysctl.d/60-optirack.conf)"
+fi
+# Its receive side: one packet socket per port, made when the port is added (rack-up), with the
+# default receive buffer: 208 kB, about a dozen jumbo frames. When ovs-vswitchd falls behind for a
+# moment on a busy host, a port's socket overflows and drops (`ss -0 -m`, the socket's d counter;
+# seen on the lossless fabric). 4 MB holds every window of the rack.
+WANT_RMEM=4194304
+if [ "$(sysctl -n net.core.rmem_default)" -ge "$WANT_RMEM" ]; then
+  ok "net.core.rmem_default is $(sysctl -n net.core.rmem_default)"
+else
+  sysctl -qw net.core.rmem_default="$WANT_RMEM" || fail "cannot set net.core.rmem_default"
+  grep -q rmem_default /etc/sysctl.d/60-optirack.conf 2>/dev/null \
+    || echo "net.core.rmem_default = $WANT_RMEM" >>/etc/sysctl.d/60-optirack.conf
+  changed "net.core.rmem_default = $WANT_RMEM (kept in /etc/sysctl.d/60-optirack.conf; new rack ports get it)"
 fi
 
 # The emulated racks' addresses (the benchmarking range 198.18.0.0/15: GPU NICs, engines, the

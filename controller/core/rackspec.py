@@ -179,6 +179,11 @@ class Emulation(_Spec):
     # The emulated servers' management network (their engines' addresses, and the registry on the
     # bridge's last address). Outside the private ranges labs use.
     management: ipaddress.IPv4Network = ipaddress.IPv4Network("198.19.0.0/24")
+    # lossless (default): like the paper's RoCE fabric with PFC, no queue drops a packet: each TCP
+    # flow's bytes in flight are bounded (a route's `cwnd lock`) and every queue holds what all the
+    # flows that can meet there may send. droptail: shallow queues that drop what overflows
+    # (emulation/shaping.py), kept to compare the two.
+    fabric: Literal["lossless", "droptail"] = "lossless"
 
     def mbps(self, rate_gbps: float) -> float:
         """The emulated rate in Mbit/s of a physical rate in Gbit/s."""

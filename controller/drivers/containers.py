@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from controller.core.emulated import LOSSLESS_SYSCTLS, nic_plans, route_window
 from controller.core.rack import Rack
 from controller.drivers.engines import EngineDown, Engines
 
@@ -27,14 +28,17 @@ LABEL_ROLE = "org.optirack.role"  # sandbox | worker | helper
 HELPER_TTL = 30.0  # seconds a resolved helper digest is used before the registry is asked again
 
 
-def sandbox_sysctls(emulated_mtu: int | None) -> dict[str, str]:
+def sandbox_sysctls(emulated_mtu: int | None, fabric: str = "droptail") -> dict[str, str]:
     """The sandbox namespace's TCP, standing in for RoCE: no slow start after an idle compute phase.
     On an emulated NIC also TCP small queues of two frames: segments wait in the socket rather than
     in the shaped NIC's queue, so a round trip is not inflated by its own queue, and TCP does not
-    take that queueing for a loss and retransmit what has not yet left the host."""
+    take that queueing for a loss and retransmit what has not yet left the host. On the emulated
+    lossless fabric, where nothing is lost, also no tail loss probes (emulation/shaping.py)."""
     out = {"net.ipv4.tcp_slow_start_after_idle": "0"}
     if emulated_mtu:
         out["net.ipv4.tcp_limit_output_bytes"] = str(2 * (emulated_mtu + 14))
+        if fabric == "lossless":
+            out.update(LOSSLESS_SYSCTLS)
     return out
 
 
@@ -195,7 +199,8 @@ class ContainerDriver:
                 entrypoint=["/bin/sleep", "2147483647"],
                 name=sandbox_name(spec.job, spec.gpu),
                 network_mode="none",
-                sysctls=sandbox_sysctls(self.rack.spec.emulation.mtu if self.home else None),
+                sysctls=sandbox_sysctls(self.rack.spec.emulation.mtu if self.home else None,
+                                        self.rack.spec.emulation.fabric),
                 init=True,
                 labels={**labels, LABEL_ROLE: "sandbox"},
             )
@@ -334,9 +339,8 @@ class ContainerDriver:
 
 def _home_settings(rack: Rack) -> dict[str, dict[str, str]]:
     """Per GPU, what the helper needs to rebuild the emulated NIC at home (its port, MAC, route table)."""
-    from emulation.plan import nic_plans
-
-    return {p.gpu: {"PORT": p.port, "MAC": p.mac, "TABLE": str(p.table)} for p in nic_plans(rack)}
+    route = " ".join(route_window(rack.spec.emulation.fabric))  # the fabric's bound on each flow's window
+    return {p.gpu: {"PORT": p.port, "MAC": p.mac, "TABLE": str(p.table), "ROUTE": route} for p in nic_plans(rack)}
 
 
 def _text(e: Exception) -> str:

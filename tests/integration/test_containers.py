@@ -7,10 +7,11 @@ import json
 
 import pytest
 
+from controller.core.emulated import nic_port
 from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer, container_name, sandbox_name
 from emulation import netns as ns
-from emulation.plan import nic_port
+from emulation.shaping import WINDOW_SEGMENTS
 from tests.integration.helpers import PAPER, ping, sh, wait_for, worker_image
 
 RACK = load_rack(PAPER)
@@ -78,7 +79,8 @@ def test_profile_workers_all_reduce_correctly(driver, gpus):
         env = c.exec_run(["sh", "-c", "echo $OPTIRACK_GPU_ID $OPTIRACK_GPU_MODEL"]).output.decode().split()
         assert env == [gpu, RACK.gpus[gpu].model]
         assert not ns.has_link(gpu, f"optirack-{server}")  # gone from its server
-        assert "initcwnd 64" in c.exec_run(["ip", "route"]).output.decode()
+        route = c.exec_run(["ip", "route"]).output.decode()  # the lossless fabric's bound on each flow's window
+        assert f"cwnd lock {WINDOW_SEGMENTS}" in route and f"initcwnd {WINDOW_SEGMENTS}" in route, route
         sysctl = c.exec_run(["cat", "/proc/sys/net/ipv4/tcp_slow_start_after_idle"]).output.decode().strip()
         assert sysctl == "0"
         for other in RACK.servers:

@@ -9,11 +9,11 @@ import subprocess
 import pytest
 
 from controller.client import ApiError
+from controller.core.emulated import netns_of
 from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerDriver, container_name, sandbox_name
 from emulation import engines, registry
 from emulation import netns as ns
-from emulation.plan import netns_of
 from tests.integration.helpers import BIN, PAPER, ROOT, sh, wait_for, worker_image
 
 RACK = load_rack(PAPER)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from controller.core.emulated import netns_of, nic_plans
 from controller.core.rack import load_rack
 from controller.drivers.engines import engine_client
 from emulation import netns as ns
 from emulation import nics, ovs
-from emulation.plan import netns_of, nic_plans
 from tests.integration.helpers import PAPER, our_containers, sh, wait_for
 
 RACK = load_rack(PAPER)

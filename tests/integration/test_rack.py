@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from controller.core.circuits import CircuitMap
+from controller.core.emulated import nic_port
 from controller.core.rack import load_rack
 from emulation import ovs
 from emulation.calibrate import RateCheck, without_shapers
-from emulation.plan import nic_port
-from emulation.shaping import QUEUE_FRAMES
+from emulation.shaping import queue_frames
 from tests.integration.helpers import (
     PAPER,
     RACK8,
@@ -138,13 +138,14 @@ def _configured(dev: str, netns: str | None) -> tuple[float | None, int]:
 def _check_path(rack, devices, rate, server_ns, server_ip, client_ns, client_ip, what):
     """The configured rates exactly, then throughput shaped and unshaped through the same bridges."""
     frame = rack.spec.emulation.mtu + 14
+    frames = queue_frames(rack.spec.emulation.fabric, len(rack.gpus))  # lossless: every window that can meet
     for dev, netns in devices:
-        assert _configured(dev, netns) == (rate, QUEUE_FRAMES * frame), (dev, netns)
+        assert _configured(dev, netns) == (rate, frames * frame), (dev, netns)
     shaped = iperf_mbps(server_ns, server_ip, client_ns, client_ip, seconds=3)
     with without_shapers(devices):
         unshaped = iperf_mbps(server_ns, server_ip, client_ns, client_ip, seconds=3)
     for dev, netns in devices:  # put back exactly as it was
-        assert _configured(dev, netns) == (rate, QUEUE_FRAMES * frame), (dev, netns)
+        assert _configured(dev, netns) == (rate, frames * frame), (dev, netns)
     check = RateCheck(rate, shaped, unshaped)
     print(
         f"{what}: shaped {shaped:.1f} Mbit/s at a rate of {rate:g}; unshaped {unshaped:.1f} Mbit/s"

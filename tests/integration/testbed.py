@@ -20,6 +20,7 @@ import docker
 
 from controller.client import ApiError, Client
 from controller.core.circuits import CircuitMap
+from controller.core.emulated import netns_of, nic_plans
 from controller.core.forwarding import compute_tables
 from controller.core.jobs import ACTIVE, QUEUED
 from controller.core.rack import Rack
@@ -27,7 +28,6 @@ from controller.drivers.containers import LABEL_GPU, LABEL_JOB, LABEL_RACK, Cont
 from emulation import harness, nics, ovs
 from emulation import netns as ns
 from emulation import rack as rackmod
-from emulation.plan import netns_of, nic_plans
 from tests.integration.helpers import worker_image
 
 LOG = logging.getLogger("optirack.tests")

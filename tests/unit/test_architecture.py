@@ -72,15 +72,7 @@ def _under(module: str, package: str) -> bool:
 @pytest.mark.parametrize(
     ("importer", "imported"),
     [
-        pytest.param(
-            "controller",
-            "emulation",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="controller/drivers/containers.py still reads the emulated NIC's settings from emulation.plan "
-                "(to move into controller.core with the lossless fabric's settings, issue #22)",
-            ),
-        ),
+        ("controller", "emulation"),
         ("controller", "simulator"),
         ("controller", "scripts"),
         ("controller.core", "containers"),

@@ -1,0 +1,129 @@
+"""The emulated fabric's settings (lossless or droptail) and the demo's verdict on its counters, without a rack."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from controller.core.emulated import WINDOW_SEGMENTS, route_window
+from controller.core.rack import RackError, load_rack
+from emulation import counters
+from emulation.shaping import QUEUE_FRAMES, htb_commands, queue_frames
+from scripts.paper_experiment import fabric_checks, passed
+from tests.unit.test_rack import PAPER
+
+
+def test_the_default_fabric_is_lossless_and_droptail_is_kept(tmp_path):
+    assert load_rack(PAPER).spec.emulation.fabric == "lossless"
+    spec = yaml.safe_load(PAPER.read_text())
+    spec["emulation"]["fabric"] = "droptail"
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(spec))
+    assert load_rack(tmp_path / "r.yaml").spec.emulation.fabric == "droptail"
+    spec["emulation"]["fabric"] = "pfc"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(spec))
+    with pytest.raises(RackError, match="fabric"):
+        load_rack(tmp_path / "bad.yaml")
+
+
+def test_lossless_queues_hold_every_window_that_can_meet_there():
+    gpus = 6
+    frames = queue_frames("lossless", gpus)
+    assert frames >= gpus * 2 * WINDOW_SEGMENTS  # each GPU's two ring connections, each way
+    assert queue_frames("droptail", gpus) == QUEUE_FRAMES < frames
+    with pytest.raises(ValueError, match="unknown fabric"):
+        queue_frames("red", gpus)
+    limits = [c[c.index("limit") + 1] for c in htb_commands(50, 9000, frames) if "limit" in c]
+    assert limits == [str(frames * 9014)] * 2
+
+
+def test_only_the_lossless_fabric_locks_each_flows_window():
+    lossless = " ".join(route_window("lossless"))
+    assert f"cwnd lock {WINDOW_SEGMENTS}" in lossless and f"initcwnd {WINDOW_SEGMENTS}" in lossless
+    assert "lock" not in route_window("droptail") and "64" in route_window("droptail")
+
+
+def test_drops_between_reads_only_counters_that_grew():
+    before = {"root as1-p7 qdisc 20:": 3, "root ocs1-p1 tx": 0}
+    after = {"root as1-p7 qdisc 20:": 10, "root ocs1-p1 tx": 0, "ovs packet socket 9": 2}
+    assert counters.drops_between(before, after) == {"ovs packet socket 9": 2, "root as1-p7 qdisc 20:": 7}
+
+
+def test_verdict_names_the_port_and_the_job_that_retransmitted():
+    tcp = [{"nics": ["gpu1"], "retrans": 5, "out": 1000}, {"nics": ["gpu2"], "retrans": 11, "out": 1000},
+           {"nics": ["gpu3"], "retrans": 0, "out": 0}]
+    bad = counters.verdict({"root as1-p7 qdisc 20:": 7}, tcp)
+    assert bad[0] == "7 packets dropped at root as1-p7 qdisc 20:"
+    assert len(bad) == 2 and bad[1].startswith("gpu2: 11 of 1000")
+
+
+def _record(problems: list[str]) -> dict:
+    return {"fabric": "droptail", "calibration": {"runs": [{"fabric_counters": {"problems": []}}]},
+            "runs": [{"tag": "case a fragmented #1", "fabric_counters": {"problems": problems}}], "sweep": []}
+
+
+def test_a_drop_fails_the_demo_and_is_named_with_its_run():
+    record = _record(["7 packets dropped at root as1-p7 qdisc 20:"])
+    record["checks"] = {"signs_kept": True, "spread_ok": True, "sweep_monotonic": False, **fabric_checks(record)}
+    assert record["checks"]["fabric_problems"] == ["case a fragmented #1: 7 packets dropped at root as1-p7 qdisc 20:"]
+    assert not passed(record)
+    clean = _record([])
+    clean["checks"] = {"signs_kept": True, "spread_ok": True, "sweep_monotonic": False, **fabric_checks(clean)}
+    assert passed(clean)  # no sweep: its check does not apply
+    clean["checks"]["spread_ok"] = False
+    assert not passed(clean)
+
+
+def _summary(compute: float, comm: float) -> dict:
+    return {"completion_s": 10 * (compute + comm), "mean_iteration_rack_s": compute + comm,
+            "mean_compute_rack_s": compute, "mean_comm_rack_s": comm, "host_idle_percent": 5.0,
+            "host_steal_percent": 0.2}
+
+
+def test_a_slow_repeat_is_named_with_where_its_time_went():
+    from scripts.paper_experiment import disturbed
+
+    fixed = [_summary(0.2, 0.5)] * 3
+    regroup = [_summary(0.2, 0.1), _summary(0.2, 0.1), _summary(0.27, 0.1)]  # the third: compute slowed
+    out = disturbed(list(zip(fixed, regroup, strict=True)))
+    assert len(out) == 1
+    d = out[0]
+    assert (d["policy"], d["repeat"], d["by"]) == ("regroup", 2, "compute")
+    assert d["slower_by"] == pytest.approx(0.07 / 0.3) and d["host_idle_percent"] == 5.0
+    assert disturbed(list(zip(fixed, fixed, strict=True))) == []
+
+
+def test_uplink_shares_compare_each_crossing_flow_with_an_even_split_of_a_busy_uplink():
+    cap = 8e6  # bit/s: 0.5 MB per 0.5 s window
+    red, blue = {"198.18.0.1"}, {"198.18.0.5"}
+    samples = [(0.0, {"as1:10 198.18.0.1": 0, "as1:10 198.18.0.5": 0})]
+    for i in range(1, 5):  # red gets 300 kB, blue 150 kB of each window: blue is short of its share
+        samples.append((0.5 * i, {"as1:10 198.18.0.1": 300_000 * i, "as1:10 198.18.0.5": 150_000 * i}))
+    shares = counters.uplink_shares(samples, cap, [red, blue])
+    assert shares["windows"] == 4
+    assert shares["flows"]["as1:10 198.18.0.1"]["error"] == pytest.approx(300 / 225 - 1)
+    assert shares["flows"]["as1:10 198.18.0.5"]["share"] == pytest.approx(0.3)
+    problems = counters.share_problems(shares)
+    assert len(problems) == 2 and problems[0].startswith("uplink as1:10: the flow to 198.18.0.1 got +33 %")
+    assert counters.uplink_shares(samples, cap, [red])["windows"] == 0  # one ring alone: no sharing to judge
+
+
+def test_retransmissions_in_an_ocs_dark_window_are_counted_apart():
+    tcp = [{"nics": ["gpu5"], "retrans": 20, "out": 1000,
+            "history": [(100.0, 0), (100.5, 15), (101.0, 15), (110.0, 15), (110.5, 20)]}]
+    counters.dark_retransmissions(tcp, [(100.2, 100.4)])
+    assert tcp[0]["retrans_dark"] == 15 and "history" not in tcp[0]
+    bad = counters.verdict({}, tcp)  # 5 of 1000 outside the dark window: within 1 %
+    assert bad == []
+    tcp[0]["retrans_dark"] = 0
+    assert counters.verdict({}, tcp)[0].startswith("gpu5: 20 of 1000")
+
+
+def test_only_windows_inside_every_rings_all_reduce_are_judged():
+    from scripts.paper_experiment import all_reduces
+
+    job = {"ranks": {"gpu1": [{"t_start": 0.0, "compute_s": 1.0, "t_end": 3.0}],
+                     "gpu2": [{"t_start": 0.0, "compute_s": 1.5, "t_end": 3.2}]}}
+    assert all_reduces(job) == [(1.5, 3.0)] and all_reduces(None) == []
+    samples = [(0.5 * i, {"as1:10 198.18.0.1": 250_000 * i, "as1:10 198.18.0.5": 250_000 * i}) for i in range(8)]
+    rings = [{"198.18.0.1"}, {"198.18.0.5"}]
+    assert counters.uplink_shares(samples, 8e6, rings)["windows"] == 7
+    assert counters.uplink_shares(samples, 8e6, rings, [[(1.5, 3.0)], [(0.0, 9.0)]])["windows"] == 3
