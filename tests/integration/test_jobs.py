@@ -72,6 +72,10 @@ def test_regrouping_a_fragmented_running_job(bed):
     assert all(device_switch_of(g) == s for g, s in zip(BLUE, ("as1", "as2"), strict=True))  # blue untouched
     assert switch_tables(RACK) == compute_tables(RACK, CircuitMap.parse(RACK, client.get("/ocs/circuits")["circuits"]))
 
+    # Packets of red's that were in flight when it moved (in the lossless fabric's uplink queue, up to its depth)
+    # reach a switch that now sends red's addresses back over the uplink: let them drain for three iterations, then
+    # measure three more.
+    _uplink_window(client, red, 3)
     window = _uplink_window(client, red, 3)
     after, blue_after = uplink_bytes(*window, red_ips), uplink_bytes(*window, blue_ips)
     print(
