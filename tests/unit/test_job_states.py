@@ -10,8 +10,8 @@ from controller.core import jobs as core
 from controller.core import placement as policy
 from controller.core.jobs import NEW, TRANSITIONS, IllegalTransition, Job, transition
 from tests.unit.fakes import FakeDriver
-from tests.unit.virtual import VirtualRuntime
 from tests.unit.test_jobs import finished, make, req
+from tests.unit.virtual import VirtualRuntime
 
 STATES = set(TRANSITIONS)
 EDGES = {(a, b) for a, tos in TRANSITIONS.items() for b in tos}

@@ -14,8 +14,8 @@ from controller.core.jobs import JobRequest
 from controller.core.placement import InvalidRequest, NoRoomNow, PlacementError
 from controller.core.rack import load_rack
 from tests.unit.fakes import FakeDriver, FakeSwitch
-from tests.unit.virtual import VirtualRuntime
 from tests.unit.test_rack import PAPER
+from tests.unit.virtual import VirtualRuntime
 
 RACK = load_rack(PAPER)
 
