@@ -20,7 +20,11 @@ class PlacementApp(app_manager.RyuApp):
         ctx: Optirack = kwargs["optirack"]
         driver = kwargs.get("driver") or ContainerDriver(ctx.rack, conf().worker_image, nic_home=conf().nic_home)
         self.service = JobService(
-            ctx, driver, kwargs.get("runtime") or ctx.rt, kwargs.get("engine_poll") or conf().engine_poll
+            ctx,
+            driver,
+            kwargs.get("runtime") or ctx.rt,
+            kwargs.get("engine_poll") or conf().engine_poll,
+            hold_configuring=conf().fault_hold_configuring,
         )
 
     def __getattr__(self, name: str):

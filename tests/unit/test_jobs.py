@@ -24,6 +24,8 @@ def make(tmp_path, driver, rt):
     """A controller (its OCS, fabric and placement apps) on runtime `rt`; a second one on a new runtime is a
     restart (the first one's threads never run again)."""
     driver.sleep = rt.sleep
+    for container in driver.running.values():  # a restart on the same engines: their workers go on
+        container.sleep = rt.sleep
     ctx = Optirack(rack=RACK, state_dir=tmp_path, clock=rt.clock, runtime=rt)
     ocs_app = OcsApp(optirack=ctx)
     apps = [Inventory(optirack=ctx), ocs_app, FabricApp(optirack=ctx)]
@@ -250,3 +252,44 @@ def test_a_plan_is_refused_if_the_jobs_changed(tmp_path, vrt):
     with pytest.raises(Conflict, match="running jobs changed"):
         placement.regroup_all(version=plan["version"])
     placement.stop_job(red.id)
+
+
+def _held_at_configuring(tmp_path, vrt, driver):
+    """A regroup job stopped at configuring by the fault hook, its circuits and containers in place."""
+    ctx, placement, ocs = make(tmp_path, driver, vrt)
+    before = ctx.circuits
+    placement.service.hold_configuring = True
+    job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="regroup"))
+    vrt.run(lambda: len(driver.started) == 4, what="the held job's containers")
+    vrt.advance(5)
+    assert job.state == "configuring" and ctx.circuits != before and len(job.circuits) == 4
+    return before, job
+
+
+def test_a_restart_carries_on_a_configuring_job_whose_circuits_and_containers_match(tmp_path, vrt):
+    driver = FakeDriver(block=True)
+    _, job = _held_at_configuring(tmp_path, vrt, driver)
+    rt2 = VirtualRuntime()  # the controller died while the job was configuring; a new one starts
+    ctx2, placement2, ocs2 = make(tmp_path, driver, rt2)
+    again = placement2.get(job.id)
+    rt2.run(lambda: again.state == "running", what="the configuring job to be carried on")
+    assert len(driver.started) == 4 and driver.removed == []  # the same containers, adopted
+    assert {frozenset(c) for c in again.circuits} <= {frozenset(map(str, c)) for c in ctx2.circuits.circuits}
+    assert ocs2.circuits() == {(a.port, b.port) for a, b in ctx2.circuits.circuits}
+    placement2.stop_job(job.id)
+    assert again.state == "stopped" and driver.running == {}
+
+
+def test_a_restart_undoes_a_configuring_job_whose_containers_are_gone(tmp_path, vrt):
+    driver = FakeDriver(block=True)
+    before, job = _held_at_configuring(tmp_path, vrt, driver)
+    driver.running.pop(next(n for n in driver.running if n.endswith("gpu3")))  # lost while the controller was down
+    rt2 = VirtualRuntime()
+    ctx2, placement2, ocs2 = make(tmp_path, driver, rt2)
+    again = placement2.get(job.id)
+    rt2.run(lambda: not again.active, what="the configuring job to be undone")
+    assert again.state == "failed" and "the containers of gpu3 are gone" in again.reason, again.reason
+    assert ctx2.circuits == before  # its placement's circuits put back
+    assert ocs2.circuits() == {(a.port, b.port) for a, b in before.circuits}
+    assert driver.running == {} and placement2.busy_gpus() == {}  # nothing left on any engine
+    assert [ctx2.events.get(e).reason for e in again.events][-1] == f"{job.id}: undo placement"
