@@ -12,7 +12,7 @@ from controller.client import ApiError
 from controller.core.circuits import CircuitMap
 from controller.core.forwarding import compute_tables
 from controller.core.rack import load_rack
-from controller.drivers.containers import LABEL_GPU, LABEL_JOB, LABEL_ROLE
+from controller.drivers.containers import container_name
 from emulation import ovs
 from tests.integration.helpers import BIN, PAPER, ROOT, wait_for
 from tests.integration.testbed import device_circuits, switch_tables, uplink_bytes, uplink_counters
@@ -127,10 +127,10 @@ def _device_matches(client, circuits: list) -> None:
     assert switch_tables(RACK) == compute_tables(RACK, CircuitMap.parse(RACK, circuits))
 
 
-def _workers_of(bed, job_id: str) -> dict[str, object]:
-    """GPU -> the worker container of `job_id`, on whichever engine it is."""
-    return {c.labels[LABEL_GPU]: c for _, c in bed.containers()
-            if c.labels.get(LABEL_JOB) == job_id and c.labels.get(LABEL_ROLE) == "worker"}
+def _containers_of(bed, job_id: str, role: str | None = "worker") -> dict[str, str]:
+    """GPU -> the server whose engine holds `job_id`'s container of that role (None: any role) for it."""
+    return {w["gpu"]: server for server in RACK.servers for w in bed.driver.workers(server, job_id)
+            if role is None or w["role"] == role}
 
 
 def test_a_killed_controller_finds_each_job_where_it_should_be(bed):
@@ -145,14 +145,15 @@ def test_a_killed_controller_finds_each_job_where_it_should_be(bed):
     client = bed.restart("--optirack-fault-hold-configuring")  # new jobs stop at configuring, as if it died there
     kept = client.post("/jobs", {"gpus": ["gpu1", "gpu3"], "policy": "regroup", "workload": work(20)})["job"]["id"]
     undone = client.post("/jobs", {"gpus": ["gpu2", "gpu4"], "policy": "regroup", "workload": work(20)})["job"]["id"]
-    wait_for(lambda: len(_workers_of(bed, kept)) == len(_workers_of(bed, undone)) == 2, 120,
+    wait_for(lambda: len(_containers_of(bed, kept)) == len(_containers_of(bed, undone)) == 2, 120,
              "both held jobs' containers")
     queued = client.post("/jobs", {"gpus": 2, "workload": work(3)})["job"]
     assert queued["state"] == "queued" and queued["position"] == 1, queued
     assert {client.get(f"/jobs/{j}")["job"]["state"] for j in (kept, undone)} == {"configuring"}
 
     bed.controller.kill()
-    _workers_of(bed, undone)["gpu4"].remove(force=True)  # lost while no controller was there to see it
+    server = _containers_of(bed, undone)["gpu4"]  # its worker is lost while no controller is there to see it
+    bed.driver.client(server).containers.get(container_name(undone, "gpu4")).remove(force=True)
     client = bed.restart()
 
     assert _iterations(client, running) >= 2  # adopted, not failed
@@ -161,7 +162,7 @@ def test_a_killed_controller_finds_each_job_where_it_should_be(bed):
     assert "the containers of gpu4 are gone" in broken["reason"], broken["reason"]
     undo = next(e for e in client.get("/events")["events"] if e["id"] == broken["events"][-1])
     assert undo["reason"] == f"{undone}: undo placement" and undo["status"] == "ok", undo
-    assert _workers_of(bed, undone) == {} and not [c for _, c in bed.containers() if c.labels[LABEL_JOB] == undone]
+    assert _containers_of(bed, undone, role=None) == {}  # nothing of it on any engine, sandboxes included
     for job_id, iterations in ((kept, 20), (running, 120), (queued["id"], 3)):
         done = wait_job(client, job_id)
         assert done["state"] == "done" and done["iterations_done"] == iterations, (job_id, done["reason"])
