@@ -63,8 +63,6 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
             self.installed.pop(name, None)
             self.rpc.on_disconnect(ev.datapath.id)
 
-
-
     def desired(self, circuits=None) -> dict[str, Table]:
         return compute_tables(self.ctx.rack, self.ctx.circuits if circuits is None else circuits)
 
