@@ -278,9 +278,10 @@ def uplink_shares(samples: list[tuple[float, dict[str, int]]], capacity_bps: flo
     bytes the uplink carried in the window over n. With `all_reduces` (for each ring, the spans in
     which all its ranks were in an all-reduce) only the windows inside an all-reduce of every ring
     count: outside them a ring's flow waits on its own ring, not on the uplink, and max-min gives it
-    what it asks. Each figure is the mean over the windows."""
+    what it asks. Each figure is the mean over the windows in which that flow was counted."""
     got: dict[str, float] = {}
     fair: dict[str, float] = {}
+    seen: dict[str, int] = {}  # windows in which each flow was counted
     windows = 0
     for (t0, a), (t1, b) in zip(samples, samples[1:], strict=False):
         if all_reduces is not None and not all(_within(t0, t1, spans) for spans in all_reduces):
@@ -301,7 +302,8 @@ def uplink_shares(samples: list[tuple[float, dict[str, int]]], capacity_bps: flo
                 key = f"{link} {addr}"
                 got[key] = got.get(key, 0.0) + d / cap
                 fair[key] = fair.get(key, 0.0) + total / len(flows) / cap
-    flows = {k: {"share": got[k] / windows, "maxmin": fair[k] / windows, "error": got[k] / fair[k] - 1}
+                seen[key] = seen.get(key, 0) + 1
+    flows = {k: {"share": got[k] / seen[k], "maxmin": fair[k] / seen[k], "error": got[k] / fair[k] - 1}
              for k in sorted(got)}
     return {"windows": windows, "flows": flows}
 
