@@ -1,8 +1,11 @@
 """The demo's figures over repeats, its checks, and the calibration's ring, without a rack."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+import scripts.paper_experiment as pe
 from controller.core.rack import _port_ref, load_rack
 from emulation.calibrate import Calibration, _largest_ring, one_switch_circuits
 from scripts.paper_experiment import checks, point, rack_variant, uplink_ratio
@@ -64,3 +67,24 @@ def test_calibration_verdict_is_the_slowest_flow():
     assert cal.fraction == pytest.approx(0.88) and not cal.ok
     assert "TOO SLOW" in cal.line() and "44.0-49.5 Mbit/s" in cal.line()
     assert Calibration(50.0, [46.0] * 4, 4, 60.0, 1.0, None).ok
+
+
+def test_a_record_is_named_by_its_time_and_commit_and_never_overwritten(tmp_path):
+    from scripts import records
+
+    rec = {"started_utc": "20260101T120000Z", "versions": {"optirack": "abc1234", "git_dirty": True}}
+    path = pe.record_path(rec, tmp_path)
+    assert path == tmp_path / "records" / "20260101T120000Z-abc1234-dirty.json"
+    records.write_new(path, {"first": 1})
+    with pytest.raises(FileExistsError):
+        records.write_new(path, {"second": 2})
+    assert json.loads(path.read_text()) == {"first": 1}
+    clean = pe.record_path({**rec, "versions": {"optirack": "abc1234", "git_dirty": False}}, tmp_path)
+    assert clean.name == "20260101T120000Z-abc1234.json"
+
+
+def test_the_versions_name_the_commit_and_whether_the_checkout_was_dirty():
+    from scripts import records
+
+    v = records.versions(full=False)
+    assert v["optirack"] and v["git_dirty"] in (True, False) and v["python"] and v["kernel"]
