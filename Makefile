@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export VENV
 
 .PHONY: help setup test test-unit test-integration lint controller image rack-up rack-down rack-status \
-        rack-cli demo demo-quick bench clean
+        rack-cli demo demo-quick bench report clean
 
 help:
 	@echo "make setup             install everything this machine needs (idempotent, as root)"
@@ -24,6 +24,7 @@ help:
 	@echo "make clean             build outputs, and the engines' and registry's caches (takes a rack down)"
 	@echo "make demo              reproduce the paper's experiment (results/)"
 	@echo "make bench             print the benchmarks' figures"
+	@echo "make report            rebuild the results tables of README.md and docs/ from results/records/"
 
 setup:
 	@bash scripts/setup.sh
@@ -65,6 +66,10 @@ bench: setup
 	$(PY) scripts/bench_store.py
 	$(PY) scripts/bench_simulate.py
 	$(PY) scripts/bench_loopback.py
+
+# Every results table of README.md and docs/*.md, from the committed records (--check: compare only).
+report:
+	$(PY) scripts/report.py $(ARGS)
 
 # Also the caches rack-down keeps: each emulated engine's image store and the registry's storage.
 clean:

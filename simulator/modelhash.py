@@ -105,5 +105,22 @@ def _read_checkout(path: str) -> str | None:
         return None
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m simulator.modelhash",
+                                description="Print the simulator's model hash (the one make demo records).")
+    p.add_argument("--files", action="store_true", help="also list the files it covers")
+    p.add_argument("--at", metavar="COMMIT", help="the hash of the files as they were at a git commit")
+    args = p.parse_args(argv)
+    h = model_hash_at(args.at) if args.at else model_hash()
+    if h is None:
+        p.error(f"--at: {args.at!r} is not a commit of this repository")
+    print(h)
+    if args.files:
+        print("\n".join(MODEL_FILES))
+    return 0
+
+
 if __name__ == "__main__":
-    print(model_hash())
+    raise SystemExit(main())
