@@ -32,11 +32,17 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
 
 
 def write_json(path: Path | None, results) -> None:
-    """Write `results` with what produced them: the command, the host, the time."""
+    """Write `results` with what produced them: the command, the host, the time, the commit (and whether the
+    checkout differed from it), python and the kernel."""
     if path is None:
         return
+    try:
+        from scripts.records import versions
+    except ModuleNotFoundError:  # run as a file: scripts/ itself is on sys.path
+        from records import versions
     record = {"command": [Path(sys.argv[0]).name, *sys.argv[1:]], "host": platform.node(),
-              "cpus": _cpus(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "results": results}
+              "cpus": _cpus(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": versions(full=False),
+              "results": results}
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {path}")
 
