@@ -10,7 +10,8 @@ Blocks: headline (README: the paper's two cases, one row per full record and cas
 job of concern and each case's distance from the paper), sweep (case (a) against the uplink's rate), records
 (every committed record: when, which commit, fabric, model hash, checks), fidelity-droptail and
 shares-droptail (the simulator against the droptail record, as `optirack simulate --case` and
-`python -m simulator.evidence` print them).
+`python -m simulator.evidence` print them), reconfig and loopback (the committed benchmark records under
+results/bench/: bench_reconfig's end-to-end and event figures, bench_loopback's step).
 
 On an emulated GPU the compute is a wait: what the worker reports as utilization is the compute time over the
 iteration time. Every block names it so ("compute fraction of an iteration"), beside the paper's measured GPU
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import re
 import sys
 import textwrap
@@ -204,9 +206,66 @@ def shares_droptail(records: list[rec.Record]) -> str:
     return "\n".join(rows)
 
 
+# --- benchmark records (results/bench/<UTC time>-<commit>-<benchmark>.json, written with --json) ----------------
+BENCH = ROOT / "results" / "bench"
+
+
+def bench_records(name: str, directory: Path | None = None) -> list[tuple[str, dict]]:
+    """(stem, record) of every committed record of benchmark `name`, oldest first."""
+    out = []
+    for path in sorted((directory or BENCH).glob(f"*-{name}.json")):
+        try:
+            out.append((path.stem.removesuffix(f"-{name}"), json.loads(path.read_text())))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ReportError(f"{path}: cannot read the record: {e}") from None
+    return out
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _mmm(lo: float, mid: float, hi: float) -> str:
+    return f"{mid:.1f} ({lo:.1f}–{hi:.1f}) ms"
+
+
+def reconfig(_records: list[rec.Record]) -> str:
+    rows = ["| record | rack | OCS ports | change | end to end: REST request → forwarding confirmed "
+            "| less the switching time | the event's overhead (from its start) | before the event starts "
+            "| switch programming | of it inside the dark window |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for stem, data in bench_records("bench_reconfig"):
+        for r in data["results"]:
+            if "e2e_median_ms" not in r:
+                continue
+            e2e = _mmm(r["e2e_min_ms"], r["e2e_median_ms"], r["e2e_max_ms"])
+            rows.append(f"| `{stem}` | {r['gpus']} GPUs{' (bare)' if r.get('bare') else ''} | {r['ports']:,} "
+                        f"| {r['circuits']} circuit{_s(r['circuits'])} | {e2e} "
+                        f"| {r['e2e_overhead_median_ms']:.1f} ms | {_mmm(r['min_ms'], r['median_ms'], r['max_ms'])} "
+                        f"| {r['before_event_ms_median']:.1f} ms | {r['programming_ms_median']:.1f} ms "
+                        f"| {r['programming_in_dark_ms_median']:.1f} ms |")
+    return "\n".join(rows)
+
+
+def loopback(_records: list[rec.Record]) -> str:
+    rows = ["| record | ring | rounds × iterations | per all-reduce, median (min–max) over the rounds "
+            "| per step | the model's constant (per step) |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for stem, data in bench_records("bench_loopback"):
+        r, cmd = data["results"], data["command"]
+        rounds = r["allreduce_ms"]["n"]
+        iterations = cmd[cmd.index("--iterations") + 1] if "--iterations" in cmd else "40"
+        a, s = r["allreduce_ms"], r["step_ms"]
+        rows.append(f"| `{stem}` | {r['ranks']} ranks, {r['steps']} steps, {r['gradient_bytes']} B "
+                    f"| {rounds} × {iterations} | {_mmm(a['min'], a['median'], a['max'])} "
+                    f"| {_mmm(s['min'], s['median'], s['max'])} | {r['model_step_ms']:.2f} ms |")
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[list[rec.Record]], str]] = {
     "headline": headline, "cases": cases, "sweep": sweep, "records": records_table,
     "fidelity-droptail": fidelity_droptail, "shares-droptail": shares_droptail,
+    "reconfig": reconfig, "loopback": loopback,
 }
 
 

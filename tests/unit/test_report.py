@@ -90,3 +90,20 @@ def test_only_full_records_make_the_tables(tmp_path):
     assert len(recs) == 2 and len(report.full(recs)) == 1
     assert report.cases(recs).count("\n| `") == 2  # its two cases, from the full record only
     assert report.records_table(recs).count("\n| `") == 2
+
+
+def test_the_reconfiguration_rows_carry_the_end_to_end_and_the_event_figures():
+    found = report.bench_records("bench_reconfig")
+    assert found, "no committed bench_reconfig record under results/bench/"
+    for stem, data in found:
+        for row in data["results"]:
+            assert row["e2e_median_ms"] >= row["total_ms_median"] - 1.0, (stem, row)  # it starts earlier
+            assert {"median_ms", "e2e_overhead_median_ms", "programming_in_dark_ms_median"} <= row.keys()
+    table = report.reconfig([])
+    assert table.count("\n| `") == sum(len(d["results"]) for _, d in found)
+
+
+def test_a_benchmark_record_that_does_not_parse_is_named(tmp_path):
+    (tmp_path / "20260101T000000Z-abc1234-bench_loopback.json").write_text("{")
+    with pytest.raises(report.ReportError, match="20260101T000000Z-abc1234-bench_loopback.json: cannot read"):
+        report.bench_records("bench_loopback", tmp_path)
