@@ -22,7 +22,7 @@ help:
 	@echo "make rack-cli          Mininet CLI on the running rack"
 	@echo "make rack-down         remove everything the rack made (safe to repeat); engines' image stores stay"
 	@echo "make clean             build outputs, and the engines' and registry's caches (takes a rack down)"
-	@echo "make demo              reproduce the paper's experiment (results/)"
+	@echo "make demo              reproduce the paper's experiment (a new record in results/records/)"
 	@echo "make bench             print the benchmarks' figures"
 	@echo "make report            rebuild the results tables of README.md and docs/ from results/records/"
 
@@ -76,6 +76,6 @@ clean:
 	rm -rf build .pytest_cache .ruff_cache
 	@if [ -x $(VENV)/bin/optirack-rack ]; then $(VENV)/bin/optirack-rack down --purge; fi
 
-# The main job: the paper's experiment on the default rack (results/). ARGS="--quick" for a short run.
+# The main job: the paper's experiment on the default rack (a new record in results/records/). ARGS="--quick" for a short run.
 demo: setup
 	$(PY) -m scripts.paper_experiment $(ARGS)
