@@ -74,8 +74,7 @@ def _paper(case: str) -> str:
 
 def full(records: list[rec.Record]) -> list[rec.Record]:
     """The records of a whole demo (both cases, repeated): a quick run or a single case is not a result."""
-    return [r for r in records if {p["case"] for p in r.data["points"]} >= {"a", "b"}
-            and r.data["settings"].get("repeats", 1) >= 3]
+    return [r for r in records if r.full]
 
 
 def _label(r: rec.Record) -> str:

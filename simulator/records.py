@@ -35,6 +35,13 @@ class Record:
     def model_hash(self) -> str | None:
         return self.data.get("model_hash")
 
+    @property
+    def full(self) -> bool:
+        """A whole demo (both cases, each pair repeated at least 3 times): what the results tables show and the
+        fidelity test checks. A quick run (`--quick`: case (a) once) is a record too, listed, but neither."""
+        return {p["case"] for p in self.data["points"]} >= {"a", "b"} \
+            and self.data.get("settings", {}).get("repeats", 1) >= 3
+
 
 def stem(started_utc: str, commit: str | None, dirty: bool) -> str:
     """'20261123T132449Z-8c2fd57' from a UTC time '20261123T132449Z' and the short commit."""
@@ -61,5 +68,5 @@ def load(directory: Path = RECORDS) -> list[Record]:
 
 
 def with_model(model_hash: str, directory: Path = RECORDS) -> list[Record]:
-    """The records made with the model whose hash is `model_hash`: the ones that check it."""
-    return [r for r in load(directory) if r.model_hash == model_hash]
+    """The full records made with the model whose hash is `model_hash`: the ones that check it."""
+    return [r for r in load(directory) if r.model_hash == model_hash and r.full]

@@ -299,7 +299,8 @@ def _synthetic_record(directory: Path, model_hash: str, off: float = 0.05) -> Pa
         return {"name": name, "case": case, "nic_to_uplink": k, "uplink_gbps": gbps, "fixed": dict(fig),
                 "regroup": dict(fig)}
 
-    rec = {"model_hash": model_hash, "rack": rack, "settings": {"iterations": 12, "model": "vgg16"}, "runs": [],
+    rec = {"model_hash": model_hash, "rack": rack, "settings": {"iterations": 12, "model": "vgg16", "repeats": 3},
+           "runs": [],
            "calibration": {"runs": []},
            "points": [point("a", nic / uplink, uplink, "case a"), point("b", nic / uplink, uplink, "case b")],
            "sweep": [point("a", 4.0, nic / 4, "sweep 1:4")]}
@@ -319,8 +320,10 @@ def test_the_records_check_picks_the_records_of_the_current_model_and_fails_on_a
     path = _synthetic_record(tmp_path, current, off=0.05)
     other = tmp_path / "20250101T000000Z-1234567.json"
     other.write_text(json.dumps({**json.loads(path.read_text()), "model_hash": "0" * 64}))
+    quick = tmp_path / "20260101T000001Z-abcdef0.json"  # a quick run (case a, once) with the current model
+    quick.write_text(json.dumps({**json.loads(path.read_text()), "settings": {"repeats": 1}}))
     picked = records.with_model(current, tmp_path)
-    assert [r.path for r in picked] == [path]  # the record of another model checks nothing
+    assert [r.path for r in picked] == [path]  # neither another model's record nor a quick run checks it
     rows, failures = fidelity.check_record(picked[0].data)
     assert len(rows) == 6 and not failures, failures
     # the same record with case (b)'s fragmented time 15 % off the model: that point, and only it, fails
