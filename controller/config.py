@@ -42,6 +42,12 @@ OPTS = [
         help="seconds between health checks of the servers' Docker Engines (one that comes back has its "
         "stale containers removed)",
     ),
+    cfg.BoolOpt(
+        "fault-hold-configuring",
+        default=False,
+        help="for tests of reconciliation only: every job's thread stops once its circuits and containers are in "
+        "place, its state left 'configuring', as if the controller died there",
+    ),
     cfg.StrOpt(
         "worker-image",
         default=f"optirack-worker:{os.environ.get('OPTIRACK_IMAGE_TAG', 'latest')}",

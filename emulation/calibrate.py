@@ -262,7 +262,7 @@ def without_shapers(devices: list[tuple[str, str | None]]):
         for dev, netns in devices:
             rate = shaped_mbps(dev, netns)
             mtu = _mtu(dev, netns)
-            saved.append((dev, netns, rate, mtu, _queue_frames(dev, netns, mtu)))
+            saved.append((dev, netns, rate, mtu, _queue_frames(dev, netns, mtu), _fair_flows(dev, netns)))
             subprocess.run(
                 ["tc", *(["-n", netns] if netns else []), "qdisc", "del", "dev", dev, "root"],
                 capture_output=True,
@@ -271,10 +271,10 @@ def without_shapers(devices: list[tuple[str, str | None]]):
         try:
             yield
         finally:
-            for dev, netns, rate, mtu, frames in saved:
+            for dev, netns, rate, mtu, frames, flows in saved:
                 if rate is None:
                     continue
-                for args in htb_commands(rate, mtu, frames):
+                for args in htb_commands(rate, mtu, frames, flows):
                     subprocess.run(
                         ["tc", *(["-n", netns] if netns else []), *[dev if a == DEV else a for a in args]],
                         capture_output=True,
@@ -284,15 +284,36 @@ def without_shapers(devices: list[tuple[str, str | None]]):
     return manage()
 
 
+def _fair_flows(dev: str, netns: str | None) -> list[str] | None:
+    """The destination addresses of a fair port's leaves, in leaf order (None: the port is one FIFO)."""
+    import ipaddress
+
+    from emulation.shaping import FAIR_FIRST
+
+    out = subprocess.run(
+        ["tc", *(["-n", netns] if netns else []), "filter", "show", "dev", dev], capture_output=True, text=True
+    ).stdout
+    leaves, minor = {}, None
+    for line in out.splitlines():
+        if "flowid 5:" in line:
+            minor = int(line.split("flowid 5:")[1].split()[0], 16)
+        elif line.strip().startswith("match") and line.strip().endswith("at 16") and minor is not None:
+            if minor >= FAIR_FIRST:
+                leaves[minor] = str(ipaddress.IPv4Address(int(line.split()[1].split("/")[0], 16)))
+            minor = None
+    return [leaves[m] for m in sorted(leaves)] or None
+
+
 def _queue_frames(dev: str, netns: str | None, mtu: int) -> int:
-    """Frames the bulk class's queue (bfifo 20:) holds on an interface (the fabric's queue size)."""
+    """Frames the bulk class's queue (bfifo 20:, or a fair port's default leaf 99:) holds on an interface (the
+    fabric's queue size)."""
     from emulation.shaping import QUEUE_FRAMES
 
     out = subprocess.run(
         ["tc", *(["-n", netns] if netns else []), "-j", "qdisc", "show", "dev", dev], capture_output=True, text=True
     ).stdout
     for q in json.loads(out) if out.strip() else []:
-        if q.get("kind") == "bfifo" and q.get("handle") == "20:":
+        if q.get("kind") == "bfifo" and q.get("handle") in ("20:", "99:"):
             return int(q["options"]["limit"]) // (mtu + 14)
     return QUEUE_FRAMES
 

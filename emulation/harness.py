@@ -80,6 +80,13 @@ class ControllerProcess:
     def client(self) -> Client:
         return Client(self.url, (self.state_dir / "token").read_text().strip())
 
+    def kill(self) -> None:
+        """SIGKILL: the controller dies where it stands, as on a crash (nothing of its own shutdown runs)."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.stop()
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)

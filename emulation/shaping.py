@@ -44,17 +44,30 @@ def queue_frames(fabric: str, gpus: int) -> int:
 
 
 
-def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES) -> list[list[str]]:
+FAIR_DEFAULT = 0x99  # the fair bulk class's leaf for what no address filter takes (ARP, addresses not listed)
+FAIR_FIRST = 0x100  # the fair bulk class's leaf of the i-th address: 5:(0x100 + i)
+
+
+def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES,
+                 flows: list[str] | None = None) -> list[list[str]]:
     """tc argument lists (after `tc`), with ``{dev}`` where the interface goes.
 
     The quantum is one full frame, so a jumbo frame is sent in one round. The bucket holds two
     frames (at least 15 kB): a burst is what a sender gets above the rate after an idle compute
-    phase, so a bigger one would let each all-reduce step beat the line rate."""
+    phase, so a bigger one would let each all-reduce step beat the line rate.
+
+    `flows` (destination addresses): the bulk class is split into one leaf per address, each queue its own and
+    each guaranteed an equal part, lending what it leaves idle to the others one frame per round (htb's deficit
+    round robin among leaves of one priority): flows that meet here share the port max-min fairly, whatever their
+    round-trip times, as RoCE's congestion control shares a congested port. The lossless fabric's uplinks, where
+    rings' flows meet, get it (emulation/topo.py)."""
     rate, acks, bulk = f"{mbps:g}Mbit", f"{mbps / 10:g}Mbit", f"{mbps * 0.9:g}Mbit"
     frame = mtu + 14
     burst = str(max(15_000, 2 * frame))
     common = ["burst", burst, "cburst", burst, "quantum", str(frame)]
     queue = ["bfifo", "limit", str(frames * frame)]
+    if flows:
+        return _fair_commands(mbps, rate, acks, bulk, common, queue, flows)
     return [
         ["qdisc", "replace", "dev", DEV, "root", "handle", "5:", "htb", "default", "20"],
         ["class", "replace", "dev", DEV, "parent", "5:", "classid", "5:1", "htb", "rate", rate, *common],
@@ -68,3 +81,31 @@ def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES) -> li
          "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2",
          "match", "u8", "0x00", "0x08", "at", "33", "flowid", "5:10"],
     ]
+
+
+def _fair_commands(mbps: float, rate: str, acks: str, bulk: str, common: list[str], queue: list[str],
+                   flows: list[str]) -> list[list[str]]:
+    share = f"{mbps * 0.9 / (len(flows) + 1):g}Mbit"  # every leaf's guaranteed part: the bulk rate split evenly
+    leaves = [(FAIR_DEFAULT, None)] + [(FAIR_FIRST + i, addr) for i, addr in enumerate(flows)]
+    cmds = [
+        ["qdisc", "replace", "dev", DEV, "root", "handle", "5:", "htb", "default", f"{FAIR_DEFAULT:x}"],
+        ["class", "replace", "dev", DEV, "parent", "5:", "classid", "5:1", "htb", "rate", rate, *common],
+        ["class", "replace", "dev", DEV, "parent", "5:1", "classid", "5:10", "htb", "rate", acks, "ceil", rate,
+         "prio", "0", *common],
+        ["class", "replace", "dev", DEV, "parent", "5:1", "classid", "5:20", "htb", "rate", bulk, "ceil", rate,
+         "prio", "1", *common],
+        ["qdisc", "replace", "dev", DEV, "parent", "5:10", "handle", "10:", *queue],
+    ]
+    for minor, _ in leaves:
+        cmds += [
+            ["class", "replace", "dev", DEV, "parent", "5:20", "classid", f"5:{minor:x}", "htb", "rate", share,
+             "ceil", rate, "prio", "1", *common],
+            ["qdisc", "replace", "dev", DEV, "parent", f"5:{minor:x}", "handle", f"{minor:x}:", *queue],
+        ]
+    cmds.append(["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32",
+                 "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2",
+                 "match", "u8", "0x00", "0x08", "at", "33", "flowid", "5:10"])
+    for minor, addr in leaves[1:]:
+        cmds.append(["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "2", "u32",
+                     "match", "ip", "dst", f"{addr}/32", "flowid", f"5:{minor:x}"])
+    return cmds

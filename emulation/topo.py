@@ -46,21 +46,21 @@ class ShapedIntf(TCIntf):
     """Mininet's TCIntf with optirack's shaping (emulation/shaping.py) instead of its single htb class,
     and the rack's MTU set before the shaper is sized for it."""
 
-    def config(self, mtu: int = 1500, frames: int = QUEUE_FRAMES, **params):
-        self.mtu, self.frames = mtu, frames
+    def config(self, mtu: int = 1500, frames: int = QUEUE_FRAMES, flows: list[str] | None = None, **params):
+        self.mtu, self.frames, self.flows = mtu, frames, flows
         self.cmd("ip", "link", "set", "dev", self.name, "mtu", str(mtu))
         return super().config(**params)
 
     def bwCmds(self, bw=None, **kw):  # noqa: N802 (Mininet's name)
         if bw is None:
             return [], " root "
-        cmds = htb_commands(bw, self.mtu, self.frames)
+        cmds = htb_commands(bw, self.mtu, self.frames, self.flows)
         return ["%s " + " ".join("%s" if a == DEV else a for a in args) for args in cmds], " parent 5:20 "
 
 
-def _shaped(mbps: float | None, mtu: int, frames: int) -> dict:
+def _shaped(mbps: float | None, mtu: int, frames: int, flows: list[str] | None = None) -> dict:
     # tx checksum offload off: TCP through userspace OVS over veth stalls with it on.
-    params = {"txo": False, "gro": False, "mtu": mtu, "frames": frames}
+    params = {"txo": False, "gro": False, "mtu": mtu, "frames": frames, "flows": flows}
     if mbps is not None:
         params["bw"] = mbps
     return params
@@ -73,6 +73,9 @@ class RackTopo(Topo):
         self.rack = rack
         scale = rack.spec.emulation
         frames = queue_frames(scale.fabric, len(rack.gpus))
+        # Where rings' flows meet (the uplinks), the lossless fabric shares the port fairly among the GPU NICs the
+        # traffic goes to (emulation/shaping.py); the droptail fabric keeps one FIFO, as before.
+        fair = [n.ip for n in nic_plans(rack)] if scale.fabric == "lossless" else None
         for o in rack.spec.ocs:
             self.addSwitch(o.name, dpid=f"{o.dpid:016x}", role="ocs")
         for w in rack.spec.switches:
@@ -95,8 +98,9 @@ class RackTopo(Topo):
                 mbps = scale.mbps(u.rate_gbps)
                 self.addLink(w.name, u.peer.device, port1=u.port, port2=u.peer.port,
                              intfName1=port_intf(w.name, u.port), intfName2=port_intf(u.peer.device, u.peer.port),
-                             cls=Link, cls1=ShapedIntf, cls2=ShapedIntf, params1=_shaped(mbps, scale.mtu, frames),
-                             params2=_shaped(mbps, scale.mtu, frames))
+                             cls=Link, cls1=ShapedIntf, cls2=ShapedIntf,
+                             params1=_shaped(mbps, scale.mtu, frames, fair),
+                             params2=_shaped(mbps, scale.mtu, frames, fair))
 
 
 def port_mtus(rack: Rack) -> list[str]:

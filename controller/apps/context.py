@@ -10,21 +10,17 @@ import time
 from pathlib import Path
 
 from ryu import cfg
-from ryu.lib import hub
 
+from controller.apps.runtime import HUB
 from controller.config import conf
 from controller.core.circuits import CircuitError, CircuitMap
 from controller.core.events import EventLog, ReconfigEvent
 from controller.core.rack import Rack, RackError, load_rack
 from controller.core.stats import PortHistory
-from controller.jobs.errors import Conflict  # noqa: F401 (the apps' name for it)
+from controller.jobs.errors import Busy, Conflict  # noqa: F401 (the apps' names for them)
 from controller.store import Store, StoreError
 
 LOG = logging.getLogger("optirack")
-
-
-class Busy(Conflict):
-    """Another reconfiguration holds the rack."""
 
 
 def _load_token(path: Path) -> str:
@@ -81,7 +77,7 @@ def _open_store(state_dir: Path, rack: str, clock) -> Store:
 class Optirack:
     """The rack being controlled, its circuits, and what is known of its datapaths."""
 
-    def __init__(self, rack: Rack | None = None, state_dir: Path | None = None, clock=time.time):
+    def __init__(self, rack: Rack | None = None, state_dir: Path | None = None, clock=time.time, runtime=None):
         c = conf()
         if rack is None:  # the real controller, not a test's
             ryu_conf = cfg.CONF
@@ -106,7 +102,8 @@ class Optirack:
         self.circuits_version = int(self.saved.get("circuits_version", 0))
         self._circuits = self._initial_circuits()
         self.adopt_device_circuits = "circuits" not in self.saved
-        self.lock = hub.BoundedSemaphore(1)  # one reconfiguration at a time
+        self.rt = runtime or HUB  # threads, sleeps, locks: Ryu's hub, or a test's virtual clock
+        self.lock = self.rt.lock()  # one reconfiguration at a time
         # Services the apps register themselves as; each is set by its app's constructor.
         self.ocs = None
         self.fabric = None

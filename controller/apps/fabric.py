@@ -11,7 +11,6 @@ from collections import defaultdict
 from ryu.base import app_manager
 from ryu.controller import ofp_event
 from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
-from ryu.lib import hub
 from ryu.ofproto import ofproto_v1_3
 
 from controller.apps.confirm import ConfirmingApp
@@ -44,11 +43,12 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
         super().__init__(*args, **kwargs)
         self.ctx: Optirack = kwargs["optirack"]
         self.ctx.fabric = self
-        self.rpc = of.OfRpc()
+        self.rt = self.ctx.rt
+        self.rpc = of.OfRpc(self.rt.event)
         self.timeout = conf().barrier_timeout
         self.installed: dict[str, Table] = {}  # confirmed tables of connected switches
         self.dps: dict[str, object] = {}
-        self._locks = defaultdict(lambda: hub.Semaphore(1))
+        self._locks = defaultdict(self.rt.lock)
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def _state_change(self, ev):
@@ -57,7 +57,7 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
             return
         if ev.state == MAIN_DISPATCHER:
             self.dps[name] = ev.datapath
-            hub.spawn(self._resync_quietly, name)
+            self.rt.spawn(self._resync_quietly, name)
         elif self.dps.get(name) is ev.datapath:
             del self.dps[name]
             self.installed.pop(name, None)
@@ -112,7 +112,7 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
                 for name in failed:  # what a switch that failed holds is unknown now: its full table, retried
                     self.installed.pop(name, None)
                     tables.pop(name)
-                    hub.spawn(self._resync_until_done, name)
+                    self.rt.spawn(self._resync_until_done, name)
                 raise
             finally:
                 self.installed.update(tables)
@@ -123,7 +123,7 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
     def _resync_until_done(self, name: str, delay: float = 0.5, most: float = 30.0) -> None:
         """Retry a full resync of a switch that did not confirm, with backoff, while it stays connected."""
         while name in self.dps and name not in self.installed:
-            hub.sleep(delay)
+            self.rt.sleep(delay)
             try:
                 self.resync(name)
             except of.SwitchError as e:

@@ -12,7 +12,6 @@ from importlib import resources
 
 from ryu.app.wsgi import Response, WSGIApplication, route
 from ryu.base import app_manager
-from ryu.lib import hub
 
 from controller.apps.context import Optirack
 from controller.apps.live_feed import Feed
@@ -62,19 +61,19 @@ class LivePage(CountedController):
     def stream(self, req, **_):
         # eventlet's server holds back chunks smaller than 4 kB unless told otherwise.
         req.environ["eventlet.minimum_write_chunk_size"] = 0
-        resp = Response(app_iter=_events(Feed(self.ctx), conf().monitor_interval), content_type="text/event-stream",
-                        charset="utf-8")
+        events = _events(Feed(self.ctx), conf().monitor_interval, self.ctx.rt.sleep)
+        resp = Response(app_iter=events, content_type="text/event-stream", charset="utf-8")
         resp.headers["Cache-Control"] = "no-cache"
         resp.headers["X-Accel-Buffering"] = "no"
         return resp
 
 
-def _events(feed: Feed, interval: float):
+def _events(feed: Feed, interval: float, sleep):
     """A snapshot, then one message of changes per interval, until the browser goes away."""
     yield b"retry: 2000\n\n"
     while True:
         yield b"data: " + json.dumps(feed.next(), separators=(",", ":")).encode() + b"\n\n"
-        hub.sleep(interval)
+        sleep(interval)
 
 
 class _ClientGone(logging.Filter):

@@ -6,7 +6,6 @@ import logging
 from ryu.base import app_manager
 from ryu.controller import ofp_event
 from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
-from ryu.lib import hub
 from ryu.ofproto import ofproto_v1_3
 
 from controller.apps.context import Optirack
@@ -26,7 +25,7 @@ class MonitorApp(app_manager.RyuApp):
         self.ctx: Optirack = kwargs["optirack"]
         self.interval = conf().monitor_interval
         self.polls = 0
-        self._thread = hub.spawn(self._poll)
+        self._thread = self.ctx.rt.spawn(self._poll)
 
     def _poll(self) -> None:
         while True:
@@ -35,7 +34,7 @@ class MonitorApp(app_manager.RyuApp):
                 msg.datapath = dp
                 dp.send_msg(msg)
             self.polls += 1
-            hub.sleep(self.interval)
+            self.ctx.rt.sleep(self.interval)
 
     @set_ev_cls(ofp_event.EventOFPPortStatsReply, MAIN_DISPATCHER)
     def _port_stats(self, ev):

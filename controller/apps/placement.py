@@ -1,12 +1,12 @@
-"""The placement app: the Ryu wiring of the job service (controller/jobs/). It builds the service with the eventlet
-runtime and the engines' container driver; other apps and the REST API reach the service as `ctx.placement`."""
+"""The placement app: the Ryu wiring of the job service (controller/jobs/). It builds the service with the context's
+runtime (`ctx.rt`) and the engines' container driver; other apps and the REST API reach the service as
+`ctx.placement`."""
 
 from __future__ import annotations
 
 from ryu.base import app_manager
 
 from controller.apps.context import Optirack
-from controller.apps.runtime import HubRuntime
 from controller.config import conf
 from controller.drivers.containers import ContainerDriver
 from controller.jobs.service import JobService
@@ -20,7 +20,11 @@ class PlacementApp(app_manager.RyuApp):
         ctx: Optirack = kwargs["optirack"]
         driver = kwargs.get("driver") or ContainerDriver(ctx.rack, conf().worker_image, nic_home=conf().nic_home)
         self.service = JobService(
-            ctx, driver, kwargs.get("runtime") or HubRuntime(), kwargs.get("engine_poll") or conf().engine_poll
+            ctx,
+            driver,
+            kwargs.get("runtime") or ctx.rt,
+            kwargs.get("engine_poll") or conf().engine_poll,
+            hold_configuring=conf().fault_hold_configuring,
         )
 
     def __getattr__(self, name: str):

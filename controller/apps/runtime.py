@@ -1,5 +1,6 @@
-"""The eventlet runtime (Ryu's hub) behind controller/jobs/runtime.py's interface: the one place the job service's
-threads, sleeps and locks meet eventlet."""
+"""The eventlet runtime (Ryu's hub) behind controller/jobs/runtime.py's interface: the one module of the controller
+that calls the hub. Every app, driver and the job service get their threads, sleeps, locks and events from it (as
+`ctx.rt`), so that a test can hand in a runtime whose clock it drives."""
 
 from __future__ import annotations
 
@@ -17,4 +18,10 @@ class HubRuntime:
         hub.sleep(seconds)
 
     def lock(self):
-        return hub.Semaphore(1)
+        return hub.BoundedSemaphore(1)
+
+    def event(self):
+        return hub.Event()
+
+
+HUB = HubRuntime()

@@ -3,5 +3,10 @@
 from __future__ import annotations
 
 
-class OcsUnavailable(RuntimeError):
+class DeviceError(RuntimeError):
+    """A device (an OCS, a packet switch) refused, failed or could not be reached: what a reconfiguration rolls back
+    from. Each driver's errors are kinds of it."""
+
+
+class OcsUnavailable(DeviceError):
     """The device cannot be reached now."""

@@ -22,9 +22,10 @@ import logging
 import struct
 from collections.abc import Iterable
 
-from ryu.lib import hub
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
+
+from controller.core.errors import DeviceError
 
 LOG = logging.getLogger("optirack.openflow")
 
@@ -44,7 +45,7 @@ _BUNDLE_FLAGS = 3  # atomic | ordered
 _OPEN, _COMMIT, _DISCARD = 0, 4, 6
 
 
-class SwitchError(RuntimeError):
+class SwitchError(DeviceError):
     """A switch refused a message, did not confirm in time, or went away; `datapaths`: which ones."""
 
     def __init__(self, message: str, datapaths: set[int] | None = None):
@@ -164,9 +165,9 @@ def port_stats_request():
 class _Pending:
     """One round trip: the messages sent and the barrier (or lone request) that closes it."""
 
-    def __init__(self, dpid: int):
+    def __init__(self, dpid: int, event):
         self.dpid = dpid
-        self.done = hub.Event()
+        self.done = event
         self.error: str | None = None
         self.errors: list[tuple[int, int, int]] = []  # (xid, type, code)
         self.replies: list = []
@@ -186,7 +187,8 @@ class Batch:
 class OfRpc:
     """Confirmed sends and multipart requests; the owning app feeds it replies and errors."""
 
-    def __init__(self):
+    def __init__(self, event):
+        self._event = event  # makes the flag a reply sets: the controller runtime's `event`
         self._by_xid: dict[tuple[int, int], _Pending] = {}
         self._bundle_ids = itertools.count(1)
         self.no_bundles: set[int] = set()  # datapaths that refused a bundle
@@ -203,7 +205,7 @@ class OfRpc:
 
     def _round_trip(self, dp, msgs: Iterable[bytes], bundle_id: int | None = None) -> _Pending:
         """Send `msgs` (added to bundle `bundle_id`, which this opens, if given) and a barrier, in one write."""
-        pending = _Pending(dp.id)
+        pending = _Pending(dp.id, self._event())
         parts = []
         if bundle_id is not None:
             parts.append(with_xid(bundle_ctrl(bundle_id, _OPEN), self._xid(dp, pending)))
@@ -242,7 +244,7 @@ class OfRpc:
             raise
 
     def _discard(self, batch: Batch) -> None:
-        pending = _Pending(batch.dp.id)
+        pending = _Pending(batch.dp.id, self._event())
         try:
             self._send_raw(batch.dp, [with_xid(bundle_ctrl(batch.bundle_id, _DISCARD), self._xid(batch.dp, pending))])
         except SwitchError:
@@ -292,7 +294,7 @@ class OfRpc:
 
     def request(self, dp, msg, timeout: float, what: str = "a statistics request") -> list:
         """Send one multipart request (a Ryu message); return every reply body once the last part arrived."""
-        pending = _Pending(dp.id)
+        pending = _Pending(dp.id, self._event())
         msg.datapath = dp
         msg.xid = None
         dp.set_xid(msg)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import itertools
 import re
 import socket
+import threading
 
-from ryu.lib import hub
-
+from controller.core.errors import DeviceError
 from controller.drivers.ocs import ApplyResult, OcsDriver, OcsUnavailable, Pair
 
 DEFAULT_PORT = 3082
@@ -21,19 +21,20 @@ _STATUS = re.compile(r"^M\s+(\S+)\s+(COMPLD|DENY)", re.M)
 _QUOTED = re.compile(r'^\s+"([^"]*)"', re.M)
 
 
-class Tl1Error(RuntimeError):
+class Tl1Error(DeviceError):
     pass
 
 
 class Tl1Client:
     """One TL1 session: send a command, read its response."""
 
-    def __init__(self, host: str, port: int = DEFAULT_PORT, timeout: float = 30.0):
+    def __init__(self, host: str, port: int = DEFAULT_PORT, timeout: float = 30.0, lock=None):
         self.host, self.port, self.timeout = host, port, timeout
         self.sock: socket.socket | None = None
         self._buf = b""
         self._ctags = itertools.count(1)
-        self._exchange = hub.BoundedSemaphore(1)  # one command and its response at a time
+        # One command and its response at a time: the controller's runtime's lock (green), else a thread's.
+        self._exchange = lock if lock is not None else threading.Lock()
 
     def open(self) -> None:
         self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
@@ -86,12 +87,12 @@ def parse_patches(lines: list[str]) -> set[Pair]:
 class Tl1Ocs(OcsDriver):
     """A real (or TL1-emulated) MEMS switch; `address` is host[:port] from the rack file."""
 
-    def __init__(self, spec, user: str, password: str, timeout: float = 30.0, **kw):
+    def __init__(self, spec, user: str, password: str, timeout: float = 30.0, lock=None, **kw):
         super().__init__(spec, **kw)
         host, _, port = (spec.address or "").partition(":")
         if not host:
             raise ValueError(f"OCS {spec.name}: the tl1 driver needs 'address: host[:port]' in the rack file")
-        self.client = Tl1Client(host, int(port or DEFAULT_PORT), timeout)
+        self.client = Tl1Client(host, int(port or DEFAULT_PORT), timeout, lock)
         self.user, self.password = user, password
         self._logged_in = False
 

@@ -9,6 +9,10 @@ class Conflict(RuntimeError):
     """The request conflicts with the state of the rack (a running job, another request)."""
 
 
+class Busy(Conflict):
+    """Another reconfiguration holds the rack."""
+
+
 class UnknownJob(KeyError):
     """No job of that id."""
 

@@ -26,7 +26,10 @@ class LifecycleMixin:
                 self.save()
                 self._place(job, placed, admitted)
                 job.circuits = self._circuits_of(job)
+                self.save()  # the plan that stands: what a restarted controller checks the devices against
             self._start_containers(job)
+            if self.hold_configuring:
+                self._hold(job)
             transition(job, "running", started_at=self.ctx.clock())
             self.save()
         except Exception as e:  # noqa: BLE001 (the edge: whatever a step raised, the job fails with it)
@@ -34,6 +37,13 @@ class LifecycleMixin:
             return
         LOG.info("%s running on %s (switches %s)", job.id, ",".join(job.gpus), ",".join(job.switches))
         self._watch(job)
+
+    def _hold(self, job: Job) -> None:
+        """The fault hook (--optirack-fault-hold-configuring, for tests): the job's thread stops here, its circuits
+        and containers in place and its state `configuring`, as if the controller died at this step."""
+        LOG.warning("%s: held at configuring by --optirack-fault-hold-configuring", job.id)
+        while True:
+            self.rt.sleep(3600)
 
     def _place(self, job: Job, placed: dict, admitted: policy.Plan | None = None) -> None:
         """Plan the job's circuits from the map the reconfiguration lock protects, and apply them."""

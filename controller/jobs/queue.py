@@ -111,11 +111,18 @@ class QueueMixin:
 
     def _drain_when_ready(self, timeout: float = 60.0) -> None:
         """After a restart: start queued jobs once every OCS is back in sync (or after `timeout` s)."""
+        self._wait_for_devices(timeout)
+        self._drain_queue()
+
+    def _wait_for_devices(self, timeout: float) -> bool:
+        """Wait until every OCS is connected and holds our circuits (at most `timeout` s); whether they are."""
         waited = 0.0
-        while self.ctx.ocs and set(self.ctx.ocs.synchronised) != set(self.ctx.rack.ocs) and waited < timeout:
+        while self.ctx.ocs and set(self.ctx.ocs.synchronised) != set(self.ctx.rack.ocs):
+            if waited >= timeout:
+                return False
             self.rt.sleep(0.2)
             waited += 0.2
-        self._drain_queue()
+        return True
 
     def _refuse_down_engines(self, gpus: list[str]) -> None:
         """409 naming the server, for GPUs whose server's engine does not answer now."""

@@ -27,11 +27,12 @@ from controller.jobs.steps import LOG
 
 
 class JobService(QueueMixin, LifecycleMixin, RegroupMixin, RecoveryMixin):
-    def __init__(self, ctx, driver, runtime: Runtime, engine_poll: float):
+    def __init__(self, ctx, driver, runtime: Runtime, engine_poll: float, hold_configuring: bool = False):
         self.ctx = ctx  # the controller's context: rack, circuits and their version, store, clock, the OCS app
         self.rt = runtime
         self.ctx.placement = self
         self.driver = driver
+        self.hold_configuring = hold_configuring  # a fault hook for tests: jobs stop at configuring (lifecycle._hold)
         self.jobs = JobTable(Job.from_state(j) for j in self.ctx.saved.get("jobs", []))
         start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
         self._ids = itertools.count(start)

@@ -1,5 +1,5 @@
 """Jobs on the emulated paper rack through REST: the fragmented start, regrouping a running job,
-rollback of a failed start, and a controller restart in the middle of a job. Every test starts
+rollback of a failed start, and a controller killed with jobs running, configuring and queued. Every test starts
 from the rack file's circuits, the paper's fragmented start (the `bed` fixture)."""
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from controller.client import ApiError
 from controller.core.circuits import CircuitMap
 from controller.core.forwarding import compute_tables
 from controller.core.rack import load_rack
+from controller.drivers.containers import container_name
 from emulation import ovs
 from tests.integration.helpers import BIN, PAPER, ROOT, wait_for
 from tests.integration.testbed import device_circuits, switch_tables, uplink_bytes, uplink_counters
@@ -126,22 +127,46 @@ def _device_matches(client, circuits: list) -> None:
     assert switch_tables(RACK) == compute_tables(RACK, CircuitMap.parse(RACK, circuits))
 
 
-def test_controller_restart_keeps_the_job_and_the_circuits(bed):
+def _containers_of(bed, job_id: str, role: str | None = "worker") -> dict[str, str]:
+    """GPU -> the server whose engine holds `job_id`'s container of that role (None: any role) for it."""
+    return {w["gpu"]: server for server in RACK.servers for w in bed.driver.workers(server, job_id)
+            if role is None or w["role"] == role}
+
+
+def test_a_killed_controller_finds_each_job_where_it_should_be(bed):
+    """Reconciling after a crash: SIGKILL with a job running, two configuring (held there by the fault hook, their
+    circuits and containers in place) and one queued; one configuring job loses a worker while the controller is
+    down. The new controller adopts the running job, carries the intact configuring one on, undoes the other (its
+    circuits back, nothing left on any engine), and the queued one keeps its place and runs."""
     client = bed.client
-    job = client.post(
-        "/jobs",
-        {"gpus": 4, "policy": "regroup", "workload": {"model": "resnet50", "iterations": 40, "compute_seconds": 0.15}},
-    )["job"]
-    # long enough to outlast the restart (about 2 s): under one switch an iteration of ResNet-50's
-    # gradients takes about 0.25 s
-    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 3, 120, "the job to run")
-    circuits = client.get("/ocs/circuits")["circuits"]
+    work = lambda n: {"model": "resnet50", "iterations": n, "compute_seconds": 0.15}  # noqa: E731
+    running = client.post("/jobs", {"gpus": ["gpu5", "gpu6"], "policy": "fixed", "workload": work(120)})["job"]["id"]
+    wait_for(lambda: _iterations(client, running) >= 2, 120, "the first job to run")
+    client = bed.restart("--optirack-fault-hold-configuring")  # new jobs stop at configuring, as if it died there
+    kept = client.post("/jobs", {"gpus": ["gpu1", "gpu3"], "policy": "regroup", "workload": work(20)})["job"]["id"]
+    undone = client.post("/jobs", {"gpus": ["gpu2", "gpu4"], "policy": "regroup", "workload": work(20)})["job"]["id"]
+    wait_for(lambda: len(_containers_of(bed, kept)) == len(_containers_of(bed, undone)) == 2, 120,
+             "both held jobs' containers")
+    queued = client.post("/jobs", {"gpus": 2, "workload": work(3)})["job"]
+    assert queued["state"] == "queued" and queued["position"] == 1, queued
+    assert {client.get(f"/jobs/{j}")["job"]["state"] for j in (kept, undone)} == {"configuring"}
+
+    bed.controller.kill()
+    server = _containers_of(bed, undone)["gpu4"]  # its worker is lost while no controller is there to see it
+    bed.driver.client(server).containers.get(container_name(undone, "gpu4")).remove(force=True)
     client = bed.restart()
-    assert client.get("/ocs/circuits")["circuits"] == circuits
-    assert client.get(f"/jobs/{job['id']}")["job"]["state"] == "running"
-    done = wait_job(client, job["id"])
-    assert done["state"] == "done" and done["iterations_done"] == 40, done["reason"]
-    _device_matches(client, circuits)
+
+    assert _iterations(client, running) >= 2  # adopted, not failed
+    wait_for(lambda: client.get(f"/jobs/{undone}")["job"]["state"] == "failed", 60, "the broken job undone")
+    broken = client.get(f"/jobs/{undone}")["job"]
+    assert "the containers of gpu4 are gone" in broken["reason"], broken["reason"]
+    undo = next(e for e in client.get("/events")["events"] if e["id"] == broken["events"][-1])
+    assert undo["reason"] == f"{undone}: undo placement" and undo["status"] == "ok", undo
+    assert _containers_of(bed, undone, role=None) == {}  # nothing of it on any engine, sandboxes included
+    for job_id, iterations in ((kept, 20), (running, 120), (queued["id"], 3)):
+        done = wait_job(client, job_id)
+        assert done["state"] == "done" and done["iterations_done"] == iterations, (job_id, done["reason"])
+    _device_matches(client, client.get("/ocs/circuits")["circuits"])
 
 
 def test_a_container_that_cannot_start_rolls_back(bed):

@@ -11,7 +11,7 @@ from controller.core.circuits import CircuitMap
 from controller.core.emulated import nic_port
 from controller.core.rack import load_rack
 from emulation import ovs
-from emulation.calibrate import RateCheck, without_shapers
+from emulation.calibrate import RateCheck, _fair_flows, without_shapers
 from emulation.shaping import queue_frames
 from tests.integration.helpers import (
     PAPER,
@@ -121,13 +121,14 @@ def test_same_switch_and_across_the_uplink(paper_rack):
 
 
 def _configured(dev: str, netns: str | None) -> tuple[float | None, int]:
-    """The htb root rate of an interface (Mbit/s) and the bfifo limit of its bulk class (bytes)."""
+    """The htb root rate of an interface (Mbit/s) and the bfifo limit of its bulk class (bytes; on a fair port,
+    its default leaf's)."""
     out = sh("tc", *(["-n", netns] if netns else []), "qdisc", "show", "dev", dev)
     limit = next(
         (
             int(w[:-1]) if w.endswith("b") else int(w)
             for line in out.splitlines()
-            if "bfifo 20:" in line
+            if "bfifo 20:" in line or "bfifo 99:" in line
             for w in [line.split("limit ")[1].split()[0]]
         ),
         0,
@@ -141,11 +142,13 @@ def _check_path(rack, devices, rate, server_ns, server_ip, client_ns, client_ip,
     frames = queue_frames(rack.spec.emulation.fabric, len(rack.gpus))  # lossless: every window that can meet
     for dev, netns in devices:
         assert _configured(dev, netns) == (rate, frames * frame), (dev, netns)
+    fair = {dev: _fair_flows(dev, netns) for dev, netns in devices}  # a lossless uplink's leaves, one per address
     shaped = iperf_mbps(server_ns, server_ip, client_ns, client_ip, seconds=3)
     with without_shapers(devices):
         unshaped = iperf_mbps(server_ns, server_ip, client_ns, client_ip, seconds=3)
     for dev, netns in devices:  # put back exactly as it was
         assert _configured(dev, netns) == (rate, frames * frame), (dev, netns)
+        assert _fair_flows(dev, netns) == fair[dev], (dev, netns)
     check = RateCheck(rate, shaped, unshaped)
     print(
         f"{what}: shaped {shaped:.1f} Mbit/s at a rate of {rate:g}; unshaped {unshaped:.1f} Mbit/s"
@@ -186,6 +189,8 @@ def test_rack8_up_rates_and_down():
         rate = rack.spec.emulation.mbps(rack.switches["as1"].uplinks[0].rate_gbps)
         # gpu1 (as1) -> gpu7 (as3) crosses as1 -> core -> as3: the narrowest hops are the uplinks
         uplinks = [(f"{w.name}-p{u.port}", None) for w in rack.spec.switches for u in w.uplinks]
+        if rack.spec.emulation.fabric == "lossless":
+            assert all(_fair_flows(dev, None) == [rack.addresses[g][0] for g in rack.gpus] for dev, _ in uplinks)
         _check_path(
             rack,
             uplinks,

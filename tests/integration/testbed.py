@@ -206,7 +206,7 @@ class SharedTestbed(harness.Testbed):
         found = []
         for server in self.rack.servers:
             found += [(server, c) for c in self.driver.client(server).containers.list(
-                all=True, filters={"label": f"{LABEL_RACK}={self.rack.name}"})]
+                all=True, ignore_removed=True, filters={"label": f"{LABEL_RACK}={self.rack.name}"})]
         return found
 
     def remove_containers(self) -> None:

@@ -36,8 +36,9 @@ class FakeSwitch:
     ofproto_parser = parser
 
     def __init__(self, dpid: int, apps=(), ports=(), refuse_flow_mods: bool = False, silent: bool = False,
-                 bundles: bool = True):
+                 bundles: bool = True, rt=None):
         self.id = dpid
+        self.rt = rt  # whose threads deliver the replies: a virtual runtime's, else the hub's
         self.bundles = bundles  # False: refuse the bundle extension, as a switch without it would
         self.open_bundles: dict[int, list] = {}
         self.committed_bundles = 0
@@ -126,7 +127,7 @@ class FakeSwitch:
 
     def _reply(self, msg) -> None:
         if not self.silent:
-            hub.spawn(deliver, self.apps, ofp_event.ofp_msg_to_ev(msg))
+            (self.rt.spawn if self.rt else hub.spawn)(deliver, self.apps, ofp_event.ofp_msg_to_ev(msg))
 
     def _handle(self, msg) -> None:
         if isinstance(msg, parser.OFPFlowMod):
@@ -199,16 +200,17 @@ def wait_until(predicate, timeout: float = 5.0, what: str = "a condition"):
 
 
 class FakeContainer:
-    def __init__(self, name, lines, code, block=False, stderr=()):
+    def __init__(self, name, lines, code, block=False, stderr=(), sleep=None, labels=None):
         self.name, self.lines, self.code, self.block = name, lines, code, block
+        self.sleep = sleep or hub.sleep  # a virtual runtime's, or the hub's
         self.stderr = list(stderr)
         self.killed, self.removed = False, False
-        self.labels = {}
+        self.labels = dict(labels or {})
 
     def _follow(self, data):
         yield from data
         while self.block and not self.killed:  # a worker that runs until it is killed
-            hub.sleep(0.01)
+            self.sleep(0.01)
 
     def logs(self, stream=False, follow=False, stdout=True, stderr=True, tail="all", **_):
         data = [(line + "\n").encode() for line in self.lines]
@@ -219,7 +221,7 @@ class FakeContainer:
 
     def wait(self, **_):
         while self.block and not self.killed:
-            hub.sleep(0.01)
+            self.sleep(0.01)
         return {"StatusCode": 137 if self.killed else self.code}
 
     def kill(self):
@@ -241,11 +243,14 @@ class FakeDriver:
 
     `faults`: {"client": exception} makes every engine call raise it (an engine that cannot be
     reached); {"start": exception or {gpu: exception}} makes starting (that GPU's) container raise.
-    `stderr`: gpu -> lines its worker writes to stderr."""
+    `stderr`: gpu -> lines its worker writes to stderr. `sleep`: how a blocked worker waits (default the hub's; a
+    virtual runtime's in tests on virtual time)."""
 
     image = "optirack-worker:latest"
 
-    def __init__(self, iterations=3, fail_start_on=None, exit_codes=None, block=False, faults=None, stderr=None):
+    def __init__(self, iterations=3, fail_start_on=None, exit_codes=None, block=False, faults=None, stderr=None,
+                 sleep=None):
+        self.sleep = sleep
         self.iterations, self.fail_start_on, self.exit_codes = iterations, fail_start_on, exit_codes or {}
         self.block = block
         self.faults = faults or {}
@@ -289,8 +294,9 @@ class FakeDriver:
                  for i in range(self.iterations)]
         lines.append(json.dumps({"event": "done", "check": "ok"}))
         name = container_name(spec.job, spec.gpu)
+        labels = {"job": spec.job, "gpu": spec.gpu, "server": spec.server}
         self.running[name] = FakeContainer(name, lines, self.exit_codes.get(spec.gpu, 0), self.block,
-                                           self.stderr.get(spec.gpu, ()))
+                                           self.stderr.get(spec.gpu, ()), self.sleep, labels)
         self.started.append((spec.job, spec.gpu, spec.command))
         return name
 
@@ -322,7 +328,15 @@ class FakeDriver:
         self.removed.append((job, gpu))
 
     def workers(self, server, job=None):
-        return []
+        self._engine(server)
+        return [
+            {"job": c.labels["job"], "gpu": c.labels["gpu"], "role": "worker",
+             "status": "exited" if c.killed or not c.block else "running"}
+            for c in self.running.values() if c.labels.get("server") == server and job in (None, c.labels["job"])
+        ]
 
     def sweep(self, server, keep_jobs):
-        return []
+        stale = sorted((w["job"], w["gpu"]) for w in self.workers(server) if w["job"] not in keep_jobs)
+        for job, gpu in stale:
+            self.remove(job, gpu, server)
+        return [g for _, g in stale]

@@ -10,7 +10,7 @@ from controller.core.admission import Outcome
 from controller.core.rack import load_rack
 from simulator.engine import Options, Run, policies
 from simulator.workloads import JobSpec
-from tests.unit.fakes import FakeDriver, wait_until
+from tests.unit.fakes import FakeDriver
 from tests.unit.test_jobs import make, req
 from tests.unit.test_rack import PAPER
 
@@ -45,14 +45,14 @@ def _spy(monkeypatch) -> list[int]:
     return calls
 
 
-def test_the_controller_drains_its_queue_through_the_core_policy(tmp_path, monkeypatch):
+def test_the_controller_drains_its_queue_through_the_core_policy(tmp_path, monkeypatch, vrt):
     calls = _spy(monkeypatch)
-    ctx, placement, _ = make(tmp_path, FakeDriver(block=True))
+    ctx, placement, _ = make(tmp_path, FakeDriver(block=True), vrt)
     first = placement.submit(req(gpus=6))
-    wait_until(lambda: first.state == "running")
+    vrt.run(lambda: first.state == "running")
     waiting = placement.submit(req(gpus=2))
     placement.stop_job(first.id)
-    wait_until(lambda: waiting.state == "running", what="the queued job to start")
+    vrt.run(lambda: waiting.state == "running", what="the queued job to start")
     assert 1 in calls  # the queue of one was drained by the core's policy
     placement.stop_job(waiting.id)
 

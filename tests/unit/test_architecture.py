@@ -158,3 +158,41 @@ def test_modules_stay_readable():
     long = {m: n for m, n in lines.items() if n > 400}
     assert not long, long
     assert len(MODULES["controller.apps.placement"].read_text().splitlines()) <= 120
+
+
+def _attribute_uses(tree: ast.AST, base: str) -> list[int]:
+    return [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == base
+    ]
+
+
+def test_only_the_runtime_module_calls_the_hub():
+    """Every thread, sleep, lock and event of the controller comes from its runtime (`ctx.rt`): `hub.` is written in
+    controller/apps/runtime.py alone, so a test can hand in a runtime whose clock it drives."""
+    uses = {
+        m: lines
+        for m, p in MODULES.items()
+        if _under(m, "controller") and (lines := _attribute_uses(ast.parse(p.read_text()), "hub"))
+    }
+    assert set(uses) == {"controller.apps.runtime"}, uses
+
+
+def test_job_states_change_only_through_the_table():
+    """No `<job>.state = ...` outside the state table's `transition` (controller/core/jobs.py)."""
+    found = []
+    for m, p in MODULES.items():
+        if not _under(m, "controller"):
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AugAssign) else []
+            for t in targets:
+                for x in ast.walk(t):
+                    if isinstance(x, ast.Attribute) and x.attr == "state" and isinstance(x.ctx, ast.Store):
+                        found.append(f"{m}:{n.lineno}")
+    assert found == [f"controller.core.jobs:{_line_of('controller.core.jobs', 'job.state = to')}"], found
+
+
+def _line_of(module: str, text: str) -> int:
+    return next(i for i, line in enumerate(MODULES[module].read_text().splitlines(), 1) if line.strip() == text)

@@ -119,7 +119,7 @@ def test_a_placement_plans_from_the_map_it_applies_to(tmp_path):
         job = placement.submit(req(gpus=["gpu1", "gpu3"], policy="regroup"))
         wait_until(lambda: job.state == "configuring", what="the job to wait for the lock")
         hub.sleep(0.05)
-        ocs_app._reconfigure(SWAPPED, "circuits", "a PUT that finishes first", None, "")
+        ocs_app.changes._reconfigure(SWAPPED, "circuits", "a PUT that finishes first", None, "")
     finally:
         ctx.lock.release()
     wait_until(lambda: job.state == "running", what="the job to run")
@@ -237,7 +237,7 @@ def test_if_match_is_checked_under_the_lock(tmp_path):
     try:
         thread = hub.spawn(lambda: result.setdefault("resp", _put(ctx, INITIAL.to_json()[:5], {"If-Match": etag})))
         hub.sleep(0.05)
-        ocs_app._reconfigure(SWAPPED, "circuits", "another client's change", None, "")
+        ocs_app.changes._reconfigure(SWAPPED, "circuits", "another client's change", None, "")
     finally:
         ctx.lock.release()
     thread.wait()

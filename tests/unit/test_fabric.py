@@ -35,6 +35,39 @@ def test_lossless_queues_hold_every_window_that_can_meet_there():
     assert limits == [str(frames * 9014)] * 2
 
 
+def test_a_fair_port_gives_each_address_its_own_queue_and_an_equal_part():
+    """htb's deficit round robin among leaves of one priority, one leaf per destination, each with an equal
+    guaranteed part and the whole line as its ceiling; acknowledgements still ahead; the rest to a default leaf."""
+    cmds = htb_commands(50, 9000, 120, flows=["198.18.0.1", "198.18.0.2"])
+    classes = {c[c.index("classid") + 1]: c for c in cmds if c[:2] == ["class", "replace"]}
+    leaves = {k: c for k, c in classes.items() if c[c.index("parent") + 1] == "5:20"}
+    assert set(leaves) == {"5:99", "5:100", "5:101"}
+    assert {c[c.index("rate") + 1] for c in leaves.values()} == {"15Mbit"}  # 0.9 x 50 / 3
+    assert {c[c.index("ceil") + 1] for c in leaves.values()} == {"50Mbit"}
+    assert {c[c.index("prio") + 1] for c in leaves.values()} == {"1"}
+    queued = {c[c.index("parent") + 1] for c in cmds if c[:2] == ["qdisc", "replace"] and "bfifo" in c}
+    assert queued == {"5:10", *leaves}  # a queue on every leaf, none on the inner bulk class
+    filters = {c[c.index("dst") + 1]: c[-1] for c in cmds if c[0] == "filter" and "dst" in c}
+    assert filters == {"198.18.0.1/32": "5:100", "198.18.0.2/32": "5:101"}
+    assert cmds[0][-2:] == ["default", "99"]
+
+
+def test_only_the_lossless_fabric_shares_uplinks_fairly():
+    import yaml
+
+    from controller.core.rack import parse_rack
+    from emulation.topo import RackTopo
+    from tests.unit.test_rack import PAPER
+
+    for fabric, fair in (("lossless", True), ("droptail", False)):
+        data = yaml.safe_load(PAPER.read_text())
+        data.setdefault("emulation", {})["fabric"] = fabric
+        rack = parse_rack(data)
+        topo = RackTopo(rack=rack)
+        uplinks = [topo.linkInfo(a, b) for a, b in topo.links() if {a, b} <= {w.name for w in rack.spec.switches}]
+        assert uplinks and all(bool(i["params1"]["flows"]) == fair for i in uplinks), fabric
+
+
 def test_only_the_lossless_fabric_locks_each_flows_window():
     lossless = " ".join(route_window("lossless"))
     assert f"cwnd lock {WINDOW_SEGMENTS}" in lossless and f"initcwnd {WINDOW_SEGMENTS}" in lossless

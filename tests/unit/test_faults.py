@@ -3,7 +3,8 @@
 Each test breaks one step (the engine, a container, the NIC hand-over, the OCS, the switches,
 the worker, or a plain bug inside the step) and then checks the same things: the job failed
 with the reason, its GPUs are free, no container is left, no event is still running, the lock
-is free, and the circuits (held and on the fake OCS) and the switches' flows are as before.
+is free, and the circuits (held and on the fake OCS) and the switches' flows are as before. On virtual time
+(tests/unit/virtual.py): the wall clock's sleeps raise.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from controller.core.jobs import JobRequest
 from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerError
 from controller.drivers.engines import EngineDown
-from tests.unit.fakes import FakeDriver, FakeSwitch, wait_until
+from tests.unit.fakes import FakeDriver, FakeSwitch
 from tests.unit.test_rack import PAPER
 
 RACK = load_rack(PAPER)
@@ -30,18 +31,20 @@ SPREAD = ["gpu1", "gpu2", "gpu3", "gpu4"]  # under both switches: a regroup job 
 
 
 class Rig:
-    def __init__(self, tmp_path, driver):
-        self.ctx = ctx = Optirack(rack=RACK, state_dir=tmp_path)
+    def __init__(self, tmp_path, driver, rt):
+        self.rt = rt
+        driver.sleep = rt.sleep
+        self.ctx = ctx = Optirack(rack=RACK, state_dir=tmp_path, clock=rt.clock, runtime=rt)
         self.ocs_app = OcsApp(optirack=ctx)
         self.fabric = FabricApp(optirack=ctx)
         apps = [Inventory(optirack=ctx), self.ocs_app, self.fabric]
         self.driver = driver
         self.placement = PlacementApp(optirack=ctx, driver=driver)
-        self.ocs = FakeSwitch(0x100, apps)
-        self.switches = {"as1": FakeSwitch(0x201, apps), "as2": FakeSwitch(0x202, apps)}
+        self.ocs = FakeSwitch(0x100, apps, rt=rt)
+        self.switches = {"as1": FakeSwitch(0x201, apps, rt=rt), "as2": FakeSwitch(0x202, apps, rt=rt)}
         for dp in [self.ocs, *self.switches.values()]:
             dp.connect()
-        wait_until(lambda: "ocs1" in self.ocs_app.synchronised and not ctx.lock.locked()
+        rt.run(lambda: "ocs1" in self.ocs_app.synchronised and not ctx.lock.locked()
                    and set(self.fabric.installed) == {"as1", "as2"}, what="the rack synchronised")
         self.before = ctx.circuits
 
@@ -50,7 +53,7 @@ class Rig:
             {"gpus": gpus, "policy": policy_, "workload": {"iterations": iterations}}))
 
     def wait_end(self, job, timeout=10.0):
-        wait_until(lambda: not job.active, timeout, what=f"{job.id} to end")
+        self.rt.run(lambda: not job.active, timeout, what=f"{job.id} to end")
         return job
 
     def tables_hold(self) -> bool:
@@ -72,7 +75,7 @@ class Rig:
         if circuits_back:
             assert self.ctx.circuits == self.before
         assert self.ocs.circuits() == {(a.port, b.port) for a, b in self.ctx.circuits.circuits}
-        wait_until(self.tables_hold, what="the switches' flows to match the circuits")
+        self.rt.run(self.tables_hold, what="the switches' flows to match the circuits")
         saved = self.ctx.store.load()
         assert {j["id"]: j["state"] for j in saved["jobs"]}[job.id] == "failed"  # persisted as it ended
 
@@ -84,16 +87,16 @@ class Rig:
      "no interface gpu2"),
     ({"start": {"gpu4": KeyError("Pid")}}, "KeyError: 'Pid'"),
 ], ids=["engine-unreachable", "container-create", "nic-hand-over", "bug-in-start"])
-def test_a_container_step_that_fails_fails_the_job_and_undoes_the_placement(tmp_path, fault, reason):
-    rig = Rig(tmp_path, FakeDriver(faults=fault))
+def test_a_container_step_that_fails_fails_the_job_and_undoes_the_placement(tmp_path, fault, reason, vrt):
+    rig = Rig(tmp_path, FakeDriver(faults=fault), vrt)
     job = rig.wait_end(rig.submit())
     rig.assert_clean(job, reason)
     assert len(job.events) == 2  # placed, then undone
     assert [rig.ctx.events.get(e).status for e in job.events] == ["ok", "ok"]
 
 
-def test_the_ocs_refuses(tmp_path):
-    rig = Rig(tmp_path, FakeDriver())
+def test_the_ocs_refuses(tmp_path, vrt):
+    rig = Rig(tmp_path, FakeDriver(), vrt)
     rig.ocs.refuse_flow_mods = True
     job = rig.wait_end(rig.submit())
     rig.ocs.refuse_flow_mods = False
@@ -102,22 +105,22 @@ def test_the_ocs_refuses(tmp_path):
     assert rig.ctx.events.recent()[-1].status == "failed" and rig.driver.started == []
 
 
-def test_the_switches_do_not_confirm_the_flows(tmp_path):
-    rig = Rig(tmp_path, FakeDriver())
+def test_the_switches_do_not_confirm_the_flows(tmp_path, vrt):
+    rig = Rig(tmp_path, FakeDriver(), vrt)
     rig.fabric.timeout = 0.2
     rig.switches["as1"].silent = True
     job = rig.submit()
     rig.wait_end(job)
     assert "did not confirm" in rig.ctx.events.recent()[-1].error
     rig.switches["as1"].silent = False  # it answers again: the fabric resynchronises it by itself
-    wait_until(lambda: "as1" in rig.fabric.installed, 10, "as1 resynchronised")
+    rig.rt.run(lambda: "as1" in rig.fabric.installed, 10, "as1 resynchronised")
     rig.assert_clean(job, "did not confirm")
 
 
-def test_the_worker_exits_non_zero_and_its_last_lines_are_kept(tmp_path):
+def test_the_worker_exits_non_zero_and_its_last_lines_are_kept(tmp_path, vrt):
     driver = FakeDriver(exit_codes={"gpu2": 3}, stderr={"gpu2": ["Traceback (most recent call last):",
                                                                    "RuntimeError: NCCL error: unhandled system error"]})
-    rig = Rig(tmp_path, driver)
+    rig = Rig(tmp_path, driver, vrt)
     job = rig.wait_end(rig.submit())
     rig.assert_clean(job, "the worker on gpu2 exited with 3", circuits_back=False)  # it ran: circuits kept
     assert job.logs["gpu2"][-1] == "RuntimeError: NCCL error: unhandled system error"
@@ -126,8 +129,8 @@ def test_the_worker_exits_non_zero_and_its_last_lines_are_kept(tmp_path):
     assert source == "kept when the job ended" and lines["gpu2"] == ["RuntimeError: NCCL error: unhandled system error"]
 
 
-def test_a_bug_in_planning(tmp_path, monkeypatch):
-    rig = Rig(tmp_path, FakeDriver())
+def test_a_bug_in_planning(tmp_path, monkeypatch, vrt):
+    rig = Rig(tmp_path, FakeDriver(), vrt)
     real, calls = policy.plan, []
 
     def broken(*a, **kw):
@@ -142,8 +145,8 @@ def test_a_bug_in_planning(tmp_path, monkeypatch):
     assert job.events == [] and rig.driver.started == []
 
 
-def test_a_bug_in_the_ocs_driver_closes_the_event_and_rolls_back(tmp_path, monkeypatch):
-    rig = Rig(tmp_path, FakeDriver())
+def test_a_bug_in_the_ocs_driver_closes_the_event_and_rolls_back(tmp_path, monkeypatch, vrt):
+    rig = Rig(tmp_path, FakeDriver(), vrt)
 
     def broken(remove, add, on_dark=None):
         raise ZeroDivisionError("division by zero")
@@ -155,8 +158,8 @@ def test_a_bug_in_the_ocs_driver_closes_the_event_and_rolls_back(tmp_path, monke
     assert ev.status == "failed" and "internal error: ZeroDivisionError" in ev.error
 
 
-def test_a_bug_in_the_fabric_closes_the_event_and_rolls_back(tmp_path, monkeypatch):
-    rig = Rig(tmp_path, FakeDriver())
+def test_a_bug_in_the_fabric_closes_the_event_and_rolls_back(tmp_path, monkeypatch, vrt):
+    rig = Rig(tmp_path, FakeDriver(), vrt)
     real_sync = rig.fabric.sync
     calls = []
 
@@ -171,8 +174,8 @@ def test_a_bug_in_the_fabric_closes_the_event_and_rolls_back(tmp_path, monkeypat
     rig.assert_clean(job, "AttributeError")
 
 
-def test_a_bug_while_following_the_workers(tmp_path, monkeypatch):
-    rig = Rig(tmp_path, FakeDriver(block=True))
+def test_a_bug_while_following_the_workers(tmp_path, monkeypatch, vrt):
+    rig = Rig(tmp_path, FakeDriver(block=True), vrt)
 
     def broken(job, gpu):
         raise TypeError("bad log line")
@@ -182,21 +185,21 @@ def test_a_bug_while_following_the_workers(tmp_path, monkeypatch):
     rig.assert_clean(job, "TypeError: bad log line", circuits_back=False)
 
 
-def test_nothing_of_a_failed_job_blocks_the_next(tmp_path):
-    rig = Rig(tmp_path, FakeDriver(faults={"start": {"gpu3": ContainerError("no such image")}}))
+def test_nothing_of_a_failed_job_blocks_the_next(tmp_path, vrt):
+    rig = Rig(tmp_path, FakeDriver(faults={"start": {"gpu3": ContainerError("no such image")}}), vrt)
     rig.wait_end(rig.submit())
     rig.driver.faults = {}
     job = rig.wait_end(rig.submit())
     assert job.state == "done", job.reason
 
 
-def test_logs_of_a_failed_job_over_rest(tmp_path):
+def test_logs_of_a_failed_job_over_rest(tmp_path, vrt):
     from ryu.app.wsgi import WSGIApplication
     from webob import Request
 
     from controller.apps.jobs_api import JobsApi
 
-    rig = Rig(tmp_path, FakeDriver(exit_codes={"gpu1": 1}, stderr={"gpu1": ["ValueError: no"]}))
+    rig = Rig(tmp_path, FakeDriver(exit_codes={"gpu1": 1}, stderr={"gpu1": ["ValueError: no"]}), vrt)
     job = rig.wait_end(rig.submit(gpus=["gpu1", "gpu2"], policy_="fixed"))
     app = WSGIApplication()
     app.register(JobsApi, {"optirack": rig.ctx})

@@ -9,8 +9,9 @@ import pytest
 from controller.core import jobs as core
 from controller.core import placement as policy
 from controller.core.jobs import NEW, TRANSITIONS, IllegalTransition, Job, transition
-from tests.unit.fakes import FakeDriver, wait_until
+from tests.unit.fakes import FakeDriver
 from tests.unit.test_jobs import finished, make, req
+from tests.unit.virtual import VirtualRuntime
 
 STATES = set(TRANSITIONS)
 EDGES = {(a, b) for a, tos in TRANSITIONS.items() for b in tos}
@@ -49,46 +50,46 @@ def seen():
     core.OBSERVERS.pop()
 
 
-def test_the_lifecycle_makes_exactly_the_tables_transitions(tmp_path, seen, monkeypatch):
+def test_the_lifecycle_makes_exactly_the_tables_transitions(tmp_path, seen, monkeypatch, vrt):
     # new -> pending -> configuring -> running -> done
-    ctx, placement, _ = make(tmp_path / "a", FakeDriver())
+    ctx, placement, _ = make(tmp_path / "a", FakeDriver(), vrt)
     job = placement.submit(req(gpus=["gpu1", "gpu2"], policy="regroup"))
-    wait_until(finished(placement, job.id))
+    vrt.run(finished(placement, job.id))
     assert job.state == "done", job.reason
 
     # new -> queued -> pending (drained when the first job ends); queued -> stopped; running -> stopped -> stopped
-    ctx, placement, _ = make(tmp_path / "b", FakeDriver(block=True))
+    ctx, placement, _ = make(tmp_path / "b", FakeDriver(block=True), vrt)
     first = placement.submit(req(gpus=6))
-    wait_until(lambda: first.state == "running")
+    vrt.run(lambda: first.state == "running")
     waiting, dropped = placement.submit(req(gpus=2)), placement.submit(req(gpus=2))
     assert (waiting.state, dropped.state) == ("queued", "queued")
     placement.stop_job(dropped.id)
     placement.stop_job(first.id)
-    wait_until(lambda: waiting.state == "running", what="the queued job to start")
+    vrt.run(lambda: waiting.state == "running", what="the queued job to start")
     placement.stop_job(waiting.id)
     assert (first.state, dropped.state, waiting.state) == ("stopped", "stopped", "stopped")
 
     # configuring -> failed (a container does not start); running -> failed (a worker exits with an error)
-    ctx, placement, _ = make(tmp_path / "c", FakeDriver(fail_start_on="gpu2"))
+    ctx, placement, _ = make(tmp_path / "c", FakeDriver(fail_start_on="gpu2"), vrt)
     bad = placement.submit(req(gpus=["gpu1", "gpu2"], policy="fixed"))
-    wait_until(finished(placement, bad.id))
-    ctx, placement, _ = make(tmp_path / "d", FakeDriver(exit_codes={"gpu2": 3}))
+    vrt.run(finished(placement, bad.id))
+    ctx, placement, _ = make(tmp_path / "d", FakeDriver(exit_codes={"gpu2": 3}), vrt)
     crash = placement.submit(req(gpus=["gpu1", "gpu2"], policy="fixed"))
-    wait_until(finished(placement, crash.id))
+    vrt.run(finished(placement, crash.id))
     assert (bad.state, crash.state) == ("failed", "failed")
 
     # pending -> failed: the controller restarts before the job is configured
-    ctx, placement, _ = make(tmp_path / "e", FakeDriver(block=True))
+    ctx, placement, _ = make(tmp_path / "e", FakeDriver(block=True), vrt)
     placement.admission.acquire()  # another job's reconfiguration holds it: this one stays pending
     held = placement.submit(req(gpus=2))
     assert held.state == "pending"
-    _, placement2, _ = make(tmp_path / "e", FakeDriver(block=True))
+    _, placement2, _ = make(tmp_path / "e", FakeDriver(block=True), VirtualRuntime())  # a restart
     assert placement2.get(held.id).state == "failed" and "while the job was pending" in placement2.get(held.id).reason
 
     # queued -> failed: the rack changed so that the queued job can never run
-    ctx, placement, _ = make(tmp_path / "f", FakeDriver(block=True))
+    ctx, placement, _ = make(tmp_path / "f", FakeDriver(block=True), vrt)
     first = placement.submit(req(gpus=6))
-    wait_until(lambda: first.state == "running")
+    vrt.run(lambda: first.state == "running")
     doomed = placement.submit(req(gpus=2))
     assert doomed.state == "queued"
 
@@ -103,13 +104,13 @@ def test_the_lifecycle_makes_exactly_the_tables_transitions(tmp_path, seen, monk
     assert not extra and not never, f"exercised but not in the table: {extra}; never exercised: {never}"
 
 
-def test_each_job_record_describes_the_placement_it_holds(tmp_path):
+def test_each_job_record_describes_the_placement_it_holds(tmp_path, vrt):
     """Jobs submitted together are admitted from one picture of the rack and placed one after the other, each
     planned again from the circuits as they are then: each record's note, switches, GPUs and circuits must
     describe the placement that stood."""
-    ctx, placement, _ = make(tmp_path, FakeDriver(block=True))
+    ctx, placement, ocs = make(tmp_path, FakeDriver(block=True), vrt)
     jobs = [placement.submit(req(gpus=n, policy="regroup")) for n in (2, 2, 2)]
-    wait_until(lambda: all(j.state == "running" for j in jobs), what="the three jobs to run")
+    vrt.run(lambda: all(j.state == "running" for j in jobs), what="the three jobs to run")
     where = ctx.circuits.gpu_locations(ctx.rack)
     for job in jobs:
         switches = sorted({where[g][0] for g in job.gpus})
@@ -121,6 +122,8 @@ def test_each_job_record_describes_the_placement_it_holds(tmp_path):
         circuits = {frozenset(map(str, c)) for c in ctx.circuits.circuits}
         assert {frozenset(c) for c in job.circuits} <= circuits
         assert {c[0] for c in job.circuits} == {str(ctx.rack.gpu_port(g)) for g in job.gpus}
+        device = ocs.circuits()  # what the OCS itself holds (its flow table), not only the controller's map
+        assert {tuple(sorted(int(p.split(":")[1]) for p in c)) for c in job.circuits} <= device, job.id
     for job in jobs:
         placement.stop_job(job.id)
 

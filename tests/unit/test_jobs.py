@@ -1,4 +1,5 @@
-"""The placement app's orchestration with fake switches and a fake container driver."""
+"""The placement app's orchestration with fake switches and a fake container driver, on virtual time: every thread of
+the controller runs on tests/unit/virtual.py's runtime, and the wall clock's sleeps raise (the `vrt` fixture)."""
 from __future__ import annotations
 
 import pytest
@@ -12,21 +13,27 @@ from controller.core.circuits import CircuitMap
 from controller.core.jobs import JobRequest
 from controller.core.placement import InvalidRequest, NoRoomNow, PlacementError
 from controller.core.rack import load_rack
-from tests.unit.fakes import FakeDriver, FakeSwitch, wait_until
+from tests.unit.fakes import FakeDriver, FakeSwitch
 from tests.unit.test_rack import PAPER
+from tests.unit.virtual import VirtualRuntime
 
 RACK = load_rack(PAPER)
 
 
-def make(tmp_path, driver):
-    ctx = Optirack(rack=RACK, state_dir=tmp_path)
+def make(tmp_path, driver, rt):
+    """A controller (its OCS, fabric and placement apps) on runtime `rt`; a second one on a new runtime is a
+    restart (the first one's threads never run again)."""
+    driver.sleep = rt.sleep
+    for container in driver.running.values():  # a restart on the same engines: their workers go on
+        container.sleep = rt.sleep
+    ctx = Optirack(rack=RACK, state_dir=tmp_path, clock=rt.clock, runtime=rt)
     ocs_app = OcsApp(optirack=ctx)
     apps = [Inventory(optirack=ctx), ocs_app, FabricApp(optirack=ctx)]
     placement = PlacementApp(optirack=ctx, driver=driver)
-    dps = [FakeSwitch(0x100, apps), FakeSwitch(0x201, apps), FakeSwitch(0x202, apps)]
+    dps = [FakeSwitch(0x100, apps, rt=rt), FakeSwitch(0x201, apps, rt=rt), FakeSwitch(0x202, apps, rt=rt)]
     for dp in dps:
         dp.connect()
-    wait_until(lambda: "ocs1" in ocs_app.synchronised and not ctx.lock.locked(), what="the OCS synchronised")
+    rt.run(lambda: "ocs1" in ocs_app.synchronised and not ctx.lock.locked(), what="the OCS synchronised")
     return ctx, placement, dps[0]
 
 
@@ -39,11 +46,11 @@ def req(**kw) -> JobRequest:
     return JobRequest.model_validate(kw)
 
 
-def test_regroup_job_runs_under_one_switch_and_frees_its_gpus(tmp_path):
+def test_regroup_job_runs_under_one_switch_and_frees_its_gpus(tmp_path, vrt):
     driver = FakeDriver()
-    ctx, placement, ocs = make(tmp_path, driver)
+    ctx, placement, ocs = make(tmp_path, driver, vrt)
     job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="regroup"))
-    wait_until(finished(placement, job.id), what="the job to end")
+    vrt.run(finished(placement, job.id), what="the job to end")
     assert job.state == "done", job.reason
     assert len(job.switches) == 1 and len(job.events) == 1
     assert {ctx.circuits.gpu_locations(RACK)[g][0] for g in job.gpus} == set(job.switches)
@@ -56,18 +63,18 @@ def test_regroup_job_runs_under_one_switch_and_frees_its_gpus(tmp_path):
     assert ocs.circuits() == {(a.port, b.port) for a, b in ctx.circuits.circuits}  # circuits kept after the job
 
 
-def test_fixed_job_keeps_the_cabling(tmp_path):
-    ctx, placement, _ = make(tmp_path, FakeDriver())
+def test_fixed_job_keeps_the_cabling(tmp_path, vrt):
+    ctx, placement, _ = make(tmp_path, FakeDriver(), vrt)
     before = ctx.circuits
     job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="fixed"))
-    wait_until(finished(placement, job.id))
+    vrt.run(finished(placement, job.id))
     assert job.state == "done" and job.switches == ["as1", "as2"] and job.events == []
     assert ctx.circuits == before
 
 
-def test_conflicting_requests_are_refused_when_they_may_not_wait(tmp_path):
+def test_conflicting_requests_are_refused_when_they_may_not_wait(tmp_path, vrt):
     driver = FakeDriver(block=True)
-    ctx, placement, _ = make(tmp_path, driver)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
     placement.submit(req(gpus=["gpu1", "gpu2"], policy="fixed"))
     with pytest.raises(NoRoomNow, match="gpu1 is held by job-1; not queued"):
         placement.submit(req(gpus=["gpu1", "gpu3"], queue=False))
@@ -86,18 +93,18 @@ def test_conflicting_requests_are_refused_when_they_may_not_wait(tmp_path):
     assert list(placement.jobs) == ["job-1"] and not placement.queue  # nothing else was admitted
 
 
-def test_a_queued_job_starts_when_a_running_one_ends(tmp_path):
+def test_a_queued_job_starts_when_a_running_one_ends(tmp_path, vrt):
     driver = FakeDriver(block=True)
-    ctx, placement, _ = make(tmp_path, driver)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
     first = placement.submit(req(gpus=4, gpu_model="M40"))
-    wait_until(lambda: first.state == "running")
+    vrt.run(lambda: first.state == "running")
     second = placement.submit(req(gpus=3))  # 2 free: waits
     third = placement.submit(req(gpus=1))  # would fit, but arrives later: first in, first out
     assert (second.state, second.position, third.state, third.position) == ("queued", 1, "queued", 2)
     assert "3 GPUs asked for, 2 free" in second.note and "1 queued job(s) ahead" in third.note
     assert placement.busy_gpus().keys() == set(first.gpus)
     placement.stop_job(first.id)
-    wait_until(lambda: second.state == "running" and third.state == "running", what="the queue to drain")
+    vrt.run(lambda: second.state == "running" and third.state == "running", what="the queue to drain")
     assert second.position is None and len(second.gpus) == 3 and len(third.gpus) == 1
     assert not set(second.gpus) & set(third.gpus)
     fourth = placement.submit(req(gpus=4))
@@ -108,9 +115,9 @@ def test_a_queued_job_starts_when_a_running_one_ends(tmp_path):
         placement.stop_job(job.id)
 
 
-def test_new_jobs_avoid_a_server_whose_engine_is_down(tmp_path):
+def test_new_jobs_avoid_a_server_whose_engine_is_down(tmp_path, vrt):
     driver = FakeDriver(block=True)
-    ctx, placement, _ = make(tmp_path, driver)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
     down = RACK.server_of["gpu1"]
     on_down = {g for g, s in RACK.server_of.items() if s == down}
     driver.engines.down[down] = "connection refused"
@@ -118,7 +125,7 @@ def test_new_jobs_avoid_a_server_whose_engine_is_down(tmp_path):
         placement.submit(req(gpus=["gpu1"]))
     assert not placement.jobs  # refused, not queued
     job = placement.submit(req(gpus=len(RACK.gpus) - len(on_down)))
-    wait_until(lambda: job.state == "running")
+    vrt.run(lambda: job.state == "running")
     assert not set(job.gpus) & on_down
     waiting = placement.submit(req(gpus=1))  # the only free GPUs are on the server that is down
     assert waiting.state == "queued" and "1 GPUs asked for, 0 free" in waiting.note, waiting.note
@@ -126,24 +133,25 @@ def test_new_jobs_avoid_a_server_whose_engine_is_down(tmp_path):
     placement.stop_job(job.id)
 
 
-def test_a_queued_job_survives_a_restart(tmp_path):
-    ctx, placement, _ = make(tmp_path, FakeDriver(block=True))
+def test_a_queued_job_survives_a_restart(tmp_path, vrt):
+    ctx, placement, _ = make(tmp_path, FakeDriver(block=True), vrt)
     first = placement.submit(req(gpus=6))
-    wait_until(lambda: first.state == "running")
+    vrt.run(lambda: first.state == "running")
     waiting = placement.submit(req(gpus=2))
     assert waiting.state == "queued"
-    ctx2, placement2, _ = make(tmp_path, FakeDriver(block=True))  # the first job's containers are gone
-    wait_until(lambda: placement2.get(waiting.id).state == "running", what="the queued job to start after the restart")
+    rt2 = VirtualRuntime()  # a restart: the first controller's threads never run again
+    ctx2, placement2, _ = make(tmp_path, FakeDriver(block=True), rt2)  # the first job's containers are gone
+    rt2.run(lambda: placement2.get(waiting.id).state == "running", what="the queued job to start after the restart")
     assert placement2.get(first.id).state == "failed"
     placement2.stop_job(waiting.id)
 
 
-def test_a_container_that_fails_to_start_rolls_everything_back(tmp_path):
+def test_a_container_that_fails_to_start_rolls_everything_back(tmp_path, vrt):
     driver = FakeDriver(fail_start_on="gpu3")
-    ctx, placement, ocs = make(tmp_path, driver)
+    ctx, placement, ocs = make(tmp_path, driver, vrt)
     before = ctx.circuits
     job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="regroup"))
-    wait_until(finished(placement, job.id))
+    vrt.run(finished(placement, job.id))
     assert job.state == "failed" and "no such image" in job.reason
     assert ctx.circuits == before  # the placement was undone
     assert ocs.circuits() == {(a.port, b.port) for a, b in before.circuits}
@@ -151,19 +159,19 @@ def test_a_container_that_fails_to_start_rolls_everything_back(tmp_path):
     assert driver.running == {} and placement.busy_gpus() == {}
 
 
-def test_a_failing_worker_fails_the_job_and_stops_the_others(tmp_path):
+def test_a_failing_worker_fails_the_job_and_stops_the_others(tmp_path, vrt):
     driver = FakeDriver(exit_codes={"gpu2": 3})
-    ctx, placement, _ = make(tmp_path, driver)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
     job = placement.submit(req(gpus=["gpu1", "gpu2"], policy="fixed"))
-    wait_until(finished(placement, job.id))
+    vrt.run(finished(placement, job.id))
     assert job.state == "failed" and "gpu2 exited with 3" in job.reason
 
 
-def test_stop_and_regroup_of_a_running_job(tmp_path):
+def test_stop_and_regroup_of_a_running_job(tmp_path, vrt):
     driver = FakeDriver(block=True)
-    ctx, placement, _ = make(tmp_path, driver)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
     job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="fixed"))
-    wait_until(lambda: job.state == "running")
+    vrt.run(lambda: job.state == "running")
     ev, note = placement.regroup_with_note(job.id)
     assert ev is not None and ev.kind == "regroup" and len(job.switches) == 1 and "under one switch" in note
     assert placement.regroup_with_note(job.id) == (None, "already under one switch")
@@ -174,11 +182,11 @@ def test_stop_and_regroup_of_a_running_job(tmp_path):
         placement.regroup(job.id)
 
 
-def test_jobs_survive_a_restart(tmp_path):
-    ctx, placement, _ = make(tmp_path, FakeDriver())
+def test_jobs_survive_a_restart(tmp_path, vrt):
+    ctx, placement, _ = make(tmp_path, FakeDriver(), vrt)
     job = placement.submit(req(gpus=["gpu1", "gpu2"], policy="fixed"))
-    wait_until(finished(placement, job.id))
-    ctx2, placement2, _ = make(tmp_path, FakeDriver())
+    vrt.run(finished(placement, job.id))
+    ctx2, placement2, _ = make(tmp_path, FakeDriver(), VirtualRuntime())
     assert placement2.get(job.id).state == "done"
     assert placement2.get(job.id).completion_s() == pytest.approx(3.0)
     assert ctx2.circuits == ctx.circuits
@@ -195,11 +203,11 @@ def test_job_request_validation():
     assert CircuitMap.initial(RACK)
 
 
-def test_defragmentation_dry_run_then_apply_that_plan(tmp_path):
-    ctx, placement, ocs = make(tmp_path, FakeDriver(block=True))
+def test_defragmentation_dry_run_then_apply_that_plan(tmp_path, vrt):
+    ctx, placement, ocs = make(tmp_path, FakeDriver(block=True), vrt)
     red = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="fixed", workload={"iterations": 10}))
     blue = placement.submit(req(gpus=["gpu5", "gpu6"], policy="fixed", workload={"iterations": 10}))
-    wait_until(lambda: red.state == blue.state == "running" and len(red.iterations()) == len(blue.iterations()) == 3,
+    vrt.run(lambda: red.state == blue.state == "running" and len(red.iterations()) == len(blue.iterations()) == 3,
                what="both jobs running, their fake workers' 3 iterations read")
     before, events, flows = ctx.circuits, len(ctx.events.recent()), dict(ocs.flows)
     plan = placement.regroup_all(dry_run=True)
@@ -234,13 +242,54 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path):
         placement.stop_job(job.id)
 
 
-def test_a_plan_is_refused_if_the_jobs_changed(tmp_path):
-    ctx, placement, _ = make(tmp_path, FakeDriver(block=True))
+def test_a_plan_is_refused_if_the_jobs_changed(tmp_path, vrt):
+    ctx, placement, _ = make(tmp_path, FakeDriver(block=True), vrt)
     red = placement.submit(req(gpus=["gpu1", "gpu3"], policy="fixed"))
     blue = placement.submit(req(gpus=["gpu5", "gpu6"], policy="fixed"))
-    wait_until(lambda: red.state == blue.state == "running")
+    vrt.run(lambda: red.state == blue.state == "running")
     plan = placement.regroup_all(dry_run=True)
     placement.stop_job(blue.id)  # no circuit changes, but the plan would now differ
     with pytest.raises(Conflict, match="running jobs changed"):
         placement.regroup_all(version=plan["version"])
     placement.stop_job(red.id)
+
+
+def _held_at_configuring(tmp_path, vrt, driver):
+    """A regroup job stopped at configuring by the fault hook, its circuits and containers in place."""
+    ctx, placement, ocs = make(tmp_path, driver, vrt)
+    before = ctx.circuits
+    placement.service.hold_configuring = True
+    job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="regroup"))
+    vrt.run(lambda: len(driver.started) == 4, what="the held job's containers")
+    vrt.advance(5)
+    assert job.state == "configuring" and ctx.circuits != before and len(job.circuits) == 4
+    return before, job
+
+
+def test_a_restart_carries_on_a_configuring_job_whose_circuits_and_containers_match(tmp_path, vrt):
+    driver = FakeDriver(block=True)
+    _, job = _held_at_configuring(tmp_path, vrt, driver)
+    rt2 = VirtualRuntime()  # the controller died while the job was configuring; a new one starts
+    ctx2, placement2, ocs2 = make(tmp_path, driver, rt2)
+    again = placement2.get(job.id)
+    rt2.run(lambda: again.state == "running", what="the configuring job to be carried on")
+    assert len(driver.started) == 4 and driver.removed == []  # the same containers, adopted
+    assert {frozenset(c) for c in again.circuits} <= {frozenset(map(str, c)) for c in ctx2.circuits.circuits}
+    assert ocs2.circuits() == {(a.port, b.port) for a, b in ctx2.circuits.circuits}
+    placement2.stop_job(job.id)
+    assert again.state == "stopped" and driver.running == {}
+
+
+def test_a_restart_undoes_a_configuring_job_whose_containers_are_gone(tmp_path, vrt):
+    driver = FakeDriver(block=True)
+    before, job = _held_at_configuring(tmp_path, vrt, driver)
+    driver.running.pop(next(n for n in driver.running if n.endswith("gpu3")))  # lost while the controller was down
+    rt2 = VirtualRuntime()
+    ctx2, placement2, ocs2 = make(tmp_path, driver, rt2)
+    again = placement2.get(job.id)
+    rt2.run(lambda: not again.active, what="the configuring job to be undone")
+    assert again.state == "failed" and "the containers of gpu3 are gone" in again.reason, again.reason
+    assert ctx2.circuits == before  # its placement's circuits put back
+    assert ocs2.circuits() == {(a.port, b.port) for a, b in before.circuits}
+    assert driver.running == {} and placement2.busy_gpus() == {}  # nothing left on any engine
+    assert [ctx2.events.get(e).reason for e in again.events][-1] == f"{job.id}: undo placement"

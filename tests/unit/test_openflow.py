@@ -5,6 +5,7 @@ from ryu.controller.handler import MAIN_DISPATCHER, set_ev_cls
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 
+from controller.apps.runtime import HUB
 from controller.drivers import openflow as of
 from tests.unit.fakes import FakeSwitch
 
@@ -95,7 +96,7 @@ class _Feeder:
 
 
 def _switch(**kw):
-    rpc = of.OfRpc()
+    rpc = of.OfRpc(HUB.event)
     return rpc, FakeSwitch(0x100, [_Feeder(rpc)], **kw)
 
 
