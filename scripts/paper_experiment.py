@@ -475,8 +475,12 @@ def experiment(s: Settings, cases: list[str]) -> dict:
 def fit(
     s: Settings, target: float = PAPER["a"]["reduction"], steps: int = 5, lo: float = 2.0, hi: float = 12.0
 ) -> dict:
-    """Bisect k (NIC:uplink, in log space) until case (a)'s median saving is the paper's."""
+    """Bisect k (NIC:uplink, in log space) until case (a)'s median saving is the paper's. Every step is kept, with
+    its calibration and its point's figures (medians, spread), so the fit can be read back from its record."""
     base = yaml.safe_load(s.rack_file.read_text())
+    if s.fabric:
+        base.setdefault("emulation", {})["fabric"] = s.fabric
+    started, bounds = records.utc_stamp(), [lo, hi]
     tried = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -485,15 +489,30 @@ def fit(
             rack, path = write_rack(rack_variant(base, k=k), tmp / f"fit-{step}.yaml")
             log(f"fit step {step + 1}/{steps}: NIC:uplink 1:{k:.2f}")
             with Testbed(rack, path, tmp / f"fit-{step}", MONITOR) as tb:
-                log(calibrate(tb).line())
+                cal = calibrate(tb)
+                log(cal.line())
                 pairs = run_pairs(tb, CASES["a"], s, s.iterations, f"fit 1:{k:.2f}", {"runs": []}, detail=False)
-            saving = point("fit", "a", k, 0, pairs)["saving"]["median"]
-            tried.append({"nic_to_uplink": k, "saving": saving})
+            fig = point(f"fit 1:{k:.2f}", "a", k, rack.spec.switches[0].uplinks[0].rate_gbps, pairs)
+            saving = fig["saving"]["median"]
+            tried.append({"nic_to_uplink": k, "saving": saving, "point": fig, "calibration": cal.to_json()})
             log(f"fit step {step + 1}: 1:{k:.2f} saved {100 * saving:.1f} % (target {100 * target:.1f} %)")
             lo, hi = (k, hi) if saving < target else (lo, k)
     best = min(tried, key=lambda t: abs(t["saving"] - target))
     gbps = nic_gbps(base) / best["nic_to_uplink"]
-    return {"target": target, "tried": tried, "nic_to_uplink": best["nic_to_uplink"], "uplink_gbps": round(gbps, 1)}
+    return {"kind": "fit", "started_utc": started, "versions": versions(),
+            "fabric": base.get("emulation", {}).get("fabric", "lossless"),
+            "rack_file": str(s.rack_file.relative_to(ROOT)) if s.rack_file.is_relative_to(ROOT) else str(s.rack_file),
+            "rack_sha256": hashlib.sha256(s.rack_file.read_bytes()).hexdigest(),
+            "settings": {"iterations": s.iterations, "repeats": s.repeats, "model": s.model, "steps": steps,
+                         "bounds": bounds},
+            "target": target, "tried": tried, "nic_to_uplink": best["nic_to_uplink"], "uplink_gbps": round(gbps, 1)}
+
+
+def write_fit(result: dict, results: Path) -> Path:
+    """results/fits/<UTC start>-<commit>[-dirty].json: a fit's every step, never overwriting another fit."""
+    v = result["versions"]
+    name = record_stem(result["started_utc"], v.get("optirack"), bool(v.get("git_dirty")))
+    return records.write_new(results / "fits" / f"{name}.json", result)
 
 
 # --- output --------------------------------------------------------------------------------
@@ -692,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
             f"fitted: NIC:uplink 1:{result['nic_to_uplink']:.2f}, an uplink of {result['uplink_gbps']:g} Gbit/s "
             f"(tried {tried}); put it in {args.rack}'s uplinks"
         )
-        print(json.dumps(result, indent=1))
+        log(f"wrote {write_fit(result, args.results)}")
         return 0
     record = experiment(s, cases)
     record["wall_s"] = time.monotonic() - t0
