@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export VENV
 
 .PHONY: help setup test test-unit test-integration lint controller image rack-up rack-down rack-status \
-        rack-cli demo demo-quick bench clean
+        rack-cli demo demo-quick bench report clean
 
 help:
 	@echo "make setup             install everything this machine needs (idempotent, as root)"
@@ -22,8 +22,9 @@ help:
 	@echo "make rack-cli          Mininet CLI on the running rack"
 	@echo "make rack-down         remove everything the rack made (safe to repeat); engines' image stores stay"
 	@echo "make clean             build outputs, and the engines' and registry's caches (takes a rack down)"
-	@echo "make demo              reproduce the paper's experiment (results/)"
+	@echo "make demo              reproduce the paper's experiment (a new record in results/records/)"
 	@echo "make bench             print the benchmarks' figures"
+	@echo "make report            rebuild the results tables of README.md and docs/ from results/records/"
 
 setup:
 	@bash scripts/setup.sh
@@ -66,11 +67,15 @@ bench: setup
 	$(PY) scripts/bench_simulate.py
 	$(PY) scripts/bench_loopback.py
 
+# Every results table of README.md and docs/*.md, from the committed records (--check: compare only).
+report:
+	$(PY) scripts/report.py $(ARGS)
+
 # Also the caches rack-down keeps: each emulated engine's image store and the registry's storage.
 clean:
 	rm -rf build .pytest_cache .ruff_cache
 	@if [ -x $(VENV)/bin/optirack-rack ]; then $(VENV)/bin/optirack-rack down --purge; fi
 
-# The main job: the paper's experiment on the default rack (results/). ARGS="--quick" for a short run.
+# The main job: the paper's experiment on the default rack (a new record in results/records/). ARGS="--quick" for a short run.
 demo: setup
 	$(PY) -m scripts.paper_experiment $(ARGS)

@@ -15,8 +15,9 @@ Before measuring, the host is calibrated (a ring of TCP flows against the emulat
 with idle and stolen CPU); when it cannot carry the emulated rates the rates are halved and it
 is tried again, and the calibration is printed beside the results.
 
-Writes results/paper-experiment.json (every run, with the rack file and versions),
-results/paper-experiment.md (our figures beside the paper's) and PNG figures like the paper's
+Writes a new record every time, never overwriting one: results/records/<UTC time>-<commit>.json (every run,
+with the rack file, the versions, the fabric and the simulator's model hash), and beside it, in the directory
+of the same name, paper-experiment.md (our figures beside the paper's) and PNG figures like the paper's
 Fig. 3. Needs root (it builds the emulated rack).
 """
 from __future__ import annotations
@@ -25,9 +26,7 @@ import argparse
 import hashlib
 import json
 import math
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +39,10 @@ from controller.core.rack import load_rack
 from emulation import counters
 from emulation.calibrate import Calibration, CpuMeter, calibrate
 from emulation.harness import ROOT, Testbed
+from scripts import records
+from simulator import modelhash
 from simulator.cases import CASES, Case
+from simulator.records import stem as record_stem
 
 PAPER_RACK = ROOT / "topologies" / "paper-testbed.yaml"
 # The rack file's starting cabling: srv1 and srv2 under as1, srv3 and srv4 under as2.
@@ -51,6 +53,9 @@ PAPER = {  # Yan et al., OFC 2022, section 3
     "a": {"before_s": 407, "after_s": 109, "reduction": 0.732, "util": "3x"},
     "b": {"before_s": 368, "after_s": 140, "reduction": 0.620, "util": "no significant change"},
 }
+# What an emulated GPU's "utilization" is: its compute is a wait, so the worker reports compute time over
+# iteration time (utilization: busy-fraction), not a GPU's busy counter as the paper measured.
+COMPUTE_FRACTION = "compute fraction of an iteration (emulated GPU)"
 MAX_SPREAD_PP = 10.0  # what the issue asks of every figure's spread over the repeats
 RATE_HALVINGS = 2  # how many times the rates may be halved when the host cannot carry them
 
@@ -113,18 +118,7 @@ def log(msg: str) -> None:
 
 
 def versions() -> dict:
-    def cmd(*args):
-        try:
-            return subprocess.run(args, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
-        except (OSError, IndexError, subprocess.TimeoutExpired):
-            return None
-
-    import torch
-
-    git = cmd("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD")
-    return {"optirack": git, "python": platform.python_version(), "torch": torch.__version__,
-            "kernel": platform.release(), "openvswitch": cmd("ovs-vsctl", "--version"),
-            "docker": cmd("docker", "version", "--format", "{{.Server.Version}}"), "mininet": cmd("mn", "--version")}
+    return records.versions(full=True)
 
 
 # --- racks ---------------------------------------------------------------------------------
@@ -221,7 +215,7 @@ def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
     }
     log(
         f"    {tag}: done in {summary['completion_rack_s']:.2f} rack s on {','.join(job['switches'])}, "
-        f"mean iteration {summary['mean_iteration_rack_s']:.3f} rack s, GPU utilization {summary['mean_gpu_util']:.2f}"
+        f"mean iteration {summary['mean_iteration_rack_s']:.3f} rack s, compute fraction {summary['mean_gpu_util']:.2f}"
     )
     run = {"case": case.name, "tag": tag, "summary": summary, "_all_reduces": [all_reduces(job), all_reduces(blue_job)]}
     if policy == "regroup":  # red's circuits changed while it was configuring, with blue beside it
@@ -416,6 +410,10 @@ def experiment(s: Settings, cases: list[str]) -> dict:
     TCP.start()
     record = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started_utc": records.utc_stamp(),
+        # the simulator's model as the run began (simulator/modelhash.py); checked again at the end
+        "model_hash": modelhash.model_hash(),
+        "model_files": list(modelhash.MODEL_FILES),
         "settings": {
             "iterations": s.iterations,
             "repeats": s.repeats,
@@ -467,6 +465,9 @@ def experiment(s: Settings, cases: list[str]) -> dict:
     record["checks"] = checks(record["points"], record["sweep"])
     record["checks"].update(fabric_checks(record))
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if modelhash.model_hash() != record["model_hash"]:  # the model's files changed during the run
+        record["model_hash_at_start"], record["model_hash"] = record["model_hash"], None
+        log("WARNING: the simulator's model files changed during the run: the record's model_hash is null")
     return record
 
 
@@ -474,8 +475,12 @@ def experiment(s: Settings, cases: list[str]) -> dict:
 def fit(
     s: Settings, target: float = PAPER["a"]["reduction"], steps: int = 5, lo: float = 2.0, hi: float = 12.0
 ) -> dict:
-    """Bisect k (NIC:uplink, in log space) until case (a)'s median saving is the paper's."""
+    """Bisect k (NIC:uplink, in log space) until case (a)'s median saving is the paper's. Every step is kept, with
+    its calibration and its point's figures (medians, spread), so the fit can be read back from its record."""
     base = yaml.safe_load(s.rack_file.read_text())
+    if s.fabric:
+        base.setdefault("emulation", {})["fabric"] = s.fabric
+    started, bounds = records.utc_stamp(), [lo, hi]
     tried = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -484,15 +489,30 @@ def fit(
             rack, path = write_rack(rack_variant(base, k=k), tmp / f"fit-{step}.yaml")
             log(f"fit step {step + 1}/{steps}: NIC:uplink 1:{k:.2f}")
             with Testbed(rack, path, tmp / f"fit-{step}", MONITOR) as tb:
-                log(calibrate(tb).line())
+                cal = calibrate(tb)
+                log(cal.line())
                 pairs = run_pairs(tb, CASES["a"], s, s.iterations, f"fit 1:{k:.2f}", {"runs": []}, detail=False)
-            saving = point("fit", "a", k, 0, pairs)["saving"]["median"]
-            tried.append({"nic_to_uplink": k, "saving": saving})
+            fig = point(f"fit 1:{k:.2f}", "a", k, rack.spec.switches[0].uplinks[0].rate_gbps, pairs)
+            saving = fig["saving"]["median"]
+            tried.append({"nic_to_uplink": k, "saving": saving, "point": fig, "calibration": cal.to_json()})
             log(f"fit step {step + 1}: 1:{k:.2f} saved {100 * saving:.1f} % (target {100 * target:.1f} %)")
             lo, hi = (k, hi) if saving < target else (lo, k)
     best = min(tried, key=lambda t: abs(t["saving"] - target))
     gbps = nic_gbps(base) / best["nic_to_uplink"]
-    return {"target": target, "tried": tried, "nic_to_uplink": best["nic_to_uplink"], "uplink_gbps": round(gbps, 1)}
+    return {"kind": "fit", "started_utc": started, "versions": versions(),
+            "fabric": base.get("emulation", {}).get("fabric", "lossless"),
+            "rack_file": str(s.rack_file.relative_to(ROOT)) if s.rack_file.is_relative_to(ROOT) else str(s.rack_file),
+            "rack_sha256": hashlib.sha256(s.rack_file.read_bytes()).hexdigest(),
+            "settings": {"iterations": s.iterations, "repeats": s.repeats, "model": s.model, "steps": steps,
+                         "bounds": bounds},
+            "target": target, "tried": tried, "nic_to_uplink": best["nic_to_uplink"], "uplink_gbps": round(gbps, 1)}
+
+
+def write_fit(result: dict, results: Path) -> Path:
+    """results/fits/<UTC start>-<commit>[-dirty].json: a fit's every step, never overwriting another fit."""
+    v = result["versions"]
+    name = record_stem(result["started_utc"], v.get("optirack"), bool(v.get("git_dirty")))
+    return records.write_new(results / "fits" / f"{name}.json", result)
 
 
 # --- output --------------------------------------------------------------------------------
@@ -503,7 +523,8 @@ def _pct(p: dict) -> str:
 
 def table(record: dict) -> str:
     rows = [
-        "| case | job of concern | fragmented | regrouped | completion time saved | GPU utilization | paper |",
+        "| case | job of concern | fragmented | regrouped | completion time saved "
+        f"| {COMPUTE_FRACTION} | paper (completion, saved, measured GPU utilization) |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in record["points"]:
@@ -514,14 +535,14 @@ def table(record: dict) -> str:
             f"| {g['completion_rack_s']:.2f} s | {_pct(p)} "
             f"| {f['mean_gpu_util']:.2f} → {g['mean_gpu_util']:.2f} ({g['mean_gpu_util'] / f['mean_gpu_util']:.2f}×) "
             f"| {paper['before_s']} s → {paper['after_s']} s, −{100 * paper['reduction']:.1f} %, "
-            f"utilization {paper['util']} |"
+            f"GPU utilization {paper['util']} |"
         )
     out = "\n".join(rows)
     if record["sweep"]:
         out += (
             "\n\nCase (a) against the inter-switch uplink's rate (GPU NIC : uplink):\n\n"
             "| NIC : uplink | uplink | fragmented, mean iteration | regrouped, mean iteration | completion time saved "
-            "| GPU utilization |\n| --- | --- | --- | --- | --- | --- |\n"
+            f"| {COMPUTE_FRACTION} |\n| --- | --- | --- | --- | --- | --- |\n"
         )
         out += "\n".join(
             f"| 1:{p['nic_to_uplink']:.3g}{' (fitted)' if p['name'].startswith('fitted') else ''} "
@@ -591,11 +612,20 @@ def checks_text(record: dict) -> str:
     return "\n".join(lines)
 
 
+def record_path(record: dict, results: Path) -> Path:
+    """results/records/<UTC start>-<commit>[-dirty].json; its tables and figures go in the directory of that stem."""
+    v = record["versions"]
+    name = record_stem(record["started_utc"], v.get("optirack"), bool(v.get("git_dirty")))
+    return results / "records" / f"{name}.json"
+
+
 def write_results(record: dict, results: Path) -> list[Path]:
+    """The record (a new file: never one that exists) and, in the directory of its stem, its tables and figures."""
     from scripts.plots import fig3, sweep_figure
 
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "paper-experiment.json").write_text(json.dumps(record, indent=1))
+    path = records.write_new(record_path(record, results), record)
+    results = path.with_suffix("")
+    results.mkdir()
     settings = record["settings"]
     md = [
         f"# The paper's experiment on the emulated rack ({record['started']})",
@@ -605,7 +635,9 @@ def write_results(record: dict, results: Path) -> list[Path]:
         f"{settings['iterations']} iterations ({settings['sweep_iterations']} in the sweep), "
         f"each pair {settings['repeats']} times; figures are medians over "
         f"the repeats, times in rack seconds (emulated seconds divided by the time dilation). Versions: "
-        + ", ".join(f"{k} {v}" for k, v in record["versions"].items() if v),
+        + ", ".join(f"{k} {v}" for k, v in record["versions"].items() if v is not None)
+        + f"; the {record['fabric']} fabric; the simulator's model hash "
+        + (record["model_hash"] or "unknown")[:12] + ".",
         "",
         "Calibration of this host:",
         "",
@@ -622,7 +654,7 @@ def write_results(record: dict, results: Path) -> list[Path]:
     figures = [fig3(record, name, results) for name in sorted({p["case"] for p in record["points"]})]
     if record["sweep"]:
         figures.append(sweep_figure(record, results))
-    return [results / "paper-experiment.json", results / "paper-experiment.md", *figures]
+    return [path, results / "paper-experiment.md", *figures]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -644,7 +676,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="instead of the experiment: find the uplink rate at which case (a) saves the paper's 73.2 %%",
     )
-    p.add_argument("--results", type=Path, default=ROOT / "results", help="output folder (default %(default)s)")
+    p.add_argument("--results", type=Path, default=ROOT / "results",
+                   help="output folder (default %(default)s): a new record in its records/ every run")
     p.add_argument(
         "--fabric",
         choices=["lossless", "droptail"],
@@ -678,7 +711,7 @@ def main(argv: list[str] | None = None) -> int:
             f"fitted: NIC:uplink 1:{result['nic_to_uplink']:.2f}, an uplink of {result['uplink_gbps']:g} Gbit/s "
             f"(tried {tried}); put it in {args.rack}'s uplinks"
         )
-        print(json.dumps(result, indent=1))
+        log(f"wrote {write_fit(result, args.results)}")
         return 0
     record = experiment(s, cases)
     record["wall_s"] = time.monotonic() - t0

@@ -1,4 +1,5 @@
-"""Figures like the paper's Fig. 3: NIC throughput and GPU utilization over time, before and after."""
+"""Figures like the paper's Fig. 3: NIC throughput, and the compute fraction of each iteration (what an emulated
+GPU's "utilization" is: its compute is a wait), before and after."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -44,7 +45,7 @@ def _utilization(ax, job: dict, dilation: float, t0: float) -> None:
         ys += [100 * it["gpu_util"]] * 2
     ax.plot(xs, ys, color="#c0392b", linewidth=1.6, label="average over the job's GPUs")
     ax.set_ylim(0, 105)
-    ax.set_ylabel("GPU utilization (%)")
+    ax.set_ylabel("compute fraction of an iteration (%)\n(emulated GPU: compute time / iteration time)")
     ax.set_xlabel("time since the job started (s at rack scale)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
@@ -60,7 +61,7 @@ def fig3(record: dict, case: str, results: Path) -> Path:
         title = "fragmented (policy fixed)" if s["policy"] == "fixed" else "regrouped under one switch"
         title += f", repeat {run.get('repeat', 0) + 1}"
         axes[0][col].set_title(f"{title}: {', '.join(job['gpus'])} under {', '.join(s['switches'])}\n"
-                               f"completion {s['completion_rack_s']:.1f} s, mean GPU utilization "
+                               f"completion {s['completion_rack_s']:.1f} s, mean compute fraction "
                                f"{100 * s['mean_gpu_util']:.0f} %", fontsize=9)
         _throughput(axes[0][col], job, rate_scale, dilation, t0)
         _utilization(axes[1][col], job, dilation, t0)

@@ -26,17 +26,31 @@ def show(s: dict, unit: str = "", digits: int = 1) -> str:
     return f"{f.format(s['median'])} ({f.format(s['min'])}–{f.format(s['max'])}){' ' + unit if unit else ''}"
 
 
+_VERSIONS: dict = {}  # the checkout's state when the benchmark started (add_json_option), not when it wrote
+
+
+def _versions() -> dict:
+    try:
+        from scripts.records import versions
+    except ModuleNotFoundError:  # run as a file: scripts/ itself is on sys.path
+        from records import versions
+    return versions(full=False)
+
+
 def add_json_option(parser: argparse.ArgumentParser) -> None:
+    _VERSIONS.update(_versions())
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="also write every figure, with min/median/max and the raw repetitions, to PATH")
 
 
 def write_json(path: Path | None, results) -> None:
-    """Write `results` with what produced them: the command, the host, the time."""
+    """Write `results` with what produced them: the command, the host, the time, the commit (and whether the
+    checkout differed from it), python and the kernel."""
     if path is None:
         return
     record = {"command": [Path(sys.argv[0]).name, *sys.argv[1:]], "host": platform.node(),
-              "cpus": _cpus(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "results": results}
+              "cpus": _cpus(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": _VERSIONS or _versions(),
+              "results": results}
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {path}")
 

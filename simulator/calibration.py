@@ -4,7 +4,7 @@ An emulated ring step costs (S/n) / (efficiency x line rate) plus a fixed softwa
 come from measurements, never from the points the fidelity test compares:
 - the per-step latency from the all-reduce of tiny messages on loopback (rack file comment:
   about 40 ms per all-reduce of 4 ranks on 2 cores, i.e. 6 steps);
-- the efficiency from the demo's own calibration, recorded in results/paper-experiment.json: a
+- the efficiency from the demo's own calibration, recorded in its record (results/records/): a
   ring of TCP flows between GPU NICs on the rack it measures on, each flow's share of the line
   rate (emulation/calibrate.py), the median over its runs at the rate the demo used; a record
   without one falls back to the README's ring all-reduce benchmark (91.0 % of its bound with

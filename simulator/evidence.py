@@ -1,6 +1,6 @@
 """What the demo's record shows about a fragmented ring's uplink, beside what the simulator assumes.
 
-Two figures, both from `make demo`'s record (results/paper-experiment.json):
+Two figures, both from a `make demo` record (default: the droptail one, simulator/records.py DROPTAIL):
 - for each run recorded in detail, each flow of the job of concern's ring (rank i -> rank i+1):
   the bytes its sender's NIC sent over the bytes its receiver's NIC received, from the monitor's
   throughput samples. Above 1 by more than the headers' few per cent, the flow resent what a
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profiles import WORKLOADS, compute_seconds
-from simulator import calibration, fidelity
+from simulator import calibration, fidelity, records
 from simulator.workloads import paper_case
 
 STALLED = 0.10  # a comm window in which a crossing flow delivered under this share of the uplink
-RECORD = Path("results/paper-experiment.json")
+RECORD = records.DROPTAIL.relative_to(records.ROOT)  # the droptail record
 
 
 @dataclass

@@ -21,6 +21,10 @@ class ReconfigEvent:
     dark_end: float | None = None  # new circuits confirmed by the OCS
     ocs_confirmed_at: float | None = None
     flows_confirmed_at: float | None = None
+    # the packet switches' re-programming for the new circuits: from its start (once every changed circuit is
+    # dark, so it runs inside the dark window) until every switch confirmed it
+    fabric_started_at: float | None = None
+    fabric_confirmed_at: float | None = None
     switching_time_s: float = 0.0  # what the OCS model or device promises
     status: str = "running"  # running | ok | failed
     error: str | None = None

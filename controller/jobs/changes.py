@@ -112,7 +112,13 @@ class CircuitChanges:
             added=CircuitMap(diff.add).to_json(),
         )
         previous, parts = ctx.circuits, diff.by_ocs()
-        fabric = _WhenDark(ctx.rt, lambda: ctx.fabric.sync(target), len(parts))
+
+        def program() -> None:  # timed, so that what ran inside the dark window can be told (bench_reconfig)
+            ev.fabric_started_at = ctx.clock()
+            ctx.fabric.sync(target)
+            ev.fabric_confirmed_at = ctx.clock()
+
+        fabric = _WhenDark(ctx.rt, program, len(parts))
         try:
             ctx.record_event(ev)
             for result in self._apply_all(parts, fabric):

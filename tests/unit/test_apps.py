@@ -64,6 +64,9 @@ def test_reconfigure_applies_the_diff_with_a_dark_window(rig):
     assert ev.status == "ok" and ev.dark_window_s >= 0.025
     assert ev.requested_at <= ev.dark_start <= ev.dark_end <= ev.ocs_confirmed_at <= ev.flows_confirmed_at
     assert len(ev.removed) == 4 and len(ev.added) == 4
+    # the switches were re-programmed once the circuits were dark, and confirmed before the event's end
+    assert ev.dark_start <= ev.fabric_started_at <= ev.fabric_confirmed_at <= ev.flows_confirmed_at
+    assert ev.to_json()["fabric_confirmed_at"] == ev.fabric_confirmed_at
     _check_forwarding(ctx, switches)
     # untouched circuits were not re-sent: only deletes of changed ports and adds of new ones
     touched = {m.match["in_port"] for m in ocs.sent[-20:] if hasattr(m, "match") and "in_port" in m.match}

@@ -1,8 +1,11 @@
 """The demo's figures over repeats, its checks, and the calibration's ring, without a rack."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+import scripts.paper_experiment as pe
 from controller.core.rack import _port_ref, load_rack
 from emulation.calibrate import Calibration, _largest_ring, one_switch_circuits
 from scripts.paper_experiment import checks, point, rack_variant, uplink_ratio
@@ -64,3 +67,71 @@ def test_calibration_verdict_is_the_slowest_flow():
     assert cal.fraction == pytest.approx(0.88) and not cal.ok
     assert "TOO SLOW" in cal.line() and "44.0-49.5 Mbit/s" in cal.line()
     assert Calibration(50.0, [46.0] * 4, 4, 60.0, 1.0, None).ok
+
+
+def test_a_record_is_named_by_its_time_and_commit_and_never_overwritten(tmp_path):
+    from scripts import records
+
+    rec = {"started_utc": "20260101T120000Z", "versions": {"optirack": "abc1234", "git_dirty": True}}
+    path = pe.record_path(rec, tmp_path)
+    assert path == tmp_path / "records" / "20260101T120000Z-abc1234-dirty.json"
+    records.write_new(path, {"first": 1})
+    with pytest.raises(FileExistsError):
+        records.write_new(path, {"second": 2})
+    assert json.loads(path.read_text()) == {"first": 1}
+    clean = pe.record_path({**rec, "versions": {"optirack": "abc1234", "git_dirty": False}}, tmp_path)
+    assert clean.name == "20260101T120000Z-abc1234.json"
+
+
+def test_the_versions_name_the_commit_and_whether_the_checkout_was_dirty():
+    from scripts import records
+
+    v = records.versions(full=False)
+    assert v["optirack"] and v["git_dirty"] in (True, False) and v["python"] and v["kernel"]
+
+
+def test_a_fit_is_written_whole_and_never_over_another(tmp_path):
+    result = {"kind": "fit", "started_utc": "20260101T120000Z", "versions": {"optirack": "abc1234", "git_dirty": False},
+              "tried": [{"nic_to_uplink": 3.5, "saving": 0.6}], "nic_to_uplink": 3.5, "uplink_gbps": 28.6}
+    path = pe.write_fit(result, tmp_path)
+    assert path == tmp_path / "fits" / "20260101T120000Z-abc1234.json"
+    assert json.loads(path.read_text()) == result
+    with pytest.raises(FileExistsError):
+        pe.write_fit(result, tmp_path)
+
+
+def test_the_fit_bisects_and_keeps_every_step_with_its_figures(monkeypatch, tmp_path):
+    """fit() without a rack: each step's saving made up as growing with k; the record keeps every step."""
+
+    class Bed:
+        def __init__(self, rack, *args, **kwargs):
+            self.k = 100 / rack.spec.switches[0].uplinks[0].rate_gbps
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class Cal:
+        def line(self):
+            return "calibration: made up"
+
+        def to_json(self):
+            return {"fraction": 0.98}
+
+    def run_pairs(tb, case, s, iterations, label, record, detail):
+        saving = min(0.9, 0.1 * tb.k)  # 1:7.32 saves 73.2 %
+        return [(_run(100.0), _run(100.0 * (1 - saving)))] * s.repeats
+
+    monkeypatch.setattr(pe, "Testbed", Bed)
+    monkeypatch.setattr(pe, "calibrate", lambda tb: Cal())
+    monkeypatch.setattr(pe, "run_pairs", run_pairs)
+    s = pe.Settings(iterations=4, repeats=3, fabric="droptail")
+    result = pe.fit(s, steps=4)
+    assert result["kind"] == "fit" and result["fabric"] == "droptail" and result["settings"]["bounds"] == [2.0, 12.0]
+    ks = [t["nic_to_uplink"] for t in result["tried"]]
+    assert len(ks) == 4 and abs(ks[0] - (2.0 * 12.0) ** 0.5) < 1e-9
+    assert all(t["point"]["repeats"] == 3 and t["calibration"] == {"fraction": 0.98} for t in result["tried"])
+    assert abs(result["nic_to_uplink"] - 7.32) < 1.0  # the bisection closes in on the k that saves 73.2 %
+    assert pe.write_fit(result, tmp_path).exists()

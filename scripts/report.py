@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""Rebuild every results table of README.md and docs/*.md from the committed records (`make report`).
+
+A table lives between the lines `<!-- report:NAME -->` and `<!-- /report:NAME -->`; this rewrites what is between the
+two marks from the records under results/records/ (simulator/records.py) and nothing else. `--check` writes
+nothing: it shows a diff of each block whose committed text differs from what the records give, and exits 1
+(a unit test runs it). A block of an unknown name, or a mark without its end, exits 2 naming the file and line.
+
+Blocks: headline (README: the paper's two cases, one row per full record and case), cases (the same with the
+job of concern and each case's distance from the paper), sweep (case (a) against the uplink's rate), records
+(every committed record: when, which commit, fabric, model hash, checks), fidelity-droptail and
+shares-droptail (the simulator against the droptail record, as `optirack simulate --case` and
+`python -m simulator.evidence` print them), reconfig and loopback (the committed benchmark records under
+results/bench/: bench_reconfig's end-to-end and event figures, bench_loopback's step).
+
+On an emulated GPU the compute is a wait: what the worker reports as utilization is the compute time over the
+iteration time. Every block names it so ("compute fraction of an iteration"), beside the paper's measured GPU
+utilization.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a file (python scripts/report.py)
+    sys.path.insert(0, str(ROOT))
+
+from simulator import records as rec  # noqa: E402
+from simulator.cases import CASES  # noqa: E402
+
+MARK = re.compile(r"^<!-- (/?)report:([A-Za-z0-9_-]+) -->$", re.M)  # a mark is a line of its own
+PAPER = {  # Yan et al., OFC 2022, section 3 (as scripts/paper_experiment.py's PAPER)
+    "a": {"before_s": 407, "after_s": 109, "reduction": 0.732, "util": "GPU utilization 3×"},
+    "b": {"before_s": 368, "after_s": 140, "reduction": 0.620, "util": "no significant change in GPU utilization"},
+}
+FITTED, PREDICTED = "a", "b"  # the uplink's rate is fitted to case (a); case (b) is a prediction
+FRACTION = "compute fraction of an iteration (emulated GPU)"
+WIDTH = 105  # prose lines of a block
+
+
+class ReportError(Exception):
+    pass
+
+
+# --- figures -------------------------------------------------------------------------------
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _saving(p: dict) -> str:
+    return f"{_pct(p['saving']['median'])} ({p['saving']['spread_pp']:.1f} pp)"
+
+
+def _fraction(p: dict, ratio: bool = True) -> str:
+    f, g = p["fixed"]["mean_gpu_util"], p["regroup"]["mean_gpu_util"]
+    return f"{f:.2f} → {g:.2f}" + (f" ({g / f:.1f}×)" if ratio and f > 0 else "")
+
+
+def _pp(x: float) -> str:
+    return f"{'+' if x >= 0 else '−'}{abs(x):.1f} pp"
+
+
+def _paper(case: str) -> str:
+    p = PAPER[case]
+    return f"{p['before_s']} s → {p['after_s']} s, {_pct(p['reduction'])}, {p['util']}"
+
+
+def full(records: list[rec.Record]) -> list[rec.Record]:
+    """The records of a whole demo (both cases, repeated): a quick run or a single case is not a result."""
+    return [r for r in records if r.full]
+
+
+def _label(r: rec.Record) -> str:
+    return f"`{r.name}` ({r.data.get('fabric') or 'fabric unrecorded'})"
+
+
+def _points(r: rec.Record) -> dict[str, dict]:
+    return {p["case"]: p for p in r.data["points"]}
+
+
+# --- blocks --------------------------------------------------------------------------------
+def headline(records: list[rec.Record]) -> str:
+    rows = ["| record (fabric) | case | fragmented | regrouped | completion time saved (spread) "
+            f"| {FRACTION} | paper (completion, saved, measured GPU utilization) |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in full(records):
+        for case, p in sorted(_points(r).items()):
+            rows.append(f"| {_label(r)} | ({case}) {CASES[case].label} | {p['fixed']['completion_rack_s']:.2f} s "
+                        f"| {p['regroup']['completion_rack_s']:.2f} s | {_saving(p)} | {_fraction(p)} "
+                        f"| {_paper(case)} |")
+    return "\n".join(rows) + "\n\n" + _against_paper(records)
+
+
+def _against_paper(records: list[rec.Record]) -> str:
+    """The sentences that go with the table: the fit's distance, the prediction's miss, the compute fraction."""
+    fr = full(records)
+    if not fr:
+        return "No full record (both cases, 3 repeats) is committed."
+    def off(case: str) -> list[float]:
+        return [100 * (_points(r)[case]["saving"]["median"] - PAPER[case]["reduction"]) for r in fr]
+
+    def each(values: list[float]) -> str:
+        return ", ".join(f"{_pp(v)} ({r.data.get('fabric')})" for v, r in zip(values, fr, strict=True))
+
+    miss = off(PREDICTED)
+    more = " (it saves more than the paper did)" if all(v > 0 for v in miss) else ""
+    ratios = [p["regroup"]["mean_gpu_util"] / p["fixed"]["mean_gpu_util"] for r in fr
+              for p in [_points(r)[PREDICTED]]]
+    rose = f"{min(ratios):.1f}×" if f"{min(ratios):.1f}" == f"{max(ratios):.1f}" else \
+        f"{min(ratios):.1f}–{max(ratios):.1f}×"
+    return textwrap.fill(
+        f"Case ({FITTED}), the case the uplink's rate was fitted to, is {each(off(FITTED))} from the paper's "
+        f"{_pct(PAPER[FITTED]['reduction'])}. Case ({PREDICTED}) is a prediction: it is {each(miss)} from the "
+        f"paper's {_pct(PAPER[PREDICTED]['reduction'])}, a miss{more}. The compute fraction is compute time "
+        f"over iteration time: an emulated GPU computes by waiting out a fixed time, so the fraction rises "
+        f"whenever an iteration shortens; in case ({PREDICTED}) it rose {rose} where the paper measured no "
+        f"significant change in its GPUs' utilization.", WIDTH)
+
+
+def cases(records: list[rec.Record]) -> str:
+    rows = ["| record (fabric) | case | job of concern | fragmented | regrouped | completion time saved (spread) "
+            f"| against the paper | {FRACTION} |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in full(records):
+        for case, p in sorted(_points(r).items()):
+            c = CASES[case]
+            role = "fitted" if case == FITTED else "predicted"
+            dist = _pp(100 * (p["saving"]["median"] - PAPER[case]["reduction"]))
+            rows.append(f"| {_label(r)} | ({case}) | {'–'.join((c.concern[0], c.concern[-1]))} "
+                        f"({len(c.concern)} GPUs) | {p['fixed']['completion_rack_s']:.2f} s "
+                        f"| {p['regroup']['completion_rack_s']:.2f} s | {_saving(p)} "
+                        f"| {dist} from {_pct(PAPER[case]['reduction'])} ({role}) | {_fraction(p)} |")
+    return "\n".join(rows)
+
+
+def sweep(records: list[rec.Record]) -> str:
+    rows = ["| record (fabric) | NIC : uplink | uplink | mean iteration, fragmented | mean iteration, regrouped "
+            f"| completion time saved (spread) | {FRACTION} |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in full(records):
+        for p in r.data["sweep"]:
+            fitted = " (rack file, fitted)" if p["name"].startswith("fitted") else ""
+            iterations = r.data["settings"].get("iterations" if fitted else "sweep_iterations")
+            rows.append(f"| {_label(r)}, {iterations} iterations | 1:{p['nic_to_uplink']:.3g}{fitted} "
+                        f"| {p['uplink_gbps']:.3g} Gbit/s | {p['fixed']['mean_iteration_rack_s']:.3f} s "
+                        f"| {p['regroup']['mean_iteration_rack_s']:.3f} s | {_saving(p)} "
+                        f"| {_fraction(p, ratio=False)} |")
+    return "\n".join(rows)
+
+
+def records_table(records: list[rec.Record]) -> str:
+    rows = ["| record | commit | fabric | what it ran | took | its checks | simulator model |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in records:
+        d, v = r.data, r.data.get("versions", {})
+        s = d["settings"]
+        ran = (f"cases {', '.join(sorted(_points(r)))}, {s.get('repeats')} repeats of {s.get('iterations')} "
+               f"iterations" + (f", sweep 1:{', 1:'.join(f'{k:g}' for k in s['sweep'])}" if s.get("sweep") else ""))
+        c = d.get("checks", {})
+        checks = [("signs kept", c.get("signs_kept")), (f"spread ≤ 10 pp ({c.get('max_spread_pp', 0):.1f})",
+                                                         c.get("spread_ok"))]
+        if d.get("sweep"):
+            checks.append(("sweep monotonic", c.get("sweep_monotonic")))
+        if "fabric_clean" in c:
+            checks.append(("fabric clean", c["fabric_clean"]))
+        shown = ", ".join(f"{name}: {'yes' if ok else 'NO'}" for name, ok in checks)
+        dirty = {True: " (dirty)", False: "", None: ""}[v.get("git_dirty")]
+        model = f"`{r.model_hash[:12]}`" if r.model_hash else "unknown (made before model hashes)"
+        rows.append(f"| `{r.name}` | {v.get('optirack')}{dirty} | {d.get('fabric') or 'unrecorded'} | {ran} "
+                    f"| {d.get('wall_s', 0) / 60:.1f} min | {shown} | {model} |")
+    return "\n".join(rows)
+
+
+def _droptail(records: list[rec.Record]) -> dict:
+    found = [r for r in records if r.path.name == rec.DROPTAIL.name]
+    if not found:
+        raise ReportError(f"{rec.DROPTAIL} is missing")
+    return found[0].data
+
+
+def fidelity_droptail(records: list[rec.Record]) -> str:
+    from simulator import fidelity
+
+    rows, cal = fidelity.compare(_droptail(records))
+    lines = fidelity.table(rows, cal).splitlines()
+    return "\n".join(lines[lines.index("") + 1:])  # the table (the prose above it says where it comes from)
+
+
+def shares_droptail(records: list[rec.Record]) -> str:
+    from simulator import evidence
+
+    rows = ["| point | emulated | held (the model of the emulation) | max-min (the lossless fabric's what-if) |",
+            "| --- | --- | --- | --- |"]
+    for s in evidence.shares(_droptail(records)):
+        label = re.sub(r", demo rack \((1:[0-9.]+)\)", r", \1", s.held.label).replace("NIC:uplink ", "")
+        rows.append(f"| {label} | {100 * s.emulated:.0f} % | {100 * s.held_share:.0f} % ({100 * s.held.error:+.1f} %) "
+                    f"| {100 * s.maxmin_share:.0f} % ({100 * s.maxmin.error:+.1f} %) |")
+    return "\n".join(rows)
+
+
+# --- benchmark records (results/bench/<UTC time>-<commit>-<benchmark>.json, written with --json) ----------------
+BENCH = ROOT / "results" / "bench"
+
+
+def bench_records(name: str, directory: Path | None = None) -> list[tuple[str, dict]]:
+    """(stem, record) of every committed record of benchmark `name`, oldest first."""
+    out = []
+    for path in sorted((directory or BENCH).glob(f"*-{name}.json")):
+        try:
+            out.append((path.stem.removesuffix(f"-{name}"), json.loads(path.read_text())))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ReportError(f"{path}: cannot read the record: {e}") from None
+    return out
+
+
+def _s(n: int) -> str:
+    return "" if n == 1 else "s"
+
+
+def _mmm(lo: float, mid: float, hi: float) -> str:
+    return f"{mid:.1f} ({lo:.1f}–{hi:.1f}) ms"
+
+
+def reconfig(_records: list[rec.Record]) -> str:
+    rows = ["| record | rack | OCS ports | change | end to end: REST request → forwarding confirmed "
+            "| less the switching time | the event's overhead (from its start) | before the event starts "
+            "| switch programming | of it inside the dark window |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for stem, data in bench_records("bench_reconfig"):
+        for r in data["results"]:
+            if "e2e_median_ms" not in r:
+                continue
+            e2e = _mmm(r["e2e_min_ms"], r["e2e_median_ms"], r["e2e_max_ms"])
+            rows.append(f"| `{stem}` | {r['gpus']} GPUs{' (bare)' if r.get('bare') else ''} | {r['ports']:,} "
+                        f"| {r['circuits']} circuit{_s(r['circuits'])} | {e2e} "
+                        f"| {r['e2e_overhead_median_ms']:.1f} ms | {_mmm(r['min_ms'], r['median_ms'], r['max_ms'])} "
+                        f"| {r['before_event_ms_median']:.1f} ms | {r['programming_ms_median']:.1f} ms "
+                        f"| {r['programming_in_dark_ms_median']:.1f} ms |")
+    return "\n".join(rows)
+
+
+def loopback(_records: list[rec.Record]) -> str:
+    rows = ["| record | ring | rounds × iterations | per all-reduce, median (min–max) over the rounds "
+            "| per step | the model's constant (per step) |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for stem, data in bench_records("bench_loopback"):
+        r, cmd = data["results"], data["command"]
+        rounds = r["allreduce_ms"]["n"]
+        iterations = cmd[cmd.index("--iterations") + 1] if "--iterations" in cmd else "40"
+        a, s = r["allreduce_ms"], r["step_ms"]
+        rows.append(f"| `{stem}` | {r['ranks']} ranks, {r['steps']} steps, {r['gradient_bytes']} B "
+                    f"| {rounds} × {iterations} | {_mmm(a['min'], a['median'], a['max'])} "
+                    f"| {_mmm(s['min'], s['median'], s['max'])} | {r['model_step_ms']:.2f} ms |")
+    return "\n".join(rows)
+
+
+BLOCKS: dict[str, Callable[[list[rec.Record]], str]] = {
+    "headline": headline, "cases": cases, "sweep": sweep, "records": records_table,
+    "fidelity-droptail": fidelity_droptail, "shares-droptail": shares_droptail,
+    "reconfig": reconfig, "loopback": loopback,
+}
+
+
+# --- files ---------------------------------------------------------------------------------
+def render(text: str, where: str, records: list[rec.Record]) -> str:
+    """`text` with every block between its marks rebuilt; ReportError names a bad mark by file and line."""
+    out, pos, cache = [], 0, {}
+    marks = list(MARK.finditer(text))
+    i = 0
+    while i < len(marks):
+        m = marks[i]
+        line = text.count("\n", 0, m.start()) + 1
+        closing, name = m.group(1) == "/", m.group(2)
+        if closing:
+            raise ReportError(f"{where}:{line}: <!-- /report:{name} --> without its opening mark")
+        if name not in BLOCKS:
+            raise ReportError(f"{where}:{line}: unknown block report:{name} (blocks: {', '.join(BLOCKS)})")
+        if i + 1 >= len(marks) or marks[i + 1].group(1) != "/" or marks[i + 1].group(2) != name:
+            raise ReportError(f"{where}:{line}: report:{name} has no <!-- /report:{name} --> after it")
+        end = marks[i + 1]
+        if name not in cache:
+            cache[name] = BLOCKS[name](records).rstrip("\n")
+        out += [text[pos:m.end()], "\n", cache[name], "\n"]
+        pos = end.start()
+        i += 2
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def run(check: bool, root: Path = ROOT, directory: Path | None = None, out=sys.stdout) -> int:
+    records = rec.load(directory or rec.RECORDS)
+    differs = []
+    for path in documents(root):
+        text = path.read_text()
+        if not MARK.search(text):
+            continue
+        where = str(path.relative_to(root))
+        new = render(text, where, records)
+        if new == text:
+            continue
+        differs.append(where)
+        if check:
+            out.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                                f"{where} (committed)", f"{where} (from the records)"))
+        else:
+            path.write_text(new)
+            print(f"rebuilt {where}", file=out)
+    if check and differs:
+        print(f"\n{len(differs)} file(s) differ from the records: {', '.join(differs)}; run make report", file=out)
+        return 1
+    if not differs:
+        print("every report block is what the records give", file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; show a diff and exit 1 where a block differs from the records")
+    args = p.parse_args(argv)
+    try:
+        return run(args.check, root=ROOT)
+    except (ReportError, ValueError) as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

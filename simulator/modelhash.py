@@ -1,0 +1,126 @@
+"""Which version of the simulator's model predicted a figure: a hash over the files whose change changes a
+predicted iteration time of the paper's cases (the set is MODEL_FILES, defined here and nowhere else).
+
+Every `make demo` record carries `model_hash` (the hash when it was made); the fidelity test checks the
+simulator only against records whose hash is the current one (tests/unit/test_sim_fidelity.py), so a
+record that chose or changed the model cannot later be counted as checking it.
+
+The set: every simulator module that `simulator.fidelity` runs (the engine, the ring and sharing models, the
+paper's cases and workloads, the placement adapter), the compute and gradient profiles, and
+simulator/calibration.py, which holds the calibration constants (the loopback step, the efficiencies, the
+sharing of the emulation). Left out: controller/core (the placement and routes the simulator asks of it are
+the controller's own, checked by its tests; the paper's cases name their GPUs) and the report and CLI
+modules, which print figures and predict none. tests/unit/test_model_hash.py checks that no simulator
+module the comparison imports is missing from the set.
+
+The hash ignores comments, docstrings, blank lines and trailing spaces (a reworded comment is not a new
+model); any other change of a listed file, a file added to or taken from the set, is.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import json
+import subprocess
+import tokenize
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MODEL_FILES = (
+    "profiles/__init__.py",  # compute time and gradient bytes of each GPU model and workload
+    "simulator/adapter.py",  # which GPUs and circuits a policy gives a job (through controller.core)
+    "simulator/calibration.py",  # the calibration constants: loopback step, efficiency, sharing
+    "simulator/cases.py",  # the paper's two cases: which GPUs each job holds
+    "simulator/detail.py",  # event-by-event rings on shared links
+    "simulator/engine.py",  # the cluster run: arrivals, placement, iterations
+    "simulator/fidelity.py",  # how a recorded point is simulated (its rack, start offsets)
+    "simulator/interference.py",  # rings that share links: steady state
+    "simulator/maxmin.py",  # max-min fair rates
+    "simulator/meanfield.py",  # large components: the mean-field fixed point
+    "simulator/models.py",  # transformer workloads
+    "simulator/network.py",  # link rates, efficiency, step latency, sharing
+    "simulator/rings.py",  # a ring's closed-form iteration
+    "simulator/timeshift.py",  # delaying a ring's first iteration
+    "simulator/workloads.py",  # the paper's jobs as simulated jobs
+)
+
+
+def normalise(source: str) -> str:
+    """`source` without its comments, docstrings, blank lines and trailing spaces (the same text whatever the
+    Python version: the spans to drop come from the tokenizer's comments and the parser's docstring nodes)."""
+    lines = source.splitlines()
+    drop: list[tuple[int, int, int, int]] = []  # (start line, start col, end line, end col), lines from 1
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            drop.append((*tok.start, *tok.end))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                drop.append((first.lineno, first.col_offset, first.end_lineno, first.end_col_offset))
+    for l0, c0, l1, c1 in sorted(drop, reverse=True):  # from the end, so earlier positions stay valid
+        if l0 == l1:
+            lines[l0 - 1] = lines[l0 - 1][:c0] + lines[l0 - 1][c1:]
+        else:
+            lines[l0 - 1:l1] = [lines[l0 - 1][:c0] + lines[l1 - 1][c1:]]
+    return "\n".join(line.rstrip() for line in lines if line.strip())
+
+
+def model_hash(read: Callable[[str], str | None] | None = None) -> str:
+    """sha256 (hex) over MODEL_FILES, each normalised; `read(path)` gives a file's text (default: this checkout),
+    None for a file that is absent (it counts as absent: another model)."""
+    read = read or _read_checkout
+    h = hashlib.sha256()
+    for path in MODEL_FILES:
+        text = read(path)
+        h.update(json.dumps([path, None if text is None else normalise(text)]).encode())
+    return h.hexdigest()
+
+
+def model_hash_at(commit: str, root: Path = ROOT) -> str | None:
+    """The model hash of the files as they were at `commit` (git), or None where that cannot be known (no git,
+    an unknown commit)."""
+    try:
+        subprocess.run(["git", "-C", str(root), "cat-file", "-e", f"{commit}^{{commit}}"], check=True,
+                       capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+    def read(path: str) -> str | None:
+        r = subprocess.run(["git", "-C", str(root), "show", f"{commit}:{path}"], capture_output=True, text=True,
+                           timeout=10)
+        return r.stdout if r.returncode == 0 else None
+
+    return model_hash(read)
+
+
+def _read_checkout(path: str) -> str | None:
+    try:
+        return (ROOT / path).read_text()
+    except FileNotFoundError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m simulator.modelhash",
+                                description="Print the simulator's model hash (the one make demo records).")
+    p.add_argument("--files", action="store_true", help="also list the files it covers")
+    p.add_argument("--at", metavar="COMMIT", help="the hash of the files as they were at a git commit")
+    args = p.parse_args(argv)
+    h = model_hash_at(args.at) if args.at else model_hash()
+    if h is None:
+        p.error(f"--at: {args.at!r} is not a commit of this repository")
+    print(h)
+    if args.files:
+        print("\n".join(MODEL_FILES))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

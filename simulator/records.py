@@ -1,0 +1,72 @@
+"""The committed `make demo` records: where they are, how they are named, and which of them check the model.
+
+Every `make demo` writes one record, never overwriting another: results/records/<UTC start>-<commit>.json
+(<commit>-dirty when the checkout had uncommitted changes), its tables and figures in the directory of the
+same stem beside it. A record carries `model_hash` (simulator/modelhash.py) as it was when the demo ran;
+None where that cannot be known (the two records made before records carried one).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ROOT / "results" / "records"
+STEM = re.compile(r"^(\d{8}T\d{6}Z)-([0-9a-f]{4,40}|nogit)(-dirty)?$")
+# The record the simulator's `held` sharing was chosen on (droptail fabric, before records carried a model hash):
+# the fidelity test's check of it stays as it was, and `optirack simulate --case` compares with it by default.
+DROPTAIL = RECORDS / "20261123T132449Z-8c2fd57.json"
+# The first record on the lossless fabric (one run, before the uplink was re-fitted on it).
+LOSSLESS_FIRST = RECORDS / "20261123T230651Z-efafd5d.json"
+
+
+@dataclass(frozen=True)
+class Record:
+    path: Path
+    data: dict
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def model_hash(self) -> str | None:
+        return self.data.get("model_hash")
+
+    @property
+    def full(self) -> bool:
+        """A whole demo (both cases, each pair repeated at least 3 times): what the results tables show and the
+        fidelity test checks. A quick run (`--quick`: case (a) once) is a record too, listed, but neither."""
+        return {p["case"] for p in self.data["points"]} >= {"a", "b"} \
+            and self.data.get("settings", {}).get("repeats", 1) >= 3
+
+
+def stem(started_utc: str, commit: str | None, dirty: bool) -> str:
+    """'20261123T132449Z-8c2fd57' from a UTC time '20261123T132449Z' and the short commit."""
+    name = f"{started_utc}-{commit or 'nogit'}{'-dirty' if dirty else ''}"
+    if not STEM.match(name):
+        raise ValueError(f"not a record name: {name!r}")
+    return name
+
+
+def load(directory: Path = RECORDS) -> list[Record]:
+    """Every record in `directory`, oldest first; a file that is not one is an error naming it."""
+    out = []
+    for path in sorted(directory.glob("*.json")):
+        if not STEM.match(path.stem):
+            raise ValueError(f"{path}: not named <UTC time>-<commit>.json")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: cannot read the record: {e}") from None
+        if not isinstance(data, dict) or "runs" not in data or "points" not in data:
+            raise ValueError(f"{path}: not a make demo record (no runs or points)")
+        out.append(Record(path, data))
+    return out
+
+
+def with_model(model_hash: str, directory: Path = RECORDS) -> list[Record]:
+    """The full records made with the model whose hash is `model_hash`: the ones that check it."""
+    return [r for r in load(directory) if r.model_hash == model_hash and r.full]

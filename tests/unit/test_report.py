@@ -1,0 +1,109 @@
+"""scripts/report.py (`make report`): the results tables of README.md and docs/*.md are what the committed records
+give, byte for byte."""
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import report
+from simulator import records
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_committed_tables_are_what_the_records_give():
+    r = subprocess.run([sys.executable, "scripts/report.py", "--check"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, f"run make report and commit what it changes:\n{r.stdout}{r.stderr}"
+
+
+def _tree(tmp_path: Path, readme: str) -> Path:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(readme)
+    return tmp_path
+
+
+def test_check_shows_the_difference_and_exits_1_and_a_rebuild_makes_it_pass(tmp_path):
+    root = _tree(tmp_path, "# x\n\n<!-- report:cases -->\n| stale |\n<!-- /report:cases -->\n\nafter\n")
+    out = io.StringIO()
+    assert report.run(check=True, root=root, out=out) == 1
+    assert "-| stale |" in out.getvalue() and "README.md differ" not in out.getvalue()
+    assert "| stale |" in (root / "README.md").read_text()  # --check writes nothing
+    assert report.run(check=False, root=root, out=io.StringIO()) == 0
+    text = (root / "README.md").read_text()
+    assert text.startswith("# x\n\n<!-- report:cases -->\n| record (fabric) |") and text.endswith(
+        "<!-- /report:cases -->\n\nafter\n")
+    assert report.run(check=True, root=root, out=io.StringIO()) == 0
+
+
+@pytest.mark.parametrize("body, message", [
+    ("<!-- report:nosuch -->\n<!-- /report:nosuch -->\n", "README.md:2: unknown block report:nosuch"),
+    ("<!-- report:cases -->\n| x |\n", "README.md:2: report:cases has no <!-- /report:cases -->"),
+    ("<!-- /report:cases -->\n", "README.md:2: <!-- /report:cases --> without its opening mark"),
+])
+def test_a_bad_mark_is_named_by_file_and_line_and_nothing_is_written(tmp_path, body, message):
+    root = _tree(tmp_path, "x\n" + body)
+    with pytest.raises(report.ReportError, match=message.replace("(", r"\(")):
+        report.run(check=False, root=root)
+    assert (root / "README.md").read_text() == "x\n" + body
+
+
+def test_the_command_exits_2_naming_a_bad_mark(tmp_path, monkeypatch, capsys):
+    root = _tree(tmp_path, "<!-- report:nosuch -->\n<!-- /report:nosuch -->\n")
+    monkeypatch.setattr(report, "ROOT", root)
+    assert report.main([]) == 2
+    assert "unknown block report:nosuch" in capsys.readouterr().err
+
+
+def test_a_mark_inside_prose_is_not_a_block():
+    text = "write `<!-- report:NAME -->` marks\n"
+    assert report.render(text, "x.md", []) == text
+
+
+def test_emulated_utilization_is_named_the_compute_fraction_wherever_it_stands():
+    """No table calls an emulated GPU's figure GPU utilization: that name is the paper's measured one only."""
+    recs = records.load()
+    for name, block in report.BLOCKS.items():
+        header, *rows = block(recs).splitlines()
+        if name in ("headline", "cases", "sweep"):  # the tables that show the emulated GPUs' figure
+            assert report.FRACTION in header, name
+        assert "GPU utilization" not in header.replace("measured GPU utilization", ""), (name, header)
+        for row in rows:  # in a row, only the paper's figure is a GPU utilization
+            assert "GPU utilization" not in row or "407 s → 109 s" in row or "368 s → 140 s" in row, row
+
+
+def test_only_full_records_make_the_tables(tmp_path):
+    """A quick run (one case, one repeat) is a record too, listed, but no result row comes from it."""
+    shutil.copy(records.LOSSLESS_FIRST, tmp_path / records.LOSSLESS_FIRST.name)
+    import json
+
+    quick = json.loads(records.LOSSLESS_FIRST.read_text())
+    quick["points"] = quick["points"][:1]
+    quick["settings"]["repeats"] = 1
+    (tmp_path / "20270101T000000Z-abcdef0.json").write_text(json.dumps(quick))
+    recs = records.load(tmp_path)
+    assert len(recs) == 2 and len(report.full(recs)) == 1
+    assert report.cases(recs).count("\n| `") == 2  # its two cases, from the full record only
+    assert report.records_table(recs).count("\n| `") == 2
+
+
+def test_the_reconfiguration_rows_carry_the_end_to_end_and_the_event_figures():
+    found = report.bench_records("bench_reconfig")
+    assert found, "no committed bench_reconfig record under results/bench/"
+    for stem, data in found:
+        for row in data["results"]:
+            assert row["e2e_median_ms"] >= row["total_ms_median"] - 1.0, (stem, row)  # it starts earlier
+            assert {"median_ms", "e2e_overhead_median_ms", "programming_in_dark_ms_median"} <= row.keys()
+    table = report.reconfig([])
+    assert table.count("\n| `") == sum(len(d["results"]) for _, d in found)
+
+
+def test_a_benchmark_record_that_does_not_parse_is_named(tmp_path):
+    (tmp_path / "20260101T000000Z-abc1234-bench_loopback.json").write_text("{")
+    with pytest.raises(report.ReportError, match="20260101T000000Z-abc1234-bench_loopback.json: cannot read"):
+        report.bench_records("bench_loopback", tmp_path)
