@@ -8,9 +8,12 @@ receives at once) the delayed acknowledgements held each flow to about 81 % of t
 with it, about 91 % (scripts/bench_allreduce.py). A real NIC's queue is microseconds deep at
 100 Gbit/s; our scaled queue is not, and this keeps it from stalling the reverse direction.
 Only htb, tbf, pfifo and the u32 filter exist in the kernels we target (no fq, no netem).
-A small segment that carries data (PSH set; the TCP flags at byte 33 with no IP options) stays in
-the bulk class: ahead of its flow's earlier segments it would arrive out of order, and TCP takes
-that reordering for a loss and retransmits (seen with the lossless fabric's deeper queues).
+Only a segment whose TCP flags are ACK alone (the flags at byte 33 with no IP options; ECN's two bits
+ignored) goes ahead: anything that takes sequence space (a small data segment, a FIN, a SYN) or ends the
+connection (RST) stays in the bulk class, behind its flow's earlier segments. Ahead of them it arrives
+out of order, and TCP takes the reordering for a loss: a FIN that overtook the last segments queued at an
+uplink made the receiver acknowledge it selectively, and the sender retransmitted every segment it
+skipped (seen on the lossless fabric's deeper queues as one recovery of 5-16 segments at a job's end).
 """
 from __future__ import annotations
 
@@ -44,6 +47,9 @@ def queue_frames(fabric: str, gpus: int) -> int:
 
 
 
+# u32 matches of a pure acknowledgement: TCP, IP total length under 128, TCP flags (URG ACK PSH RST SYN FIN) = ACK
+ACK_ONLY = ["match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2",
+            "match", "u8", "0x10", "0x3f", "at", "33"]
 FAIR_DEFAULT = 0x99  # the fair bulk class's leaf for what no address filter takes (ARP, addresses not listed)
 FAIR_FIRST = 0x100  # the fair bulk class's leaf of the i-th address: 5:(0x100 + i)
 
@@ -77,9 +83,8 @@ def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES,
          "prio", "1", *common],
         ["qdisc", "replace", "dev", DEV, "parent", "5:10", "handle", "10:", *queue],
         ["qdisc", "replace", "dev", DEV, "parent", "5:20", "handle", "20:", *queue],
-        ["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32",
-         "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2",
-         "match", "u8", "0x00", "0x08", "at", "33", "flowid", "5:10"],
+        ["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32", *ACK_ONLY,
+         "flowid", "5:10"],
     ]
 
 
@@ -102,9 +107,8 @@ def _fair_commands(mbps: float, rate: str, acks: str, bulk: str, common: list[st
              "ceil", rate, "prio", "1", *common],
             ["qdisc", "replace", "dev", DEV, "parent", f"5:{minor:x}", "handle", f"{minor:x}:", *queue],
         ]
-    cmds.append(["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32",
-                 "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2",
-                 "match", "u8", "0x00", "0x08", "at", "33", "flowid", "5:10"])
+    cmds.append(["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32", *ACK_ONLY,
+                 "flowid", "5:10"])
     for minor, addr in leaves[1:]:
         cmds.append(["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "2", "u32",
                      "match", "ip", "dst", f"{addr}/32", "flowid", f"5:{minor:x}"])

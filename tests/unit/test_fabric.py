@@ -160,3 +160,44 @@ def test_only_windows_inside_every_rings_all_reduce_are_judged():
     rings = [{"198.18.0.1"}, {"198.18.0.5"}]
     assert counters.uplink_shares(samples, 8e6, rings)["windows"] == 7
     assert counters.uplink_shares(samples, 8e6, rings, [[(1.5, 3.0)], [(0.0, 9.0)]])["windows"] == 3
+
+
+def _u32_matches(rule: list[str], packet: bytes) -> bool:
+    """The u32 matches of `rule` (ip protocol, u16/u8 value mask at offset) applied to an IPv4 packet."""
+    i = 0
+    while i < len(rule):
+        if rule[i] != "match":
+            i += 1
+            continue
+        if rule[i + 1] == "ip" and rule[i + 2] == "protocol":
+            if packet[9] & int(rule[i + 4], 16) != int(rule[i + 3]):
+                return False
+            i += 5
+            continue
+        width = {"u8": 1, "u16": 2}[rule[i + 1]]
+        value, mask, offset = int(rule[i + 2], 16), int(rule[i + 3], 16), int(rule[i + 5])
+        if int.from_bytes(packet[offset:offset + width], "big") & mask != value:
+            return False
+        i += 6
+    return True
+
+
+def test_only_pure_acknowledgements_go_ahead_of_data():
+    """A FIN (or a small data segment) ahead of its flow's queued segments arrives out of order and TCP retransmits
+    what it skipped: only ACK-alone segments (ECN bits ignored) take the acknowledgement class."""
+    import struct
+
+    from emulation.shaping import ACK_ONLY
+
+    def tcp(flags: int, payload: int = 0) -> bytes:
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + 32 + payload, 0, 0, 64, 6, 0, bytes(4), bytes(4))
+        return ip + struct.pack("!HHIIBBHHH", 1, 2, 0, 0, 8 << 4, flags, 0, 0, 0) + bytes(12 + payload)
+
+    ack, fin, psh, ece, syn, rst = 0x10, 0x11, 0x18, 0x50, 0x12, 0x14
+    assert _u32_matches(ACK_ONLY, tcp(ack)) and _u32_matches(ACK_ONLY, tcp(ece | ack))
+    for flags in (fin, psh, syn, rst):
+        assert not _u32_matches(ACK_ONLY, tcp(flags)), hex(flags)
+    assert not _u32_matches(ACK_ONLY, tcp(ack, payload=200))  # a full data segment is bulk by its length
+    udp = bytearray(tcp(ack))
+    udp[9] = 17
+    assert not _u32_matches(ACK_ONLY, bytes(udp))
