@@ -36,7 +36,6 @@ from pathlib import Path
 
 from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 
-
 _EMIT = threading.Lock()  # the checkpoint thread prints too: one whole line at a time
 
 

@@ -191,9 +191,8 @@ class Job:
         if detail:
             d["iteration_log"] = self.iterations()
             d["ranks"] = {g: [r for r in self.reports.get(g, []) if r.get("event") == "iteration"] for g in self.gpus}
-            d["checkpoints"] = {
-                g: [r for r in self.reports.get(g, []) if r.get("event") in ("checkpoint", "restored")] for g in self.gpus
-            }
+            kept = ("checkpoint", "restored")
+            d["checkpoints"] = {g: [r for r in self.reports.get(g, []) if r.get("event") in kept] for g in self.gpus}
         return d
 
     def to_state(self) -> dict:
