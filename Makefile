@@ -65,6 +65,7 @@ bench: setup
 	$(PY) scripts/bench_store.py
 	$(PY) scripts/bench_simulate.py
 	$(PY) scripts/bench_loopback.py
+	$(PY) scripts/bench_failover.py
 
 # Also the caches rack-down keeps: each emulated engine's image store and the registry's storage.
 clean:
