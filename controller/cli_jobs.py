@@ -84,7 +84,7 @@ def _submit(args) -> int:
     if job["note"] and not args.json:
         print(f"{job['id']}: {job['note']}", file=sys.stderr)
     if args.wait:
-        while job["state"] in ("queued", "pending", "configuring", "running"):
+        while job["state"] in ("queued", "pending", "configuring", "running", "recovering"):
             time.sleep(1)
             job = client.get(f"/jobs/{job['id']}")["job"]
             print(f"\r{_job_line(job)}", end="", flush=True)

@@ -163,7 +163,7 @@ def wait_job(tb: Testbed, job_id: str, what: str, total: int, timeout: float) ->
         if done != last and (done % 5 == 0 or done == total):
             last = done
             log(f"    {what}: {job_id} {job['state']}, iteration {done}/{total}")
-        if job["state"] not in ("pending", "configuring", "running"):
+        if job["state"] not in ("pending", "configuring", "running", "recovering"):
             return job
         if time.monotonic() > deadline:
             raise TimeoutError(f"{job_id} did not finish within {timeout:.0f} s")

@@ -88,7 +88,7 @@ class FailoverMixin:
             self._collecting.discard(job.id)
             losing = self._losing.pop(job.id, {})
             rec = self._assess(job, losing)
-            self._stop_old_attempt(job)
+            self._stop_old_attempt(job, rec)
             while True:
                 if job.state != "recovering":
                     return  # stopped meanwhile
@@ -136,13 +136,15 @@ class FailoverMixin:
             "old_gpus": list(job.gpus),
         }
 
-    def _stop_old_attempt(self, job: Job) -> None:
-        """Stop every worker of the attempt that broke and wait for their threads: what they print now is not
-        read as a new loss."""
+    def _stop_old_attempt(self, job: Job, rec: dict) -> None:
+        """Stop every worker of the attempt that broke and wait for the threads following those on live servers
+        (one following a worker of a server that does not answer may hang: it ends on its own, and being of an old
+        attempt, changes nothing)."""
         job.attempt += 1
-        down = set(self.driver.down_servers())
-        self._kill_all_on(job, [g for g in job.gpus if self.ctx.rack.server_of[g] not in down])
-        self.rt.joinall(self._threads.pop(job.id, []))
+        alive = [g for g in job.gpus if self.ctx.rack.server_of[g] not in rec["servers_down"]]
+        self._kill_all_on(job, alive)
+        threads = dict(zip(job.gpus, self._threads.pop(job.id, []), strict=False))
+        self.rt.joinall([t for g, t in threads.items() if g in alive])
 
     def _kill_all_on(self, job: Job, gpus: list[str]) -> None:
         self.rt.joinall([self.rt.spawn(self._kill, job, g) for g in gpus])

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+from ryu.controller import ofp_event
+from ryu.ofproto import ofproto_v1_3 as ofp
+from ryu.ofproto import ofproto_v1_3_parser as parser
 
 from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY, JobRequest
 from controller.core.perf import iteration_seconds
 from controller.core.rack import PortRef
 from profiles import WORKLOADS
-from tests.unit.fakes import FakeDriver
+from tests.unit.fakes import FakeDriver, deliver
 from tests.unit.test_jobs import RACK, finished, make, req
 
 PACE = 1.0  # virtual seconds per iteration of the fake workers
@@ -84,12 +87,21 @@ def test_two_losses_one_after_the_other_are_both_recovered(tmp_path, vrt):
     assert len(job.switches) == 1
 
 
+def port_status(ocs, port: int, down: bool):
+    """The OCS's OpenFlow port-status message for one of its ports, delivered to the apps."""
+    desc = parser.OFPPort(port_no=port, hw_addr="00:00:00:00:00:01", name=f"p{port}", config=0,
+                          state=ofp.OFPPS_LINK_DOWN if down else ofp.OFPPS_LIVE, curr=0, advertised=0, supported=0,
+                          peer=0, curr_speed=0, max_speed=0)
+    msg = parser.OFPPortStatus(ocs, reason=ofp.OFPPR_MODIFY, desc=desc)
+    deliver(ocs.apps, ofp_event.ofp_msg_to_ev(msg))
+
+
 def test_a_link_drop_and_a_killed_worker_are_losses_too(tmp_path, vrt):
     driver = FakeDriver(pace=PACE)
-    ctx, placement, _ = make(tmp_path, driver, vrt)
+    ctx, placement, ocs = make(tmp_path, driver, vrt)
     job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
     vrt.run(lambda: len(job.iterations()) >= 6)
-    placement.service.link_changed(RACK.gpu_port("gpu3"), up=False)  # what the OCS app's port status calls
+    port_status(ocs, RACK.gpu_port("gpu3").port, down=True)  # the OCS sees gpu3's NIC drop
     assert job.state == "recovering" and "gpu3's NIC" in job.reason
     vrt.run(lambda: job.state == "running")
     assert set(job.recoveries[0]["lost"]) == {"gpu3"}
@@ -101,7 +113,8 @@ def test_a_link_drop_and_a_killed_worker_are_losses_too(tmp_path, vrt):
     assert vrt.clock() - killed_at <= 2.0 and "exited with 137" in job.reason
     vrt.run(finished(placement, job.id))
     assert job.state == "done" and set(job.recoveries[1]["lost"]) == {victim}
-    assert placement.service.link_changed(PortRef("ocs1", 3), up=True) is None
+    port_status(ocs, 3, down=False)
+    assert str(PortRef("ocs1", 3)) not in placement.service._links_down
 
 
 def test_with_no_spare_the_job_waits_at_the_head_of_the_queue_and_goes_on_when_gpus_free(tmp_path, vrt):
@@ -162,3 +175,19 @@ def test_checkpoint_every_is_validated_and_its_default_costs_at_most_5_percent_o
                 save = 2 * w.gradient_bytes * 8 / (RACK.gpus[ring[0]].nic.rate_gbps * 1e9)
                 worst = max(worst, save / (DEFAULT_CHECKPOINT_EVERY * it))
     assert 0.01 < worst <= 0.05, worst
+
+
+def test_an_engine_that_stops_answering_while_its_workers_streams_hang_is_seen_by_the_poll(tmp_path, vrt):
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    vrt.run(lambda: len(job.iterations()) >= 6)
+    for c in driver.running.values():
+        if c.labels["server"] == "srv4":
+            c.pace = 3600.0  # its worker's stream hangs: no line, no error
+    down_at = vrt.clock()
+    driver.engines.down["srv4"] = "timed out"
+    vrt.run(lambda: job.state == "recovering")
+    assert vrt.clock() - down_at <= 2.0 and "srv4 went down (timed out)" in job.reason
+    vrt.run(finished(placement, job.id))
+    assert job.state == "done" and set(job.recoveries[0]["lost"]) == {"gpu4"}
