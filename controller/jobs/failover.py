@@ -105,6 +105,8 @@ class FailoverMixin:
                 LOG.error("%s: the recovery failed: %s", job.id, e, exc_info=not isinstance(e, RuntimeError))
                 self._kill_all(job)
                 self._finish(job, "failed", f"{job.reason}; recovering failed: {_reason(e)}")
+            elif not job.active:  # stopped while its containers were starting: what started goes too
+                _attempt(job, "removing the containers", self._remove_containers, job)
             return
         self._watch(job)
 
