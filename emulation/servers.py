@@ -55,8 +55,22 @@ def start(rack: Rack, plan: engines.EnginePlan, label: str) -> dict:
     removed = engines.remove_our_containers(rack, plan, label)
     volumes = remove_our_volumes(rack, plan, label)
     for nic in _server_nics(rack, plan.server):
-        nics.make(nic, rack)  # a NIC that died with a container's namespace is made again on its port
+        _make_nic(nic, rack)
     return {"containers_removed": removed, "volumes_removed": volumes, "seconds": time.monotonic() - t0}
+
+
+def _make_nic(nic, rack: Rack, timeout: float = 30.0) -> None:
+    """Make the NIC at home again on its port. The kernel destroys a dead container's namespace, and the old NIC in
+    it, in the background: until it has, the new one (with the same MAC on the same port) cannot come up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            nics.make(nic, rack)
+            return
+        except ns.NetnsError as e:
+            if "Address already in use" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def remove_our_volumes(rack: Rack, plan: engines.EnginePlan, label: str) -> int:
