@@ -187,7 +187,9 @@ def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
     """Both jobs of a case at once from the fragmented start; the job of concern uses `policy`."""
     tb.client.put("/ocs/circuits", {"circuits": FRAGMENTED})
     workload = {"model": model, "iterations": iterations}
-    red_req = {"name": f"{tag} red", "gpus": case.concern, "policy": policy, "workload": workload}
+    # The paper's jobs save no checkpoint: K as long as the job (no save within it) keeps its traffic the paper's.
+    red_req = {"name": f"{tag} red", "gpus": case.concern, "policy": policy, "workload": workload,
+               "checkpoint_every": iterations}
     red = tb.client.post("/jobs", red_req)["job"]
     blue = tb.client.post(
         "/jobs",
@@ -196,6 +198,7 @@ def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
             "gpus": case.other,
             "policy": "fixed",
             "workload": {**workload, "iterations": iterations * 20},
+            "checkpoint_every": iterations * 20,
         },
     )["job"]
     blue_job = None
