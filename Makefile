@@ -66,6 +66,7 @@ bench: setup
 	$(PY) scripts/bench_store.py
 	$(PY) scripts/bench_simulate.py
 	$(PY) scripts/bench_loopback.py
+	$(PY) scripts/bench_failover.py
 
 # Every results table of README.md and docs/*.md, from the committed records (--check: compare only).
 report:

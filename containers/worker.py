@@ -29,14 +29,67 @@ import os
 import re
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 
+_EMIT = threading.Lock()  # the checkpoint thread prints too: one whole line at a time
+
 
 def emit(record: dict) -> None:
-    print(json.dumps(record, separators=(",", ":")), flush=True)
+    with _EMIT:
+        print(json.dumps(record, separators=(",", ":")), flush=True)
+
+
+class Checkpoints:
+    """This rank's checkpoints (containers/checkpoint.py): the saver, and the state it restarts from."""
+
+    def __init__(self, args, rank: int):
+        from containers import checkpoint
+
+        self.mod, self.args, self.rank = checkpoint, args, rank
+        self.root = Path(args.checkpoint_dir) if args.checkpoint_dir else None
+        self.writer = os.environ.get("OPTIRACK_GPU_ID") or f"rank-{rank}"
+        self.saver = None
+        if self.root is not None and args.checkpoint_every > 0:
+            self.saver = checkpoint.Saver(self.root, self.writer, args.checkpoint_every, args.checkpoint_peer,
+                                          self._saved, args.checkpoint_port)
+
+    def serve(self) -> None:
+        if self.root is not None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.mod.Server(self.root, port=self.args.checkpoint_port)
+
+    def _saved(self, iteration: int, size: int, local_s: float, total_s: float) -> None:
+        emit({"event": "checkpoint", "rank": self.rank, "iteration": iteration, "bytes": size,
+              "writer": self.writer, "peer": self.args.checkpoint_peer, "local_s": local_s, "save_s": total_s,
+              "t": time.time()})
+
+    def save(self, iteration: int, data) -> None:
+        """After `iteration` completed iterations, if one is due (`data`: a callable giving the bytes)."""
+        if self.saver is not None and self.saver.due(iteration) and iteration < self.args.iterations:
+            self.saver.save(iteration, data())
+
+    def finish(self) -> None:
+        if self.saver is not None:
+            self.saver.wait()
+
+    def restore(self) -> bytes | None:
+        """The state to go on from (None: start at iteration 0)."""
+        a = self.args
+        if not a.resume_from:
+            return None
+        t0, writer = time.time(), a.restore_writer or self.writer
+        if a.restore_from in (None, "local"):
+            data = self.mod.load(self.root, writer, a.resume_from)
+        else:
+            data = self.mod.get(a.restore_from, writer, a.resume_from, a.checkpoint_port)
+        emit({"event": "restored", "rank": self.rank, "iteration": a.resume_from, "writer": writer,
+              "from": a.restore_from or "local", "bytes": len(data), "restore_s": time.time() - t0, "t": time.time()})
+        return data
 
 
 def wait_for_nic(ifname: str, timeout: float) -> str:
@@ -183,8 +236,23 @@ def all_reduce(args, dist, torch, tensor) -> None:
         dist.all_reduce(tensor)
 
 
-def run_profile(args, dist, torch, device, util, work=None) -> None:
+def profile_state(torch, elements: int, iteration: int) -> bytes:
+    """Profile mode's checkpoint: the size of the model's parameters and its optimizer's momentum (twice the
+    gradient, scaled alike), holding the iteration it was saved after, which the restore checks."""
+    return torch.full((2 * elements,), float(iteration), dtype=torch.float32).numpy().tobytes()
+
+
+def profile_restored(torch, data: bytes, elements: int, iteration: int) -> None:
+    state = torch.frombuffer(bytearray(data), dtype=torch.float32)
+    if state.numel() != 2 * elements or not bool(torch.all(state == float(iteration))):
+        raise SystemExit(f"optirack-worker: the checkpoint of iteration {iteration} does not hold that iteration")
+
+
+def run_profile(args, dist, torch, device, util, work=None, ckpt=None, restored=None) -> None:
     elements, compute = _profile_sizes(args)
+    start = args.resume_from if restored is not None else 0
+    if restored is not None:
+        profile_restored(torch, restored, elements, start)
     grad = torch.empty(elements, dtype=torch.float32, device=device)
     n, rank = dist.get_world_size(), dist.get_rank()
     work = work or compute_phase(torch, device)
@@ -202,10 +270,11 @@ def run_profile(args, dist, torch, device, util, work=None) -> None:
             "compute": work.name,
             "backend": dist.get_backend(),
             "utilization": util.source,
+            "start_iteration": start,
             "t": time.time(),
         }
     )
-    for it in range(args.iterations):
+    for it in range(start, args.iterations):
         t0 = time.time()
         work(compute)  # a real GPU computes for that long; an emulated one is waited out
         grad.fill_(float(rank + 1 + it))
@@ -240,6 +309,8 @@ def run_profile(args, dist, torch, device, util, work=None) -> None:
                 "gpu_util": util.sample(t1 - t0, t2 - t0),
             }
         )
+        if ckpt is not None:
+            ckpt.save(it + 1, lambda i=it + 1: profile_state(torch, elements, i))
 
 
 def small_vgg(torch, classes: int = 10):
@@ -257,12 +328,25 @@ def small_vgg(torch, classes: int = 10):
     return nn.Sequential(*layers, nn.Flatten(), nn.Linear(channels * 4 * 4, 256), nn.ReLU(), nn.Linear(256, classes))
 
 
-def run_real(args, dist, torch, device, util) -> None:
+def run_real(args, dist, torch, device, util, ckpt=None, restored=None) -> None:
+    import io
+
     torch.manual_seed(0)  # every replica starts from the same weights
     model = small_vgg(torch).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    start = 0
+    if restored is not None:  # the replicas are equal: any rank's checkpoint restores any rank
+        state = torch.load(io.BytesIO(restored), map_location=device)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["iteration"]
+
+    def state_bytes(iteration: int) -> bytes:
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "iteration": iteration}, buf)
+        return buf.getvalue()
+
     n, rank = dist.get_world_size(), dist.get_rank()
-    gen = torch.Generator().manual_seed(1000 + rank)  # each rank has its own data
     params = list(model.parameters())
     emit(
         {
@@ -275,11 +359,13 @@ def run_real(args, dist, torch, device, util) -> None:
             "backend": dist.get_backend(),
             "device": str(device),
             "utilization": util.source,
+            "start_iteration": start,
             "t": time.time(),
         }
     )
-    for it in range(args.iterations):
+    for it in range(start, args.iterations):
         t0 = time.time()
+        gen = torch.Generator().manual_seed(1000 + 100_003 * it + rank)  # each rank its own data, per iteration
         x = torch.randn(args.batch, 3, 32, 32, generator=gen).to(device)
         y = torch.randint(0, 10, (args.batch,), generator=gen).to(device)
         opt.zero_grad()
@@ -314,6 +400,8 @@ def run_real(args, dist, torch, device, util) -> None:
                 "gpu_util": util.sample(t1 - t0, t2 - t0),
             }
         )
+        if ckpt is not None:
+            ckpt.save(it + 1, lambda i=it + 1: state_bytes(i))
     checksum = torch.stack([sum(p.detach().double().sum() for p in params)]).to(device)
     lo, hi = checksum.clone(), checksum.clone()
     dist.all_reduce(lo, op=dist.ReduceOp.MIN)
@@ -372,6 +460,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="first wait this long for --ifname to get its address (in a container, the driver moves it in)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may stall before failing")
+    c = p.add_argument_group("checkpoints (containers/checkpoint.py)")
+    c.add_argument("--checkpoint-dir", help="where this server keeps checkpoints (a volume that outlives the worker)")
+    c.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="save every K iterations (0: never)")
+    c.add_argument("--checkpoint-peer", help="the NIC address of the rank on another server that keeps a copy")
+    c.add_argument("--checkpoint-port", type=int, default=29501, help="where every worker serves checkpoints")
+    c.add_argument("--resume-from", type=int, default=0, metavar="ITERATION", help="go on from this checkpoint")
+    c.add_argument("--restore-from", help="the holder's NIC address, or 'local' (this server's copy)")
+    c.add_argument("--restore-writer", help="whose checkpoint to restore (the GPU that wrote it; default this one)")
     return p
 
 
@@ -405,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
         extra["device_id"] = device  # NCCL binds this rank to its GPU instead of guessing from the rank
     util = Utilization(torch, args.cuda_device if gpu else None)
+    ckpt = Checkpoints(args, args.rank)
+    ckpt.serve()  # first: a restarting peer may fetch what this server holds
+    restored = ckpt.restore()
     try:
         dist.init_process_group(
             backend,
@@ -416,7 +515,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         dist.barrier()  # start together: the first iteration should not include joining
         t0 = time.time()
-        (run_profile if args.mode == "profile" else run_real)(args, dist, torch, device, util)
+        if args.mode == "profile":
+            run_profile(args, dist, torch, device, util, ckpt=ckpt, restored=restored)
+        else:
+            run_real(args, dist, torch, device, util, ckpt=ckpt, restored=restored)
+        ckpt.finish()
         dist.barrier()
     except Exception as e:  # noqa: BLE001 (one known misconfiguration gets one line; the rest a traceback)
         why = duplicate_gpu(e)

@@ -76,13 +76,15 @@ def _submit(args) -> int:
         workload["compute_seconds"] = args.compute_seconds
     client = _client(args)
     body = {"gpus": gpus, "policy": args.policy, "workload": workload, "name": args.name, "queue": not args.no_queue}
+    if args.checkpoint_every is not None:
+        body["checkpoint_every"] = args.checkpoint_every
     if args.gpu_model:
         body["gpu_model"] = args.gpu_model
     job = client.post("/jobs", body)["job"]
     if job["note"] and not args.json:
         print(f"{job['id']}: {job['note']}", file=sys.stderr)
     if args.wait:
-        while job["state"] in ("queued", "pending", "configuring", "running"):
+        while job["state"] in ("queued", "pending", "configuring", "running", "recovering"):
             time.sleep(1)
             job = client.get(f"/jobs/{job['id']}")["job"]
             print(f"\r{_job_line(job)}", end="", flush=True)
@@ -201,6 +203,12 @@ def add_job_commands(sub) -> None:
     p.add_argument("--model", default="vgg16", help="profile mode's workload (default %(default)s)")
     p.add_argument("--iterations", type=int, default=50)
     p.add_argument("--compute-seconds", type=float, help="override the profile's compute time per iteration")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        metavar="K",
+        help="iterations between checkpoints (default 20): a job that loses a server goes on from the last one",
+    )
     p.add_argument("--name", default="")
     p.add_argument("--wait", action="store_true", help="follow the job (queued, then running) until it ends")
     p.set_defaults(func=_submit)

@@ -9,9 +9,9 @@ import sys
 
 from controller.config import DEFAULT_RACK
 from controller.core.rack import RackError, load_rack
-from emulation import engines, ovs
+from emulation import engines, ovs, servers
 from emulation.netns import has_link
-from emulation.rack import RackConflict, RackState, build, down, end_shells, up
+from emulation.rack import CONTAINER_LABEL, RackConflict, RackState, build, down, end_shells, up
 
 
 def _need_root() -> None:
@@ -67,6 +67,34 @@ def _cmd_engine(args) -> int:
             f"engine of {plan.server} {'killed' if args.action == 'kill' else 'stopped'}"
             if ran
             else f"engine of {plan.server} was not running"
+        )
+    return 0
+
+
+def _cmd_server(args) -> int:
+    """A whole server dies (engine, containerd, shims, workers; NIC ports down), or comes back empty."""
+    state = RackState.load()
+    plans = {e["server"]: engines.EnginePlan(**e) for e in (state.engines if state else [])}
+    if args.server not in plans:
+        print(
+            f"error: server: no emulated server {args.server!r} "
+            f"(this rack's: {', '.join(plans) or 'none; is a rack up?'})",
+            file=sys.stderr,
+        )
+        return 2
+    plan, rack = plans[args.server], load_rack(state.rack_file)
+    if args.action == "kill":
+        r = servers.kill(rack, plan)
+        engine = "killed" if r["engine"] else "was not running"
+        print(
+            f"server {plan.server} killed in {r['seconds']:.2f} s: engine {engine}, {r['shims']} container shim(s) "
+            f"and their containers killed, NIC ports down: {', '.join(r['ports_down'])}"
+        )
+    else:
+        r = servers.start(rack, plan, f"{CONTAINER_LABEL}={rack.name}")
+        print(
+            f"server {plan.server} back in {r['seconds']:.1f} s: engine answers at {plan.url}, "
+            f"{r['containers_removed']} container(s) and {r['volumes_removed']} volume(s) of ours removed, NICs at home"
         )
     return 0
 
@@ -199,6 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["start", "stop", "kill"])
     sp.add_argument("server", help="server name, e.g. srv2")
     sp.set_defaults(func=_cmd_engine)
+    sp = sub.add_parser(
+        "server", help="kill a whole server (engine, containerd, shims, workers; NIC ports down) or start it empty"
+    )
+    sp.add_argument("action", choices=["kill", "start"])
+    sp.add_argument("server", help="server name, e.g. srv2")
+    sp.set_defaults(func=_cmd_server)
     sp = sub.add_parser("status", help="bridges, ports, line rates, circuits, controller connections")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.set_defaults(func=_cmd_status)

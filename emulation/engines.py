@@ -176,7 +176,7 @@ def start(rack: Rack, plan: EnginePlan) -> int:
     # for the controller to remove); the old containerd, its shims and their task state go.
     # After a clean stop there is nothing of the kind, and this changes nothing.
     stop_containerd(plan)
-    _kill_shims(plan)
+    kill_shims(plan)
     (plan.run_dir / "exec" / "containerd" / "containerd.pid").unlink(missing_ok=True)
     unmount_leftovers(plan)
     shutil.rmtree(plan.run_dir / "exec" / "containerd" / "daemon" / "io.containerd.runtime.v2.task", ignore_errors=True)
@@ -299,7 +299,7 @@ def stop_containerd(plan: EnginePlan) -> None:
             time.sleep(0.05)
 
 
-def _kill_shims(plan: EnginePlan) -> int:
+def kill_shims(plan: EnginePlan) -> int:
     """Kill the containerd shims of this engine (named by its exec root) and the containers they ran."""
     root = str(plan.run_dir / "exec").encode()
     shims = []

@@ -157,7 +157,7 @@ def wait_job(tb: Testbed, job_id: str, what: str, total: int, timeout: float) ->
         if done != last and (done % 5 == 0 or done == total):
             last = done
             log(f"    {what}: {job_id} {job['state']}, iteration {done}/{total}")
-        if job["state"] not in ("pending", "configuring", "running"):
+        if job["state"] not in ("pending", "configuring", "running", "recovering"):
             return job
         if time.monotonic() > deadline:
             raise TimeoutError(f"{job_id} did not finish within {timeout:.0f} s")
@@ -181,7 +181,9 @@ def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
     """Both jobs of a case at once from the fragmented start; the job of concern uses `policy`."""
     tb.client.put("/ocs/circuits", {"circuits": FRAGMENTED})
     workload = {"model": model, "iterations": iterations}
-    red_req = {"name": f"{tag} red", "gpus": case.concern, "policy": policy, "workload": workload}
+    # The paper's jobs save no checkpoint: K as long as the job (no save within it) keeps its traffic the paper's.
+    red_req = {"name": f"{tag} red", "gpus": case.concern, "policy": policy, "workload": workload,
+               "checkpoint_every": iterations}
     red = tb.client.post("/jobs", red_req)["job"]
     blue = tb.client.post(
         "/jobs",
@@ -190,6 +192,7 @@ def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
             "gpus": case.other,
             "policy": "fixed",
             "workload": {**workload, "iterations": iterations * 20},
+            "checkpoint_every": iterations * 20,
         },
     )["job"]
     blue_job = None

@@ -20,11 +20,11 @@ from ryu.ofproto import ofproto_v1_3
 from controller.apps.context import Optirack
 
 LOG = logging.getLogger("optirack.metrics")
-STATES = ("queued", "pending", "configuring", "running", "done", "failed", "stopped")
+STATES = ("queued", "pending", "configuring", "running", "recovering", "done", "failed", "stopped")
 ITERATION_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 RECONFIG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 # Reconfiguration kinds (core.events) whose series exist from the start, so the first one is seen as an increase.
-KINDS = ("circuits", "restore", "job", "regroup")
+KINDS = ("circuits", "restore", "job", "regroup", "failover")
 KEEP_ENDED_JOB_S = 600.0  # a finished job's series stay this long after it ended
 
 

@@ -13,6 +13,7 @@ from controller.apps.context import Optirack
 from controller.config import conf
 from controller.core.circuits import CircuitError, CircuitMap
 from controller.core.events import ReconfigEvent
+from controller.core.rack import PortRef
 from controller.drivers.ocs import OcsDriver, OpenFlowOcs
 from controller.drivers.openflow import OfRpc
 from controller.drivers.tl1 import Tl1Ocs
@@ -63,6 +64,17 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
             self.drivers[name].datapath = None
             self.synchronised.discard(name)
             self.rpc.on_disconnect(ev.datapath.id)
+
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
+    def _port_status(self, ev):
+        """A port of an OCS changed: a GPU's NIC whose link drops is lost to its job (controller/jobs/failover.py)."""
+        kind, name = self.ctx.known.get(ev.msg.datapath.id, (None, None))
+        if kind != "ocs" or self.ctx.placement is None:
+            return
+        desc, ofp = ev.msg.desc, ofproto_v1_3
+        up = not (desc.state & ofp.OFPPS_LINK_DOWN or desc.config & ofp.OFPPC_PORT_DOWN)
+        LOG.info("OCS %s port %s: link %s", name, desc.port_no, "up" if up else "down")
+        self.ctx.placement.link_changed(PortRef(name, desc.port_no), up)
 
     # --- circuits ------------------------------------------------------------------
     def _keep(self, name: str, first_retry: float = 0.5) -> None:

@@ -12,7 +12,7 @@ class ReconfigEvent:
     """One reconfiguration. Times are wall-clock seconds (epoch); durations are derived."""
 
     id: int
-    kind: str  # "circuits" (PUT), "restore" (a reconnected OCS), "job" and "regroup" (placement)
+    kind: str  # "circuits" (PUT), "restore" (a reconnected OCS), "job", "regroup" (placement), "failover" (spares)
     reason: str
     requested_at: float
     removed: list[list[str]] = field(default_factory=list)

@@ -25,6 +25,7 @@ LABEL_RACK = "org.optirack.rack"
 LABEL_JOB = "org.optirack.job"
 LABEL_GPU = "org.optirack.gpu"
 LABEL_ROLE = "org.optirack.role"  # sandbox | worker | helper
+CHECKPOINTS = "/checkpoints"  # where a worker finds its server's volume of the job's checkpoints
 HELPER_TTL = 30.0  # seconds a resolved helper digest is used before the registry is asked again
 
 
@@ -66,6 +67,11 @@ class GpuContainer:
 
 def container_name(job: str, gpu: str) -> str:
     return f"optirack-{job}-{gpu}"
+
+
+def volume_name(job: str) -> str:
+    """The job's checkpoints on one server: one volume per job and server, shared by its workers there."""
+    return f"optirack-ckpt-{job}"
 
 
 def sandbox_name(job: str, gpu: str) -> str:
@@ -184,14 +190,23 @@ class ContainerDriver:
         return env
 
     # --- one GPU's containers -------------------------------------------------------------------
-    def start(self, spec: GpuContainer, image: str | None = None) -> str:
-        """Sandbox, NIC, worker; returns the worker's id. All or nothing: a failure removes what was made."""
+    def start(self, spec: GpuContainer, image: str | None = None, reuse: bool = False) -> str:
+        """Sandbox, NIC, worker; returns the worker's id. All or nothing: a failure removes what was made.
+        `reuse`: a running sandbox of this job and GPU is kept, with its NIC; only the worker is replaced (a restart
+        from a checkpoint)."""
         import docker
 
         try:
             client = self.client(spec.server)
             image = image or self.worker_image(spec.server)
             labels = {LABEL_RACK: self.rack.name, LABEL_JOB: spec.job, LABEL_GPU: spec.gpu}
+            volume = self._volume(client, spec.job)
+            kept = self._get(client, sandbox_name(spec.job, spec.gpu)) if reuse else None
+            if kept is not None and kept.status == "running":
+                old = self._get(client, container_name(spec.job, spec.gpu))
+                if old is not None:
+                    old.remove(force=True)
+                return self._run_worker(client, spec, image, kept, labels, volume)
             sandbox = client.containers.run(
                 self.helper_image(spec.server),
                 None,
@@ -207,16 +222,7 @@ class ContainerDriver:
             sandbox.reload()
             netns = f"/proc/{sandbox.attrs['State']['Pid']}/ns/net"
             self.nic(spec.server, "add", self._nic_env(spec.gpu, spec.ifname, spec.cidr, netns, sandbox.id))
-            worker = client.containers.run(
-                image,
-                spec.command,
-                detach=True,
-                name=container_name(spec.job, spec.gpu),
-                network_mode=f"container:{sandbox.id}",
-                labels={**labels, LABEL_ROLE: "worker"},
-                **self._gpu_args(spec),
-            )
-            return worker.id
+            return self._run_worker(client, spec, image, sandbox, labels, volume)
         except (docker.errors.DockerException, ContainerError, EngineDown, OSError) as e:
             LOG.error("starting the containers of %s on %s failed: %s; undoing", spec.gpu, spec.server, e)
             try:
@@ -224,6 +230,38 @@ class ContainerDriver:
             except Exception as undo:  # noqa: BLE001 (report the first failure; the sweep finishes the rest)
                 LOG.error("undoing %s on %s: %s", spec.gpu, spec.server, undo)
             raise ContainerError(f"cannot start the container of {spec.gpu} on {spec.server}: {_text(e)}") from None
+
+    def _run_worker(self, client, spec: GpuContainer, image: str, sandbox, labels: dict, volume: str) -> str:
+        worker = client.containers.run(
+            image,
+            spec.command,
+            detach=True,
+            name=container_name(spec.job, spec.gpu),
+            network_mode=f"container:{sandbox.id}",
+            labels={**labels, LABEL_ROLE: "worker"},
+            volumes={volume: {"bind": CHECKPOINTS, "mode": "rw"}},
+            **self._gpu_args(spec),
+        )
+        return worker.id
+
+    def _volume(self, client, job: str) -> str:
+        """The job's checkpoint volume on this server (made once; labelled, so the sweep finds it)."""
+        name = volume_name(job)
+        try:
+            client.volumes.get(name)
+        except Exception as e:  # noqa: BLE001
+            if not _not_found(e):
+                raise
+            client.volumes.create(name, labels={LABEL_RACK: self.rack.name, LABEL_JOB: job})
+        return name
+
+    def remove_volume(self, job: str, server: str) -> None:
+        """The job's checkpoints on this server, once it ended (safe to repeat)."""
+        try:
+            self.client(server).volumes.get(volume_name(job)).remove(force=True)
+        except Exception as e:  # noqa: BLE001
+            if not _not_found(e):
+                raise
 
     def _gpu_args(self, spec: GpuContainer) -> dict:
         import docker
@@ -328,12 +366,24 @@ class ContainerDriver:
             for c in found
         ]
 
-    def sweep(self, server: str, keep_jobs: set[str]) -> list[str]:
-        """Remove our containers of jobs not in `keep_jobs` (NIC given back first); returns their GPUs."""
-        stale = {(w["job"], w["gpu"]) for w in self.workers(server) if w["job"] and w["job"] not in keep_jobs}
+    def sweep(self, server: str, keep_jobs: set[str], keep_gpus: set[tuple[str, str]] | None = None) -> list[str]:
+        """Remove our containers of jobs not in `keep_jobs` (NIC given back first), and those of (job, GPU) pairs
+        not in `keep_gpus` where it is given (a GPU swapped out of a job that goes on), and the checkpoint volumes
+        of jobs not in `keep_jobs`; returns the GPUs whose containers went."""
+        stale = {
+            (w["job"], w["gpu"])
+            for w in self.workers(server)
+            if w["job"]
+            and (w["job"] not in keep_jobs or (keep_gpus is not None and (w["job"], w["gpu"]) not in keep_gpus))
+        }
         for job, gpu in sorted(stale):
             LOG.warning("removing stale containers of %s (GPU %s) on %s", job, gpu, server)
             self.remove(job, gpu, server)
+        client = self.client(server)
+        for v in client.volumes.list(filters={"label": f"{LABEL_RACK}={self.rack.name}"}):
+            if (v.attrs.get("Labels") or {}).get(LABEL_JOB) not in keep_jobs:
+                LOG.warning("removing the stale checkpoint volume %s on %s", v.name, server)
+                v.remove(force=True)
         return [g for _, g in sorted(stale)]
 
 

@@ -9,8 +9,8 @@ import json
 from controller.core import placement as policy
 from controller.core.circuits import CircuitDiff, CircuitMap, displaced
 from controller.core.errors import OcsUnavailable
-from controller.core.jobs import QUEUED, Job, transition
-from controller.drivers.containers import ContainerError, GpuContainer
+from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY, QUEUED, Job, transition
+from controller.drivers.containers import CHECKPOINTS, ContainerError, GpuContainer
 from controller.drivers.engines import EngineDown
 from controller.jobs.errors import Conflict, ReconfigFailed
 from controller.jobs.steps import LOG, LOG_LINES, RECONFIG_WAIT, _attempt, _reason, _unexpected
@@ -84,7 +84,16 @@ class LifecycleMixin:
                 out.append([str(p), str(other)])
         return out
 
-    def _command(self, job: Job, rank: int) -> list[str]:
+    def _checkpoint_peer(self, job: Job, rank: int) -> str | None:
+        """The NIC address of the next rank around the ring on another server (None: all on one server)."""
+        server_of, n = self.ctx.rack.server_of, len(job.gpus)
+        for step in range(1, n):
+            other = job.gpus[(rank + step) % n]
+            if server_of[other] != server_of[job.gpus[rank]]:
+                return self.ctx.rack.addresses[other][0]
+        return None
+
+    def _command(self, job: Job, rank: int, restore: tuple[int, str, str] | None = None) -> list[str]:
         w = job.request["workload"]
         master = self.ctx.rack.addresses[job.gpus[0]][0]
         cmd = [
@@ -111,11 +120,20 @@ class LifecycleMixin:
             cmd += ["--workload", w["model"]]
         if w.get("compute_seconds") is not None:
             cmd += ["--compute-seconds", str(w["compute_seconds"])]
+        every = job.request.get("checkpoint_every", DEFAULT_CHECKPOINT_EVERY)
+        cmd += ["--checkpoint-dir", CHECKPOINTS, "--checkpoint-every", str(every)]
+        peer = self._checkpoint_peer(job, rank)
+        if peer is not None:
+            cmd += ["--checkpoint-peer", peer]
+        if restore is not None:
+            cmd += ["--resume-from", str(restore[0]), "--restore-from", restore[1], "--restore-writer", restore[2]]
         return cmd
 
-    def _start_containers(self, job: Job) -> None:
+    def _start_containers(self, job: Job, restores: dict | None = None, reuse: bool = False) -> None:
         """One sandbox, NIC and worker per GPU, on each GPU's own server's engine, all at once; the
-        engines are asked first, so a server that is down fails the job at once, naming it."""
+        engines are asked first, so a server that is down fails the job at once, naming it. After a loss
+        (failover.py): each rank's checkpoint to restore, and the survivors' sandboxes kept (`reuse`)."""
+        restores = restores or {}
         rack, prefix = self.ctx.rack, self.ctx.rack.spec.network.subnet.prefixlen
         servers = {rack.server_of[g] for g in job.gpus}
         try:
@@ -141,9 +159,10 @@ class LifecycleMixin:
                     g.model,
                     rack.interface(gpu),
                     f"{rack.addresses[gpu][0]}/{prefix}",
-                    self._command(job, rank),
+                    self._command(job, rank, restores.get(gpu)),
                 ),
                 image,
+                reuse=reuse,
             )
 
         threads = [self.rt.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)]
@@ -181,6 +200,7 @@ class LifecycleMixin:
         """Keep the workers' last lines, remove the containers, record the final state. Never raises."""
         _attempt(job, "keeping the workers' logs", self._keep_logs, job)
         _attempt(job, "removing the containers", self._remove_containers, job)
+        _attempt(job, "removing the checkpoints", self._remove_volumes, job)
         transition(job, state, reason=reason, ended_at=self.ctx.clock())
         _attempt(job, "saving the job", self.save, job)
         _attempt(job, "starting queued jobs", self._drain_queue)  # its GPUs are free
@@ -222,12 +242,13 @@ class LifecycleMixin:
 
     # --- watching the workers ---------------------------------------------------------
     def _watch(self, job: Job) -> None:
+        attempt = job.attempt
         try:
             threads = [self.rt.spawn(self._follow, job, gpu, raise_error=True) for gpu in job.gpus]
             self._threads[job.id] = threads
             self.rt.joinall(threads)
-            if job.state != "running":
-                return  # stopped or failed meanwhile
+            if job.state != "running" or job.attempt != attempt:
+                return  # stopped, failed or recovering meanwhile (the recovery follows the next attempt)
             unknown = [g for g in job.gpus if g not in job.exit_codes]
             if unknown:
                 raise RuntimeError(f"the worker on {unknown[0]} ended without an exit code")
@@ -235,8 +256,11 @@ class LifecycleMixin:
             if failed:
                 gpu, code = next(iter(failed.items()))
                 last = next((r for r in reversed(job.reports.get(gpu, [])) if r.get("event") == "error"), None)
+                after = f" (after {len(job.recoveries)} recoveries)" if job.recoveries else ""
                 self._finish(
-                    job, "failed", f"the worker on {gpu} exited with {code}" + (f": {last['error']}" if last else "")
+                    job,
+                    "failed",
+                    f"the worker on {gpu} exited with {code}" + (f": {last['error']}" if last else "") + after,
                 )
             else:
                 self._finish(job, "done", None)
@@ -251,10 +275,12 @@ class LifecycleMixin:
             _attempt(job, f"stopping the worker on {gpu}", self._kill, job, gpu)
 
     def _follow(self, job: Job, gpu: str) -> None:
-        """Read one worker's JSON lines as they come; record its exit code; stop the job if it failed."""
-        server = self.ctx.rack.server_of[gpu]
+        """Read one worker's JSON lines as they come (tagged with the job's attempt); record its exit code; a worker
+        that failed starts the job's recovery (failover.py), or, if it is not recovered, stops the others."""
+        server, attempt = self.ctx.rack.server_of[gpu], job.attempt
+        swap = False
         try:
-            job.reports[gpu] = []
+            job.reports.setdefault(gpu, [])
             buf = b""
             for chunk in self.driver.logs(job.id, gpu, server):
                 buf += chunk
@@ -262,24 +288,31 @@ class LifecycleMixin:
                 for line in lines:
                     if line.startswith(b"{"):
                         try:
-                            job.record(gpu, json.loads(line))
+                            job.record(gpu, {**json.loads(line), "attempt": attempt})
                         except ValueError:
                             pass
-            job.exit_codes[gpu] = self.driver.wait(job.id, gpu, server)
+            code = self.driver.wait(job.id, gpu, server)
+            why = f"the worker on {gpu} exited with {code}"
+            swap = code > 128  # killed by a signal (kill -9, the OOM killer): its GPU is not trusted again
         except Exception as e:  # noqa: BLE001 (the container vanished, or its engine went down)
-            why = (
-                str(e)
-                if self.driver.engines.ping(server)
-                else f"the Docker Engine of server {server} went down ({self.driver.down_servers().get(server)})"
-            )
-            LOG.error("%s: lost the worker on %s: %s", job.id, gpu, why)
-            job.record(gpu, {"event": "error", "error": why})
-            job.exit_codes[gpu] = -1
-        if job.exit_codes[gpu] != 0 and job.state == "running":
-            LOG.warning("%s: the worker on %s exited with %s; stopping the others", job.id, gpu, job.exit_codes[gpu])
-            for other in job.gpus:
-                if other != gpu:
-                    self._kill(job, other)
+            down = None if self.driver.engines.ping(server) else self.driver.down_servers().get(server)
+            why = str(e) if down is None else f"the Docker Engine of server {server} went down ({down})"
+            if job.attempt == attempt:
+                LOG.error("%s: lost the worker on %s: %s", job.id, gpu, why)
+                job.record(gpu, {"event": "error", "error": why, "attempt": attempt})
+            code, swap = -1, True
+        if job.attempt != attempt:
+            return  # a worker of an attempt the recovery stopped
+        job.exit_codes[gpu] = code
+        if code != 0 and job.state in ("running", "recovering"):
+            last = next((r for r in reversed(job.reports.get(gpu, [])) if r.get("event") == "error"), None)
+            if last and last.get("error") not in why:
+                why += f": {last['error']}"
+            if not self._lost(job, gpu, why, swap) and job.state == "running":
+                LOG.warning("%s: the worker on %s exited with %s; stopping the others", job.id, gpu, code)
+                for other in job.gpus:
+                    if other != gpu:
+                        self._kill(job, other)
 
     def _kill(self, job: Job, gpu: str) -> None:
         try:
@@ -304,9 +337,10 @@ class LifecycleMixin:
             return job
         if not job.active:
             return job
-        if job.state != "running":
+        if job.state not in ("running", "recovering"):
             raise Conflict(f"{job_id} is {job.state}; stop it once it runs")
         transition(job, "stopped", reason="stopped by request")
+        self._awaiting.discard(job.id)
         for gpu in job.gpus:
             self._kill(job, gpu)
         self.rt.joinall(self._threads.get(job.id, []))

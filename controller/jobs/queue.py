@@ -56,6 +56,8 @@ class QueueMixin:
                 p, wait = None, str(e)
             if p is not None and self.queue:
                 p, wait = None, f"{len(self.queue)} queued job(s) ahead (first in, first out)"
+            elif p is not None and self._awaiting:
+                p, wait = None, f"{len(self._awaiting)} recovering job(s) waiting for spares ahead of it"
             if p is None and not req.queue:
                 raise policy.NoRoomNow(f"{wait}; not queued (queue: false)")
             job.id = f"job-{next(self._ids)}"
@@ -104,6 +106,8 @@ class QueueMixin:
             self._admit_job(job, p)
             return admission.Outcome.PLACED
 
+        if self._awaiting:
+            return  # a recovering job waiting for spares comes first: it takes them when it tries again
         with self._admit:
             admission.fifo(self.queue, attempt)
             self._number_queue()

@@ -113,9 +113,11 @@ class RecoveryMixin:
                         LOG.exception("starting queued jobs after the engine of %s came back", server)
 
     def _sweep(self, server: str) -> None:
+        """Remove what is left on `server` of jobs that are over, and of GPUs a job that goes on lost there."""
         keep = {j.id for j in self.jobs.values() if j.active}
+        pairs = {(j.id, g) for j in self.jobs.values() if j.active for g in j.gpus}
         try:
-            gone = self.driver.sweep(server, keep)
+            gone = self.driver.sweep(server, keep, pairs)
         except Exception as e:  # noqa: BLE001 (down again: the next poll retries)
             LOG.error("cannot remove stale containers on %s: %s", server, e)
             return

@@ -18,6 +18,7 @@ from controller.core.jobs import QUEUED, TERMINAL, Job, JobTable
 from controller.core.occupancy import Occupancy
 from controller.core.rack import PortRef
 from controller.jobs.errors import UnknownJob
+from controller.jobs.failover import FailoverMixin
 from controller.jobs.lifecycle import LifecycleMixin
 from controller.jobs.queue import QueueMixin
 from controller.jobs.recovery import RecoveryMixin
@@ -26,7 +27,7 @@ from controller.jobs.runtime import Runtime
 from controller.jobs.steps import LOG
 
 
-class JobService(QueueMixin, LifecycleMixin, RegroupMixin, RecoveryMixin):
+class JobService(QueueMixin, LifecycleMixin, RegroupMixin, RecoveryMixin, FailoverMixin):
     def __init__(self, ctx, driver, runtime: Runtime, engine_poll: float, hold_configuring: bool = False):
         self.ctx = ctx  # the controller's context: rack, circuits and their version, store, clock, the OCS app
         self.rt = runtime
@@ -44,9 +45,17 @@ class JobService(QueueMixin, LifecycleMixin, RegroupMixin, RecoveryMixin):
         self.occupancy = Occupancy(self.ctx.rack, self.ctx.circuits, self.busy_gpus())
         self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
         self._threads: dict[str, list] = {}
+        # failover.py: the signs of a loss gathered per job, jobs gathering them, when the first came, OCS ports whose
+        # link is down, and recovering jobs waiting for spares at the head of the queue
+        self._losing: dict[str, dict] = {}
+        self._collecting: set[str] = set()
+        self._detected: dict[str, float] = {}
+        self._links_down: set[str] = set()
+        self._awaiting: set[str] = set()
         self.rt.spawn(self._recover)
         self.engine_poll = engine_poll
         self.rt.spawn(self._watch_engines)
+        self.rt.spawn(self._watch_servers)
         if self.queue:
             self.rt.spawn(self._drain_when_ready)
 

@@ -1,7 +1,8 @@
-"""Faults in a job's life on the emulated rack, where the real parts matter: a worker killed, a NIC
-that cannot be handed over, an OCS bridge that refuses flows. Each job ends failed with the
-reason, its GPUs free, no container left on any engine, every NIC home, no event running,
-and the controller's circuits equal to the OCS bridge's flows. (Faults that need a bug or a
+"""Faults in a job's life on the emulated rack, where the real parts matter: a worker killed (its GPU
+swapped for a spare, the job going on from its checkpoint), a NIC that cannot be handed over, an OCS
+bridge that refuses flows. Each of the last two ends failed with the reason, its GPUs free, no
+container left on any engine, every NIC home, no event running, and the controller's circuits equal
+to the OCS bridge's flows. (Faults that need a bug or a
 broken engine injected are unit tests: tests/unit/test_faults.py.)"""
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ RACK = load_rack(PAPER)
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
               ["ocs1:6", "ocs1:22"], ["ocs1:4", "ocs1:23"]]
 RED = ["gpu1", "gpu2", "gpu3", "gpu4"]
-ACTIVE = "pending,configuring,running"
+ACTIVE = "pending,configuring,running,recovering"
 
 
 
@@ -58,18 +59,26 @@ def assert_clean(client, job: dict, reason: str, circuits: list[list[str]] | Non
 
 
 def test_a_worker_killed_mid_job(fragmented):
+    """kill -9 of one worker: its GPU is swapped for a spare and every rank goes on from the checkpoint."""
     client = fragmented
     job = client.post(
         "/jobs",
-        {"gpus": ["gpu1", "gpu2"], "policy": "fixed", "workload": {"iterations": 100000, "compute_seconds": 0.05}},
+        {"gpus": ["gpu1", "gpu2"], "policy": "fixed", "checkpoint_every": 3,
+         "workload": {"iterations": 100000, "compute_seconds": 0.05}},
     )["job"]
-    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 2, 120, "the job to iterate")
+    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 4, 120, "the job to iterate")
     engine_client(RACK, RACK.server_of["gpu2"], 30).containers.get(f"optirack-{job['id']}-gpu2").kill()
+    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["recoveries"], 60, "the job to recover")
+    rec = client.get(f"/jobs/{job['id']}")["job"]["recoveries"][0]
+    assert set(rec["lost"]) == {"gpu2"} and "exited with 137" in rec["lost"]["gpu2"] and rec["resumed_from"] >= 3
+    before = client.get(f"/jobs/{job['id']}")["job"]["iterations_done"]
+    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= before + 2, 60, "it to go on")
+    client.post(f"/jobs/{job['id']}/stop")
     done = _ended(client, job["id"])
-    assert_clean(client, done, "the worker on gpu2 exited with 137")
-    logs = client.get(f"/jobs/{job['id']}/logs")
-    assert logs["source"] == "kept when the job ended"
-    assert any('"event":"iteration"' in line for line in logs["logs"]["gpu1"]), logs["logs"]
+    assert done["state"] == "stopped" and "gpu2" not in done["gpus"]
+    assert our_containers() == {}, "containers left on some engine"
+    for gpu in RACK.gpus:
+        assert ns.has_link(RACK.interface(gpu), netns_of(RACK.server_of[gpu])), f"the NIC of {gpu} is not home"
 
 
 def test_a_nic_that_cannot_be_handed_over(fragmented):

@@ -204,13 +204,23 @@ class FakeContainer:
         self.name, self.lines, self.code, self.block = name, lines, code, block
         self.sleep = sleep or hub.sleep  # a virtual runtime's, or the hub's
         self.stderr = list(stderr)
-        self.killed, self.removed = False, False
+        self.killed, self.removed, self.vanished = False, False, False
         self.labels = dict(labels or {})
+        self.pace = 0.0
 
     def _follow(self, data):
-        yield from data
+        for chunk in data:
+            if self.pace:  # one line per `pace` seconds (a worker that trains on the runtime's clock)
+                self.sleep(self.pace)
+                if self.killed:
+                    return
+            if self.vanished:
+                raise ConnectionError("connection reset by peer")
+            yield chunk
         while self.block and not self.killed:  # a worker that runs until it is killed
             self.sleep(0.01)
+            if self.vanished:
+                raise ConnectionError("connection reset by peer")
 
     def logs(self, stream=False, follow=False, stdout=True, stderr=True, tail="all", **_):
         data = [(line + "\n").encode() for line in self.lines]
@@ -220,13 +230,20 @@ class FakeContainer:
         return b"".join(data if tail == "all" else data[-tail:])
 
     def wait(self, **_):
-        while self.block and not self.killed:
+        while self.block and not self.killed and not self.vanished:
             self.sleep(0.01)
-        return {"StatusCode": 137 if self.killed else self.code}
+        if self.vanished:
+            raise ConnectionError("connection reset by peer")
+        return {"StatusCode": self.kill_code if self.killed else self.code}
+
+    kill_code = 137
 
     def kill(self):
         self.killed = True
 
+
+def _arg(command, flag, default=None):
+    return command[command.index(flag) + 1] if flag in command else default
 
 class FakeEngines:
     """Every engine answers unless a test marks its server down."""
@@ -249,14 +266,15 @@ class FakeDriver:
     image = "optirack-worker:latest"
 
     def __init__(self, iterations=3, fail_start_on=None, exit_codes=None, block=False, faults=None, stderr=None,
-                 sleep=None):
+                 sleep=None, pace=0.0):
         self.sleep = sleep
+        self.pace = pace  # > 0: workers train as the command says (iterations, checkpoints, resume), one per `pace` s
         self.iterations, self.fail_start_on, self.exit_codes = iterations, fail_start_on, exit_codes or {}
         self.block = block
         self.faults = faults or {}
         self.stderr = stderr or {}
         self.running: dict[str, FakeContainer] = {}
-        self.started, self.removed = [], []
+        self.started, self.removed, self.volumes_removed = [], [], []
         self.engines = FakeEngines()
 
     def _engine(self, server):
@@ -277,7 +295,7 @@ class FakeDriver:
         self._engine(server)
         return "registry:5000/optirack-worker@sha256:" + "0" * 64
 
-    def start(self, spec, image=None):
+    def start(self, spec, image=None, reuse=False):
         import json
 
         from controller.drivers.containers import ContainerError, container_name
@@ -289,16 +307,47 @@ class FakeDriver:
             raise fault
         if spec.gpu == self.fail_start_on:
             raise ContainerError(f"cannot start the container of {spec.gpu}: no such image")
-        lines = [json.dumps({"event": "iteration", "iteration": i, "t_start": 10.0 + i, "t_end": 11.0 + i,
-                             "compute_s": 0.6, "comm_s": 0.4, "iter_s": 1.0, "gpu_util": 0.6, "bytes": 1})
-                 for i in range(self.iterations)]
-        lines.append(json.dumps({"event": "done", "check": "ok"}))
+        if self.pace:
+            lines = self._training(spec)
+        else:
+            lines = [json.dumps({"event": "iteration", "iteration": i, "t_start": 10.0 + i, "t_end": 11.0 + i,
+                                 "compute_s": 0.6, "comm_s": 0.4, "iter_s": 1.0, "gpu_util": 0.6, "bytes": 1})
+                     for i in range(self.iterations)]
+            lines.append(json.dumps({"event": "done", "check": "ok"}))
         name = container_name(spec.job, spec.gpu)
         labels = {"job": spec.job, "gpu": spec.gpu, "server": spec.server}
         self.running[name] = FakeContainer(name, lines, self.exit_codes.get(spec.gpu, 0), self.block,
                                            self.stderr.get(spec.gpu, ()), self.sleep, labels)
+        self.running[name].pace = self.pace
         self.started.append((spec.job, spec.gpu, spec.command))
         return name
+
+    def _training(self, spec):
+        """The lines a worker prints for its command: iterations from --resume-from, a checkpoint line every
+        --checkpoint-every iterations (naming --checkpoint-peer), a restored line when it resumes."""
+        import json
+
+        cmd = spec.command
+        total, start = int(_arg(cmd, "--iterations")), int(_arg(cmd, "--resume-from", 0))
+        every, peer = int(_arg(cmd, "--checkpoint-every", 0)), _arg(cmd, "--checkpoint-peer")
+        lines = []
+        if start:
+            lines.append(json.dumps({"event": "restored", "iteration": start, "from": _arg(cmd, "--restore-from"),
+                                     "writer": _arg(cmd, "--restore-writer")}))
+        for i in range(start, total):
+            lines.append(json.dumps({"event": "iteration", "iteration": i, "t_start": 10.0 + i, "t_end": 11.0 + i,
+                                     "compute_s": 0.6, "comm_s": 0.4, "iter_s": 1.0, "gpu_util": 0.6, "bytes": 1}))
+            if every and (i + 1) % every == 0 and i + 1 < total:
+                lines.append(json.dumps({"event": "checkpoint", "iteration": i + 1, "writer": spec.gpu, "peer": peer}))
+        lines.append(json.dumps({"event": "done", "check": "ok"}))
+        return lines
+
+    def kill_server(self, server, why="connection refused"):
+        """A server dies: its engine stops answering and its workers' streams break."""
+        self.engines.down[server] = why
+        for c in self.running.values():
+            if c.labels.get("server") == server:
+                c.vanished = True
 
     def _get(self, job, gpu, server):
         import docker
@@ -322,6 +371,11 @@ class FakeDriver:
     def kill(self, job, gpu, server):
         self._get(job, gpu, server).kill()
 
+    def kill9(self, job, gpu, server):
+        """`kill -9` of one worker from outside: it exits 137 (the controller did not stop it)."""
+        c = self._get(job, gpu, server)
+        c.killed = True
+
     def remove(self, job, gpu, server):
         from controller.drivers.containers import container_name
         self.running.pop(container_name(job, gpu), None)
@@ -335,8 +389,13 @@ class FakeDriver:
             for c in self.running.values() if c.labels.get("server") == server and job in (None, c.labels["job"])
         ]
 
-    def sweep(self, server, keep_jobs):
-        stale = sorted((w["job"], w["gpu"]) for w in self.workers(server) if w["job"] not in keep_jobs)
+    def remove_volume(self, job, server):
+        self._engine(server)
+        self.volumes_removed.append((job, server))
+
+    def sweep(self, server, keep_jobs, keep_gpus=None):
+        stale = sorted((w["job"], w["gpu"]) for w in self.workers(server) if w["job"] not in keep_jobs
+                       or (keep_gpus is not None and (w["job"], w["gpu"]) not in keep_gpus))
         for job, gpu in stale:
             self.remove(job, gpu, server)
         return [g for _, g in stale]

@@ -135,10 +135,35 @@ class FakeImages:
         return Data()
 
 
+class FakeVolume:
+    def __init__(self, volumes, name, labels):
+        self.volumes, self.name, self.attrs = volumes, name, {"Labels": labels}
+
+    def remove(self, force=False):
+        self.volumes.by_name.pop(self.name, None)
+
+
+class FakeVolumes:
+    def __init__(self):
+        self.by_name = {}
+
+    def get(self, name):
+        if name not in self.by_name:
+            raise docker.errors.NotFound(name)
+        return self.by_name[name]
+
+    def create(self, name, labels=None):
+        self.by_name[name] = FakeVolume(self, name, labels or {})
+        return self.by_name[name]
+
+    def list(self, filters=None):
+        return list(self.by_name.values())
+
+
 class FakeEngine:
     def __init__(self, helper_fails=False):
         self.calls, self.helper_fails = [], helper_fails
-        self.containers, self.images = FakeContainers(self), FakeImages()
+        self.containers, self.images, self.volumes = FakeContainers(self), FakeImages(), FakeVolumes()
 
     def ping(self):
         return True
@@ -161,6 +186,25 @@ def _driver(helper_fails=False, down=()):
 
 def _spec(gpu="gpu1", server="srv1"):
     return GpuContainer("job-1", gpu, server, 0, "M40", gpu, "198.18.0.1/24", ["--rank", "0"])
+
+
+def test_a_restart_keeps_the_sandbox_and_its_nic_and_the_checkpoint_volume_until_the_job_ends():
+    driver, engines = _driver()
+    driver.start(_spec("gpu3", "srv3"))
+    engine = engines["srv3"]
+    worker = engine.containers.by_name[container_name("job-1", "gpu3")]
+    assert worker.kwargs["volumes"] == {"optirack-ckpt-job-1": {"bind": "/checkpoints", "mode": "rw"}}
+    assert engine.volumes.by_name["optirack-ckpt-job-1"].attrs["Labels"]["org.optirack.job"] == "job-1"
+    engine.calls.clear()
+    driver.start(_spec("gpu3", "srv3"), reuse=True)  # a restart from a checkpoint: only the worker is replaced
+    assert engine.calls == [
+        ("remove", container_name("job-1", "gpu3")),
+        ("run", container_name("job-1", "gpu3"), f"container:id-{sandbox_name('job-1', 'gpu3')}"),
+    ]
+    assert driver.sweep("srv3", {"job-1"}, {("job-1", "gpu3")}) == [] and engine.volumes.by_name
+    assert driver.sweep("srv3", {"job-1"}, set()) == ["gpu3"]  # the GPU left the job: its containers go
+    assert engine.volumes.by_name  # the job goes on: its checkpoints stay
+    assert driver.sweep("srv3", set()) == [] and not engine.volumes.by_name  # the job is over
 
 
 def test_start_runs_sandbox_then_helper_add_then_a_worker_in_the_sandbox_on_the_gpus_own_engine():

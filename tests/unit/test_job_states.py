@@ -100,6 +100,29 @@ def test_the_lifecycle_makes_exactly_the_tables_transitions(tmp_path, seen, monk
     placement.stop_job(first.id)
     assert doomed.state == "failed" and "Z80" in doomed.reason
 
+    # running -> recovering -> running (a server dies, a spare is swapped in); recovering -> failed (the spare's
+    # container does not start); recovering -> stopped (stopped while it waits for a spare)
+    monkeypatch.undo()
+    driver = FakeDriver(pace=1.0, fail_start_on="gpu6")
+    ctx, placement, _ = make(tmp_path / "g", driver, vrt)
+    swapped = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], workload={"iterations": 30}))
+    vrt.run(lambda: len(swapped.iterations()) >= 3)
+    driver.kill_server("srv2")  # gpu5 is the spare
+    vrt.run(lambda: swapped.recoveries and swapped.state == "running")
+    driver.kill_server("srv4")  # gpu6 is the next one, and it does not start
+    vrt.run(finished(placement, swapped.id))
+    assert swapped.state == "failed" and "recovering failed: cannot start the container of gpu6" in swapped.reason
+    driver = FakeDriver(pace=1.0)
+    ctx, placement, _ = make(tmp_path / "h", driver, vrt)
+    waits = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], workload={"iterations": 30}))
+    holds = placement.submit(req(gpus=["gpu5", "gpu6"], workload={"iterations": 100}))
+    vrt.run(lambda: len(waits.iterations()) >= 2)
+    driver.kill_server("srv4")
+    vrt.run(lambda: "waiting" in waits.note)
+    placement.stop_job(waits.id)
+    placement.stop_job(holds.id)
+    assert waits.state == "stopped"
+
     extra, never = set(seen) - EDGES, EDGES - set(seen)
     assert not extra and not never, f"exercised but not in the table: {extra}; never exercised: {never}"
 

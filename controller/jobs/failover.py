@@ -1,0 +1,299 @@
+"""Keeping a job running when it loses GPUs: a server dies, a worker is killed, a NIC's link drops.
+
+Detection: a worker's log stream breaks or it exits with an error (lifecycle._follow), the engine of a server under a
+running job stops answering (asked every SERVER_POLL s), or the OCS reports a GPU's port down (the OCS app's
+port-status handler). Any of them moves the job to `recovering` with the reason; its recovery thread then waits
+SETTLE s for the other signs of the same fault, and decides which GPUs are lost: those on a server whose engine does
+not answer, those whose link is down, and those whose worker died by a signal (killed: `kill -9`, the OOM killer) or
+vanished. A worker that exited with an error of its own (a peer gone from the ring under it) is restarted in place.
+
+The swap: every worker still running is stopped; the checkpoint to go on from is the newest iteration of which a
+copy survives on a GPU still in the job (each rank saves one on its own server and one on a peer's on another
+server: containers/checkpoint.py); spares are chosen for the lost GPUs (of the job's model if it asked for one, of
+the lost GPU's model first, under the job's switch first, then the fastest for its workload; never a GPU of a server
+whose engine is down, nor one just lost) and placed with the survivors by the placement planner, in one circuit
+change (the spares' circuits moved under the job's switch, the lost GPUs' released). Then each rank restarts from
+the checkpoint: the survivors' workers are replaced in their sandboxes (their NICs stay), the spares get new
+containers, and all of them meet at rank 0, a survivor. With no spare free, the job waits at the head of the queue
+(no queued job starts before it) and goes on when GPUs free up. The lost GPUs are no longer the job's: a dead
+server's come back free when its engine answers again (its stale containers are swept then).
+"""
+
+from __future__ import annotations
+
+from controller.core import placement as policy
+from controller.core.jobs import Job, transition
+from controller.core.rack import PortRef
+from controller.jobs.steps import LOG, RECONFIG_WAIT, _attempt, _reason
+
+SETTLE = 0.3  # seconds a recovery waits for the other signs of one fault (a server's NICs, its engine, its ranks)
+SERVER_POLL = 0.5  # seconds between two pings of the engines under running jobs
+WAIT_POLL = 0.5  # seconds between two tries of a job waiting for spares
+MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many recoveries, with the last reason
+
+
+class FailoverMixin:
+    # --- detection -------------------------------------------------------------------------
+    def _lost(self, job: Job, gpu: str, why: str, swap: bool) -> bool:
+        """A worker of `job` is gone (`swap`: its GPU is lost). Starts the recovery on the first sign; returns
+        False when the job is not recovered (it was not running, or it used up its recoveries)."""
+        if job.state == "recovering" and job.id in self._collecting:
+            self._losing[job.id].setdefault(gpu, (why, swap))
+            return True
+        if job.state != "running":
+            return False
+        if len(job.recoveries) >= MAX_RECOVERIES:
+            LOG.error("%s: %s, after %d recoveries: not recovering it again", job.id, why, len(job.recoveries))
+            return False
+        self._losing[job.id] = {gpu: (why, swap)}
+        self._collecting.add(job.id)
+        self._detected[job.id] = self.ctx.clock()
+        transition(job, "recovering", reason=why)
+        LOG.warning("%s recovering: %s", job.id, why)
+        _attempt(job, "saving the job", self.save)
+        self.rt.spawn(self._recover_job, job)
+        return True
+
+    def link_changed(self, port: PortRef, up: bool) -> None:
+        """The OCS reported a port's link up or down (a GPU's NIC: its job loses that GPU)."""
+        key = str(port)
+        if up:
+            self._links_down.discard(key)
+            return
+        self._links_down.add(key)
+        gpu = self.ctx.rack.gpu_at(port)
+        for job in list(self.jobs.values()):
+            if gpu is not None and gpu in job.gpus and job.state in ("running", "recovering"):
+                self._lost(job, gpu, f"the link of {gpu}'s NIC ({key}) went down", swap=True)
+
+    def _watch_servers(self) -> None:
+        """Ask the engines under running jobs every SERVER_POLL s: a server that stops answering loses its GPUs."""
+        while True:
+            self.rt.sleep(SERVER_POLL)
+            try:
+                for job in [j for j in self.jobs.values() if j.state == "running"]:
+                    for server in sorted({self.ctx.rack.server_of[g] for g in job.gpus}):
+                        if not self.driver.engines.ping(server):
+                            why = self.driver.down_servers().get(server)
+                            for g in [g for g in job.gpus if self.ctx.rack.server_of[g] == server]:
+                                self._lost(job, g, f"the Docker Engine of server {server} went down ({why})", True)
+            except Exception:  # noqa: BLE001 (the watch goes on)
+                LOG.exception("watching the servers of running jobs")
+
+    # --- the recovery ----------------------------------------------------------------------
+    def _recover_job(self, job: Job) -> None:
+        """The job's recovery thread: which GPUs are lost, the checkpoint, the swap, the restart."""
+        try:
+            self.rt.sleep(SETTLE)
+            self._collecting.discard(job.id)
+            losing = self._losing.pop(job.id, {})
+            rec = self._assess(job, losing)
+            self._stop_old_attempt(job, rec)
+            while True:
+                if job.state != "recovering":
+                    return  # stopped meanwhile
+                try:
+                    self._swap(job, rec)
+                    break
+                except policy.NoRoomNow as e:
+                    self._wait_for_spares(job, rec, str(e))
+            self._awaiting.discard(job.id)
+            self._restart(job, rec)
+        except Exception as e:  # noqa: BLE001 (the edge: a job that cannot be recovered fails with the reason)
+            self._awaiting.discard(job.id)
+            if job.state == "recovering":
+                LOG.error("%s: the recovery failed: %s", job.id, e, exc_info=not isinstance(e, RuntimeError))
+                self._kill_all(job)
+                self._finish(job, "failed", f"{job.reason}; recovering failed: {_reason(e)}")
+            elif not job.active:  # stopped while its containers were starting: what started goes too
+                _attempt(job, "removing the containers", self._remove_containers, job)
+            return
+        self._watch(job)
+
+    def _assess(self, job: Job, losing: dict[str, tuple[str, bool]]) -> dict:
+        rack = self.ctx.rack
+        servers = sorted({rack.server_of[g] for g in job.gpus})
+        down = {s for s in servers if not self.driver.engines.ping(s)}
+        lost = {g: why for g, (why, swap) in losing.items() if swap}
+        for g in job.gpus:
+            s = rack.server_of[g]
+            if s in down:
+                lost.setdefault(g, f"the Docker Engine of server {s} went down")
+            elif str(rack.gpu_port(g)) in self._links_down:
+                lost.setdefault(g, f"the link of {g}'s NIC went down")
+        first = next(iter(losing.values()))[0] if losing else job.reason
+        reached = max(
+            (r["iteration"] + 1 for g in job.gpus for r in job.reports.get(g, [])
+             if r.get("event") == "iteration" and r.get("attempt", 0) == job.attempt),
+            default=0,
+        )
+        return {
+            "attempt": job.attempt + 1,
+            "reason": first,
+            "detected_at": self._detected.pop(job.id, self.ctx.clock()),
+            "lost": {g: lost[g] for g in job.gpus if g in lost},
+            "errors": {g: why for g, (why, swap) in losing.items() if not swap},
+            "servers_down": sorted(down),
+            "reached": reached,
+            "old_gpus": list(job.gpus),
+        }
+
+    def _stop_old_attempt(self, job: Job, rec: dict) -> None:
+        """Stop every worker of the attempt that broke and wait for the threads following those on live servers
+        (one following a worker of a server that does not answer may hang: it ends on its own, and being of an old
+        attempt, changes nothing)."""
+        job.attempt += 1
+        alive = [g for g in job.gpus if self.ctx.rack.server_of[g] not in rec["servers_down"]]
+        self._kill_all_on(job, alive)
+        threads = dict(zip(job.gpus, self._threads.pop(job.id, []), strict=False))
+        self.rt.joinall([t for g, t in threads.items() if g in alive])
+
+    def _kill_all_on(self, job: Job, gpus: list[str]) -> None:
+        self.rt.joinall([self.rt.spawn(self._kill, job, g) for g in gpus])
+
+    def _checkpoint(self, job: Job, survivors: list[str]) -> tuple[int, dict[str, list[str]]]:
+        """The newest iteration with a copy on a surviving GPU's server, and its copies: writer -> holders."""
+        address = {self.ctx.rack.addresses[g][0]: g for g in self.ctx.rack.gpus}
+        copies: dict[int, dict[str, list[str]]] = {}
+        for g in job.reports:
+            for r in job.reports[g]:
+                if r.get("event") != "checkpoint":
+                    continue
+                writer = r.get("writer", g)
+                holders = [writer, address.get((r.get("peer") or "").partition(":")[0])]
+                alive = [h for h in holders if h in survivors]
+                if alive:
+                    copies.setdefault(r["iteration"], {}).setdefault(writer, [])
+                    copies[r["iteration"]][writer] = sorted(set(copies[r["iteration"]][writer]) | set(alive))
+        if not copies:
+            return 0, {}
+        k = max(copies)
+        return k, copies[k]
+
+    def _swap(self, job: Job, rec: dict) -> None:
+        """Spares for the lost GPUs and the circuits placing them with the survivors, in one change."""
+        rack, lost = self.ctx.rack, rec["lost"]
+        survivors = [g for g in rec["old_gpus"] if g not in lost]
+        job.gpus = survivors  # the lost GPUs are no longer the job's
+        decided: dict = {}
+        if not lost:
+            rec.update(spares={}, planning_s=0.0, event=None)
+            return
+        model = job.request.get("gpu_model")
+        workload = job.request["workload"].get("model", "vgg16")
+
+        def plan(current):
+            t0 = self.ctx.clock()
+            occ = self.occ(current, exclude=job.id, admitting=True)
+            down = set(self.down_servers())
+            taken = set(self.busy_gpus()) | set(lost) | set(survivors)
+            switch = set(job.switches)
+            where = current.gpu_locations(rack)
+            free = [
+                g for g in rack.gpus
+                if g not in taken and rack.server_of[g] not in down and (model is None or rack.gpus[g].model == model)
+            ]
+            if len(free) < len(lost):
+                raise policy.NoRoomNow(
+                    f"{len(lost)} spare GPU(s){f' of model {model}' if model else ''} needed, {len(free)} free"
+                )
+            spares: dict[str, str] = {}
+            for g in lost:  # each lost GPU: its model first, under the job's switch first, then the fastest
+                want = rack.gpus[g].model
+                best = min(
+                    (c for c in free if c not in spares.values()),
+                    key=lambda c: (
+                        rack.gpus[c].model != want,
+                        (where.get(c) or (None,))[0] not in switch,
+                        policy.seconds_per_iteration(workload, rack.gpus[c].model),
+                        c,
+                    ),
+                )
+                spares[g] = best
+            gpus = tuple(survivors + list(spares.values()))
+            p = policy.plan(occ, policy.Request(gpus, "regroup", model, workload))
+            decided.update(plan=p, spares=spares, gpus=gpus, planning_s=self.ctx.clock() - t0)
+            return p.target(current)
+
+        t0 = self.ctx.clock()
+        ev = self.ctx.ocs.change(
+            plan,
+            "failover",
+            lambda: f"{job.id}: " + ", ".join(f"{a} -> {b}" for a, b in decided["spares"].items()) + " (lost)",
+            job=job.id,
+            wait=RECONFIG_WAIT,
+        )
+        p = decided["plan"]
+        job.gpus, job.switches = list(decided["gpus"]), list(p.switches)
+        if ev is not None:
+            job.events.append(ev.id)
+        job.circuits = self._circuits_of(job)
+        rec.update(
+            spares=decided["spares"],
+            planning_s=decided["planning_s"],
+            ocs_s=self.ctx.clock() - t0 - decided["planning_s"],
+            event=ev.id if ev is not None else None,
+            switches=list(p.switches),
+        )
+        self.save()
+
+    def _wait_for_spares(self, job: Job, rec: dict, why: str) -> None:
+        """No spare now: wait at the head of the queue, checkpoint kept, and try again when GPUs may be free."""
+        if job.id not in self._awaiting:
+            LOG.warning("%s: no spare GPU now (%s); waiting at the head of the queue", job.id, why)
+            self._awaiting.add(job.id)
+            job.note = f"recovering: waiting at the head of the queue for spares: {why}"
+            _attempt(job, "saving the job", self.save)
+            rec["waited_from"] = self.ctx.clock()
+        self.rt.sleep(WAIT_POLL)
+
+    def _restart(self, job: Job, rec: dict) -> None:
+        """Every rank from the checkpoint: survivors in their sandboxes, spares in new containers."""
+        rack = self.ctx.rack
+        rec["planned_at"] = self.ctx.clock()
+        old = set(rec["old_gpus"]) - set(job.gpus)
+        down = set(self.down_servers())
+        gone = [g for g in old if rack.server_of[g] not in down]
+        if gone:  # lost on a live server (a killed worker): its containers go, in the background
+            self.rt.spawn(self._remove_containers, job, gone)
+        survivors = [g for g in job.gpus if g in rec["old_gpus"]]
+        k, copies = self._checkpoint(job, survivors)
+        restores: dict[str, tuple[int, str, str]] = {}
+        if k > 0:
+            for g in job.gpus:
+                if g in copies and g in copies[g]:
+                    restores[g] = (k, "local", g)
+                else:  # any surviving copy: the replicas hold the same state
+                    writer = sorted(copies)[0]
+                    holder = copies[writer][0]
+                    restores[g] = (k, rack.addresses[holder][0], writer)
+        job.exit_codes = {}
+        self._start_containers(job, restores=restores, reuse=True)
+        now = self.ctx.clock()
+        rec.update(
+            resumed_from=k,
+            iterations_redone=max(0, rec["reached"] - k),
+            containers_s=now - rec["planned_at"],
+            running_at=now,
+            gpus=list(job.gpus),
+        )
+        del rec["old_gpus"]
+        job.recoveries.append(rec)
+        swapped = ", ".join(f"{a} -> {b}" for a, b in rec["spares"].items()) or "none swapped"
+        job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}"
+        transition(job, "running", reason=None)
+        self.save()
+        LOG.info("%s running again (%s) from iteration %d, %d redone", job.id, swapped, k, rec["iterations_redone"])
+
+    def _remove_volumes(self, job: Job) -> None:
+        """The job's checkpoints on every server it ran on (a server that is down is swept when it is back)."""
+        servers = {self.ctx.rack.server_of[g] for g in job.gpus}
+        for r in job.recoveries:
+            servers |= {self.ctx.rack.server_of[g] for g in r.get("lost", {})}
+        for server in sorted(servers):
+            if server in self.driver.down_servers():
+                continue
+            try:
+                self.driver.remove_volume(job.id, server)
+            except Exception as e:  # noqa: BLE001 (the sweep removes it later)
+                LOG.error("%s: removing the checkpoints on %s: %s", job.id, server, e)

@@ -1,0 +1,83 @@
+"""A whole emulated server dies, and comes back empty (`optirack-rack server kill|start SERVER`).
+
+Killing a server's Docker Engine alone is not a server's death: its containers run on under containerd. `kill` ends,
+with SIGKILL and by what the rack itself started (PID files and the engine's own exec root, never a process name):
+the engine, its containerd, its containerd shims and the containers they run (the workers), then takes the server's
+NIC ports down, so that the OCS sees each GPU's link drop. `start` brings the ports up, starts the engine, removes
+every container and checkpoint volume of ours left there (the server comes back empty: nothing of the jobs it ran),
+and puts the GPUs' NICs back at home.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from controller.core.emulated import netns_of, nic_plans
+from controller.core.rack import Rack
+from emulation import engines, nics
+from emulation import netns as ns
+
+
+def _server_nics(rack: Rack, server: str):
+    return [n for n in nic_plans(rack) if n.server == server]
+
+
+def kill(rack: Rack, plan: engines.EnginePlan) -> dict:
+    """The server dies: engine, containerd, shims and containers (SIGKILL), then its NIC ports down."""
+    t0 = time.monotonic()
+    engine = engines.stop(plan, signal.SIGKILL)  # the controller's streams from it break at once
+    pid = engines.containerd_pid(plan)
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    shims = engines.kill_shims(plan)  # and the containers they ran: a container's init takes its PID namespace
+    ports = []
+    for nic in _server_nics(rack, plan.server):
+        ns.ip("link", "set", "dev", nic.port, "down", netns=netns_of(plan.server), check=False)
+        ports.append(nic.port)
+    return {"engine": engine, "containerd": pid is not None, "shims": shims, "ports_down": ports,
+            "seconds": time.monotonic() - t0}
+
+
+def start(rack: Rack, plan: engines.EnginePlan, label: str) -> dict:
+    """The server comes back: NIC ports up, its engine started, nothing of ours left on it, NICs at home."""
+    t0 = time.monotonic()
+    netns = netns_of(plan.server)
+    for nic in _server_nics(rack, plan.server):
+        ns.ip("link", "set", "dev", nic.port, "up", netns=netns)
+    if engines.pid_of(plan) is None:
+        engines.start(rack, plan)  # cleans what a dead engine left: containerd, shims, task state, mounts
+    engines.wait_ready(rack, plan)
+    removed = engines.remove_our_containers(rack, plan, label)
+    volumes = remove_our_volumes(rack, plan, label)
+    for nic in _server_nics(rack, plan.server):
+        _make_nic(nic, rack)
+    return {"containers_removed": removed, "volumes_removed": volumes, "seconds": time.monotonic() - t0}
+
+
+def _make_nic(nic, rack: Rack, timeout: float = 30.0) -> None:
+    """Make the NIC at home again on its port. The kernel destroys a dead container's namespace, and the old NIC in
+    it, in the background: until it has, the new one (with the same MAC on the same port) cannot come up."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            nics.make(nic, rack)
+            return
+        except ns.NetnsError as e:
+            if "Address already in use" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def remove_our_volumes(rack: Rack, plan: engines.EnginePlan, label: str) -> int:
+    from controller.drivers.engines import engine_client
+
+    client = engine_client(rack, plan.server, timeout=30)
+    found = client.volumes.list(filters={"label": label})
+    for v in found:
+        v.remove(force=True)
+    return len(found)

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Benchmark: a server killed under a running job, from the kill to every rank iterating again.
+
+On the paper rack with spares (topologies/paper-spares.yaml: a fifth server with two M40 under the other switch), each
+round runs a 4-GPU job on the four M40 of srv1-srv4 (gpu_model M40, so the spare must be one of srv5's), kills one of
+its servers with `optirack-rack server kill` (engine, containerd, shims, workers; NIC ports down), waits until every
+rank iterates again, then stops the job and starts the server again (empty). Each round's time from the kill to all
+ranks iterating again is split into: detection (kill -> the job `recovering`), planning (the settle window, stopping
+the other workers and choosing the spares), the OCS change (circuits and flows confirmed), container start (survivors'
+workers replaced, the spare's sandbox, NIC and worker), restore (until the last rank has its checkpoint: the worker's
+start, importing PyTorch, fetching or reading it) and rendezvous (until every rank has begun its first iteration);
+plus the iterations redone. Needs root (it brings the rack up). `--json PATH` writes the rounds and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from controller.core.circuits import CircuitMap
+from controller.core.rack import load_rack
+from emulation import engines, servers
+from emulation.harness import ROOT, Testbed, wait_for
+from emulation.rack import CONTAINER_LABEL
+
+try:
+    from scripts.stats import add_json_option, write_json
+except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scripts/ itself is on sys.path
+    from stats import add_json_option, write_json
+
+RACK_FILE = ROOT / "topologies" / "paper-spares.yaml"
+JOB_GPUS = ["gpu1", "gpu2", "gpu3", "gpu4"]
+VICTIMS = ["srv2", "srv4"]  # servers holding one GPU of the job each (srv1 and srv3 also hold a Titan V)
+PHASES = ("detection_s", "planning_s", "ocs_s", "containers_s", "restore_s", "rendezvous_s")
+
+
+def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: int) -> dict:
+    client = tb.client
+    # the rack file's cabling again (circuits outlive jobs): the spares under as2, the job to be placed under as1,
+    # so that every round moves a spare's circuit
+    client.put("/ocs/circuits", {"circuits": CircuitMap.initial(tb.rack).to_json()})
+    job = client.post(
+        "/jobs",
+        {"gpus": JOB_GPUS, "gpu_model": "M40", "checkpoint_every": every, "workload": {"iterations": 100000}},
+    )["job"]
+    jid = job["id"]
+    wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["iterations_done"] >= before_kill, 300, "iterations")
+    killed_at = time.time()
+    servers.kill(tb.rack, plans[victim])
+    wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["recoveries"], 120, "the recovery", interval=0.05)
+    rec = client.get(f"/jobs/{jid}")["job"]["recoveries"][0]
+
+    def again():
+        j = client.get(f"/jobs/{jid}")["job"]
+        ranks = j["ranks"]
+        starts = [
+            min((r["t_start"] for r in ranks[g] if r.get("attempt") == rec["attempt"]), default=None) for g in j["gpus"]
+        ]
+        return None if None in starts else (j, max(starts))
+
+    j, iterating_at = wait_for(again, 120, "every rank to iterate again", interval=0.05)
+    restored = [r["t"] for g in j["gpus"] for r in j["checkpoints"][g] if r["event"] == "restored"
+                and r.get("attempt") == rec["attempt"]]
+    restored_at = max(restored) if len(restored) == len(j["gpus"]) else rec["running_at"]
+    client.post(f"/jobs/{jid}/stop")
+    servers.start(tb.rack, plans[victim], f"{CONTAINER_LABEL}={tb.rack.name}")
+    wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 30, f"{victim} up")
+    detection = rec["detected_at"] - killed_at
+    planning = rec["planned_at"] - rec["detected_at"] - rec.get("ocs_s", 0.0)
+    return {
+        "job": jid,
+        "killed": victim,
+        "lost": sorted(rec["lost"]),
+        "spares": rec["spares"],
+        "checkpoint_every": every,
+        "resumed_from": rec["resumed_from"],
+        "iterations_redone": rec["iterations_redone"],
+        "total_s": iterating_at - killed_at,
+        "detection_s": detection,
+        "planning_s": planning,
+        "ocs_s": rec.get("ocs_s", 0.0),
+        "containers_s": rec["containers_s"],
+        "restore_s": restored_at - rec["running_at"],
+        "rendezvous_s": iterating_at - restored_at,
+        "switches_after": j["switches"],
+        "circuit_event": rec["event"],
+        "mean_iteration_s": j["mean_iteration_s"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=5, help="servers killed, one per round (default %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="the job's K (default %(default)s)")
+    p.add_argument("--kill-after", type=int, default=14, help="iterations before the kill (default %(default)s)")
+    add_json_option(p)
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.checkpoint_every < 1 or args.kill_after < 1:
+        p.error("--rounds, --checkpoint-every and --kill-after take positive integers")
+    rack = load_rack(RACK_FILE)
+    plans = {pl.server: pl for pl in engines.engine_plans(rack)}
+    rows = []
+    print(f"failover: a server killed under a 4-GPU job on {RACK_FILE.name}, {args.rounds} rounds", flush=True)
+    with tempfile.TemporaryDirectory() as tmp, Testbed(rack, RACK_FILE, Path(tmp)) as tb:
+        for i in range(args.rounds):
+            r = one_round(tb, plans, VICTIMS[i % len(VICTIMS)], args.checkpoint_every, args.kill_after)
+            rows.append(r)
+            print(
+                f"  round {i + 1}: {r['killed']} killed, {r['lost']} -> {r['spares']}: all ranks iterating again "
+                f"after {r['total_s']:.2f} s (" + ", ".join(f"{k[:-2]} {r[k]:.2f}" for k in PHASES)
+                + f"), from iteration {r['resumed_from']}, {r['iterations_redone']} redone",
+                flush=True,
+            )
+    keys = ("total_s", *PHASES, "iterations_redone", "mean_iteration_s")
+    median = {k: statistics.median(r[k] for r in rows) for k in keys}
+    print("median: " + ", ".join(f"{k} {v:.2f}" for k, v in median.items()))
+    write_json(args.json, {"rounds": rows, "median": median})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

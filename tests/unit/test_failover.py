@@ -1,0 +1,193 @@
+"""Failover (controller/jobs/failover.py) on virtual time, with fake switches and fake workers that train on the
+runtime's clock (one iteration a second, a checkpoint line every K): a server's death, a NIC's link drop and a
+killed worker are detected within 2 s, the lost GPUs swapped for spares under the job's switch in one circuit change,
+and every rank goes on from the checkpoint; with no spare the job waits at the head of the queue."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+from ryu.controller import ofp_event
+from ryu.ofproto import ofproto_v1_3 as ofp
+from ryu.ofproto import ofproto_v1_3_parser as parser
+
+from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY, JobRequest
+from controller.core.perf import iteration_seconds
+from controller.core.rack import PortRef
+from profiles import WORKLOADS
+from tests.unit.fakes import FakeDriver, deliver
+from tests.unit.test_jobs import RACK, finished, make, req
+
+PACE = 1.0  # virtual seconds per iteration of the fake workers
+
+
+def job_of(placement, gpus, iterations=30, every=5, **kw):
+    return placement.submit(req(gpus=gpus, workload={"iterations": iterations}, checkpoint_every=every, **kw))
+
+
+def cmd_of(driver, job, gpu, attempt=-1):
+    return [c for j, g, c in driver.started if j == job.id and g == gpu][attempt]
+
+
+def test_a_dead_server_is_detected_and_its_gpu_swapped_for_a_spare_under_the_jobs_switch(tmp_path, vrt):
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, ocs = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
+    (switch,) = job.switches
+    killed_at = vrt.clock()
+    driver.kill_server("srv2")
+    vrt.run(lambda: job.state == "recovering", what="the job to recover")
+    assert vrt.clock() - killed_at <= 2.0 and "srv2" in job.reason, job.reason
+    vrt.run(finished(placement, job.id), what="the job to end")
+    assert job.state == "done", job.reason
+    (rec,) = job.recoveries
+    assert rec["lost"] == {"gpu2": rec["lost"]["gpu2"]} and "srv2" in rec["lost"]["gpu2"]
+    spare = rec["spares"]["gpu2"]
+    assert RACK.server_of[spare] != "srv2" and spare in job.gpus and "gpu2" not in job.gpus
+    assert rec["detected_at"] - killed_at <= 2.0
+    assert rec["resumed_from"] == 10 and 0 <= rec["iterations_redone"] <= 5  # K = 5
+    assert job.switches == [switch] and spare == "gpu5" and rec["event"] is None  # a spare already under as1
+    where = ctx.circuits.gpu_locations(RACK)
+    assert {where[g][0] for g in job.gpus} == {switch}
+    assert ocs.circuits() == {(a.port, b.port) for a, b in ctx.circuits.circuits}
+    # every rank restarted from iteration 10: the survivors from their own copy, the spare from a survivor's
+    for g in job.gpus:
+        cmd = cmd_of(driver, job, g)
+        assert cmd[cmd.index("--resume-from") + 1] == "10"
+        source = cmd[cmd.index("--restore-from") + 1]
+        assert source == "local" if g != spare else source in {RACK.addresses[s][0] for s in job.gpus if s != spare}
+    assert [i["iteration"] for i in job.iterations()] == list(range(30))
+    assert placement.busy_gpus() == {}
+    driver.engines.down.pop("srv2")  # the server is back: empty, its GPU free, not the job's
+    placement.service._sweep("srv2")
+    assert not [c for c in driver.running.values() if c.labels["server"] == "srv2"]
+    again = placement.submit(req(gpus=["gpu2"], workload={"iterations": 2}))
+    vrt.run(finished(placement, again.id))
+    assert again.state == "done"
+
+
+def test_two_losses_one_after_the_other_are_both_recovered(tmp_path, vrt):
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"], iterations=40)
+    vrt.run(lambda: len(job.iterations()) >= 8)
+    driver.kill_server("srv2")
+    vrt.run(lambda: len(job.recoveries) == 1 and job.state == "running")
+    vrt.run(lambda: len(job.iterations()) >= 22)
+    driver.kill_server("srv4")
+    vrt.run(finished(placement, job.id))
+    assert job.state == "done" and len(job.recoveries) == 2, job.reason
+    first, second = job.recoveries
+    assert set(first["lost"]) == {"gpu2"} and set(second["lost"]) == {"gpu4"}
+    assert second["spares"] == {"gpu4": "gpu6"} and second["event"] is not None  # gpu6 moved from as2 to as1
+    ev = next(e for e in ctx.events.recent() if e.id == second["event"])
+    assert ev.kind == "failover" and "gpu4 -> gpu6" in ev.reason and len(ev.added) == 1
+    assert second["resumed_from"] == 20 and len(set(job.gpus)) == 4 and not {"gpu2", "gpu4"} & set(job.gpus)
+    assert len(job.switches) == 1
+
+
+def port_status(ocs, port: int, down: bool):
+    """The OCS's OpenFlow port-status message for one of its ports, delivered to the apps."""
+    desc = parser.OFPPort(port_no=port, hw_addr="00:00:00:00:00:01", name=f"p{port}", config=0,
+                          state=ofp.OFPPS_LINK_DOWN if down else ofp.OFPPS_LIVE, curr=0, advertised=0, supported=0,
+                          peer=0, curr_speed=0, max_speed=0)
+    msg = parser.OFPPortStatus(ocs, reason=ofp.OFPPR_MODIFY, desc=desc)
+    deliver(ocs.apps, ofp_event.ofp_msg_to_ev(msg))
+
+
+def test_a_link_drop_and_a_killed_worker_are_losses_too(tmp_path, vrt):
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, ocs = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    vrt.run(lambda: len(job.iterations()) >= 6)
+    port_status(ocs, RACK.gpu_port("gpu3").port, down=True)  # the OCS sees gpu3's NIC drop
+    assert job.state == "recovering" and "gpu3's NIC" in job.reason
+    vrt.run(lambda: job.state == "running")
+    assert set(job.recoveries[0]["lost"]) == {"gpu3"}
+    vrt.run(lambda: len(job.iterations()) >= 12)
+    victim = job.gpus[0]
+    killed_at = vrt.clock()
+    driver.kill9(job.id, victim, RACK.server_of[victim])  # exits 137 on its own: the controller did not stop it
+    vrt.run(lambda: job.state == "recovering")
+    assert vrt.clock() - killed_at <= 2.0 and "exited with 137" in job.reason
+    vrt.run(finished(placement, job.id))
+    assert job.state == "done" and set(job.recoveries[1]["lost"]) == {victim}
+    port_status(ocs, 3, down=False)
+    assert str(PortRef("ocs1", 3)) not in placement.service._links_down
+
+
+def test_with_no_spare_the_job_waits_at_the_head_of_the_queue_and_goes_on_when_gpus_free(tmp_path, vrt):
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    other = job_of(placement, ["gpu5", "gpu6"], iterations=1000)
+    vrt.run(lambda: len(job.iterations()) >= 7 and other.state == "running")
+    driver.kill_server("srv2")
+    vrt.run(lambda: "waiting at the head of the queue" in job.note, what="the job to wait for a spare")
+    assert job.state == "recovering" and job.gpus == ["gpu1", "gpu3", "gpu4"]
+    later = placement.submit(req(gpus=1))  # would fit nowhere anyway, but must not overtake it
+    assert later.state == "queued"
+    vrt.advance(10)
+    assert job.state == "recovering"
+    placement.stop_job(other.id)
+    vrt.run(finished(placement, job.id), what="the job to go on and end")
+    assert job.state == "done" and job.recoveries[0]["spares"]["gpu2"] in ("gpu5", "gpu6")
+    assert "waited_from" in job.recoveries[0]
+    vrt.run(finished(placement, later.id))
+
+
+def test_a_job_stopped_while_it_waits_for_a_spare_ends_stopped(tmp_path, vrt):
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    other = job_of(placement, ["gpu5", "gpu6"], iterations=1000)
+    vrt.run(lambda: len(job.iterations()) >= 3 and other.state == "running")
+    driver.kill_server("srv4")
+    vrt.run(lambda: "waiting" in job.note)
+    placement.stop_job(job.id)
+    assert job.state == "stopped" and placement.busy_gpus().keys() == {"gpu5", "gpu6"}
+    placement.stop_job(other.id)
+
+
+def test_a_worker_that_keeps_failing_fails_the_job_after_the_recoveries_allowed(tmp_path, vrt):
+    driver = FakeDriver(exit_codes={"gpu2": 3})
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = placement.submit(req(gpus=["gpu1", "gpu2"], policy="fixed"))
+    vrt.run(finished(placement, job.id))
+    assert job.state == "failed" and "gpu2 exited with 3" in job.reason and "recoveries" in job.reason
+    assert job.logs  # kept
+
+
+def test_checkpoint_every_is_validated_and_its_default_costs_at_most_5_percent_on_the_paper_rack():
+    for bad in (0, -3):
+        with pytest.raises(ValidationError, match="checkpoint_every"):
+            JobRequest.model_validate({"gpus": 2, "checkpoint_every": bad})
+    # saving params + momentum (2 x the gradient) at the NIC's rate, every K iterations, over one iteration
+    # (compute plus ring all-reduce, controller/core/perf.py) of every job size, model and workload of the rack
+    worst = 0.0
+    for workload, w in WORKLOADS.items():
+        for model in {g.model for g in RACK.gpus.values()}:
+            gpus = [g for g in RACK.gpus if RACK.gpus[g].model == model]
+            for n in range(1, len(gpus) + 1):
+                ring = gpus[:n]
+                it = iteration_seconds(RACK, {"j": ring}, {g: "as1" for g in ring}, {"j": workload})["j"]
+                save = 2 * w.gradient_bytes * 8 / (RACK.gpus[ring[0]].nic.rate_gbps * 1e9)
+                worst = max(worst, save / (DEFAULT_CHECKPOINT_EVERY * it))
+    assert 0.01 < worst <= 0.05, worst
+
+
+def test_an_engine_that_stops_answering_while_its_workers_streams_hang_is_seen_by_the_poll(tmp_path, vrt):
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    vrt.run(lambda: len(job.iterations()) >= 6)
+    for c in driver.running.values():
+        if c.labels["server"] == "srv4":
+            c.pace = 3600.0  # its worker's stream hangs: no line, no error
+    down_at = vrt.clock()
+    driver.engines.down["srv4"] = "timed out"
+    vrt.run(lambda: job.state == "recovering")
+    assert vrt.clock() - down_at <= 2.0 and "srv4 went down (timed out)" in job.reason
+    vrt.run(finished(placement, job.id))
+    assert job.state == "done" and set(job.recoveries[0]["lost"]) == {"gpu4"}
