@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from controller.core import admission
 from controller.core.rack import RackError
 from profiles import WORKLOADS, compute_seconds
 from simulator import calibration, engine, models, racks, report, traces, workloads
@@ -124,6 +125,14 @@ def add_parser(sub) -> None:
         default="fixed,regroup,defrag,timeshift",
         help="which to compare (%(default)s); baselines: ideal (a non-blocking electrical fabric, the upper "
         "bound), static (the static oversubscribed electrical fabric: the cabling never changes, as fixed)",
+    )
+    pol.add_argument(
+        "--schedulers",
+        default="fifo",
+        help="admission policies (controller/core/admission.py), each run with every placement policy: fifo (first "
+        "come first served), backfill (EASY backfill), sjf (shortest job first), las (least attained service, "
+        "preemptive, Tiresias-like); a run other than fifo is named policy+scheduler, e.g. regroup+backfill "
+        "(%(default)s)",
     )
     pol.add_argument(
         "--baseline",
@@ -381,8 +390,15 @@ def main(args) -> int:
         unknown = [n for n in names if n not in table]
         if unknown or not names:
             raise ValueError(f"--policies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(table)})")
-        if args.baseline is not None and args.baseline not in names:
-            raise ValueError(f"--baseline {args.baseline} is not one of --policies ({', '.join(names)})")
+        scheds = [n.strip() for n in args.schedulers.split(",") if n.strip()]
+        bad = [n for n in scheds if n not in admission.POLICIES]
+        if bad or not scheds:
+            raise ValueError(
+                f"--schedulers: unknown {', '.join(bad) or '(none given)'} (known: {', '.join(admission.POLICIES)})")
+        chosen = [engine.with_scheduler(table[n], s) for n in names for s in scheds]
+        runs = [c.name for c in chosen]
+        if args.baseline is not None and args.baseline not in runs:
+            raise ValueError(f"--baseline {args.baseline} is not one of the runs ({', '.join(runs)})")
         if args.seeds < 1 or (args.seeds > 1 and args.jobs is None):
             raise ValueError("--seeds must be at least 1, and more than 1 only with --jobs (synthetic jobs)")
         if not 0 <= args.nvlink_gbps < float("inf"):
@@ -403,7 +419,7 @@ def main(args) -> int:
         args.nvlink_gbps,
         args.durations,
     )
-    study = run_all(rack, jobs, [table[n] for n in names], options, quiet=args.quiet, workers=args.workers or None)
+    study = run_all(rack, jobs, chosen, options, quiet=args.quiet, workers=args.workers or None)
     meta = {
         "command": "optirack simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if sys.argv[1:2] == ["simulate"]
@@ -418,6 +434,7 @@ def main(args) -> int:
         "net": nmeta,
         "options": {
             "policies": names,
+            "schedulers": scheds,
             "defrag_interval_s": args.defrag_interval,
             "step_model": args.step_model,
             "interference": args.interference,
@@ -429,7 +446,7 @@ def main(args) -> int:
     }
     record = report.build(study, meta, args.baseline)
     if args.seeds > 1:
-        record["seeds"] = _over_seeds(args, rack, [table[n] for n in names], options, record)
+        record["seeds"] = _over_seeds(args, rack, chosen, options, record)
     extra = ""
     if args.case:
         extra = _against_emulation(args, record)

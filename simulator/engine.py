@@ -7,6 +7,7 @@ is the controller's own; jobs that cannot be placed wait, first come first serve
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import statistics
 from collections import deque
@@ -18,6 +19,7 @@ from controller.core.circuits import CircuitDiff
 from controller.core.rack import Rack
 from simulator import models
 from simulator.adapter import Placer, Unplaceable
+from simulator.detail import RingState
 from simulator.interference import Interference, Limits
 from simulator.network import GBPS, Fabric, NetParams, ring_net
 from simulator.rings import Ring
@@ -35,6 +37,25 @@ class Policy:
     timeshift: bool = False
     label: str = ""
     ideal: bool = False  # a non-blocking electrical fabric: only the NICs limit a ring (the upper bound)
+    scheduler: str = "fifo"  # the admission policy of controller.core.admission
+
+
+def with_scheduler(policy: Policy, scheduler: str) -> Policy:
+    """The placement policy under another admission policy, named policy+scheduler (fifo keeps the plain name)."""
+    if scheduler == "fifo":
+        return policy
+    if scheduler not in admission.POLICIES:
+        raise ValueError(f"unknown scheduler {scheduler!r} (known: {', '.join(admission.POLICIES)})")
+    return replace(policy, name=f"{policy.name}+{scheduler}", scheduler=scheduler,
+                   label=f"{policy.label}; {SCHEDULER_LABELS[scheduler]}")
+
+
+SCHEDULER_LABELS = {
+    "fifo": "first come first served",
+    "backfill": "EASY backfill",
+    "sjf": "shortest job first",
+    "las": "least attained service, preemptive",
+}
 
 
 def policies(defrag_s: float) -> dict[str, Policy]:
@@ -86,6 +107,8 @@ class JobResult:
     done: float = 0.0  # iterations done (all of them, unless stopped)
     failed: str = ""  # why the controller gave up on it (it could never be placed)
     alone_run_s: float = 0.0  # a replayed job's recorded duration (else iterations x alone_iteration_s)
+    preemptions: int = 0  # times the scheduler stopped it to run another (las)
+    suspended_s: float = 0.0  # time between a preemption and its restart
 
     @property
     def jct_s(self) -> float:
@@ -97,7 +120,7 @@ class JobResult:
 
     @property
     def mean_iteration_s(self) -> float:
-        return (self.end_s - self.start_s - self.stall_s) / self.done if self.done else float("nan")
+        return (self.end_s - self.start_s - self.stall_s - self.suspended_s) / self.done if self.done else float("nan")
 
 
 @dataclass
@@ -154,6 +177,11 @@ class Run:
         self.iterations = {i: j.iterations for i, j in self.jobs.items()}  # derived at admission for durations
         self.replayed: set[int] = set()  # held for their recorded durations, off the simulated network
         self.replay_busy: list[tuple[float, float, float]] = []
+        self.view = _View(self) if policy.scheduler in admission.NEEDS_CLUSTER else None
+        self.since: dict[int, float] = {}  # when a job's current hold of GPUs began
+        self.served: dict[int, float] = {}  # GPU-seconds run before its current hold (preempted jobs)
+        self.resume: dict[int, RingState] = {}  # a preempted job's progress, to start from when placed again
+        self.suspended: dict[int, float] = {}  # when a preempted job was stopped
 
     def push(self, t: float, kind: int, key: int = -1, data: object = None) -> None:
         self.seq += 1
@@ -212,8 +240,13 @@ class Run:
         self.out.frag.append((t, largest, sum(occ.free_model)))
 
     def _place_queued(self, t: float) -> None:
-        """The controller's admission policy (controller.core.admission) over the simulated queue."""
-        admission.fifo(self.queue, lambda key: self._attempt(t, key))
+        """The run's admission policy (controller.core.admission, the controller's own code) over the simulated
+        queue."""
+        if self.view is not None:
+            self.view.now = t
+        drain = getattr(admission, self.policy.scheduler)  # looked up at each call, as the controller's is
+        args = (self.queue, lambda key: self._attempt(t, key)) + ((self.view,) if self.view is not None else ())
+        drain(*args)
 
     def _attempt(self, t: float, key: int) -> admission.Outcome:
         job = self.jobs[key]
@@ -231,10 +264,15 @@ class Run:
             return admission.Outcome.REFUSED
         ready = self._reconfigure(t, p.diff)
         r = self.results[key]
-        r.placed_s, r.placement, r.switches = t, p.gpus, len(p.switches)
+        again = key in self.resume
+        if not again:
+            r.placed_s = t
+        r.placement, r.switches = p.gpus, len(p.switches)
+        self.since[key] = t
         ring = self._ring(key)
-        r.alone_iteration_s = self.inter.period_alone(ring)
-        if job.duration_s and not job.iterations:
+        if not again:
+            r.alone_iteration_s = self.inter.period_alone(ring)
+        if job.duration_s and not job.iterations and not again:
             if self.o.durations == "replayed":
                 self.replayed.add(key)
                 r.alone_run_s = job.duration_s
@@ -293,15 +331,46 @@ class Run:
         return best_shift(ring, self.inter.period_alone(ring), peers, self.inter.capacity)
 
     def _start(self, t: float, key: int, _) -> None:
-        self.pending.pop(key, None)
-        self.results[key].start_s = t
+        if key not in self.pending:  # preempted before its circuits were ready
+            return
+        self.pending.pop(key)
+        r = self.results[key]
+        if r.start_s < 0:
+            r.start_s = t
         self.running.add(key)
         if key in self.replayed:
             duration = self.jobs[key].duration_s
             self.push(t + duration, END, key)
             self.replay_busy.append((t, t + duration, duration * self.jobs[key].gpus))
             return
+        state = self.resume.pop(key, None)
+        if state is not None:
+            r.suspended_s += t - self.suspended.pop(key)
+            ring = self._ring(key)
+            state = RingState(remaining=ring.compute_s, done=state.done)  # from its last whole iteration
+            self.inter.add(t, ring, self.iterations[key], state)
+            return
         self.inter.add(t, self._ring(key), self.iterations[key])
+
+    def preempt(self, t: float, key: int) -> None:
+        """Stop a job the scheduler preempts: its GPUs are freed, its whole iterations kept; it waits again, in the
+        queue at its place by arrival."""
+        r = self.results[key]
+        if key in self.pending:  # placed, circuits not ready: it never started this time
+            self.pending.pop(key)
+            state = self.resume.get(key) or RingState(done=0)
+        else:
+            state, progress = self.inter.remove(t, key)
+            state = RingState(done=int(progress + 1e-9))
+            self.running.discard(key)
+        self.resume[key] = state
+        self.suspended[key] = t
+        began = self.since.pop(key)
+        self.served[key] = self.served.get(key, 0.0) + (t - began) * r.gpus
+        self.out.held.append((began, t, r.gpus))
+        r.preemptions += 1
+        self.placer.release(self.jobs[key].id)
+        bisect.insort(self.queue, key)
 
     def _finish(self, t: float, key: int, stopped: bool = False) -> None:
         done = 0.0 if key in self.replayed else self.inter.remove(t, key)[1]
@@ -310,7 +379,7 @@ class Run:
         r.done = done if stopped else float(r.iterations)
         self.running.discard(key)
         self.placer.release(self.jobs[key].id)
-        self.out.held.append((r.placed_s, t, r.gpus))
+        self.out.held.append((self.since.pop(key, r.placed_s), t, r.gpus))
         for k in sorted(k for k in self.running if self.jobs[k].stops_with == self.jobs[key].id):
             self._finish(t, k, stopped=True)
         self._admit(t)
@@ -352,3 +421,70 @@ class Run:
                          for key, r in self.results.items()}
         return [(t0, t1, iterations * per_iteration[key]) for key, t0, t1, iterations in self.inter.segments] \
             + self.replay_busy
+
+
+class _View:
+    """The simulated cluster as the admission policies see it (controller.core.admission.Cluster)."""
+
+    def __init__(self, run: Run):
+        self.run, self.now = run, 0.0
+        self._per: dict[tuple[str, int], float] = {}
+        gpus = list(run.rack.gpus.values())
+        names = [g.model for g in gpus]
+        self._common = max(sorted(set(names)), key=names.count)
+        self._nic = min(g.nic.rate_gbps for g in gpus) * GBPS
+
+    def free(self) -> int:
+        return self.run.placer.free()
+
+    def gpus(self, key: int) -> int:
+        return self.run.jobs[key].gpus
+
+    def _iteration(self, model: str, n: int) -> float:
+        """A job's iteration alone on the rack's commonest GPU model, its all-reduce at the NICs' rate."""
+        if (model, n) not in self._per:
+            run = self.run
+            c = models.cost(model, [self._common] * n, run.server_gpus, run.o.nvlink_gbps * GBPS, self._nic)
+            steps = 2 * (n - 1)
+            comm = steps * (c.gradient_bytes / n / (self._nic * run.o.net.efficiency) + run.o.net.step_latency_s)
+            self._per[model, n] = max(c.compute_s) + comm
+        return self._per[model, n]
+
+    def _length(self, key: int) -> float:
+        run, job = self.run, self.run.jobs[key]
+        if job.duration_s and not job.iterations:
+            return job.duration_s
+        r = run.results[key]
+        per = r.alone_iteration_s or self._iteration(job.model, job.gpus)
+        return run.iterations[key] * per
+
+    def estimate(self, key: int) -> float:
+        """Seconds left to run: a running ring's predicted end, else its length alone less the whole iterations
+        done before a preemption."""
+        run = self.run
+        if key in run.running and key not in run.replayed and key in run.inter.finish:
+            return max(0.0, run.inter.finish[key] - self.now)
+        length = self._length(key)
+        state = run.resume.get(key)
+        if state is not None and run.iterations[key]:
+            length *= max(0.0, 1 - state.done / run.iterations[key])
+        if key in run.pending:
+            return run.pending[key][1] - self.now + length
+        if key in run.replayed and key in run.running:
+            return max(0.0, run.results[key].start_s + run.jobs[key].duration_s - self.now)
+        return length
+
+    def attained(self, key: int) -> float:
+        run = self.run
+        since = run.since.get(key)
+        held = (self.now - since) * run.jobs[key].gpus if since is not None else 0.0
+        return run.served.get(key, 0.0) + held
+
+    def running(self) -> list[admission.Running]:
+        run = self.run
+        keys = sorted(run.running | set(run.pending) | run.moving)
+        return [admission.Running(k, run.jobs[k].gpus, self.now + self.estimate(k), self.attained(k),
+                                  k not in run.moving and k not in run.replayed) for k in keys]
+
+    def preempt(self, key: int) -> None:
+        self.run.preempt(self.now, key)
