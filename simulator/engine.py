@@ -225,18 +225,15 @@ class Run:
         self._sample_fragmentation(t)
 
     def _sample_fragmentation(self, t: float) -> None:
-        """The most free GPUs under one switch now, and all free GPUs: at every change of placement,
-        or every k-th on racks so large that counting every time would dominate the run."""
+        """The most free GPUs under one switch now, and all free GPUs: at every change of placement (every k-th
+        beyond 100,000 changes, to bound the series), from the occupancy's counts per switch."""
         occ = getattr(self.placer, "occ", None)
-        if occ is None or not hasattr(occ, "free_under"):
+        if occ is None or not hasattr(occ, "n_under"):
             return
         self._frag_calls = getattr(self, "_frag_calls", -1) + 1
-        if not hasattr(self, "_frag_every"):
-            cost = sum(len(m) for w in occ.free_under for m in w)
-            self._frag_every = max(1, -(-cost * 2 * len(self.jobs) // 20_000_000))
-        if self._frag_calls % self._frag_every:
+        if self._frag_calls % max(1, 2 * len(self.jobs) // 100_000):
             return
-        largest = max((sum(len(m) for g in w for m in g) for w in occ.free_under), default=0)
+        largest = int(occ.n_under.sum(axis=(1, 2)).max()) if occ.n_under.size else 0
         self.out.frag.append((t, largest, sum(occ.free_model)))
 
     def _place_queued(self, t: float) -> None:
