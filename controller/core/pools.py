@@ -96,7 +96,15 @@ class _Named:
 
     def best(self, occ: Occupancy, need: int, fixed: bool, used: list[int]) -> tuple[int, int, int] | None:
         """(fits, cost, switch) of the first switch that takes the most of `need`, then with the fewest changes."""
-        return _first_best(self, occ, need, fixed, used)
+        shape = occ.n_idle.shape
+        under, idle_under = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        for w, per in self.under.items():
+            for g, ids in per.items():
+                under[w, g] = len(ids)
+        for w, per in self.idle_under.items():
+            for g, k in per.items():
+                idle_under[w, g] = k
+        return _best(occ, need, fixed, used, under, idle_under, self.n_loose, self.n_wired)
 
     def rows(self, occ: Occupancy, w: int) -> list[tuple[int, int, int, int]]:
         under, idle_under = self.under.get(w, {}), self.idle_under.get(w, {})
@@ -143,35 +151,10 @@ class _Models:
         self.groups = [g for g in range(ng) if self.n_loose[g] or self.n_wired[g]]
 
     def best(self, occ: Occupancy, need: int, fixed: bool, used: list[int]) -> tuple[int, int, int] | None:
-        """`totals` and `_cost` for every switch at once: (fits, cost, switch) of the first switch that takes the
-        most of `need`, then with the fewest changes; None when none takes any. The same choice as weighing the
-        switches one by one in order."""
+        """(fits, cost, switch) of the first switch that takes the most of `need`, then with the fewest changes."""
         under = occ.n_under[:, :, self.models[0]] if len(self.models) == 1 else \
             occ.n_under[:, :, self.models].sum(axis=2)
-        stay = under.sum(axis=1)
-        k = need - stay
-        if fixed:
-            fits, cost = np.minimum(stay, need), np.zeros_like(stay)
-        else:
-            u = np.asarray(self.n_loose, dtype=np.int64)
-            c = np.asarray(self.n_wired, dtype=np.int64) - under
-            e, i = occ.n_empty, occ.n_idle - under
-            n = np.maximum(np.minimum(u + c, e + i), 0)
-            a = np.minimum(np.minimum(u, e), n)
-            b = np.maximum(n - np.maximum(u, e), 0)
-            n1, n3 = a.sum(axis=1), b.sum(axis=1)
-            n2 = n.sum(axis=1) - n1 - n3
-            kk = np.maximum(k, 0)
-            t1 = np.minimum(kk, n1)
-            t2 = np.minimum(kk - t1, n2)
-            t3 = np.minimum(kk - t1 - t2, n3)
-            fits = np.where(k <= 0, need, stay + t1 + t2 + t3)
-            cost = np.where(k <= 0, 0, t1 + 2 * t2 + 3 * t3)
-        if used:
-            fits[used] = 0
-        score = fits * (3 * need + 1) - cost
-        w = int(np.argmax(score))
-        return (int(fits[w]), int(cost[w]), w) if fits[w] > 0 else None
+        return _best(occ, need, fixed, used, under, under, self.n_loose, self.n_wired)
 
     def totals(self, occ: Occupancy, w: int, fixed: bool) -> tuple[int, int, int, int]:
         under, empty_w, idle_w = occ.free_under[w], occ.empty[w], occ.idle[w]
@@ -243,18 +226,36 @@ def _cost(k: int, stay: int, n1: int, n2: int, n3: int) -> tuple[int, int]:
     return stay + t1 + t2 + t3, t1 + 2 * t2 + 3 * t3
 
 
-def _first_best(pool, occ: Occupancy, need: int, fixed: bool, used: list[int]) -> tuple[int, int, int] | None:
-    """The switches weighed one by one, in order (a few named GPUs: cheap enough)."""
-    best = None
-    for w in range(len(occ.ix.switches)):
-        if w in used:
-            continue
-        fits, cost = _cost(need, *pool.totals(occ, w, fixed))
-        if fits and (best is None or fits > best[0] or (fits == best[0] and cost < best[1])):
-            best = (fits, cost, w)
-            if fits == need and cost == 0:
-                break  # nothing beats it
-    return best
+def _best(occ: Occupancy, need: int, fixed: bool, used: list[int], under, idle_under, n_loose, n_wired) \
+        -> tuple[int, int, int] | None:
+    """`totals` and `_cost` for every switch at once, from the pool's GPUs under each switch and group (`under`, the
+    idle ones `idle_under`) and its loose and wired GPUs per group: (fits, cost, switch) of the first switch that
+    takes the most of `need`, then with the fewest changes, as weighing them one by one in order would; None when
+    none takes any."""
+    stay = under.sum(axis=1)
+    k = need - stay
+    if fixed:
+        fits, cost = np.minimum(stay, need), np.zeros_like(stay)
+    else:
+        u = np.asarray(n_loose, dtype=np.int64)
+        c = np.asarray(n_wired, dtype=np.int64) - under
+        e, i = occ.n_empty, occ.n_idle - idle_under
+        n = np.maximum(np.minimum(u + c, e + i), 0)  # _split for every switch and group
+        a = np.minimum(np.minimum(u, e), n)
+        b = np.maximum(n - np.maximum(u, e), 0)
+        n1, n3 = a.sum(axis=1), b.sum(axis=1)
+        n2 = n.sum(axis=1) - n1 - n3
+        kk = np.maximum(k, 0)  # _cost for every switch
+        t1 = np.minimum(kk, n1)
+        t2 = np.minimum(kk - t1, n2)
+        t3 = np.minimum(kk - t1 - t2, n3)
+        fits = np.where(k <= 0, need, stay + t1 + t2 + t3)
+        cost = np.where(k <= 0, 0, t1 + 2 * t2 + 3 * t3)
+    if used:
+        fits[used] = 0
+    score = fits * (3 * need + 1) - cost  # most GPUs first, then fewest changes; argmax takes the first
+    w = int(np.argmax(score))
+    return (int(fits[w]), int(cost[w]), w) if fits[w] > 0 else None
 
 
 def _assign(occ: Occupancy, pool, w: int, k: int, original: dict[int, int]) -> list[int]:
