@@ -192,7 +192,15 @@ def add_parser(sub) -> None:
         help="controller time per reconfiguration besides switching (%(default)s; make bench measures it)",
     )
     out = p.add_argument_group("output")
-    out.add_argument("--out", type=Path, required=True, help="folder for summary.md, results.json, jobs.csv and plots")
+    out.add_argument(
+        "--out", type=Path, required=True, help="folder for summary.md, results.json, jobs.csv (see --detail) and plots"
+    )
+    out.add_argument(
+        "--detail",
+        action="store_true",
+        help=f"runs of more than {report.DETAIL_LIMIT:,} jobs: also write every job's row, gzipped (jobs.csv.gz); "
+        "smaller runs always keep them (jobs.csv, results.json)",
+    )
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     out.add_argument("--quiet", action="store_true", help="no progress bar")
     out.add_argument(
@@ -450,7 +458,7 @@ def main(args) -> int:
     extra = ""
     if args.case:
         extra = _against_emulation(args, record)
-    files = report.write(args.out, record, extra)
+    files = report.write(args.out, record, extra, study, args.detail)
     if not args.no_plots:
         from simulator import plots
 
