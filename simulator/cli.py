@@ -11,7 +11,7 @@ from pathlib import Path
 from controller.core import admission
 from controller.core.rack import RackError
 from profiles import WORKLOADS, compute_seconds
-from simulator import calibration, engine, models, racks, report, traces, workloads
+from simulator import calibration, engine, failures, models, racks, report, traces, workloads
 from simulator.interference import Limits
 from simulator.network import GBPS, SHARINGS
 from simulator.study import run_all
@@ -134,6 +134,31 @@ def add_parser(sub) -> None:
         "preemptive, Tiresias-like); a run other than fifo is named policy+scheduler, e.g. regroup+backfill "
         "(%(default)s)",
     )
+    fail = p.add_argument_group("server failures (simulator/failures.py)")
+    fail.add_argument(
+        "--failures",
+        default="none",
+        help="recoveries to compare, each run with every policy and scheduler: none (no failures), swap (spare GPUs "
+        "swapped in through the OCS, restart from the last checkpoint), checkpoint (restart from the last "
+        "checkpoint after the server's repair), scratch (restart from the first iteration); a run with failures is "
+        "named policy+recovery, e.g. regroup+swap (%(default)s)",
+    )
+    fail.add_argument(
+        "--server-mtbf-h",
+        type=float,
+        default=failures.MTBF_H,
+        help="mean hours between one server's failures (%(default).1f: Llama 3's 419 interruptions in 54 days on "
+        "2,048 servers of 8 GPUs)",
+    )
+    fail.add_argument("--repair-h", type=float, default=failures.REPAIR_H,
+                      help="hours a failed server is out (%(default)s; assumed)")
+    fail.add_argument("--swap-s", type=float, default=failures.SWAP_S,
+                      help="swap: seconds from the failure to the job iterating again (%(default)s: the bound of "
+                      "issue #25; no measured figure exists yet)")
+    fail.add_argument("--restart-s", type=float, default=failures.RESTART_S,
+                      help="checkpoint, scratch: seconds from being placed again to iterating (%(default)s; assumed)")
+    fail.add_argument("--checkpoint-s", type=float, default=failures.CHECKPOINT_S,
+                      help="seconds of running between a job's checkpoints (%(default)s; assumed)")
     pol.add_argument(
         "--baseline",
         help="the policy the others are compared with, in percent (default: the first of --policies)",
@@ -403,7 +428,19 @@ def main(args) -> int:
         if bad or not scheds:
             raise ValueError(
                 f"--schedulers: unknown {', '.join(bad) or '(none given)'} (known: {', '.join(admission.POLICIES)})")
-        chosen = [engine.with_scheduler(table[n], s) for n in names for s in scheds]
+        recoveries = [n.strip() for n in args.failures.split(",") if n.strip()]
+        bad = [n for n in recoveries if n != "none" and n not in failures.RECOVERIES]
+        if bad or not recoveries:
+            raise ValueError(f"--failures: unknown {', '.join(bad) or '(none given)'} "
+                             f"(known: none, {', '.join(failures.RECOVERIES)})")
+        fails = failures.Failures(
+            "swap", args.server_mtbf_h * 3600, args.repair_h * 3600, args.swap_s, args.restart_s, args.checkpoint_s,
+            args.seed)
+        fails.check()
+        if recoveries != ["none"] and (args.case or args.durations == "replayed"):
+            raise ValueError("--failures: not modelled with --case or --durations replayed (jobs off the network)")
+        chosen = [engine.with_recovery(engine.with_scheduler(table[n], s), f)
+                  for n in names for s in scheds for f in recoveries]
         runs = [c.name for c in chosen]
         if args.baseline is not None and args.baseline not in runs:
             raise ValueError(f"--baseline {args.baseline} is not one of the runs ({', '.join(runs)})")
@@ -426,6 +463,7 @@ def main(args) -> int:
         args.step_model,
         args.nvlink_gbps,
         args.durations,
+        fails if recoveries != ["none"] else None,
     )
     study = run_all(rack, jobs, chosen, options, quiet=args.quiet, workers=args.workers or None)
     meta = {
@@ -443,6 +481,8 @@ def main(args) -> int:
         "options": {
             "policies": names,
             "schedulers": scheds,
+            "failures": None if recoveries == ["none"] else {"recoveries": recoveries, **vars(fails),
+                                                             "description": fails.describe()},
             "defrag_interval_s": args.defrag_interval,
             "step_model": args.step_model,
             "interference": args.interference,
@@ -467,6 +507,8 @@ def main(args) -> int:
     if extra:
         print("\n" + extra)
     print("\n" + report.field_table(record))
+    if record["options"]["failures"]:
+        print("\n" + report.failure_table(record))
     if record.get("equal"):
         print("\n" + report.equal_text(record))
     if record.get("seeds"):

@@ -221,6 +221,10 @@ def summary(run: RunResult, gpus: int, wall_s: float) -> dict:
         "spread_jobs": sum(j.switches > 1 for j in jobs), "shared_jobs": sum(j.shared for j in jobs),
         "shifted_jobs": sum(j.shift_s > 0 for j in jobs), "failed_jobs": sum(bool(j.failed) for j in run.jobs),
         "interference": run.stats, "wall_s": wall_s,
+        "preemptions": sum(j.preemptions for j in jobs), "failures": run.failures,
+        "interruptions": sum(j.interruptions for j in run.jobs), "redone_iterations": sum(j.redone for j in run.jobs),
+        "lost_gpu_s": run.lost_gpu_s, "restart_gpu_s": run.restart_gpu_s,
+        "goodput": 1 - (run.lost_gpu_s + run.restart_gpu_s) / held if held else float("nan"),
     }
 
 

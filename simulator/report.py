@@ -114,6 +114,20 @@ def size_table(record: dict) -> str:
     return "\n".join(rows)
 
 
+def failure_table(record: dict) -> str:
+    """Per run: server failures, the jobs' interruptions, the work redone, and goodput (useful GPU-hours over
+    GPU-hours held)."""
+    rows = ["| run | server failures | interruptions | iterations redone | GPU-h lost | GPU-h restarting "
+            "| GPU-h held | goodput |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, p in record["policies"].items():
+        s = p["summary"]
+        held = s["gpu_held"] * s["makespan_s"] * record["rack"]["gpus"]
+        rows.append(f"| {name} | {s['failures']:,} | {s['interruptions']:,} | {s['redone_iterations']:,.0f} "
+                    f"| {s['lost_gpu_s'] / 3600:,.1f} | {s['restart_gpu_s'] / 3600:,.1f} | {held / 3600:,.0f} "
+                    f"| {100 * s['goodput']:.2f} % |")
+    return "\n".join(rows)
+
+
 def equal_text(record: dict) -> str:
     return "\n".join(f"- {a} and {b} gave every job the same completion time: {e['why']}."
                      for e in record.get("equal", []) for a, b in [e["policies"]])
@@ -195,6 +209,9 @@ def markdown(record: dict, extra: str = "") -> str:
         size_table(record),
         "",
     ]
+    if (record.get("options") or {}).get("failures"):
+        lines += ["## Server failures and goodput", "", record["options"]["failures"]["description"] + ".", "",
+                  failure_table(record), ""]
     if record.get("equal"):
         lines += ["## Where policies tie", "", equal_text(record), ""]
     if record.get("seeds"):
