@@ -212,6 +212,10 @@ class Run:
         self.down: dict[str, float] = {}  # servers being repaired, and when they are back
         self.requeued = 0  # jobs waiting for a repair before they queue again
         self.arrived = 0
+        self.stoppers: dict[str, list[int]] = {}  # job -> the jobs stopped when it ends
+        for i, j in self.jobs.items():
+            if j.stops_with:
+                self.stoppers.setdefault(j.stops_with, []).append(i)
         self.servers = {s.name: [g.name for g in s.gpus] for s in rack.spec.servers}
         self.clock = FailureClock(options.failures, sorted(self.servers)) if options.failures else None
 
@@ -496,8 +500,9 @@ class Run:
         self.placer.release(self.jobs[key].id)
         self.out.held.append((self.since.pop(key, r.placed_s), t, r.gpus))
         self.run_since.pop(key, None)
-        for k in sorted(k for k in self.running if self.jobs[k].stops_with == self.jobs[key].id):
-            self._finish(t, k, stopped=True)
+        for k in self.stoppers.get(self.jobs[key].id, ()):
+            if k in self.running:
+                self._finish(t, k, stopped=True)
         self._admit(t)
 
     # --- defragmentation -----------------------------------------------------------------
@@ -539,8 +544,18 @@ class Run:
 
     def _busy(self) -> list[tuple[float, float, float]]:
         """GPU-seconds of computing in each stretch a ring ran at one pace (every rank computes each iteration)."""
-        per_iteration = {key: sum(self._cost(key, r.placement).compute_s) if r.placement else 0.0
-                         for key, r in self.results.items()}
+        costs: dict[tuple, float] = {}  # by workload and its GPUs' models: few kinds among many jobs
+
+        def cost(key: int, r: JobResult) -> float:
+            if not r.placement:
+                return 0.0
+            kind = (self.jobs[key].model, tuple(sorted(self.rack.gpus[g].model for g in r.placement)),
+                    min(self.rack.gpus[g].nic.rate_gbps for g in r.placement))
+            if kind not in costs:
+                costs[kind] = sum(self._cost(key, r.placement).compute_s)
+            return costs[kind]
+
+        per_iteration = {key: cost(key, r) for key, r in self.results.items()}
         return [(t0, t1, iterations * per_iteration[key]) for key, t0, t1, iterations in self.inter.segments] \
             + self.replay_busy
 

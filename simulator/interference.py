@@ -199,9 +199,13 @@ class Interference:
 
     # --- components ------------------------------------------------------------------------
     def _connected(self, start: int, pool: set[int]) -> set[int]:
-        seen, todo = {start}, [start]
+        """The rings of `pool` joined to `start` through shared links (each link's users looked at once)."""
+        seen, todo, looked = {start}, [start], set()
         while todo:
             for link in self.rings[todo.pop()].links:
+                if link in looked:
+                    continue
+                looked.add(link)
                 for k in self.users.get(link, ()):
                     if k in pool and k not in seen:
                         seen.add(k)

@@ -10,6 +10,8 @@ for components too large to step through.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from simulator.rings import Ring
@@ -34,15 +36,12 @@ def mean_field(rings: list[Ring], capacity: list[float], latency: float, duty: d
     volume = np.array([r.steps * r.step_bytes for r in talking])
     waits = np.array([r.steps * latency for r in talking])
     own = np.array([1.0 / r.cap for r in talking])
-    ring_of, link_of, weight, inverse = [], [], [], []
-    for i, r in enumerate(talking):
-        for link, w in r.links.items():
-            ring_of.append(i)
-            link_of.append(link)
-            weight.append(float(w))
-            inverse.append(1.0 / capacity[link])
-    ring_of, weight, inverse = np.array(ring_of, dtype=np.int64), np.array(weight), np.array(inverse)
-    links, link_ix = np.unique(np.array(link_of, dtype=np.int64), return_inverse=True)
+    counts = [len(r.links) for r in talking]
+    ring_of = np.repeat(np.arange(len(talking)), counts)
+    link_of = np.fromiter(itertools.chain.from_iterable(r.links for r in talking), np.int64, len(ring_of))
+    weight = np.fromiter(itertools.chain.from_iterable(r.links.values() for r in talking), float, len(ring_of))
+    inverse = 1.0 / np.asarray(capacity, dtype=float)[link_of]
+    links, link_ix = np.unique(link_of, return_inverse=True)
     d = np.array([duty[k] for k in keys])
     period = compute.copy()
     for _ in range(ROUNDS):
