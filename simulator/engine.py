@@ -96,7 +96,7 @@ class Options:
         return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
 
 
-@dataclass
+@dataclass(slots=True)
 class JobResult:
     id: str
     gpus: int
@@ -143,7 +143,7 @@ class RunResult:
     policy: Policy
     jobs: list[JobResult]
     held: list[tuple[float, float, int]]  # from, to, GPUs held
-    busy: list[tuple[float, float, float]]  # from, to, GPU-seconds computed
+    busy: object  # (from, to, GPU-seconds computed) pieces: a list, or Busy
     reconfigurations: int = 0
     circuits_changed: int = 0
     dark_s: float = 0.0  # summed dark windows
@@ -517,7 +517,7 @@ class Run:
                 self.moving.add(key)
                 self.results[key].switches = len(p.switches)
                 self.push(begin, MOVE, key, (ready, self.gen.get(key, 0)))
-        if self.running or self.queue or any(kind == ARRIVE for _, kind, *_ in self.heap):
+        if self.running or self.queue or self.arrived < len(self.jobs):
             self.push(t + self.policy.defrag_s, DEFRAG)
 
     def _move(self, t: float, key: int, data: tuple[float, int]) -> None:
@@ -556,8 +556,24 @@ class Run:
             return costs[kind]
 
         per_iteration = {key: cost(key, r) for key, r in self.results.items()}
-        return [(t0, t1, iterations * per_iteration[key]) for key, t0, t1, iterations in self.inter.segments] \
-            + self.replay_busy
+        return Busy(self.inter.segments, per_iteration, self.replay_busy)
+
+
+class Busy:
+    """GPU-seconds computed, as (from, to, GPU-seconds) pieces: the rings' segments times their compute per
+    iteration, then the replayed jobs' pieces; iterated without building the list (large runs have millions)."""
+
+    def __init__(self, segments, per_iteration: dict[int, float], replayed: list[tuple[float, float, float]]):
+        self.segments, self.per_iteration, self.replayed = segments, per_iteration, replayed
+
+    def __iter__(self):
+        per = self.per_iteration
+        for key, t0, t1, iterations in self.segments:
+            yield t0, t1, iterations * per[key]
+        yield from self.replayed
+
+    def __len__(self) -> int:
+        return len(self.segments) + len(self.replayed)
 
 
 class _View:
