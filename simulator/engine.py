@@ -21,7 +21,7 @@ from simulator import models
 from simulator.adapter import Placer, Unplaceable
 from simulator.detail import RingState
 from simulator.failures import RECOVERIES, FailureClock, Failures, checkpointed
-from simulator.interference import Interference, Limits
+from simulator.interference import Busy, Interference, Limits
 from simulator.network import GBPS, Fabric, NetParams, ring_net
 from simulator.rings import Ring
 from simulator.timeshift import best_shift
@@ -542,38 +542,13 @@ class Run:
         self.running.add(key)
         self.inter.add(t, self._ring(key), self.iterations[key], state)
 
-    def _busy(self) -> list[tuple[float, float, float]]:
-        """GPU-seconds of computing in each stretch a ring ran at one pace (every rank computes each iteration)."""
-        costs: dict[tuple, float] = {}  # by workload and its GPUs' models: few kinds among many jobs
-
-        def cost(key: int, r: JobResult) -> float:
-            if not r.placement:
-                return 0.0
-            kind = (self.jobs[key].model, tuple(sorted(self.rack.gpus[g].model for g in r.placement)),
-                    min(self.rack.gpus[g].nic.rate_gbps for g in r.placement))
-            if kind not in costs:
-                costs[kind] = sum(self._cost(key, r.placement).compute_s)
-            return costs[kind]
-
-        per_iteration = {key: cost(key, r) for key, r in self.results.items()}
-        return Busy(self.inter.segments, per_iteration, self.replay_busy)
-
-
-class Busy:
-    """GPU-seconds computed, as (from, to, GPU-seconds) pieces: the rings' segments times their compute per
-    iteration, then the replayed jobs' pieces; iterated without building the list (large runs have millions)."""
-
-    def __init__(self, segments, per_iteration: dict[int, float], replayed: list[tuple[float, float, float]]):
-        self.segments, self.per_iteration, self.replayed = segments, per_iteration, replayed
-
-    def __iter__(self):
-        per = self.per_iteration
-        for key, t0, t1, iterations in self.segments:
-            yield t0, t1, iterations * per[key]
-        yield from self.replayed
-
-    def __len__(self) -> int:
-        return len(self.segments) + len(self.replayed)
+    def _busy(self) -> list | Busy:
+        """GPU-seconds of computing in each stretch the rings ran at one pace, and the replayed jobs'."""
+        busy = self.inter.busy
+        if self.replay_busy:
+            for row in self.replay_busy:
+                busy.add(*row)
+        return busy
 
 
 class _View:

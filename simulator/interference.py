@@ -84,25 +84,24 @@ def state_of(progress: float, ring: Ring, period: float, latency: float) -> Ring
     return RingState(2, max(latency - (into - transfer), 0.0), k, done)
 
 
-class Segments:
-    """(ring, from, to, iterations) rows kept in four typed arrays: millions of them on large runs (one per ring of a
-    component at every solve), at 32 bytes a row instead of a tuple's ~150."""
+class Busy:
+    """GPU-seconds computed, as (from, to, GPU-seconds) rows in typed arrays: one row per component each time it is
+    settled (its rings' iterations done since it was solved, times each ring's compute per iteration), 24 bytes a
+    row; iterated as tuples."""
 
     def __init__(self):
-        self.key, self.t0, self.t1, self.done = array("q"), array("d"), array("d"), array("d")
+        self.t0, self.t1, self.amount = array("d"), array("d"), array("d")
 
-    def append(self, row: tuple[int, float, float, float]) -> None:
-        k, a, b, d = row
-        self.key.append(k)
-        self.t0.append(a)
-        self.t1.append(b)
-        self.done.append(d)
+    def add(self, t0: float, t1: float, amount: float) -> None:
+        self.t0.append(t0)
+        self.t1.append(t1)
+        self.amount.append(amount)
 
     def __len__(self) -> int:
-        return len(self.key)
+        return len(self.t0)
 
     def __iter__(self):
-        return zip(self.key, self.t0, self.t1, self.done, strict=True)
+        return zip(self.t0, self.t1, self.amount, strict=True)
 
 
 class Interference:
@@ -118,7 +117,7 @@ class Interference:
         self.users: dict[int, set[int]] = {}  # link -> rings
         self.finish: dict[int, float] = {}
         self._heap: list[tuple[float, int]] = []
-        self.segments = Segments()  # ring, from, to, iterations done in between
+        self.busy = Busy()  # GPU-seconds computed between solves
         self.stats = {"alone": 0, "detail": 0, "mean": 0, "events": 0}
         self.shared: set[int] = set()  # rings that ever shared a link with another
         self.duty: dict[int, float] = {}  # the mean-field duty cycles of the last solve, to start the next from
@@ -235,10 +234,11 @@ class Interference:
         return seen
 
     def _settle(self, t: float, keys: set[int], progress: dict[int, float] | None = None) -> dict[int, RingState]:
-        """States of `keys` at `t`; what each did since its component was solved becomes a segment."""
+        """States of `keys` at `t`; what their components computed since they were solved is added to `busy`."""
         out: dict[int, RingState] = {}
         for comp in {id(self.comp[k]): self.comp[k] for k in keys}.values():
             replayed = self._replay(comp, t) if t < comp.horizon else None
+            computed = 0.0
             for k in comp.keys:
                 ring, f = self.rings[k], comp.fluid[k]
                 if replayed is not None:
@@ -251,7 +251,9 @@ class Interference:
                 if progress is not None:
                     progress[k] = p
                 if t > comp.t0:
-                    self.segments.append((k, comp.t0, t, max(0.0, p - comp.p0[k])))
+                    computed += max(0.0, p - comp.p0[k]) * ring.busy_s * ring.n  # every rank computes each iteration
+            if t > comp.t0:
+                self.busy.add(comp.t0, t, computed)
         return out
 
     def _mode(self, keys: list[int]) -> str:
