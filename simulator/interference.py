@@ -261,6 +261,8 @@ class Interference:
             return "alone"
         if self.force:
             return self.force
+        if len(keys) > self.limits.rings:
+            return "mean"
         per_round = sum(2 if self.rings[k].coarse else 2 * self.rings[k].steps + 1 for k in keys)
         small = len(keys) <= self.limits.rings and per_round <= self.limits.round_events
         return "detail" if small else "mean"

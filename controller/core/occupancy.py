@@ -95,8 +95,11 @@ class Occupancy:
         self.n_empty = np.array([[len(self.empty[w][g]) for g in range(ng)] for w in range(nw)], dtype=np.int64)
         self.n_empty.shape = (nw, ng)
         self.n_idle = np.zeros((nw, ng), dtype=np.int64)
+        self.n_loose = np.zeros((ng, nm), dtype=np.int64)  # sizes of free_loose
+        self.n_wired = np.zeros((ng, nm), dtype=np.int64)  # free_wired as an array
         for gi in range(len(ix.gpus)):
             self.free_loose[ix.gpu_group[gi]][ix.gpu_model[gi]].add(gi)
+            self.n_loose[ix.gpu_group[gi], ix.gpu_model[gi]] += 1
             self.free_model[ix.gpu_model[gi]] += 1
         self.jobs: dict[str, list[int]] = {}  # holder -> GPU ids
         self._journal: list | None = None
@@ -114,9 +117,11 @@ class Occupancy:
         if self.holder[gi] is None:
             m = ix.gpu_model[gi]
             self.free_loose[g][m].discard(gi)
+            self.n_loose[g, m] -= 1
             self.free_under[w][g][m].add(gi)
             self.n_under[w, g, m] += 1
             self.free_wired[g][m] += 1
+            self.n_wired[g, m] += 1
             self.idle[w][g].add(d)
             self.n_idle[w, g] += 1
         self._map = None
@@ -137,7 +142,9 @@ class Occupancy:
             self.free_under[w][g][m].discard(gi)
             self.n_under[w, g, m] -= 1
             self.free_loose[g][m].add(gi)
+            self.n_loose[g, m] += 1
             self.free_wired[g][m] -= 1
+            self.n_wired[g, m] -= 1
             self.idle[w][g].discard(d)
             self.n_idle[w, g] -= 1
         self._map = None
@@ -151,10 +158,12 @@ class Occupancy:
             self.free_under[w][g][m].discard(gi)
             self.n_under[w, g, m] -= 1
             self.free_wired[g][m] -= 1
+            self.n_wired[g, m] -= 1
             self.idle[w][g].discard(self.partner[ix.gpu_port[gi]])
             self.n_idle[w, g] -= 1
         else:
             self.free_loose[g][m].discard(gi)
+            self.n_loose[g, m] -= 1
         self.free_model[m] -= 1
         self.holder[gi] = job
         self.jobs.setdefault(job, []).append(gi)
@@ -174,10 +183,12 @@ class Occupancy:
             self.free_under[w][g][m].add(gi)
             self.n_under[w, g, m] += 1
             self.free_wired[g][m] += 1
+            self.n_wired[g, m] += 1
             self.idle[w][g].add(self.partner[ix.gpu_port[gi]])
             self.n_idle[w, g] += 1
         else:
             self.free_loose[g][m].add(gi)
+            self.n_loose[g, m] += 1
         self.free_model[m] += 1
         if self._journal is not None:
             self._journal.append((self._hold, gi, job))

@@ -145,10 +145,9 @@ class _Models:
 
     def __init__(self, occ: Occupancy, models: Sequence[int]):
         self.occ, self.models = occ, list(models)
-        ng = len(occ.ix.groups)
-        self.n_loose = [sum(len(occ.free_loose[g][m]) for m in self.models) for g in range(ng)]
-        self.n_wired = [sum(occ.free_wired[g][m] for m in self.models) for g in range(ng)]
-        self.groups = [g for g in range(ng) if self.n_loose[g] or self.n_wired[g]]
+        loose, wired = occ.n_loose[:, self.models].sum(axis=1), occ.n_wired[:, self.models].sum(axis=1)
+        self.n_loose, self.n_wired = loose.tolist(), wired.tolist()
+        self.groups = np.flatnonzero(loose + wired).tolist()
 
     def best(self, occ: Occupancy, need: int, fixed: bool, used: list[int]) -> tuple[int, int, int] | None:
         """(fits, cost, switch) of the first switch that takes the most of `need`, then with the fewest changes."""
