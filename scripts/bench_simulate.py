@@ -1,81 +1,148 @@
 #!/usr/bin/env python3
-"""Benchmark: `optirack simulate` at cluster scale, timed end to end (plots included), twice, with the
-second run's results compared to the first's (the same seed must give the same results).
+"""Benchmark: `optirack simulate` at cluster scale, timed end to end (plots included), with its peak memory, three
+runs by default, each run's results compared with the first's (the same seed must give the same results).
 
-Default: 4,096 GPUs, 2,000 synthetic jobs, seed 7, every policy (the README's large run).
+Default: 16,384 GPUs, 100,000 synthetic jobs, seed 1, the default policies (issue #26: within 10 min and 2 GB on this
+2-core machine). Memory: the peak, sampled every 0.2 s, of the summed resident set (RSS) of the command and every
+process it started (its policy workers), and of their summed proportional set (PSS: a page shared by k processes
+counts 1/k, so forked workers' shared pages are counted once); the 2 GB bound is checked on the RSS sum, the larger.
+Run it alone on the machine, under the rack lock: `flock /tmp/optirack-rack.lock python scripts/bench_simulate.py`.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+LIMIT_S, LIMIT_BYTES = 600.0, 2 * 1024**3
 
-def run(args, out: Path) -> float:
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
-        "simulate",
-        "--gpus",
-        str(args.gpus),
-        "--jobs",
-        str(args.jobs),
-        "--seed",
-        str(args.seed),
-        "--out",
-        str(out),
-        *args.extra,
-    ]
+
+def _tree(root: int) -> list[int]:
+    """`root` and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _memory(pids: list[int]) -> tuple[int, int]:
+    """Summed RSS and PSS in bytes (smaps_rollup)."""
+    rss = pss = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1]) * 1024
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return rss, pss
+
+
+def run(args, out: Path) -> dict:
+    cmd = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
+           "simulate", "--gpus", str(args.gpus), "--jobs", str(args.jobs), "--seed", str(args.seed), "--quiet",
+           "--out", str(out), *args.extra]
+    peak = [0, 0]
     t0 = time.monotonic()
-    subprocess.run(cmd, check=True)
-    return time.monotonic() - t0
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            rss, pss = _memory(_tree(proc.pid))
+            peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    rc = proc.wait()
+    seconds = time.monotonic() - t0
+    done.set()
+    sampler.join()
+    if rc:
+        raise SystemExit(f"bench_simulate: optirack simulate exited {rc}")
+    size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
+    return {"wall_s": seconds, "peak_rss_bytes": peak[0], "peak_pss_bytes": peak[1], "out_bytes": size}
 
 
-def jobs_of(out: Path) -> dict:
+def figures(out: Path) -> dict:
+    """What must be the same for the same seed: every policy's summary, less the wall times."""
     record = json.loads((out / "results.json").read_text())
-    return {name: p["jobs"] for name, p in record["policies"].items()}
+    return {name: {k: v for k, v in p["summary"].items() if k != "wall_s"} | {"cdf": p.get("cdf"),
+                                                                             "jobs": p.get("jobs")}
+            for name, p in record["policies"].items()}
+
+
+def _spread(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpus", type=int, default=4096)
-    ap.add_argument("--jobs", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--gpus", type=int, default=16384)
+    ap.add_argument("--jobs", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=3, help="runs, each compared with the first (%(default)s)")
     ap.add_argument("--out", type=Path, help="keep the first run's output here (default: a temporary folder)")
-    ap.add_argument("--once", action="store_true", help="one run, no determinism check")
     ap.add_argument("--json", type=Path, help="write the figures here")
     ap.add_argument("extra", nargs="*", help="more options for optirack simulate (after --)")
     args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    runs, same = [], True
     with tempfile.TemporaryDirectory() as tmp:
-        first = args.out or Path(tmp) / "first"
-        seconds = [run(args, first)]
+        first = args.out or Path(tmp) / "run1"
+        for i in range(args.runs):
+            out = first if i == 0 else Path(tmp) / f"run{i + 1}"
+            runs.append(run(args, out))
+            print(f"run {i + 1}: {runs[-1]['wall_s']:.1f} s, peak RSS {runs[-1]['peak_rss_bytes'] / 2**20:,.0f} MiB "
+                  f"(PSS {runs[-1]['peak_pss_bytes'] / 2**20:,.0f} MiB), {runs[-1]['out_bytes'] / 2**20:.1f} MiB "
+                  "written", file=sys.stderr)
+            if i:
+                same = same and figures(out) == figures(first)
         pngs = sorted(p.name for p in first.glob("*.png"))
-        same = None
-        if not args.once:
-            seconds.append(run(args, Path(tmp) / "second"))
-            same = jobs_of(first) == jobs_of(Path(tmp) / "second")
+        files = sorted(p.name for p in first.iterdir())
     row = {
-        "gpus": args.gpus,
-        "jobs": args.jobs,
-        "seed": args.seed,
-        "wall_s": seconds,
-        "plots": pngs,
-        "same_results": same,
+        "command": f"optirack simulate --gpus {args.gpus} --jobs {args.jobs} --seed {args.seed} "
+                   + " ".join(args.extra),
+        "gpus": args.gpus, "jobs": args.jobs, "seed": args.seed, "runs": runs,
+        "wall_s": _spread([r["wall_s"] for r in runs]),
+        "peak_rss_bytes": _spread([r["peak_rss_bytes"] for r in runs]),
+        "peak_pss_bytes": _spread([r["peak_pss_bytes"] for r in runs]),
+        "out_bytes": runs[0]["out_bytes"], "files": files, "plots": pngs,
+        "same_results": same if args.runs > 1 else None, "cpus": os.cpu_count(),
+        "within_limits": all(r["wall_s"] <= LIMIT_S and r["peak_rss_bytes"] <= LIMIT_BYTES for r in runs),
     }
-    print(
-        f"\n{args.gpus} GPUs, {args.jobs} jobs, seed {args.seed}: "
-        + ", ".join(f"{s:.1f} s" for s in seconds)
-        + f" end to end; plots: {', '.join(pngs) or 'none'}"
-        + ("" if same is None else f"; same results twice: {same}")
-    )
+    w, m = row["wall_s"], row["peak_rss_bytes"]
+    print(f"\n{args.gpus} GPUs, {args.jobs} jobs, seed {args.seed}, {args.runs} runs: "
+          f"{w['min']:.1f} / {w['median']:.1f} / {w['max']:.1f} s (min / median / max) end to end; "
+          f"peak RSS {m['min'] / 2**20:,.0f} / {m['median'] / 2**20:,.0f} / {m['max'] / 2**20:,.0f} MiB; "
+          f"{row['out_bytes'] / 2**20:.1f} MiB written; plots: {', '.join(pngs) or 'none'}"
+          + ("" if row["same_results"] is None else f"; same results every run: {same}")
+          + f"; within 10 min and 2 GB: {row['within_limits']}")
     if args.json:
         args.json.write_text(json.dumps(row, indent=1))
-    return 0 if same in (None, True) and pngs else 1
+    return 0 if row["same_results"] in (None, True) and (pngs or "--no-plots" in args.extra) else 1
 
 
 if __name__ == "__main__":

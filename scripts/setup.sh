@@ -127,13 +127,13 @@ step "virtualenv $VENV"
 # Debian's Mininet is installed for /usr/bin/python3, hence --system-site-packages.
 stamp=$(cat "$ROOT/setup.cfg" "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)
 if [ -f "$VENV/.optirack-stamp" ] && [ "$(cat "$VENV/.optirack-stamp")" = "$stamp" ] \
-   && "$VENV/bin/python" -c "import controller, mininet, ryu, torch" 2>/dev/null; then
+   && "$VENV/bin/python" -c "import controller, mininet, ryu, torch, distributed" 2>/dev/null; then
   ok "up to date"
 else
   [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$VENV" \
     || fail "cannot create the virtualenv"
   # torch==2.13.0 is the CPU build (see README); the worker uses a GPU only where one exists.
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation -e "$ROOT[worker,demo,dev]" \
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation -e "$ROOT[worker,demo,dev,sweep]" \
     >"$LOG_DIR/pip.log" 2>&1 || { tail -20 "$LOG_DIR/pip.log" >&2; fail "pip install failed (see $LOG_DIR/pip.log)"; }
   echo "$stamp" >"$VENV/.optirack-stamp"
   changed "installed optirack and its pinned dependencies"

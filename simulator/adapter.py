@@ -69,6 +69,11 @@ class OccupancyPlacer:
         self.gpus[job] = tuple(p.gpus)
         return Placement(tuple(p.gpus), tuple(p.switches), p.diff, p.note)
 
+    def hold(self, job: str, gpus: list[str]) -> None:
+        """Mark idle GPUs held by `job` (a failed server's, until its repair)."""
+        self.occ.hold(job, gpus)
+        self.gpus[job] = tuple(gpus)
+
     def release(self, job: str) -> None:
         """The job ended: its GPUs are free, its circuits stay."""
         self.occ.release(job)

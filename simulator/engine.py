@@ -7,6 +7,7 @@ is the controller's own; jobs that cannot be placed wait, first come first serve
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import statistics
 from collections import deque
@@ -18,13 +19,15 @@ from controller.core.circuits import CircuitDiff
 from controller.core.rack import Rack
 from simulator import models
 from simulator.adapter import Placer, Unplaceable
-from simulator.interference import Interference, Limits
+from simulator.detail import RingState
+from simulator.failures import RECOVERIES, FailureClock, Failures, checkpointed
+from simulator.interference import Busy, Interference, Limits
 from simulator.network import GBPS, Fabric, NetParams, ring_net
 from simulator.rings import Ring
 from simulator.timeshift import best_shift
 from simulator.workloads import JobSpec
 
-ARRIVE, START, MOVE, RESUME, DEFRAG, END = range(6)
+ARRIVE, START, MOVE, RESUME, DEFRAG, END, FAIL, REPAIR, REQUEUE = range(9)
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,36 @@ class Policy:
     timeshift: bool = False
     label: str = ""
     ideal: bool = False  # a non-blocking electrical fabric: only the NICs limit a ring (the upper bound)
+    scheduler: str = "fifo"  # the admission policy of controller.core.admission
+    recovery: str = ""  # with failures (Options.failures): swap | checkpoint | scratch; "" none
+
+
+def with_scheduler(policy: Policy, scheduler: str) -> Policy:
+    """The placement policy under another admission policy, named policy+scheduler (fifo keeps the plain name)."""
+    if scheduler == "fifo":
+        return policy
+    if scheduler not in admission.POLICIES:
+        raise ValueError(f"unknown scheduler {scheduler!r} (known: {', '.join(admission.POLICIES)})")
+    return replace(policy, name=f"{policy.name}+{scheduler}", scheduler=scheduler,
+                   label=f"{policy.label}; {SCHEDULER_LABELS[scheduler]}")
+
+
+def with_recovery(policy: Policy, recovery: str) -> Policy:
+    """The policy with server failures and this recovery (simulator/failures.py), named policy+recovery."""
+    if recovery == "none":
+        return policy
+    if recovery not in RECOVERIES:
+        raise ValueError(f"unknown recovery {recovery!r} (known: none, {', '.join(RECOVERIES)})")
+    return replace(policy, name=f"{policy.name}+{recovery}", recovery=recovery,
+                   label=f"{policy.label}; failures, {RECOVERIES[recovery]}")
+
+
+SCHEDULER_LABELS = {
+    "fifo": "first come first served",
+    "backfill": "EASY backfill",
+    "sjf": "shortest job first",
+    "las": "least attained service, preemptive",
+}
 
 
 def policies(defrag_s: float) -> dict[str, Policy]:
@@ -57,12 +90,13 @@ class Options:
     step_model: str = "auto"  # exact: every ring step an event; phase: whole all-reduces; auto: exact up to 64 GPUs
     nvlink_gbps: float = 0.0  # a server's GPUs as an NVLink domain at this rate per GPU (0: through their NICs)
     durations: str = "derived"  # jobs given by duration: "derived" iterations or "replayed" as is (workloads.py)
+    failures: Failures | None = None  # server failures and how jobs recover (simulator/failures.py); None: none
 
     def coarse(self, rack: Rack) -> bool:
         return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
 
 
-@dataclass
+@dataclass(slots=True)
 class JobResult:
     id: str
     gpus: int
@@ -86,6 +120,10 @@ class JobResult:
     done: float = 0.0  # iterations done (all of them, unless stopped)
     failed: str = ""  # why the controller gave up on it (it could never be placed)
     alone_run_s: float = 0.0  # a replayed job's recorded duration (else iterations x alone_iteration_s)
+    preemptions: int = 0  # times the scheduler stopped it to run another (las)
+    interruptions: int = 0  # times a server it held failed
+    redone: float = 0.0  # iterations lost at interruptions (done again)
+    suspended_s: float = 0.0  # time between a preemption and its restart
 
     @property
     def jct_s(self) -> float:
@@ -97,7 +135,7 @@ class JobResult:
 
     @property
     def mean_iteration_s(self) -> float:
-        return (self.end_s - self.start_s - self.stall_s) / self.done if self.done else float("nan")
+        return (self.end_s - self.start_s - self.stall_s - self.suspended_s) / self.done if self.done else float("nan")
 
 
 @dataclass
@@ -105,12 +143,15 @@ class RunResult:
     policy: Policy
     jobs: list[JobResult]
     held: list[tuple[float, float, int]]  # from, to, GPUs held
-    busy: list[tuple[float, float, float]]  # from, to, GPU-seconds computed
+    busy: object  # (from, to, GPU-seconds computed) pieces: a list, or Busy
     reconfigurations: int = 0
     circuits_changed: int = 0
     dark_s: float = 0.0  # summed dark windows
     stats: dict = field(default_factory=dict)
     frag: list[tuple[float, int, int]] = field(default_factory=list)  # time, most free GPUs under one switch, free
+    failures: int = 0  # server failures (while the server was up)
+    lost_gpu_s: float = 0.0  # GPU-seconds of work lost at interruptions
+    restart_gpu_s: float = 0.0  # GPU-seconds held while restarting after an interruption
 
 
 def dark_time(rack: Rack, diff: CircuitDiff) -> float:
@@ -130,6 +171,10 @@ class Run:
 
     def __init__(self, rack: Rack, jobs: list[JobSpec], policy: Policy, options: Options = Options(),
                  progress: Callable[[int], None] | None = None):
+        if policy.recovery:
+            options = replace(options, failures=replace(options.failures or Failures(), recovery=policy.recovery))
+        else:
+            options = replace(options, failures=None)
         self.rack, self.policy, self.o, self.progress = rack, policy, options, progress
         self.jobs = dict(enumerate(jobs))
         self.fabric = Fabric(rack)
@@ -154,6 +199,25 @@ class Run:
         self.iterations = {i: j.iterations for i, j in self.jobs.items()}  # derived at admission for durations
         self.replayed: set[int] = set()  # held for their recorded durations, off the simulated network
         self.replay_busy: list[tuple[float, float, float]] = []
+        self.view = _View(self) if policy.scheduler in admission.NEEDS_CLUSTER else None
+        self.since: dict[int, float] = {}  # when a job's current hold of GPUs began
+        self.served: dict[int, float] = {}  # GPU-seconds run before its current hold (preempted jobs)
+        self.resume: dict[int, RingState] = {}  # a preempted job's progress, to start from when placed again
+        self.suspended: dict[int, float] = {}  # when a preempted job was stopped
+        self.gen: dict[int, int] = {}  # times a job was stopped: events of an earlier placement are stale
+        self.stalled: dict[int, RingState] = {}  # a moving job's state while its circuits are dark
+        self.run_since: dict[int, tuple[float, float]] = {}  # when it last began iterating, and its progress then
+        self.delay: dict[int, tuple[float, float]] = {}  # a restarted job: iterate no earlier than, and after
+        self.restarting: set[int] = set()  # placed again after an interruption, not iterating yet
+        self.down: dict[str, float] = {}  # servers being repaired, and when they are back
+        self.requeued = 0  # jobs waiting for a repair before they queue again
+        self.arrived = 0
+        self.stoppers: dict[str, list[int]] = {}  # job -> the jobs stopped when it ends
+        for i, j in self.jobs.items():
+            if j.stops_with:
+                self.stoppers.setdefault(j.stops_with, []).append(i)
+        self.servers = {s.name: [g.name for g in s.gpus] for s in rack.spec.servers}
+        self.clock = FailureClock(options.failures, sorted(self.servers)) if options.failures else None
 
     def push(self, t: float, kind: int, key: int = -1, data: object = None) -> None:
         self.seq += 1
@@ -164,9 +228,12 @@ class Run:
             self.push(j.arrival_s, ARRIVE, i)
         if self.policy.defrag_s > 0:
             self.push(self.policy.defrag_s, DEFRAG)
+        if self.clock is not None:
+            self._next_failure(0.0)
         finished = 0
         handlers = {ARRIVE: self._arrive, START: self._start, MOVE: self._move, RESUME: self._resume,
-                    DEFRAG: self._defragment, END: lambda t, key, _: self._finish(t, key)}
+                    DEFRAG: self._defragment, END: lambda t, key, _: self._finish(t, key),
+                    FAIL: self._server_fails, REPAIR: self._repaired, REQUEUE: self._requeue}
         now = 0.0
         while True:
             if not self.heap or self.heap[0][0] > now:  # events of this instant first: their changes are solved once
@@ -189,6 +256,7 @@ class Run:
 
     # --- admission ---------------------------------------------------------------------
     def _arrive(self, t: float, key: int, _) -> None:
+        self.arrived += 1
         self.queue.append(key)
         self._admit(t)
 
@@ -197,23 +265,25 @@ class Run:
         self._sample_fragmentation(t)
 
     def _sample_fragmentation(self, t: float) -> None:
-        """The most free GPUs under one switch now, and all free GPUs: at every change of placement,
-        or every k-th on racks so large that counting every time would dominate the run."""
+        """The most free GPUs under one switch now, and all free GPUs: at every change of placement (every k-th
+        beyond 100,000 changes, to bound the series), from the occupancy's counts per switch."""
         occ = getattr(self.placer, "occ", None)
-        if occ is None or not hasattr(occ, "free_under"):
+        if occ is None or not hasattr(occ, "n_under"):
             return
         self._frag_calls = getattr(self, "_frag_calls", -1) + 1
-        if not hasattr(self, "_frag_every"):
-            cost = sum(len(m) for w in occ.free_under for m in w)
-            self._frag_every = max(1, -(-cost * 2 * len(self.jobs) // 20_000_000))
-        if self._frag_calls % self._frag_every:
+        if self._frag_calls % max(1, 2 * len(self.jobs) // 100_000):
             return
-        largest = max((sum(len(m) for g in w for m in g) for w in occ.free_under), default=0)
+        largest = int(occ.n_under.sum(axis=(1, 2)).max()) if occ.n_under.size else 0
         self.out.frag.append((t, largest, sum(occ.free_model)))
 
     def _place_queued(self, t: float) -> None:
-        """The controller's admission policy (controller.core.admission) over the simulated queue."""
-        admission.fifo(self.queue, lambda key: self._attempt(t, key))
+        """The run's admission policy (controller.core.admission, the controller's own code) over the simulated
+        queue."""
+        if self.view is not None:
+            self.view.now = t
+        drain = getattr(admission, self.policy.scheduler)  # looked up at each call, as the controller's is
+        args = (self.queue, lambda key: self._attempt(t, key)) + ((self.view,) if self.view is not None else ())
+        drain(*args)
 
     def _attempt(self, t: float, key: int) -> admission.Outcome:
         job = self.jobs[key]
@@ -224,17 +294,22 @@ class Run:
             self._fail(t, key, str(e))
             return admission.Outcome.REFUSED
         if p is None:
-            if self.running or self.pending or self.moving:
-                return admission.Outcome.WAIT  # it waits for GPUs to free up
+            if self.running or self.pending or self.moving or self.down:
+                return admission.Outcome.WAIT  # it waits for GPUs to free up (or a server's repair)
             # nothing holds a GPU: no end of a job will make room for it
             self._fail(t, key, "could not be placed on the rack with no other job on it")
             return admission.Outcome.REFUSED
         ready = self._reconfigure(t, p.diff)
         r = self.results[key]
-        r.placed_s, r.placement, r.switches = t, p.gpus, len(p.switches)
+        again = key in self.resume
+        if not again:
+            r.placed_s = t
+        r.placement, r.switches = p.gpus, len(p.switches)
+        self.since[key] = t
         ring = self._ring(key)
-        r.alone_iteration_s = self.inter.period_alone(ring)
-        if job.duration_s and not job.iterations:
+        if not again:
+            r.alone_iteration_s = self.inter.period_alone(ring)
+        if job.duration_s and not job.iterations and not again:
             if self.o.durations == "replayed":
                 self.replayed.add(key)
                 r.alone_run_s = job.duration_s
@@ -243,8 +318,12 @@ class Run:
         # held shares leave idle whatever a computing ring does not use: interleaving gains nothing
         if self.policy.timeshift and ring.links and self.o.net.sharing == "maxmin" and key not in self.replayed:
             r.shift_s, r.score_before, r.score_after = self._shift(ready, ring)
+        if key in self.delay:  # restarted after an interruption
+            earliest, after = self.delay.pop(key)
+            ready = max(ready, earliest) + after
+            self.restarting.add(key)
         self.pending[key] = (ring, ready + r.shift_s)
-        self.push(ready + r.shift_s, START, key)
+        self.push(ready + r.shift_s, START, key, self.gen.get(key, 0))
         return admission.Outcome.PLACED
 
     def _fail(self, t: float, key: int, reason: str) -> None:
@@ -292,16 +371,125 @@ class Run:
             return 0.0, 0.0, 0.0
         return best_shift(ring, self.inter.period_alone(ring), peers, self.inter.capacity)
 
-    def _start(self, t: float, key: int, _) -> None:
-        self.pending.pop(key, None)
-        self.results[key].start_s = t
+    def _start(self, t: float, key: int, gen: int) -> None:
+        if key not in self.pending or gen != self.gen.get(key, 0):  # stopped before its circuits were ready
+            return
+        self.pending.pop(key)
+        r = self.results[key]
+        if key in self.restarting:
+            self.restarting.discard(key)
+            self.out.restart_gpu_s += (t - self.since[key]) * r.gpus
+        if r.start_s < 0:
+            r.start_s = t
         self.running.add(key)
         if key in self.replayed:
             duration = self.jobs[key].duration_s
             self.push(t + duration, END, key)
             self.replay_busy.append((t, t + duration, duration * self.jobs[key].gpus))
             return
+        state = self.resume.pop(key, None)
+        if state is not None:
+            r.suspended_s += t - self.suspended.pop(key)
+            ring = self._ring(key)
+            state = RingState(remaining=ring.compute_s, done=state.done)  # from its last whole iteration
+            self.run_since[key] = (t, float(state.done))
+            self.inter.add(t, ring, self.iterations[key], state)
+            return
+        self.run_since[key] = (t, 0.0)
         self.inter.add(t, self._ring(key), self.iterations[key])
+
+    def _stop(self, t: float, key: int) -> float:
+        """Take a job off its GPUs wherever it is (placed, iterating, or stalled in a move); return its progress."""
+        r = self.results[key]
+        if key in self.pending:  # placed, circuits not ready: it did not iterate this time
+            self.pending.pop(key)
+            state = self.resume.get(key)
+            progress = float(state.done) if state else 0.0
+        elif key in self.running:
+            _, progress = self.inter.remove(t, key)
+            self.running.discard(key)
+        else:  # stalled in a move
+            progress = float(self.stalled.pop(key).done)
+        self.moving.discard(key)
+        self.restarting.discard(key)
+        self.gen[key] = self.gen.get(key, 0) + 1
+        began = self.since.pop(key)
+        self.served[key] = self.served.get(key, 0.0) + (t - began) * r.gpus
+        self.out.held.append((began, t, r.gpus))
+        self.placer.release(self.jobs[key].id)
+        self.suspended.setdefault(key, t)
+        return progress
+
+    def preempt(self, t: float, key: int) -> None:
+        """Stop a job the scheduler preempts: its GPUs are freed, its whole iterations kept; it waits again, in the
+        queue at its place by arrival."""
+        progress = self._stop(t, key)
+        self.resume[key] = RingState(done=int(progress + 1e-9))
+        self.results[key].preemptions += 1
+        bisect.insort(self.queue, key)
+
+    # --- failures ------------------------------------------------------------------------
+    def _next_failure(self, t: float) -> None:
+        when, server = self.clock.next(t)
+        if when < float("inf"):
+            self.push(when, FAIL, -1, server)
+
+    def _work_left(self) -> bool:
+        return bool(self.arrived < len(self.jobs) or self.running or self.pending or self.moving or self.queue
+                    or self.requeued)
+
+    def _server_fails(self, t: float, _, server: str) -> None:
+        """A server fails: every job holding one of its GPUs is interrupted, and its GPUs are out until repaired."""
+        if self._work_left():
+            self._next_failure(t)
+        if server in self.down:
+            return
+        self.out.failures += 1
+        occ = self.placer.occ
+        holders = {occ.holder[occ.ix.gpu_id[g]] for g in self.servers[server]} - {None}
+        for key in sorted(self.key_of[j] for j in holders):
+            self._interrupt(t, key)
+        f = self.o.failures
+        self.down[server] = t + f.repair_s
+        self.placer.hold(f"down:{server}", self.servers[server])
+        self.push(t + f.repair_s, REPAIR, -1, server)
+        self._admit(t)
+
+    def _interrupt(self, t: float, key: int) -> None:
+        f, r = self.o.failures, self.results[key]
+        was_running = key in self.running or key in self.moving
+        progress = self._stop(t, key)
+        since_t, since_p = self.run_since.pop(key, (t, progress))
+        if f.recovery == "scratch":
+            keep = 0.0
+        else:
+            keep = checkpointed(progress, since_p, since_t, t, f.checkpoint_s) if was_running else progress
+        lost = max(0.0, progress - keep)
+        if lost and progress > since_p:  # the lost iterations at the pace of this run
+            self.out.lost_gpu_s += lost * (t - since_t) / (progress - since_p) * r.gpus
+        r.interruptions += 1
+        r.redone += lost
+        self.resume[key] = RingState(done=int(keep))
+        if f.recovery == "swap":
+            self.delay[key] = (t + f.swap_s, 0.0)
+            self.queue.appendleft(key)
+        elif f.recovery == "scratch":
+            self.delay[key] = (0.0, f.restart_s)
+            self.queue.appendleft(key)
+        else:  # after the repair
+            self.delay[key] = (0.0, f.restart_s)
+            self.requeued += 1
+            self.push(t + f.repair_s, REQUEUE, key)
+
+    def _repaired(self, t: float, _, server: str) -> None:
+        del self.down[server]
+        self.placer.release(f"down:{server}")
+        self._admit(t)
+
+    def _requeue(self, t: float, key: int, _) -> None:
+        self.requeued -= 1
+        self.queue.appendleft(key)
+        self._admit(t)
 
     def _finish(self, t: float, key: int, stopped: bool = False) -> None:
         done = 0.0 if key in self.replayed else self.inter.remove(t, key)[1]
@@ -310,9 +498,11 @@ class Run:
         r.done = done if stopped else float(r.iterations)
         self.running.discard(key)
         self.placer.release(self.jobs[key].id)
-        self.out.held.append((r.placed_s, t, r.gpus))
-        for k in sorted(k for k in self.running if self.jobs[k].stops_with == self.jobs[key].id):
-            self._finish(t, k, stopped=True)
+        self.out.held.append((self.since.pop(key, r.placed_s), t, r.gpus))
+        self.run_since.pop(key, None)
+        for k in self.stoppers.get(self.jobs[key].id, ()):
+            if k in self.running:
+                self._finish(t, k, stopped=True)
         self._admit(t)
 
     # --- defragmentation -----------------------------------------------------------------
@@ -326,29 +516,103 @@ class Run:
                 key = self.key_of[job]
                 self.moving.add(key)
                 self.results[key].switches = len(p.switches)
-                self.push(begin, MOVE, key, ready)
-        if self.running or self.queue or any(kind == ARRIVE for _, kind, *_ in self.heap):
+                self.push(begin, MOVE, key, (ready, self.gen.get(key, 0)))
+        if self.running or self.queue or self.arrived < len(self.jobs):
             self.push(t + self.policy.defrag_s, DEFRAG)
 
-    def _move(self, t: float, key: int, ready: float) -> None:
+    def _move(self, t: float, key: int, data: tuple[float, int]) -> None:
         """A moved job's circuits go dark: it stalls until `ready`, then goes on where it was."""
-        if key not in self.running:  # it ended before its turn came
-            self.moving.discard(key)
+        ready, gen = data
+        if key not in self.running or gen != self.gen.get(key, 0):  # it ended (or was stopped) before its turn
+            if gen == self.gen.get(key, 0):
+                self.moving.discard(key)
             return
         state, _ = self.inter.remove(t, key)
         self.running.discard(key)
         r = self.results[key]
         r.moves, r.stall_s = r.moves + 1, r.stall_s + (ready - t)
-        self.push(ready, RESUME, key, state)
+        self.stalled[key] = state
+        self.push(ready, RESUME, key, gen)
 
-    def _resume(self, t: float, key: int, state) -> None:
+    def _resume(self, t: float, key: int, gen: int) -> None:
+        if gen != self.gen.get(key, 0) or key not in self.stalled:  # interrupted while it stalled
+            return
+        state = self.stalled.pop(key)
         self.moving.discard(key)
         self.running.add(key)
         self.inter.add(t, self._ring(key), self.iterations[key], state)
 
-    def _busy(self) -> list[tuple[float, float, float]]:
-        """GPU-seconds of computing in each stretch a ring ran at one pace (every rank computes each iteration)."""
-        per_iteration = {key: sum(self._cost(key, r.placement).compute_s) if r.placement else 0.0
-                         for key, r in self.results.items()}
-        return [(t0, t1, iterations * per_iteration[key]) for key, t0, t1, iterations in self.inter.segments] \
-            + self.replay_busy
+    def _busy(self) -> list | Busy:
+        """GPU-seconds of computing in each stretch the rings ran at one pace, and the replayed jobs'."""
+        busy = self.inter.busy
+        if self.replay_busy:
+            for row in self.replay_busy:
+                busy.add(*row)
+        return busy
+
+
+class _View:
+    """The simulated cluster as the admission policies see it (controller.core.admission.Cluster)."""
+
+    def __init__(self, run: Run):
+        self.run, self.now = run, 0.0
+        self._per: dict[tuple[str, int], float] = {}
+        gpus = list(run.rack.gpus.values())
+        names = [g.model for g in gpus]
+        self._common = max(sorted(set(names)), key=names.count)
+        self._nic = min(g.nic.rate_gbps for g in gpus) * GBPS
+
+    def free(self) -> int:
+        return self.run.placer.free()
+
+    def gpus(self, key: int) -> int:
+        return self.run.jobs[key].gpus
+
+    def _iteration(self, model: str, n: int) -> float:
+        """A job's iteration alone on the rack's commonest GPU model, its all-reduce at the NICs' rate."""
+        if (model, n) not in self._per:
+            run = self.run
+            c = models.cost(model, [self._common] * n, run.server_gpus, run.o.nvlink_gbps * GBPS, self._nic)
+            steps = 2 * (n - 1)
+            comm = steps * (c.gradient_bytes / n / (self._nic * run.o.net.efficiency) + run.o.net.step_latency_s)
+            self._per[model, n] = max(c.compute_s) + comm
+        return self._per[model, n]
+
+    def _length(self, key: int) -> float:
+        run, job = self.run, self.run.jobs[key]
+        if job.duration_s and not job.iterations:
+            return job.duration_s
+        r = run.results[key]
+        per = r.alone_iteration_s or self._iteration(job.model, job.gpus)
+        return run.iterations[key] * per
+
+    def estimate(self, key: int) -> float:
+        """Seconds left to run: a running ring's predicted end, else its length alone less the whole iterations
+        done before a preemption."""
+        run = self.run
+        if key in run.running and key not in run.replayed and key in run.inter.finish:
+            return max(0.0, run.inter.finish[key] - self.now)
+        length = self._length(key)
+        state = run.resume.get(key)
+        if state is not None and run.iterations[key]:
+            length *= max(0.0, 1 - state.done / run.iterations[key])
+        if key in run.pending:
+            return run.pending[key][1] - self.now + length
+        if key in run.replayed and key in run.running:
+            return max(0.0, run.results[key].start_s + run.jobs[key].duration_s - self.now)
+        return length
+
+    def attained(self, key: int) -> float:
+        run = self.run
+        since = run.since.get(key)
+        held = (self.now - since) * run.jobs[key].gpus if since is not None else 0.0
+        return run.served.get(key, 0.0) + held
+
+    def running(self) -> list[admission.Running]:
+        run = self.run
+        keys = sorted(run.running | set(run.pending) | run.moving)
+        return [admission.Running(k, run.jobs[k].gpus, self.now + self.estimate(k), self.attained(k),
+                                  k not in run.moving and k not in run.replayed) for k in keys]
+
+    def preempt(self, key: int) -> None:
+        self.run.preempt(self.now, key)

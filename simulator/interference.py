@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from dataclasses import dataclass, field
 
 from simulator.detail import COMPUTE, TRANSFER, Detail, RingState
@@ -83,6 +84,26 @@ def state_of(progress: float, ring: Ring, period: float, latency: float) -> Ring
     return RingState(2, max(latency - (into - transfer), 0.0), k, done)
 
 
+class Busy:
+    """GPU-seconds computed, as (from, to, GPU-seconds) rows in typed arrays: one row per component each time it is
+    settled (its rings' iterations done since it was solved, times each ring's compute per iteration), 24 bytes a
+    row; iterated as tuples."""
+
+    def __init__(self):
+        self.t0, self.t1, self.amount = array("d"), array("d"), array("d")
+
+    def add(self, t0: float, t1: float, amount: float) -> None:
+        self.t0.append(t0)
+        self.t1.append(t1)
+        self.amount.append(amount)
+
+    def __len__(self) -> int:
+        return len(self.t0)
+
+    def __iter__(self):
+        return zip(self.t0, self.t1, self.amount, strict=True)
+
+
 class Interference:
     """Rings on the fabric: add and remove them at times that never go back; ask when they finish."""
 
@@ -96,7 +117,7 @@ class Interference:
         self.users: dict[int, set[int]] = {}  # link -> rings
         self.finish: dict[int, float] = {}
         self._heap: list[tuple[float, int]] = []
-        self.segments: list[tuple[int, float, float, float]] = []  # ring, from, to, iterations done in between
+        self.busy = Busy()  # GPU-seconds computed between solves
         self.stats = {"alone": 0, "detail": 0, "mean": 0, "events": 0}
         self.shared: set[int] = set()  # rings that ever shared a link with another
         self.duty: dict[int, float] = {}  # the mean-field duty cycles of the last solve, to start the next from
@@ -199,9 +220,13 @@ class Interference:
 
     # --- components ------------------------------------------------------------------------
     def _connected(self, start: int, pool: set[int]) -> set[int]:
-        seen, todo = {start}, [start]
+        """The rings of `pool` joined to `start` through shared links (each link's users looked at once)."""
+        seen, todo, looked = {start}, [start], set()
         while todo:
             for link in self.rings[todo.pop()].links:
+                if link in looked:
+                    continue
+                looked.add(link)
                 for k in self.users.get(link, ()):
                     if k in pool and k not in seen:
                         seen.add(k)
@@ -209,10 +234,11 @@ class Interference:
         return seen
 
     def _settle(self, t: float, keys: set[int], progress: dict[int, float] | None = None) -> dict[int, RingState]:
-        """States of `keys` at `t`; what each did since its component was solved becomes a segment."""
+        """States of `keys` at `t`; what their components computed since they were solved is added to `busy`."""
         out: dict[int, RingState] = {}
         for comp in {id(self.comp[k]): self.comp[k] for k in keys}.values():
             replayed = self._replay(comp, t) if t < comp.horizon else None
+            computed = 0.0
             for k in comp.keys:
                 ring, f = self.rings[k], comp.fluid[k]
                 if replayed is not None:
@@ -225,7 +251,9 @@ class Interference:
                 if progress is not None:
                     progress[k] = p
                 if t > comp.t0:
-                    self.segments.append((k, comp.t0, t, max(0.0, p - comp.p0[k])))
+                    computed += max(0.0, p - comp.p0[k]) * ring.busy_s * ring.n  # every rank computes each iteration
+            if t > comp.t0:
+                self.busy.add(comp.t0, t, computed)
         return out
 
     def _mode(self, keys: list[int]) -> str:
@@ -233,6 +261,8 @@ class Interference:
             return "alone"
         if self.force:
             return self.force
+        if len(keys) > self.limits.rings:
+            return "mean"
         per_round = sum(2 if self.rings[k].coarse else 2 * self.rings[k].steps + 1 for k in keys)
         small = len(keys) <= self.limits.rings and per_round <= self.limits.round_events
         return "detail" if small else "mean"
@@ -250,7 +280,8 @@ class Interference:
             periods = {k: self.period_alone(self.rings[k]) for k in keys}
         p0 = {k: states[k].done + min(elapsed_of(states[k], self.rings[k], periods[k], self.latency) / periods[k],
                                       ALMOST_ONE) for k in keys}
-        comp = _Comp(keys, mode, t, {k: states[k].copy() for k in keys}, p0)
+        start = {k: states[k].copy() for k in keys} if mode == "detail" else {}  # only stepping through reads them
+        comp = _Comp(keys, mode, t, start, p0)
         comp.fluid = {k: _Fluid(t, p0[k], periods[k]) for k in keys}
         for k in keys:
             self.comp[k] = comp
@@ -264,6 +295,9 @@ class Interference:
             when = f.t + max(0.0, self.targets[k] - f.done) * f.period
             self.finish[k] = when
             heapq.heappush(self._heap, (when, k))
+        if len(self._heap) > 4 * len(self.finish) + 64:  # mostly stale predictions: keep only the current ones
+            self._heap = [(when, k) for k, when in self.finish.items()]
+            heapq.heapify(self._heap)
 
     def _detail(self, comp: _Comp) -> Detail:
         return Detail([self.rings[k] for k in comp.keys], self.capacity, self.latency,

@@ -26,16 +26,17 @@ def max_min(
                 users[link] = set()
             users[link].add(j)
     active = set(caps)
+    weight = {link: sum(uses[j][link] for j in js if j in active) for link, js in users.items()}  # active flows
     while active:
         level, tight = min(((caps[j], None) for j in active), key=lambda x: x[0])
-        for link, js in users.items():
-            weight = sum(uses[j][link] for j in js if j in active)
-            if weight and remaining[link] / weight < level:
-                level, tight = remaining[link] / weight, link
+        for link, w in weight.items():
+            if w and remaining[link] / w < level:
+                level, tight = remaining[link] / w, link
         frozen = {j for j in active if caps[j] <= level} if tight is None else {j for j in users[tight] if j in active}
         for j in frozen:
             rates[j] = level
             for link, w in uses.get(j, {}).items():
                 remaining[link] = max(0.0, remaining[link] - w * level)
+                weight[link] -= w
         active -= frozen
     return rates

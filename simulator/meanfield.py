@@ -10,6 +10,10 @@ for components too large to step through.
 """
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
+
 from simulator.rings import Ring
 
 TOLERANCE = 1e-4  # relative change of every iteration time between two rounds
@@ -18,31 +22,41 @@ ROUNDS = 100
 
 def mean_field(rings: list[Ring], capacity: list[float], latency: float, duty: dict[int, float] | None = None) \
         -> tuple[dict[int, float], dict[int, float]]:
-    """(ring key -> expected iteration time, ring key -> duty cycle); `duty`: a starting guess."""
+    """(ring key -> expected iteration time, ring key -> duty cycle); `duty`: a starting guess.
+
+    Each round is a Jacobi step (every ring's new duty cycle from the loads of the round before), computed for all
+    rings at once over their (ring, link) pairs; the sums run in the same order as a ring-by-ring loop would."""
     duty = {r.key: (duty or {}).get(r.key, 0.0) for r in rings}
-    talking = [(r.key, r.compute_s, r.steps * r.step_bytes, r.steps * latency, 1.0 / r.cap,
-                [(link, w, 1.0 / capacity[link]) for link, w in r.links.items()]) for r in rings if r.steps]
     periods = {r.key: r.compute_s for r in rings}
+    talking = [r for r in rings if r.steps]
+    if not talking:
+        return periods, duty
+    keys = [r.key for r in talking]
+    compute = np.array([r.compute_s for r in talking])
+    volume = np.array([r.steps * r.step_bytes for r in talking])
+    waits = np.array([r.steps * latency for r in talking])
+    own = np.array([1.0 / r.cap for r in talking])
+    counts = [len(r.links) for r in talking]
+    ring_of = np.repeat(np.arange(len(talking)), counts)
+    link_of = np.fromiter(itertools.chain.from_iterable(r.links for r in talking), np.int64, len(ring_of))
+    weight = np.fromiter(itertools.chain.from_iterable(r.links.values() for r in talking), float, len(ring_of))
+    inverse = 1.0 / np.asarray(capacity, dtype=float)[link_of]
+    links, link_ix = np.unique(link_of, return_inverse=True)
+    d = np.array([duty[k] for k in keys])
+    period = compute.copy()
     for _ in range(ROUNDS):
-        load: dict[int, float] = {}
-        for key, _, _, _, _, links in talking:
-            d = duty[key]
-            for link, w, _ in links:
-                load[link] = load.get(link, 0.0) + w * d
-        worst = 0.0
-        for key, compute, volume, waits, per_byte, links in talking:
-            d = duty[key]
-            for link, w, inverse in links:
-                share = (w + load[link] - w * d) * inverse
-                if share > per_byte:
-                    per_byte = share
-            transfer = volume * per_byte
-            period = compute + transfer + waits
-            change = abs(period - periods[key]) / period
-            if change > worst:
-                worst = change
-            periods[key] = period
-            duty[key] = 0.5 * d + 0.5 * transfer / period  # damped
+        wd = weight * d[ring_of]
+        load = np.bincount(link_ix, weights=wd, minlength=len(links))
+        share = (weight + load[link_ix] - wd) * inverse
+        per_byte = own.copy()
+        np.maximum.at(per_byte, ring_of, share)
+        transfer = volume * per_byte
+        new = compute + transfer + waits
+        worst = float(np.max(np.abs(new - period) / new))
+        period = new
+        d = 0.5 * d + 0.5 * transfer / new  # damped
         if worst < TOLERANCE:
             break
+    periods.update(zip(keys, period.tolist(), strict=True))
+    duty.update(zip(keys, d.tolist(), strict=True))
     return periods, duty

@@ -92,6 +92,14 @@ def by_size(jobs: list[JobResult]) -> dict[str, dict]:
     return out
 
 
+def quantiles(values: list[float], points: int) -> list[float]:
+    """`points` + 1 values at q = 0, 1/points, ..., 1 of `values` (a CDF drawn from a few hundred numbers)."""
+    values = sorted(values)
+    if not values:
+        return []
+    return [values[min(len(values) - 1, round(i * (len(values) - 1) / points))] for i in range(points + 1)]
+
+
 def fragmentation(run: RunResult, switch_ports: int) -> dict:
     """Over time: the largest job one switch could take without rewiring (its free GPUs), and all free GPUs."""
     if not run.frag:
@@ -110,8 +118,9 @@ def fragmentation(run: RunResult, switch_ports: int) -> dict:
             weight += dt
     mean_largest = sum((t[i + 1] - t[i]) * largest[i] for i in range(len(t) - 1)) / (t[-1] - t[0]) \
         if t[-1] > t[0] else float("nan")
-    return {"t_s": t, "largest_one_switch": largest, "free": free, "mean_largest": mean_largest,
-            "mean_reachable": share / weight if weight else float("nan")}
+    step = max(1, len(t) // 1000)  # the series as recorded: at most about a thousand points (the means use all)
+    return {"t_s": t[::step], "largest_one_switch": largest[::step], "free": free[::step],
+            "mean_largest": mean_largest, "mean_reachable": share / weight if weight else float("nan")}
 
 
 def percent_change(value: float, base: float) -> float:
@@ -212,6 +221,10 @@ def summary(run: RunResult, gpus: int, wall_s: float) -> dict:
         "spread_jobs": sum(j.switches > 1 for j in jobs), "shared_jobs": sum(j.shared for j in jobs),
         "shifted_jobs": sum(j.shift_s > 0 for j in jobs), "failed_jobs": sum(bool(j.failed) for j in run.jobs),
         "interference": run.stats, "wall_s": wall_s,
+        "preemptions": sum(j.preemptions for j in jobs), "failures": run.failures,
+        "interruptions": sum(j.interruptions for j in run.jobs), "redone_iterations": sum(j.redone for j in run.jobs),
+        "lost_gpu_s": run.lost_gpu_s, "restart_gpu_s": run.restart_gpu_s,
+        "goodput": 1 - (run.lost_gpu_s + run.restart_gpu_s) / held if held else float("nan"),
     }
 
 

@@ -41,16 +41,17 @@ def _plt():
 
 def _cdf(ax, record: dict, key: str, xlabel: str) -> None:
     base = record.get("baseline")
-    for names, values in _groups(record, lambda p: sorted(max(row[key], 0.0) for row in p["jobs"]
-                                                          if not row.get("failed"))):
+    for names, values in _groups(record, lambda p: _values(p, key)):
         if not values:
             continue
-        ys = [(i + 1) / len(values) for i in range(len(values))]
-        mean = sum(values) / len(values)
+        if "jobs" in record["policies"][names[0]]:
+            ys = [(i + 1) / len(values) for i in range(len(values))]
+        else:  # quantiles at 0, 1/n, ..., 1
+            ys = [i / (len(values) - 1) if len(values) > 1 else 1.0 for i in range(len(values))]
+        mean = record["policies"][names[0]]["summary"][key]["mean"]
         vs = ""
         if base and base not in names:
-            b = [max(r[key], 0.0) for r in record["policies"][base]["jobs"] if not r.get("failed")]
-            bm = sum(b) / len(b) if b else 0
+            bm = record["policies"][base]["summary"][key]["mean"]
             vs = f", mean {100 * (mean - bm) / bm:+.1f} % vs {base}" if bm else ""
         ax.step(values, ys, where="post", color=COLORS.get(names[0]), label=_label(names) + vs, linewidth=1.5)
     ax.set_xscale("symlog", linthresh=1.0)  # linear below a second (no wait at 0), logarithmic above
@@ -58,6 +59,13 @@ def _cdf(ax, record: dict, key: str, xlabel: str) -> None:
     ax.set_ylabel("fraction of jobs")
     ax.grid(alpha=0.3)
     _legend(ax)
+
+
+def _values(p: dict, key: str) -> list[float]:
+    """A policy's values of `key` sorted: every job's, or the quantiles kept for large runs."""
+    if "jobs" in p:
+        return sorted(max(row[key], 0.0) for row in p["jobs"] if not row.get("failed"))
+    return p.get("cdf", {}).get(key, [])
 
 
 def _utilization(ax, record: dict) -> None:

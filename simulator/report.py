@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 from pathlib import Path
 
@@ -15,6 +16,16 @@ def _s(x: float) -> str:
     return f"{x:,.0f} s" if abs(x) >= 100 else f"{x:.1f} s" if abs(x) >= 1 else f"{1000 * x:.1f} ms"
 
 
+DETAIL_LIMIT = 2000
+"""Runs of at most this many jobs keep every job's row in results.json and jobs.csv; larger ones keep summaries and
+distributions (CDF_POINTS quantiles), and write the rows, gzipped, only with --detail."""
+CDF_POINTS = 200
+
+
+def rows_kept(study: Study) -> bool:
+    return len(study.jobs) <= DETAIL_LIMIT
+
+
 def build(study: Study, meta: dict, baseline: str | None = None) -> dict:
     gpus = len(study.rack.gpus)
     placements = len(study.jobs) <= 500
@@ -26,8 +37,15 @@ def build(study: Study, meta: dict, baseline: str | None = None) -> dict:
             "summary": metrics.summary(run, gpus, study.wall_s[name]),
             "utilization": metrics.utilization(run, gpus),
             "fragmentation": metrics.fragmentation(run, ports),
-            "jobs": metrics.job_rows(run, placements),
         }
+        if rows_kept(study):
+            record["policies"][name]["jobs"] = metrics.job_rows(run, placements)
+        else:
+            done = [j for j in run.jobs if not j.failed]
+            record["policies"][name]["cdf"] = {
+                key: metrics.quantiles([max(getattr(j, key), 0.0) for j in done], CDF_POINTS)
+                for key in ("jct_s", "queue_s")
+            }
     base = baseline or next(iter(study.runs))
     record["baseline"] = base
     for p in record["policies"].values():
@@ -93,6 +111,20 @@ def size_table(record: dict) -> str:
             rows.append(f"| {name} | {c} | {d['jobs']} | {_s(d['jct_s']['mean'])} / {_s(d['jct_s']['p95'])} "
                         f"| {_x(d['slowdown']['mean'])} / {_x(d['slowdown']['p95'])} | {_s(d['queue_s']['mean'])} "
                         f"| {vs} |")
+    return "\n".join(rows)
+
+
+def failure_table(record: dict) -> str:
+    """Per run: server failures, the jobs' interruptions, the work redone, and goodput (useful GPU-hours over
+    GPU-hours held)."""
+    rows = ["| run | server failures | interruptions | iterations redone | GPU-h lost | GPU-h restarting "
+            "| GPU-h held | goodput |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, p in record["policies"].items():
+        s = p["summary"]
+        held = s["gpu_held"] * s["makespan_s"] * record["rack"]["gpus"]
+        rows.append(f"| {name} | {s['failures']:,} | {s['interruptions']:,} | {s['redone_iterations']:,.0f} "
+                    f"| {s['lost_gpu_s'] / 3600:,.1f} | {s['restart_gpu_s'] / 3600:,.1f} | {held / 3600:,.0f} "
+                    f"| {100 * s['goodput']:.2f} % |")
     return "\n".join(rows)
 
 
@@ -177,6 +209,9 @@ def markdown(record: dict, extra: str = "") -> str:
         size_table(record),
         "",
     ]
+    if (record.get("options") or {}).get("failures"):
+        lines += ["## Server failures and goodput", "", record["options"]["failures"]["description"] + ".", "",
+                  failure_table(record), ""]
     if record.get("equal"):
         lines += ["## Where policies tie", "", equal_text(record), ""]
     if record.get("seeds"):
@@ -203,34 +238,46 @@ def markdown(record: dict, extra: str = "") -> str:
     return "\n".join(lines)
 
 
-def write(out: Path, record: dict, extra: str = "") -> list[Path]:
+def write(out: Path, record: dict, extra: str = "", study: Study | None = None, detail: bool = False) -> list[Path]:
+    """results.json and summary.md; every job's row in jobs.csv when the record keeps them, else in jobs.csv.gz
+    with `detail` (from `study`)."""
     out.mkdir(parents=True, exist_ok=True)
-    files = [out / "results.json", out / "summary.md", out / "jobs.csv"]
-    files[0].write_text(json.dumps(record, indent=1))
+    files = [out / "results.json", out / "summary.md"]
+    files[0].write_text(json.dumps(record, indent=1 if all("jobs" in p for p in record["policies"].values()) else None))
     files[1].write_text(markdown(record, extra))
-    with files[2].open("w", newline="") as f:
-        fields = [
-            "policy",
-            "id",
-            "gpus",
-            "model",
-            "iterations",
-            "arrival_s",
-            "placed_s",
-            "start_s",
-            "end_s",
-            "jct_s",
-            "queue_s",
-            "switches",
-            "shared",
-            "shift_s",
-            "moves",
-            "mean_iteration_s",
-            "slowdown",
-        ]
-        w = csv.DictWriter(f, fields, extrasaction="ignore")
-        w.writeheader()
-        for name, p in record["policies"].items():
-            for row in p["jobs"]:
-                w.writerow({"policy": name, **row})
+    if all("jobs" in p for p in record["policies"].values()):
+        files.append(out / "jobs.csv")
+        with files[-1].open("w", newline="") as f:
+            _rows(f, ((name, p["jobs"]) for name, p in record["policies"].items()))
+    elif detail and study is not None:
+        files.append(out / "jobs.csv.gz")
+        with gzip.open(files[-1], "wt", newline="", compresslevel=6) as f:
+            _rows(f, ((name, metrics.job_rows(run, False)) for name, run in study.runs.items()))
     return files
+
+
+def _rows(f, policies) -> None:
+    fields = [
+        "policy",
+        "id",
+        "gpus",
+        "model",
+        "iterations",
+        "arrival_s",
+        "placed_s",
+        "start_s",
+        "end_s",
+        "jct_s",
+        "queue_s",
+        "switches",
+        "shared",
+        "shift_s",
+        "moves",
+        "mean_iteration_s",
+        "slowdown",
+    ]
+    w = csv.DictWriter(f, fields, extrasaction="ignore")
+    w.writeheader()
+    for name, rows in policies:
+        for row in rows:
+            w.writerow({"policy": name, **row})

@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 
+import numpy as np
+
 from controller.core.circuits import Circuit, CircuitMap, normalize
 from controller.core.rack import PortRef, Rack
 
@@ -88,8 +90,16 @@ class Occupancy:
         self.free_loose = [[set() for _ in range(nm)] for _ in range(ng)]
         self.free_wired = [[0] * nm for _ in range(ng)]
         self.free_model = [0] * nm
+        # the sizes of `free_under`, `empty` and `idle` as arrays, so that planners weigh every switch at once
+        self.n_under = np.zeros((nw, ng, nm), dtype=np.int64)
+        self.n_empty = np.array([[len(self.empty[w][g]) for g in range(ng)] for w in range(nw)], dtype=np.int64)
+        self.n_empty.shape = (nw, ng)
+        self.n_idle = np.zeros((nw, ng), dtype=np.int64)
+        self.n_loose = np.zeros((ng, nm), dtype=np.int64)  # sizes of free_loose
+        self.n_wired = np.zeros((ng, nm), dtype=np.int64)  # free_wired as an array
         for gi in range(len(ix.gpus)):
             self.free_loose[ix.gpu_group[gi]][ix.gpu_model[gi]].add(gi)
+            self.n_loose[ix.gpu_group[gi], ix.gpu_model[gi]] += 1
             self.free_model[ix.gpu_model[gi]] += 1
         self.jobs: dict[str, list[int]] = {}  # holder -> GPU ids
         self._journal: list | None = None
@@ -102,13 +112,18 @@ class Occupancy:
         gp, w, g = ix.gpu_port[gi], ix.port_switch[d], ix.port_group[d]
         self.partner[gp], self.partner[d] = d, gp
         self.empty[w][g].discard(d)
+        self.n_empty[w, g] -= 1
         self.loc[gi] = w
         if self.holder[gi] is None:
             m = ix.gpu_model[gi]
             self.free_loose[g][m].discard(gi)
+            self.n_loose[g, m] -= 1
             self.free_under[w][g][m].add(gi)
+            self.n_under[w, g, m] += 1
             self.free_wired[g][m] += 1
+            self.n_wired[g, m] += 1
             self.idle[w][g].add(d)
+            self.n_idle[w, g] += 1
         self._map = None
         if self._journal is not None:
             self._journal.append((self._disconnect, gi))
@@ -120,13 +135,18 @@ class Occupancy:
         w, g = ix.port_switch[d], ix.port_group[d]
         self.partner[gp] = self.partner[d] = -1
         self.empty[w][g].add(d)
+        self.n_empty[w, g] += 1
         self.loc[gi] = -1
         if self.holder[gi] is None:
             m = ix.gpu_model[gi]
             self.free_under[w][g][m].discard(gi)
+            self.n_under[w, g, m] -= 1
             self.free_loose[g][m].add(gi)
+            self.n_loose[g, m] += 1
             self.free_wired[g][m] -= 1
+            self.n_wired[g, m] -= 1
             self.idle[w][g].discard(d)
+            self.n_idle[w, g] -= 1
         self._map = None
         if self._journal is not None:
             self._journal.append((self._connect, gi, d))
@@ -136,10 +156,14 @@ class Occupancy:
         g, m, w = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi]
         if w >= 0:
             self.free_under[w][g][m].discard(gi)
+            self.n_under[w, g, m] -= 1
             self.free_wired[g][m] -= 1
+            self.n_wired[g, m] -= 1
             self.idle[w][g].discard(self.partner[ix.gpu_port[gi]])
+            self.n_idle[w, g] -= 1
         else:
             self.free_loose[g][m].discard(gi)
+            self.n_loose[g, m] -= 1
         self.free_model[m] -= 1
         self.holder[gi] = job
         self.jobs.setdefault(job, []).append(gi)
@@ -157,10 +181,14 @@ class Occupancy:
             del self.jobs[job]
         if w >= 0:
             self.free_under[w][g][m].add(gi)
+            self.n_under[w, g, m] += 1
             self.free_wired[g][m] += 1
+            self.n_wired[g, m] += 1
             self.idle[w][g].add(self.partner[ix.gpu_port[gi]])
+            self.n_idle[w, g] += 1
         else:
             self.free_loose[g][m].add(gi)
+            self.n_loose[g, m] += 1
         self.free_model[m] += 1
         if self._journal is not None:
             self._journal.append((self._hold, gi, job))

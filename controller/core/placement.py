@@ -208,7 +208,7 @@ def _plan_count(occ: Occupancy, req: Request) -> Plan:
 def _free(occ: Occupancy, fixed: bool) -> list[int]:
     if not fixed:
         return list(occ.free_model)
-    return [sum(occ.free_wired[g][m] for g in range(len(occ.ix.groups))) for m in range(len(occ.ix.models))]
+    return occ.n_wired.sum(axis=0).tolist()
 
 
 def _fastest_mix(free: list[int], speed: dict[int, float], n: int) -> list[int]:

@@ -7,6 +7,8 @@ import heapq
 from collections.abc import Sequence
 from itertools import chain
 
+import numpy as np
+
 from controller.core.occupancy import Occupancy
 
 _PLANNING = "~planning"  # holder of GPUs a plan has placed, inside a tentative change
@@ -92,6 +94,18 @@ class _Named:
             n1, n2, n3 = n1 + a, n2 + b, n3 + c
         return stay, n1, n2, n3
 
+    def best(self, occ: Occupancy, need: int, fixed: bool, used: list[int]) -> tuple[int, int, int] | None:
+        """(fits, cost, switch) of the first switch that takes the most of `need`, then with the fewest changes."""
+        shape = occ.n_idle.shape
+        under, idle_under = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        for w, per in self.under.items():
+            for g, ids in per.items():
+                under[w, g] = len(ids)
+        for w, per in self.idle_under.items():
+            for g, k in per.items():
+                idle_under[w, g] = k
+        return _best(occ, need, fixed, used, under, idle_under, self.n_loose, self.n_wired)
+
     def rows(self, occ: Occupancy, w: int) -> list[tuple[int, int, int, int]]:
         under, idle_under = self.under.get(w, {}), self.idle_under.get(w, {})
         return [
@@ -131,10 +145,15 @@ class _Models:
 
     def __init__(self, occ: Occupancy, models: Sequence[int]):
         self.occ, self.models = occ, list(models)
-        ng = len(occ.ix.groups)
-        self.n_loose = [sum(len(occ.free_loose[g][m]) for m in self.models) for g in range(ng)]
-        self.n_wired = [sum(occ.free_wired[g][m] for m in self.models) for g in range(ng)]
-        self.groups = [g for g in range(ng) if self.n_loose[g] or self.n_wired[g]]
+        loose, wired = occ.n_loose[:, self.models].sum(axis=1), occ.n_wired[:, self.models].sum(axis=1)
+        self.n_loose, self.n_wired = loose.tolist(), wired.tolist()
+        self.groups = np.flatnonzero(loose + wired).tolist()
+
+    def best(self, occ: Occupancy, need: int, fixed: bool, used: list[int]) -> tuple[int, int, int] | None:
+        """(fits, cost, switch) of the first switch that takes the most of `need`, then with the fewest changes."""
+        under = occ.n_under[:, :, self.models[0]] if len(self.models) == 1 else \
+            occ.n_under[:, :, self.models].sum(axis=2)
+        return _best(occ, need, fixed, used, under, under, self.n_loose, self.n_wired)
 
     def totals(self, occ: Occupancy, w: int, fixed: bool) -> tuple[int, int, int, int]:
         under, empty_w, idle_w = occ.free_under[w], occ.empty[w], occ.idle[w]
@@ -179,9 +198,8 @@ class _Models:
         loose = heapq.nsmallest(k, chain.from_iterable(occ.free_loose[g][m] for m in self.models))
         if len(loose) == k:
             return loose
-        wired = chain.from_iterable(
-            occ.free_under[x][g][m] for x in range(len(occ.ix.switches)) if x != w for m in self.models
-        )
+        has = occ.n_under[:, g, self.models].sum(axis=1).nonzero()[0]  # only the switches with such GPUs
+        wired = chain.from_iterable(occ.free_under[x][g][m] for x in has.tolist() if x != w for m in self.models)
         return loose + heapq.nsmallest(k - len(loose), wired)
 
     def rest(self, occ: Occupancy, placed: list[int]):
@@ -205,6 +223,38 @@ def _cost(k: int, stay: int, n1: int, n2: int, n3: int) -> tuple[int, int]:
     k -= t2
     t3 = k if k < n3 else n3
     return stay + t1 + t2 + t3, t1 + 2 * t2 + 3 * t3
+
+
+def _best(occ: Occupancy, need: int, fixed: bool, used: list[int], under, idle_under, n_loose, n_wired) \
+        -> tuple[int, int, int] | None:
+    """`totals` and `_cost` for every switch at once, from the pool's GPUs under each switch and group (`under`, the
+    idle ones `idle_under`) and its loose and wired GPUs per group: (fits, cost, switch) of the first switch that
+    takes the most of `need`, then with the fewest changes, as weighing them one by one in order would; None when
+    none takes any."""
+    stay = under.sum(axis=1)
+    k = need - stay
+    if fixed:
+        fits, cost = np.minimum(stay, need), np.zeros_like(stay)
+    else:
+        u = np.asarray(n_loose, dtype=np.int64)
+        c = np.asarray(n_wired, dtype=np.int64) - under
+        e, i = occ.n_empty, occ.n_idle - idle_under
+        n = np.maximum(np.minimum(u + c, e + i), 0)  # _split for every switch and group
+        a = np.minimum(np.minimum(u, e), n)
+        b = np.maximum(n - np.maximum(u, e), 0)
+        n1, n3 = a.sum(axis=1), b.sum(axis=1)
+        n2 = n.sum(axis=1) - n1 - n3
+        kk = np.maximum(k, 0)  # _cost for every switch
+        t1 = np.minimum(kk, n1)
+        t2 = np.minimum(kk - t1, n2)
+        t3 = np.minimum(kk - t1 - t2, n3)
+        fits = np.where(k <= 0, need, stay + t1 + t2 + t3)
+        cost = np.where(k <= 0, 0, t1 + 2 * t2 + 3 * t3)
+    if used:
+        fits[used] = 0
+    score = fits * (3 * need + 1) - cost  # most GPUs first, then fewest changes; argmax takes the first
+    w = int(np.argmax(score))
+    return (int(fits[w]), int(cost[w]), w) if fits[w] > 0 else None
 
 
 def _assign(occ: Occupancy, pool, w: int, k: int, original: dict[int, int]) -> list[int]:
@@ -247,15 +297,7 @@ def _place(occ: Occupancy, pool, n: int, fixed: bool, original: dict[int, int]) 
     used: list[int] = []
     while len(placed) < n:
         need = n - len(placed)
-        best = None
-        for w in range(len(occ.ix.switches)):
-            if w in used:
-                continue
-            fits, cost = _cost(need, *pool.totals(occ, w, fixed))
-            if fits and (best is None or fits > best[0] or (fits == best[0] and cost < best[1])):
-                best = (fits, cost, w)
-                if fits == need and cost == 0:
-                    break  # nothing beats it
+        best = pool.best(occ, need, fixed, used)
         if best is None:
             raise NoRoomNow(_no_room(occ, pool, need, fixed))
         fits, _, w = best

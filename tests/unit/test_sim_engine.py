@@ -309,3 +309,27 @@ def test_a_job_that_can_never_be_placed_fails_and_the_queue_goes_on():
         "gpu4" in r.jobs[0].failed or "no other job" in r.jobs[0].failed
     )  # occupancy API: the reason; today: it cannot tell
     assert not r.jobs[1].failed and r.jobs[1].end_s > r.jobs[1].start_s >= 1.0
+
+
+def test_a_large_run_keeps_summaries_and_quantiles_and_writes_rows_only_on_request(tmp_path, monkeypatch):
+    from simulator import report
+
+    monkeypatch.setattr(report, "DETAIL_LIMIT", 20)  # as if 40 jobs were a large run
+    args = ["simulate", "--gpus", "32", "--gpus-per-switch", "8", "--gpus-per-server", "4", "--jobs", "40",
+            "--policies", "fixed,regroup", "--workers", "1", "--quiet"]
+    assert cli([*args, "--out", str(tmp_path / "small")]) == 0
+    record = json.loads((tmp_path / "small" / "results.json").read_text())
+    assert not (tmp_path / "small" / "jobs.csv").exists() and not (tmp_path / "small" / "jobs.csv.gz").exists()
+    for p in record["policies"].values():
+        assert "jobs" not in p and len(p["cdf"]["jct_s"]) == report.CDF_POINTS + 1
+        assert p["cdf"]["jct_s"] == sorted(p["cdf"]["jct_s"]) and p["cdf"]["jct_s"][-1] == p["summary"]["jct_s"]["max"]
+    assert (tmp_path / "small" / "jct-cdf.png").exists()
+    assert cli([*args, "--detail", "--no-plots", "--out", str(tmp_path / "detail")]) == 0
+    import csv
+    import gzip
+
+    with gzip.open(tmp_path / "detail" / "jobs.csv.gz", "rt") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 80 and {r["policy"] for r in rows} == {"fixed", "regroup"}
+    again = json.loads((tmp_path / "detail" / "results.json").read_text())
+    assert again["policies"]["fixed"]["summary"]["jct_s"] == record["policies"]["fixed"]["summary"]["jct_s"]

@@ -1,0 +1,306 @@
+"""`optirack sweep`: a study grid (placement policies x schedulers x loads x seeds) run in parallel on Dask's
+distributed scheduler, one simulated run per task, and one table of the means with 95 % intervals over the seeds.
+
+A task carries only its settings (rack shape, workload, policy, scheduler, load, seed); the worker builds the rack
+and the synthetic jobs itself, runs the engine and returns a few figures, so little crosses the network. A local
+cluster is started by default (`--workers`, `--threads`); `--scheduler tcp://HOST:PORT` sends the tasks to a running
+Dask scheduler whose workers have optirack installed.
+"""
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from controller.core import admission
+
+FIGURES = {  # name in the table -> (summary key, sub key, label)
+    "jct_mean_s": ("jct_s", "mean", "JCT mean (s)"),
+    "jct_p95_s": ("jct_s", "p95", "JCT p95 (s)"),
+    "queue_mean_s": ("queue_s", "mean", "queueing mean (s)"),
+    "slowdown_mean": ("slowdown", "mean", "slowdown mean"),
+    "steady_held": ("steady", "held", "steady GPUs held"),
+    "steady_computing": ("steady", "computing", "steady GPUs computing"),
+    "makespan_s": ("makespan_s", None, "makespan (s)"),
+}
+
+
+@dataclass(frozen=True)
+class Task:
+    gpus: int
+    gpus_per_switch: int
+    gpus_per_server: int
+    oversubscription: float
+    spare: float
+    models: str
+    jobs: int
+    policy: str
+    scheduler: str
+    load: float
+    seed: int
+    defrag_interval: float = 300.0
+
+
+def run_task(task: Task) -> dict:
+    """One simulated run (on a Dask worker): its settings and its figures."""
+    from profiles import WORKLOADS
+    from simulator import engine, metrics, workloads
+    from simulator.cli import _typical_iteration
+
+    rack = _rack(task)
+    per = {m: _typical_iteration(rack, m) for m in WORKLOADS}
+    jobs = workloads.synthetic(task.jobs, task.seed, len(rack.gpus), per, task.load)
+    policy = engine.with_scheduler(engine.policies(task.defrag_interval)[task.policy], task.scheduler)
+    t0 = time.monotonic()
+    result = engine.Run(rack, jobs, policy, engine.Options()).run()
+    s = metrics.summary(result, len(rack.gpus), time.monotonic() - t0)
+    row = asdict(task) | {"run": policy.name}
+    for name, (key, sub, _) in FIGURES.items():
+        row[name] = metrics.pick(s, key, sub)
+    row["preemptions"] = sum(j.preemptions for j in result.jobs)
+    row["wall_s"] = s["wall_s"]
+    return row
+
+
+_RACKS: dict = {}  # per worker process: racks built, by shape
+
+
+def _rack(task: Task):
+    from simulator import racks
+
+    key = (task.gpus, task.gpus_per_switch, task.gpus_per_server, task.oversubscription, task.spare, task.models)
+    if key not in _RACKS:
+        _RACKS[key] = racks.generate(racks.RackOptions(
+            task.gpus, task.gpus_per_switch, task.gpus_per_server, task.oversubscription,
+            models=racks.parse_models(task.models), spare=task.spare))
+    return _RACKS[key]
+
+
+def grid(args) -> list[Task]:
+    policies = _names(args.policies, "--policies")
+    schedulers = _names(args.schedulers, "--schedulers")
+    from simulator import engine
+
+    known = engine.policies(args.defrag_interval)
+    bad = [p for p in policies if p not in known]
+    if bad:
+        raise ValueError(f"--policies: unknown {', '.join(bad)} (known: {', '.join(known)})")
+    bad = [s for s in schedulers if s not in admission.POLICIES]
+    if bad:
+        raise ValueError(f"--schedulers: unknown {', '.join(bad)} (known: {', '.join(admission.POLICIES)})")
+    loads = []
+    for text in _names(args.loads, "--loads"):
+        try:
+            load = float(text)
+        except ValueError:
+            raise ValueError(f"--loads: {text!r} is not a number") from None
+        if not 0 < load < float("inf"):
+            raise ValueError(f"--loads: {text} must be a positive load")
+        loads.append(load)
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, not {args.seeds}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, not {args.jobs}")
+    from simulator import racks
+
+    racks.parse_models(args.models)
+    racks.generate(racks.RackOptions(args.gpus, args.gpus_per_switch, args.gpus_per_server, args.oversubscription,
+                                     models=racks.parse_models(args.models), spare=args.spare))  # refuse a bad shape
+    seeds = range(args.seed, args.seed + args.seeds)
+    return [Task(args.gpus, args.gpus_per_switch, args.gpus_per_server, args.oversubscription, args.spare,
+                 args.models, args.jobs, p, s, load, seed, args.defrag_interval)
+            for p, s, load, seed in itertools.product(policies, schedulers, loads, seeds)]
+
+
+def _names(text: str, flag: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"{flag}: none given")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{flag}: {text!r} names one twice")
+    return names
+
+
+def run_grid(tasks: list[Task], scheduler: str | None = None, workers: int = 2, threads: int = 1,
+             processes: bool = True, progress=None) -> list[dict]:
+    """Every task on Dask: the user's scheduler at `scheduler`, else a local cluster of `workers` x `threads`."""
+    from dask.distributed import Client, LocalCluster, as_completed
+
+    cluster = None
+    if scheduler:
+        client = Client(scheduler, timeout="10s")
+    else:
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=threads, processes=processes,
+                               dashboard_address=None, silence_logs=40)
+        client = Client(cluster)
+    try:
+        futures = client.map(run_task, tasks, pure=False)
+        rows = []
+        for i, fut in enumerate(as_completed(futures), 1):
+            rows.append(fut.result())
+            if progress:
+                progress(i, len(tasks))
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    key = {t: i for i, t in enumerate(tasks)}
+    return sorted(rows, key=lambda r: key[Task(**{k: r[k] for k in Task.__dataclass_fields__})])
+
+
+def study(rows: list[dict]) -> list[dict]:
+    """Per run (policy+scheduler) and load: each figure's mean and 95 % interval over the seeds."""
+    from simulator import metrics
+
+    groups: dict[tuple[str, str, str, float], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["run"], r["policy"], r["scheduler"], r["load"]), []).append(r)
+    out = []
+    for (run, policy, scheduler, load), rs in groups.items():
+        row = {"run": run, "policy": policy, "scheduler": scheduler, "load": load, "seeds": len(rs)}
+        for name in FIGURES:
+            iv = metrics.interval([r[name] for r in rs])
+            row[name], row[name + "_ci95"] = iv["mean"], iv["ci95"]
+        out.append(row)
+    return out
+
+
+def _fmt(x: float, pct: bool) -> str:
+    if x != x:
+        return "-"
+    return f"{100 * x:.1f} %" if pct else f"{x:,.3g}" if abs(x) < 100 else f"{x:,.0f}"
+
+
+def markdown(table: list[dict], meta: dict) -> str:
+    lines = [f"# optirack sweep: {meta['tasks']} runs", "", meta["description"], "",
+             "Each cell: the mean over the seeds ± the half-width of its 95 % interval (Student's t).", "",
+             "| run | load | " + " | ".join(label for _, _, label in FIGURES.values()) + " |",
+             "| --- | --- |" + " --- |" * len(FIGURES)]
+    for r in table:
+        cells = []
+        for name in FIGURES:
+            pct = name.startswith("steady")
+            cells.append(f"{_fmt(r[name], pct)} ± {_fmt(r[name + '_ci95'], pct)}")
+        lines.append(f"| {r['run']} | {r['load']:g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(out: Path, table: list[dict]) -> list[Path]:
+    """Each figure against the load, one line per run, the 95 % intervals as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    runs = list(dict.fromkeys(r["run"] for r in table))
+    for name in ("jct_mean_s", "slowdown_mean", "queue_mean_s", "steady_computing"):
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        for run in runs:
+            rs = sorted((r for r in table if r["run"] == run), key=lambda r: r["load"])
+            err = [0.0 if r[name + "_ci95"] != r[name + "_ci95"] else r[name + "_ci95"] for r in rs]
+            ax.errorbar([r["load"] for r in rs], [r[name] for r in rs], yerr=err, capsize=3, marker="o", label=run)
+        ax.set_xlabel("offered load")
+        ax.set_ylabel(FIGURES[name][2])
+        ax.set_title(f"{FIGURES[name][2]} by load (mean, 95 % interval over seeds)")
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        fig.tight_layout()
+        path = out / f"sweep-{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        files.append(path)
+    return files
+
+
+def write(out: Path, rows: list[dict], table: list[dict], meta: dict, with_plots: bool = True) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, data in (("runs.csv", rows), ("study.csv", table)):
+        path = out / name
+        with path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(data[0]))
+            w.writeheader()
+            w.writerows(data)
+        files.append(path)
+    (out / "study.json").write_text(json.dumps({**meta, "study": table}, indent=1))
+    (out / "study.md").write_text(markdown(table, meta))
+    files += [out / "study.json", out / "study.md"]
+    if with_plots:
+        files += plots(out, table)
+    return files
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "sweep", help="run a study grid of simulations (policies x schedulers x loads x seeds) on Dask",
+        description="Simulate every combination of placement policy, scheduler, offered load and seed on a generated "
+                    "rack, in parallel on Dask's distributed scheduler (a local cluster, or --scheduler ADDRESS), and "
+                    "write the study table (means, 95 %% intervals over the seeds) and its plots to --out.",
+        epilog="Example: optirack sweep --gpus 256 --jobs 300 --policies fixed,regroup --schedulers fifo,backfill "
+               "--loads 0.5,0.7,0.9 --seeds 3 --out sweep-256")
+    p.add_argument("--gpus", type=int, default=256, help="GPUs of the generated rack (%(default)s)")
+    p.add_argument("--gpus-per-switch", type=int, default=32, help="(%(default)s)")
+    p.add_argument("--gpus-per-server", type=int, default=8, help="(%(default)s)")
+    p.add_argument("--oversubscription", type=float, default=16.0, help="(%(default)s)")
+    p.add_argument("--spare", type=float, default=2.0, help="(%(default)s)")
+    p.add_argument("--models", default="V100:0.5,A100:0.5", help="(%(default)s)")
+    p.add_argument("--jobs", type=int, default=300, help="synthetic jobs per run (%(default)s)")
+    p.add_argument("--policies", default="fixed,regroup", help="placement policies (%(default)s)")
+    p.add_argument("--schedulers", default="fifo,backfill",
+                   help=f"admission policies, of {', '.join(admission.POLICIES)} (%(default)s)")
+    p.add_argument("--loads", default="0.5,0.7,0.9", help="offered loads (%(default)s)")
+    p.add_argument("--seed", type=int, default=1, help="first seed (%(default)s)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per cell: --seed ... --seed+N-1 (%(default)s)")
+    p.add_argument("--defrag-interval", type=float, default=300.0, help="defrag: seconds between rounds (%(default)s)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="a running Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: start a local cluster)")
+    p.add_argument("--workers", type=int, default=2, help="local cluster: worker processes (%(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="local cluster: threads per worker (%(default)s)")
+    p.add_argument("--out", type=Path, required=True, help="folder for study.*, runs.csv, plots")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    t0 = time.monotonic()
+    try:
+        tasks = grid(args)
+        if args.workers < 1 or args.threads < 1:
+            raise ValueError("--workers and --threads must be at least 1")
+        if args.out.exists() and not args.out.is_dir():
+            raise ValueError(f"--out {args.out} is a file, not a folder")
+    except Exception as e:  # noqa: BLE001 - every bad setting is reported the same way
+        print(f"optirack sweep: error: {e}", file=sys.stderr)
+        return 2
+
+    def progress(done: int, total: int) -> None:
+        if not args.quiet:
+            print(f"\rsweep: {done}/{total} runs, {time.monotonic() - t0:.0f} s", end="", file=sys.stderr)
+
+    try:
+        rows = run_grid(tasks, args.scheduler, args.workers, args.threads, progress=progress)
+    except OSError as e:
+        print(f"\noptirack sweep: error: cannot reach the Dask scheduler {args.scheduler}: {e}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(file=sys.stderr)
+    table = study(rows)
+    where = args.scheduler or f"a local Dask cluster of {args.workers} worker(s) x {args.threads} thread(s)"
+    meta = {
+        "command": "optirack sweep " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["sweep"] else "optirack sweep",
+        "tasks": len(tasks),
+        "description": f"{args.gpus} GPUs ({args.gpus_per_switch} per switch, oversubscription "
+                       f"{args.oversubscription:g}, models {args.models}), {args.jobs} synthetic jobs per run; "
+                       f"policies {args.policies}; schedulers {args.schedulers}; loads {args.loads}; seeds "
+                       f"{args.seed}-{args.seed + args.seeds - 1}; on {where}",
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    files = write(args.out, rows, table, meta, not args.no_plots)
+    print(markdown(table, meta))
+    print(f"wrote {', '.join(str(f) for f in files)} in {time.monotonic() - t0:.1f} s")
+    return 0
