@@ -36,6 +36,7 @@ MODEL_FILES = (
     "simulator/cases.py",  # the paper's two cases: which GPUs each job holds
     "simulator/detail.py",  # event-by-event rings on shared links
     "simulator/engine.py",  # the cluster run: arrivals, placement, iterations
+    "simulator/failures.py",  # server failures the engine draws (none in the paper's cases)
     "simulator/fidelity.py",  # how a recorded point is simulated (its rack, start offsets)
     "simulator/interference.py",  # rings that share links: steady state
     "simulator/maxmin.py",  # max-min fair rates
