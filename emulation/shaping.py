@@ -72,44 +72,29 @@ def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES,
     burst = str(max(15_000, 2 * frame))
     common = ["burst", burst, "cburst", burst, "quantum", str(frame)]
     queue = ["bfifo", "limit", str(frames * frame)]
-    if flows:
-        return _fair_commands(mbps, rate, acks, bulk, common, queue, flows)
-    return [
-        ["qdisc", "replace", "dev", DEV, "root", "handle", "5:", "htb", "default", "20"],
+    leaves = [(FAIR_DEFAULT, None)] + [(FAIR_FIRST + i, addr) for i, addr in enumerate(flows)] if flows else []
+    default = f"{FAIR_DEFAULT:x}" if leaves else "20"  # the leaf of what no filter takes
+    cmds = [
+        ["qdisc", "replace", "dev", DEV, "root", "handle", "5:", "htb", "default", default],
         ["class", "replace", "dev", DEV, "parent", "5:", "classid", "5:1", "htb", "rate", rate, *common],
         ["class", "replace", "dev", DEV, "parent", "5:1", "classid", "5:10", "htb", "rate", acks, "ceil", rate,
          "prio", "0", *common],
         ["class", "replace", "dev", DEV, "parent", "5:1", "classid", "5:20", "htb", "rate", bulk, "ceil", rate,
          "prio", "1", *common],
         ["qdisc", "replace", "dev", DEV, "parent", "5:10", "handle", "10:", *queue],
-        ["qdisc", "replace", "dev", DEV, "parent", "5:20", "handle", "20:", *queue],
         ["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32", *ACK_ONLY,
          "flowid", "5:10"],
     ]
-
-
-def _fair_commands(mbps: float, rate: str, acks: str, bulk: str, common: list[str], queue: list[str],
-                   flows: list[str]) -> list[list[str]]:
-    share = f"{mbps * 0.9 / (len(flows) + 1):g}Mbit"  # every leaf's guaranteed part: the bulk rate split evenly
-    leaves = [(FAIR_DEFAULT, None)] + [(FAIR_FIRST + i, addr) for i, addr in enumerate(flows)]
-    cmds = [
-        ["qdisc", "replace", "dev", DEV, "root", "handle", "5:", "htb", "default", f"{FAIR_DEFAULT:x}"],
-        ["class", "replace", "dev", DEV, "parent", "5:", "classid", "5:1", "htb", "rate", rate, *common],
-        ["class", "replace", "dev", DEV, "parent", "5:1", "classid", "5:10", "htb", "rate", acks, "ceil", rate,
-         "prio", "0", *common],
-        ["class", "replace", "dev", DEV, "parent", "5:1", "classid", "5:20", "htb", "rate", bulk, "ceil", rate,
-         "prio", "1", *common],
-        ["qdisc", "replace", "dev", DEV, "parent", "5:10", "handle", "10:", *queue],
-    ]
-    for minor, _ in leaves:
+    if not leaves:  # one FIFO for the bulk class
+        return [*cmds, ["qdisc", "replace", "dev", DEV, "parent", "5:20", "handle", "20:", *queue]]
+    share = f"{mbps * 0.9 / len(leaves):g}Mbit"  # every leaf's guaranteed part: the bulk rate split evenly
+    for minor, addr in leaves:
         cmds += [
             ["class", "replace", "dev", DEV, "parent", "5:20", "classid", f"5:{minor:x}", "htb", "rate", share,
              "ceil", rate, "prio", "1", *common],
             ["qdisc", "replace", "dev", DEV, "parent", f"5:{minor:x}", "handle", f"{minor:x}:", *queue],
         ]
-    cmds.append(["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32", *ACK_ONLY,
-                 "flowid", "5:10"])
-    for minor, addr in leaves[1:]:
-        cmds.append(["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "2", "u32",
-                     "match", "ip", "dst", f"{addr}/32", "flowid", f"5:{minor:x}"])
+        if addr is not None:
+            cmds.append(["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "2", "u32",
+                         "match", "ip", "dst", f"{addr}/32", "flowid", f"5:{minor:x}"])
     return cmds

@@ -269,20 +269,20 @@ def test_the_evidence_command_names_a_bad_record(tmp_path, capsys):
 
 
 # --- out of sample: every committed record made with the current model -------------------------------------------
-def _current_records():
-    found = records.with_model(modelhash.model_hash())
-    if not found:
-        return [pytest.param(None, id="no-record-with-the-current-model")]
-    return [pytest.param(r.path, id=r.name) for r in found]
-
-
-@pytest.mark.parametrize("path", _current_records())
-def test_every_record_made_with_the_current_model_is_within_10_percent_at_every_point(path):
-    if path is None:
-        pytest.skip(f"no record under {records.RECORDS} carries the current model hash {modelhash.model_hash()[:12]} "
-                    "(they are made after the model's commit, with make demo)")
-    rows, failures = fidelity.check_record(json.loads(path.read_text()))
-    assert not failures, f"{path.name}:\n" + "\n".join(failures)
+def test_every_record_made_with_the_current_model_is_within_10_percent_at_every_point():
+    """Every committed full record is either one the current model must meet (its hash is the current one: within
+    10 % at every point) or one made with another model (an earlier one, or before hashes existed), which checks
+    nothing now. Until records are made after the model's commit, every record is of the second kind, and the
+    check that a record of the first kind would get is shown on a synthetic record below."""
+    current = modelhash.model_hash()
+    full = [r for r in records.load() if r.full]
+    assert full, f"no full demo record under {records.RECORDS}"
+    for record in full:
+        if record.model_hash != current:
+            assert record.model_hash is None or len(record.model_hash) == len(current), record.name
+            continue
+        _, failures = fidelity.check_record(record.data)
+        assert not failures, f"{record.name}:\n" + "\n".join(failures)
 
 
 def _synthetic_record(directory: Path, model_hash: str, off: float = 0.05) -> Path:
