@@ -101,6 +101,9 @@ WINDOW_SEGMENTS = 4
 # nothing lost, and every such probe is a needless retransmission (TCPDSACKRecv counts them back).
 # Set in every container sandbox and in every server's namespace (the calibration's iperf3 flows).
 LOSSLESS_SYSCTLS = {"net.ipv4.tcp_early_retrans": "0"}
+# The emulated fabric carries IPv4 alone (no switch has a rule for anything else): a NIC that comes up with IPv6
+# sends its duplicate-address probes, router solicitations and listener reports into it for nothing.
+IPV4_ONLY_SYSCTLS = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
 
 
 # TCP's retransmission timer runs in real time, and a round trip through a lossless queue at a low
