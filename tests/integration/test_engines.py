@@ -222,6 +222,11 @@ def saved_in(job: dict, attempt: int, after: int) -> bool:
     )
 
 
+def died(why: str, server: str, gpu: str) -> bool:
+    """Whether `why` is a sign of a server death: its engine gone, or its GPU's link down (whichever came first)."""
+    return f"server {server} went down" in why or f"the link of {gpu}'s NIC" in why
+
+
 def check_swap(client, job: dict, rec: dict) -> None:
     """A recovery's circuit change: a `failover` event moving each spare's circuit under the job's switch (none
     where the spare was there already), and every rank restarted from the recovery's checkpoint."""
@@ -231,8 +236,9 @@ def check_swap(client, job: dict, rec: dict) -> None:
         for lost, spare in rec["spares"].items():
             assert f"{lost} -> {spare}" in ev["reason"], ev
     restored = {g: [r["iteration"] for r in job["checkpoints"][g]
-                    if r["event"] == "restored" and r.get("attempt") == rec["attempt"]] for g in rec["gpus"]}
-    assert all(v == [rec["resumed_from"]] for v in restored.values()), (rec, restored)
+                    if r["event"] == "restored" and r.get("attempt") == rec["attempt"]]
+                for g in rec["gpus"] if g in job["gpus"]}  # (a GPU lost later has left the record's ranks)
+    assert len(restored) >= 2 and all(v == [rec["resumed_from"]] for v in restored.values()), (rec, restored)
 
 
 def test_two_servers_killed_one_after_the_other_in_one_job_are_both_recovered(fresh, driver):
@@ -250,7 +256,7 @@ def test_two_servers_killed_one_after_the_other_in_one_job_are_both_recovered(fr
     optirack_rack("server", "kill", "srv2")
     wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["recoveries"], 60, "the first recovery")
     first = client.get(f"/jobs/{jid}")["job"]["recoveries"][0]
-    assert set(first["lost"]) == {"gpu2"} and "srv2" in first["lost"]["gpu2"], first
+    assert set(first["lost"]) == {"gpu2"} and died(first["lost"]["gpu2"], "srv2", "gpu2"), first
     wait_for(lambda: saved_in(client.get(f"/jobs/{jid}")["job"], first["attempt"], first["resumed_from"]), 120,
              "a checkpoint of the new attempt on every rank")
     assert "gpu4" in client.get(f"/jobs/{jid}")["job"]["gpus"]
@@ -258,7 +264,7 @@ def test_two_servers_killed_one_after_the_other_in_one_job_are_both_recovered(fr
     done = wait_job(client, jid, 240)
     assert done["state"] == "done" and done["iterations_done"] == 40, (done["state"], done["reason"])
     first, second = done["recoveries"]
-    assert set(second["lost"]) == {"gpu4"} and "srv4" in second["lost"]["gpu4"], second
+    assert set(second["lost"]) == {"gpu4"} and died(second["lost"]["gpu4"], "srv4", "gpu4"), second
     assert {first["spares"]["gpu2"], second["spares"]["gpu4"]} == {"gpu5", "gpu6"}  # the free Titan V, in turn
     assert second["resumed_from"] > first["resumed_from"] and second["attempt"] > first["attempt"]
     assert set(second["gpus"]) == set(first["gpus"]) - {"gpu4"} | {second["spares"]["gpu4"]}, (first, second)
