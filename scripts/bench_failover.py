@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Benchmark: a server killed under a running job, from the kill to every rank iterating again.
+"""Benchmark: a server killed, or one worker killed with SIGKILL, under a running job, from the kill to every rank
+iterating again.
 
 On the paper rack with spares (topologies/paper-spares.yaml: a fifth server with two M40 under the other switch), each
 round runs a 4-GPU job on the four M40 of srv1-srv4 (gpu_model M40, so the spare must be one of srv5's), kills one of
@@ -9,12 +10,16 @@ ranks iterating again is split into: detection (kill -> the job `recovering`), p
 the other workers and choosing the spares), the OCS change (circuits and flows confirmed), container start (survivors'
 workers replaced, the spare's sandbox, NIC and worker), restore (until the last rank has its checkpoint: the worker's
 start, importing PyTorch, fetching or reading it) and rendezvous (until every rank has begun its first iteration);
-plus the iterations redone. Needs root (it brings the rack up). `--json PATH` writes the rounds and the medians.
+plus the iterations redone. `--fault worker` kills one worker instead (`kill -9` of the process its container runs,
+its host PID found from the container on that server's engine): its server lives on, and its GPU is swapped as well.
+Needs root (it brings the rack up). `--json PATH` writes the rounds and the medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -23,6 +28,8 @@ from pathlib import Path
 
 from controller.core.circuits import CircuitMap
 from controller.core.rack import load_rack
+from controller.drivers.containers import container_name
+from controller.drivers.engines import engine_client
 from emulation import engines, servers
 from emulation.harness import ROOT, Testbed, wait_for
 from emulation.rack import CONTAINER_LABEL
@@ -35,7 +42,19 @@ except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scri
 RACK_FILE = ROOT / "topologies" / "paper-spares.yaml"
 JOB_GPUS = ["gpu1", "gpu2", "gpu3", "gpu4"]
 VICTIMS = ["srv2", "srv4"]  # servers holding one GPU of the job each (srv1 and srv3 also hold a Titan V)
+WORKER_VICTIMS = ["gpu2", "gpu4", "gpu1", "gpu3"]  # --fault worker: the rank killed, in turn
 PHASES = ("detection_s", "planning_s", "ocs_s", "containers_s", "restore_s", "rendezvous_s")
+
+
+def kill_worker(tb: Testbed, job: str, gpu: str) -> int:
+    """`kill -9` of the worker of `gpu`: the process its container runs (its host PID, from the server's engine)."""
+    c = engine_client(tb.rack, tb.rack.server_of[gpu], 30).containers.get(container_name(job, gpu))
+    pid = c.attrs["State"]["Pid"]
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    if "containers.worker" not in cmdline:  # the container's own process, checked, never looked up by name
+        raise RuntimeError(f"the container of {gpu} runs {cmdline!r}, not the worker")
+    os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: int) -> dict:
@@ -50,7 +69,10 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
     jid = job["id"]
     wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["iterations_done"] >= before_kill, 300, "iterations")
     killed_at = time.time()
-    servers.kill(tb.rack, plans[victim])
+    if victim in plans:
+        servers.kill(tb.rack, plans[victim])
+    else:
+        kill_worker(tb, jid, victim)
     wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["recoveries"], 120, "the recovery", interval=0.05)
     rec = client.get(f"/jobs/{jid}")["job"]["recoveries"][0]
 
@@ -67,14 +89,16 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
                 and r.get("attempt") == rec["attempt"]]
     restored_at = max(restored) if len(restored) == len(j["gpus"]) else rec["running_at"]
     client.post(f"/jobs/{jid}/stop")
-    servers.start(tb.rack, plans[victim], f"{CONTAINER_LABEL}={tb.rack.name}")
-    wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 30, f"{victim} up")
+    if victim in plans:
+        servers.start(tb.rack, plans[victim], f"{CONTAINER_LABEL}={tb.rack.name}")
+        wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 30, f"{victim} up")
     detection = rec["detected_at"] - killed_at
     planning = rec["planned_at"] - rec["detected_at"] - rec.get("ocs_s", 0.0)
     return {
         "job": jid,
         "killed": victim,
         "lost": sorted(rec["lost"]),
+        "why": rec["lost"],
         "spares": rec["spares"],
         "checkpoint_every": every,
         "resumed_from": rec["resumed_from"],
@@ -97,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="servers killed, one per round (default %(default)s)")
     p.add_argument("--checkpoint-every", type=int, default=10, help="the job's K (default %(default)s)")
     p.add_argument("--kill-after", type=int, default=14, help="iterations before the kill (default %(default)s)")
+    p.add_argument("--fault", choices=("server", "worker"), default="server",
+                   help="kill a server under the job, or one of its workers with SIGKILL (default %(default)s)")
     add_json_option(p)
     args = p.parse_args(argv)
     if args.rounds < 1 or args.checkpoint_every < 1 or args.kill_after < 1:
@@ -104,10 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     rack = load_rack(RACK_FILE)
     plans = {pl.server: pl for pl in engines.engine_plans(rack)}
     rows = []
-    print(f"failover: a server killed under a 4-GPU job on {RACK_FILE.name}, {args.rounds} rounds", flush=True)
+    victims = VICTIMS if args.fault == "server" else WORKER_VICTIMS
+    print(f"failover: a {args.fault} killed under a 4-GPU job on {RACK_FILE.name}, {args.rounds} rounds", flush=True)
     with tempfile.TemporaryDirectory() as tmp, Testbed(rack, RACK_FILE, Path(tmp)) as tb:
         for i in range(args.rounds):
-            r = one_round(tb, plans, VICTIMS[i % len(VICTIMS)], args.checkpoint_every, args.kill_after)
+            r = one_round(tb, plans, victims[i % len(victims)], args.checkpoint_every, args.kill_after)
             rows.append(r)
             print(
                 f"  round {i + 1}: {r['killed']} killed, {r['lost']} -> {r['spares']}: all ranks iterating again "
@@ -118,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = ("total_s", *PHASES, "iterations_redone", "mean_iteration_s")
     median = {k: statistics.median(r[k] for r in rows) for k in keys}
     print("median: " + ", ".join(f"{k} {v:.2f}" for k, v in median.items()))
-    write_json(args.json, {"rounds": rows, "median": median})
+    write_json(args.json, {"fault": args.fault, "rounds": rows, "median": median})
     return 0
 
 

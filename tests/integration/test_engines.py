@@ -314,6 +314,8 @@ def test_a_job_with_no_spare_waits_at_the_head_of_the_queue_and_goes_on_when_a_g
     (rec,) = done["recoveries"]
     assert rec["spares"] == {"gpu2": "gpu4"} and "waited_from" in rec and rec["resumed_from"] >= 4, rec
     check_swap(client, client.get(f"/jobs/{jid}")["job"], rec)
+    stopped = client.get(f"/jobs/{oid}")["job"]
+    assert stopped["state"] == "stopped" and rec["planned_at"] >= stopped["ended_at"], (rec, stopped)  # given back
     assert where_the_ocs_puts(done["gpus"]) == set(done["switches"]) and len(done["switches"]) == 1
     queued = wait_job(client, later["id"])
     assert queued["state"] == "done" and queued["gpus"][0] in ("gpu5", "gpu6"), queued

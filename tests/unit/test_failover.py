@@ -218,3 +218,33 @@ def test_a_job_queued_behind_one_waiting_for_a_spare_starts_once_that_one_has_it
     assert job.recoveries[0]["spares"] == {"gpu2": "gpu4"}
     vrt.run(finished(placement, later.id))
     assert job.state == "done" and later.state == "done", (job.reason, later.reason)
+
+
+def test_a_spare_is_taken_only_once_the_stopped_job_holding_it_has_given_it_back(tmp_path, vrt, monkeypatch):
+    """Stopping a job frees its GPUs once its containers are gone (their NICs home), not when it is marked stopped: a
+    job waiting for a spare, trying every 0.5 s, starts its container on the freed GPU only after the removal."""
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    order = []
+    remove, start = driver.remove, driver.start
+
+    def slow_remove(job_id, gpu, server):
+        vrt.sleep(3.0)  # a NIC handed back and two containers removed, slowly
+        remove(job_id, gpu, server)
+        order.append(("removed", job_id, gpu))
+
+    def start_logged(spec, *a, **kw):
+        order.append(("started", spec.job, spec.gpu))
+        return start(spec, *a, **kw)
+
+    monkeypatch.setattr(driver, "remove", slow_remove)
+    monkeypatch.setattr(driver, "start", start_logged)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3"], iterations=40, gpu_model="M40")
+    other = job_of(placement, ["gpu4"], iterations=1000)
+    vrt.run(lambda: len(job.iterations()) >= 7 and other.state == "running")
+    driver.kill_server("srv2")
+    vrt.run(lambda: "waiting at the head of the queue" in job.note, what="the job to wait for a spare")
+    placement.stop_job(other.id)
+    vrt.run(finished(placement, job.id))
+    assert job.state == "done" and job.recoveries[0]["spares"] == {"gpu2": "gpu4"}, job.reason
+    assert order.index(("removed", other.id, "gpu4")) < order.index(("started", job.id, "gpu4")), order
