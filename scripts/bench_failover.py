@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from controller.core.circuits import CircuitMap
+from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY
 from controller.core.rack import load_rack
 from controller.drivers.containers import container_name
 from controller.drivers.engines import engine_client
@@ -185,7 +186,8 @@ def checkpoint_cost(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5, help="servers killed, one per round (default %(default)s)")
-    p.add_argument("--checkpoint-every", type=int, default=10, help="the job's K (default %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help=f"the job's K (default 10; with --checkpoint-cost {DEFAULT_CHECKPOINT_EVERY}, the controller's)")
     p.add_argument("--kill-after", type=int, default=14, help="iterations before the kill (default %(default)s)")
     p.add_argument("--iterations", type=int, default=30, help="the job's iterations; it runs to its end")
     p.add_argument("--fault", choices=("server", "worker"), default="server",
@@ -196,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--gpus", default=",".join(JOB_GPUS), help="the job's GPUs (default %(default)s)")
     add_json_option(p)
     args = p.parse_args(argv)
+    if args.checkpoint_every is None:
+        args.checkpoint_every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_cost else 10
     if args.checkpoint_cost:
         if args.pairs < 1 or args.checkpoint_every < 1 or args.iterations <= args.checkpoint_every:
             p.error("--pairs and --checkpoint-every take positive integers, and --iterations more than K")
