@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5, help="servers killed, one per round (default %(default)s)")
     p.add_argument("--checkpoint-every", type=int, default=None,
-                   help=f"the job's K (default 10; with --checkpoint-cost {DEFAULT_CHECKPOINT_EVERY}, the controller's)")
+                   help=f"the job's K (default 10; --checkpoint-cost: {DEFAULT_CHECKPOINT_EVERY}, the controller's)")
     p.add_argument("--kill-after", type=int, default=14, help="iterations before the kill (default %(default)s)")
     p.add_argument("--iterations", type=int, default=30, help="the job's iterations; it runs to its end")
     p.add_argument("--fault", choices=("server", "worker"), default="server",
