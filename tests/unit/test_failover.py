@@ -68,6 +68,27 @@ def test_a_dead_server_is_detected_and_its_gpu_swapped_for_a_spare_under_the_job
     assert again.state == "done"
 
 
+def test_a_server_that_answers_again_is_shown_down_until_its_stale_containers_are_gone(tmp_path, vrt):
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2"], iterations=30)
+    vrt.run(lambda: len(job.iterations()) >= 4, what="4 iterations")
+    driver.kill_server("srv2")
+    vrt.run(lambda: job.state != "running" or "gpu2" not in job.gpus, what="the loss to be seen")
+    seen, sweep = [], driver.sweep
+
+    def watched(server, *args):
+        seen.append(dict(placement.down_servers()))  # what a caller asking then is told
+        return sweep(server, *args)
+
+    driver.sweep = watched
+    driver.engines.back.add("srv2")
+    vrt.run(lambda: seen and "srv2" not in placement.down_servers(), what="the engine's return and sweep")
+    assert "srv2" in seen[0] and "stale containers" in seen[0]["srv2"], seen  # down while swept
+    assert driver.engines.ping("srv2")
+    assert "gpu2" not in job.gpus and not [c for c in driver.running.values() if c.labels["server"] == "srv2"]
+
+
 def test_two_losses_one_after_the_other_are_both_recovered(tmp_path, vrt):
     driver = FakeDriver(pace=PACE)
     ctx, placement, _ = make(tmp_path, driver, vrt)
