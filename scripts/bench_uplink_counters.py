@@ -55,7 +55,7 @@ def measure(tb: Testbed, seconds: float, interval: float) -> dict:
     rack = tb.rack
     switch = next(w for w in rack.spec.switches if w.uplinks)
     up = switch.uplinks[0]
-    peer = up.peer.split(":")[0]
+    peer = up.peer.device
     pairs = crossing_pairs(rack, (switch.name, peer))
     link, dev = f"{switch.name}:{up.port}", port_intf(switch.name, up.port)
     leaves = {link: counters.leaf_addresses(dev)}
