@@ -71,7 +71,9 @@ class Columns:
         self.size = 0
         for name in STATIC + STATE + ("duty",):
             setattr(self, name, np.zeros(0))
-        self.links: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # key -> (link ids, flows), in the ring's order
+        # each ring's links, in its order, as a run of the flat arrays: link ids and flows, from first[key], count[key]
+        self.first, self.count = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self.flat_link, self.flat_flows, self.used = np.zeros(1024, np.int64), np.zeros(1024), 0
 
     def _fit(self, key: int) -> None:
         if key < self.size:
@@ -82,6 +84,11 @@ class Columns:
             new = np.zeros(size)
             new[: self.size] = old
             setattr(self, name, new)
+        for name in ("first", "count"):
+            old = getattr(self, name)
+            new = np.zeros(size, np.int64)
+            new[: self.size] = old
+            setattr(self, name, new)
         self.size = size
 
     def set_ring(self, ring: Ring, target: int) -> None:
@@ -90,12 +97,49 @@ class Columns:
         self.compute[k], self.steps[k], self.step_bytes[k] = ring.compute_s, ring.steps, ring.step_bytes
         self.coarse[k], self.busy[k], self.n[k], self.cap[k] = ring.coarse, ring.busy_s, ring.n, ring.cap
         self.target[k] = target
-        self.links[k] = (np.fromiter(ring.links, np.int64, len(ring.links)),
-                         np.fromiter(ring.links.values(), float, len(ring.links)))
+        count = len(ring.links)
+        if self.used + count > len(self.flat_link):
+            grown = max(2 * len(self.flat_link), self.used + count)
+            self.flat_link = np.concatenate([self.flat_link, np.zeros(grown - len(self.flat_link), np.int64)])
+            self.flat_flows = np.concatenate([self.flat_flows, np.zeros(grown - len(self.flat_flows))])
+        self.flat_link[self.used: self.used + count] = list(ring.links)
+        self.flat_flows[self.used: self.used + count] = list(ring.links.values())
+        self.first[k], self.count[k] = self.used, count
+        self.used += count
 
     def drop(self, key: int) -> None:
         self.duty[key] = 0.0
-        self.links.pop(key, None)
+
+    def pairs(self, ix: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The links of the rings `ix`, ring after ring, each ring's in its order: (links per ring, link ids, flows)."""
+        counts = self.count[ix]
+        at = np.repeat(self.first[ix] - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+        return counts, self.flat_link[at], self.flat_flows[at]
+
+    def parts(self, keys: list[int]) -> list[list[int]]:
+        """`keys` split into its components, rings joined through the links they share: labels (each ring's least
+        index in its part) spread over links and back until none changes, short-cut through the labels' own."""
+        ix = np.array(keys, dtype=np.int64)
+        counts, link_of, _ = self.pairs(ix)
+        ring_of = np.repeat(np.arange(len(ix)), counts)
+        label = np.arange(len(ix))
+        bins = int(link_of.max()) + 1 if len(link_of) else 0
+        while True:
+            on_link = np.full(bins, len(ix))
+            np.minimum.at(on_link, link_of, label[ring_of])
+            new = label.copy()
+            np.minimum.at(new, ring_of, on_link[link_of])
+            while True:
+                short = new[new]
+                if np.array_equal(short, new):
+                    break
+                new = short
+            if np.array_equal(new, label):
+                break
+            label = new
+        order = np.argsort(label, kind="stable")
+        cuts = np.flatnonzero(np.diff(label[order])) + 1
+        return [ix[part].tolist() for part in np.split(order, cuts)]
 
     def put(self, key: int, s: RingState, progress: float) -> None:
         self.phase[key], self.remaining[key], self.step[key], self.done[key] = s.phase, s.remaining, s.step, s.done
@@ -117,14 +161,16 @@ class Block:
     def __init__(self, keys: list[int], t0: float, cols: Columns):
         self.keys, self.t0 = keys, t0
         self.ix = np.array(keys, dtype=np.int64)
-        self.pos = dict(zip(keys, range(len(keys)), strict=True))
+        self._pos: dict[int, int] | None = None
         for name in STATIC:
             setattr(self, name, getattr(cols, name)[self.ix])
         self.p0 = self.period = np.zeros(0)
 
     def at(self, key: int) -> tuple[float, float, float]:
         """(t, done, period) of one ring, as interference._Fluid holds them."""
-        i = self.pos[key]
+        if self._pos is None:
+            self._pos = dict(zip(self.keys, range(len(self.keys)), strict=True))
+        i = self._pos[key]
         return self.t0, float(self.p0[i]), float(self.period[i])
 
     def states(self, p: np.ndarray, period: np.ndarray, latency: float):
@@ -182,12 +228,8 @@ class Block:
         period = self.compute.copy()
         if not talking.any():
             return period
-        keys = [k for k, talks in zip(self.keys, talking.tolist(), strict=True) if talks]
-        pairs = [cols.links[k] for k in keys]
-        counts = np.array([len(p[0]) for p in pairs], dtype=np.int64)
-        link_of = np.concatenate([p[0] for p in pairs])
-        weight = np.concatenate([p[1] for p in pairs])
         ix, steps = self.ix[talking], self.steps[talking]
+        counts, link_of, weight = cols.pairs(ix)
         new, d = solve(self.compute[talking], steps * self.step_bytes[talking], steps * latency,
                        1.0 / self.cap[talking], counts, link_of, weight, inverse_capacity, cols.duty[ix])
         cols.duty[ix] = d

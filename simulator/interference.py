@@ -179,6 +179,10 @@ class Interference:
                 if keys:
                     self._solve(self._pending_t, sorted(keys), pending)
                 continue
+            if len(keys) >= self.VECTOR_MIN:  # as arrays
+                for group in self.cols.parts(keys):
+                    self._solve(self._pending_t, sorted(group), pending)
+                continue
             rest = set(keys)
             while rest:
                 group = self._connected(next(iter(rest)), rest)
@@ -339,7 +343,10 @@ class Interference:
         self.comp.update(dict.fromkeys(keys, block))
         self.shared.update(keys)
         self.stats["mean"] += 1
-        self._predict(keys, block.finishes().tolist())
+        when = block.finishes()
+        self.finish.update(zip(keys, when.tolist(), strict=True))
+        first = int(np.argmin(when))  # the block's earliest end (the least key among equal ones): the heap needs only
+        heapq.heappush(self._heap, (self.finish[keys[first]], keys[first]))  # it, as any change makes a new block
 
     def _mean_field(self, keys: list[int]) -> dict[int, float]:
         block = Block(keys, 0.0, self.cols)

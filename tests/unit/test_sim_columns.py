@@ -130,3 +130,24 @@ def test_a_ring_stored_as_columns_comes_back_as_the_per_ring_state():
     state, progress = cols.get(7)
     assert (state.phase, state.remaining, state.step, state.done, progress) == (2, 1.5e-5, 3, 12, 12.75)
     assert all(isinstance(x, int) for x in (state.phase, state.step, state.done))
+
+
+def test_parts_as_arrays_are_the_components_a_search_finds():
+    rng = random.Random(3)
+    for _ in range(20):
+        rings = [r for r in random_rings(rng, 60, 150) if r.links]
+        inter = Interference([1.0] * 150, 0.0)
+        for r in rings:
+            inter.rings[r.key] = r
+            for link in r.links:
+                inter.users.setdefault(link, set()).add(r.key)
+            inter.cols.set_ring(r, 1)
+        keys = [r.key for r in rings]
+        found, rest = [], set(keys)
+        while rest:
+            group = inter._connected(next(iter(rest)), rest)
+            rest -= group
+            found.append(sorted(group))
+        parts = inter.cols.parts(keys)
+        assert sorted(sorted(p) for p in parts) == sorted(found)
+        assert len(found) > 1 and any(len(g) > 2 for g in found)  # several parts, not all single rings
