@@ -109,6 +109,11 @@ class Interference:
         self._pieces: list[list[int]] = []
         self._piece_of: dict[int, int] = {}
         self._broken: set[int] = set()
+        # stepping through: the max-min rates of each set of transferring rings met, by the rings' tags (a ring put on
+        # the fabric again is another ring: a new tag)
+        self._known: dict[tuple[int, ...], dict[int, float]] = {}
+        self._tags: dict[int, int] = {}
+        self._tagged = 0
 
     # --- what the engine calls ---------------------------------------------------------
     def add(self, t: float, ring: Ring, iterations: int, state: RingState | None = None) -> None:
@@ -116,6 +121,8 @@ class Interference:
         self._take(t, {k for link in ring.links for k in self.users.get(link, ())})
         self.rings[ring.key], self.targets[ring.key] = ring, iterations
         self.cols.set_ring(ring, iterations)
+        self._tagged += 1
+        self._tags[ring.key] = self._tagged
         for link in ring.links:
             self.users.setdefault(link, set()).add(ring.key)
         self._pending[ring.key] = (state.copy() if state else RingState(remaining=ring.compute_s), None)
@@ -133,7 +140,7 @@ class Interference:
             progress = state.done + self._fraction(state, self.rings[key], self.period_alone(self.rings[key]))
         for link in self.rings[key].links:
             self.users[link].discard(key)
-        del self.rings[key], self.targets[key]
+        del self.rings[key], self.targets[key], self._tags[key]
         self.cols.drop(key)
         self.finish.pop(key, None)
         return state, progress
@@ -361,8 +368,10 @@ class Interference:
             heapq.heapify(self._heap)
 
     def _detail(self, comp: _Comp) -> Detail:
+        if len(self._known) > 20_000:  # a bound on the memory: they are computed again when met again
+            self._known.clear()
         return Detail([self.rings[k] for k in comp.keys], self.capacity, self.latency,
-                      {k: s.copy() for k, s in comp.start.items()}, self.held)
+                      {k: s.copy() for k, s in comp.start.items()}, self.held, (self._known, self._tags))
 
     def _step_through(self, comp: _Comp) -> None:
         """Step the component until a ring finishes or each has done the window; then go on fluid."""
