@@ -45,17 +45,50 @@ def _ns(netns: str | None) -> list[str]:
     return ["-n", netns] if netns else []
 
 
+_CLASS = re.compile(r"^class \S+ (\S+) ")
+_SENT = re.compile(r"Sent (\d+) bytes (\d+) pkt \(dropped (\d+),")
+_BACKLOG = re.compile(r"backlog (\d+)b (\d+)p")
+
+
+def parse_classes(text: str) -> dict[str, dict[str, int]]:
+    """`tc -s class show dev DEV` -> {handle: {bytes, packets, drops, backlog_bytes, backlog_packets}}.
+    Text, not `-j`: iproute2 6.1 prints htb classes as text even when asked for JSON."""
+    out: dict[str, dict[str, int]] = {}
+    handle = None
+    for line in text.splitlines():
+        m = _CLASS.match(line)
+        if m:
+            handle = m.group(1)
+            out[handle] = {"bytes": 0, "packets": 0, "drops": 0, "backlog_bytes": 0, "backlog_packets": 0}
+            continue
+        if handle is None:
+            continue
+        if m := _SENT.search(line):
+            out[handle].update(bytes=int(m.group(1)), packets=int(m.group(2)), drops=int(m.group(3)))
+        if m := _BACKLOG.search(line):
+            out[handle].update(backlog_bytes=int(m.group(1)), backlog_packets=int(m.group(2)))
+    return out
+
+
+def _devices(netns: str | None) -> list[str]:
+    return [link.get("ifname", "?") for link in _json("ip", *_ns(netns), "-j", "link", "show")]
+
+
 def queue_drops(root_intfs: set[str]) -> dict[str, int]:
     """Drops of every qdisc and class: 'NETNS DEV qdisc|class HANDLE' -> packets dropped so far."""
     out: dict[str, int] = {}
     for netns in _namespaces():
         where = netns or "root"
-        for kind in ("qdisc", "class"):
-            for q in _json("tc", *_ns(netns), "-s", "-j", kind, "show"):
-                dev = q.get("dev", "?")
-                if netns is None and dev not in root_intfs:
-                    continue
-                out[f"{where} {dev} {kind} {q.get('handle', q.get('class', '?'))}"] = int(q.get("drops", 0))
+        for q in _json("tc", *_ns(netns), "-s", "-j", "qdisc", "show"):
+            dev = q.get("dev", "?")
+            if netns is None and dev not in root_intfs:
+                continue
+            out[f"{where} {dev} qdisc {q.get('handle', '?')}"] = int(q.get("drops", 0))
+        for dev in _devices(netns):
+            if netns is None and dev not in root_intfs:
+                continue
+            for handle, c in parse_classes(_run("tc", *_ns(netns), "-s", "class", "show", "dev", dev)).items():
+                out[f"{where} {dev} class {handle}"] = c["drops"]
     return out
 
 
@@ -136,12 +169,20 @@ def _tcp(pid: str) -> dict[str, int] | None:
         return None
 
 
-def _nics(pid: str) -> list[str]:
+def _nics(pid: str) -> dict[str, tuple[int, int]]:
+    """The process's namespace's interfaces but loopback, each with its (receive, transmit) drops
+    since it was made (/proc/PID/net/dev: the fourth and twelfth figures)."""
     try:
         rows = Path(f"/proc/{pid}/net/dev").read_text().split("\n")[2:]
     except OSError:
-        return []
-    return sorted(r.split(":")[0].strip() for r in rows if ":" in r and r.split(":")[0].strip() != "lo")
+        return {}
+    out = {}
+    for row in rows:
+        name, _, figures = row.partition(":")
+        f = figures.split()
+        if name.strip() and name.strip() != "lo" and len(f) >= 12:
+            out[name.strip()] = (int(f[3]), int(f[11]))
+    return out
 
 
 class TcpSampler:
@@ -183,7 +224,8 @@ class TcpSampler:
                 now = time.time()
                 history = self.latest.get(inode, {}).get("history", [])
                 history.append((now, tcp["retrans"]))
-                self.latest[inode] = {"nics": nics, **tcp, "t": now, "history": history}
+                drops = {f"{nic} {way}": n for nic, (rx, tx) in nics.items() for way, n in (("rx", rx), ("tx", tx))}
+                self.latest[inode] = {"nics": sorted(nics), **tcp, "nic_drops": drops, "t": now, "history": history}
 
     def take(self) -> list[dict]:
         """The namespaces read since the last take, and forget them."""
@@ -201,6 +243,9 @@ def dark_retransmissions(tcp: list[dict], dark: list[tuple[float, float]], margi
     the circuits of a job beside were being changed and packets in flight on them were lost."""
     for t in tcp:
         history, extra = t.pop("history", []), 0
+        if t.get("retrans"):  # when they happened, kept where there are any: (time, retransmitted so far)
+            before = [(0, 0), *history]
+            t["retrans_history"] = [(round(a, 3), r) for (a, r), (_, q) in zip(history, before, strict=False) if r != q]
         for (a, ra), (b, rb) in zip(history, history[1:], strict=False):
             if any(a - margin <= d1 and d0 <= b + margin for d0, d1 in dark):
                 extra += rb - ra
@@ -211,7 +256,9 @@ def verdict(drops: dict[str, int], tcp: list[dict]) -> list[str]:
     """What is wrong with a run: each counter that dropped, each namespace that retransmitted too much
     outside the OCS dark windows (`retrans_dark`, counted apart)."""
     bad = [f"{n} packets dropped at {where}" for where, n in drops.items()]
-    for t in tcp:
+    for t in tcp:  # a NIC in a container: dropped since it was made (it is made for the container)
+        bad += [f"{n} packets dropped at {where} (in the container of {'+'.join(t['nics'])})"
+                for where, n in t.get("nic_drops", {}).items() if n]
         retrans = t["retrans"] - t.get("retrans_dark", 0)
         if t["out"] and retrans > MAX_RETRANS * t["out"]:
             dark = f" (and {t['retrans_dark']} in OCS dark windows)" if t.get("retrans_dark") else ""
@@ -234,12 +281,55 @@ def uplink_rule_bytes(uplinks: dict[str, set[int]]) -> dict[str, int]:
     return out
 
 
+_FLOWID = re.compile(r"flowid (\S+)")
+_DST = re.compile(r"match ([0-9a-f]{8})/ffffffff at 16")
+
+
+def leaf_addresses(dev: str) -> dict[str, str]:
+    """The fair uplink's leaves (emulation/shaping.py): {leaf handle: destination address} from the
+    u32 filters on `dev`; empty on a FIFO port (the droptail fabric)."""
+    out, flowid = {}, None
+    for line in _run("tc", "filter", "show", "dev", dev).splitlines():
+        if m := _FLOWID.search(line):
+            flowid = m.group(1)
+        elif (m := _DST.search(line)) and flowid:
+            out[flowid] = ".".join(str(int(m.group(1)[i:i + 2], 16)) for i in range(0, 8, 2))
+            flowid = None
+    return out
+
+
+Sample = tuple[float, dict[str, int], dict[str, int] | None]  # time, bytes per flow, packets queued per flow
+
+
+def uplink_leaves(devs: dict[str, str], leaves: dict[str, dict[str, str]]) -> tuple[dict[str, int], dict[str, int]]:
+    """Bytes sent and packets queued of every per-address leaf of every uplink: 'SWITCH:PORT ADDRESS' -> figure."""
+    sent, queued = {}, {}
+    for link, dev in devs.items():
+        for handle, c in parse_classes(_run("tc", "-s", "class", "show", "dev", dev)).items():
+            if handle in leaves.get(link, {}):
+                key = f"{link} {leaves[link][handle]}"
+                sent[key], queued[key] = c["bytes"], c["backlog_packets"]
+    return sent, queued
+
+
 class UplinkSampler:
-    """Reads the per-address rules toward every uplink every `interval` seconds while it runs."""
+    """Reads every `interval` seconds, for each uplink port, the bytes each crossing flow (one per
+    destination NIC) carried and the packets it has queued there. On the lossless fabric: from the
+    port's per-address htb leaves (what left the port, and its backlog). On a FIFO port (droptail):
+    from the per-address OpenFlow rules toward it, with no backlog of its own (`None`).
+
+    Why the leaves and not the rules where there are leaves: ovs-vswitchd adds the datapath's packet
+    counts to its OpenFlow rules when its revalidators run, in batches, so a rule's bytes in a 0.5 s
+    window are not what crossed in it (measured on two steady iperf3 flows sharing as1:10: the rules
+    summed to 0.47-1.48 of the line rate per window, the leaves to 0.99-1.02)."""
 
     def __init__(self, uplinks: dict[str, set[int]], interval: float = 0.5):
+        from controller.core.emulated import port_intf
+
         self.uplinks, self.interval = uplinks, interval
-        self.samples: list[tuple[float, dict[str, int]]] = []
+        self.devs = {f"{w}:{p}": port_intf(w, p) for w, ports in uplinks.items() for p in ports}
+        self.leaves = {link: leaf_addresses(dev) for link, dev in self.devs.items()}
+        self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -251,9 +341,16 @@ class UplinkSampler:
         self._stop.set()
         self._thread.join(5)
 
+    def read(self) -> Sample:
+        t = time.time()  # the workers' clock
+        if any(self.leaves.values()):
+            sent, queued = uplink_leaves(self.devs, self.leaves)
+            return t, sent, queued
+        return t, uplink_rule_bytes(self.uplinks), None
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.time(), uplink_rule_bytes(self.uplinks)))  # the workers' clock
+            self.samples.append(self.read())
             self._stop.wait(self.interval)
 
 
@@ -266,24 +363,27 @@ def _within(t0: float, t1: float, spans: list[tuple[float, float]]) -> bool:
     return any(a <= t0 and t1 <= b for a, b in spans)
 
 
-def uplink_shares(samples: list[tuple[float, dict[str, int]]], capacity_bps: float,
+def uplink_shares(samples: list[Sample], capacity_bps: float,
                   rings: list[set[str]], all_reduces: list[list[tuple[float, float]]] | None = None) -> dict:
     """Each crossing flow's share of its uplink beside its max-min share, over the windows between
     samples in which flows of at least two of `rings` (sets of NIC addresses) crossed that uplink
     and it was busy (a bottleneck).
 
-    A flow is the bytes of one per-address rule toward an uplink (a ring's flow into that NIC). In a
-    window its share is its bytes over what the uplink can carry then; its max-min share, that of a
-    lossless fabric where each of the n flows active there wants more than the link gives it: the
-    bytes the uplink carried in the window over n. With `all_reduces` (for each ring, the spans in
-    which all its ranks were in an all-reduce) only the windows inside an all-reduce of every ring
-    count: outside them a ring's flow waits on its own ring, not on the uplink, and max-min gives it
-    what it asks. Each figure is the mean over the windows in which that flow was counted."""
+    A flow is what one destination NIC received over the uplink. In a window its share is its bytes
+    over what the uplink can carry then. Its max-min share: a flow that had packets queued at the
+    port at both ends of the window wanted more than it got (bottlenecked there), and the
+    bottlenecked flows split evenly what the others left of the bytes the uplink carried; a flow
+    with nothing queued asked less, and max-min gives it what it asked, up to that even split. Where
+    the samples hold no backlog (a FIFO port) every flow counts as bottlenecked. With `all_reduces`
+    (for each ring, the spans in which all its ranks were in an all-reduce) only the windows inside
+    an all-reduce of every ring count. Each figure is the mean over the windows in which that flow
+    was counted."""
     got: dict[str, float] = {}
     fair: dict[str, float] = {}
     seen: dict[str, int] = {}  # windows in which each flow was counted
     windows = 0
-    for (t0, a), (t1, b) in zip(samples, samples[1:], strict=False):
+    samples = [(t, n, q[0] if q else None) for t, n, *q in samples]  # (time, bytes) alone: no backlog known
+    for (t0, a, qa), (t1, b, qb) in zip(samples, samples[1:], strict=False):
         if all_reduces is not None and not all(_within(t0, t1, spans) for spans in all_reduces):
             continue
         cap = capacity_bps / 8 * (t1 - t0)
@@ -296,12 +396,17 @@ def uplink_shares(samples: list[tuple[float, dict[str, int]]], capacity_bps: flo
         for link, flows in by_link.items():
             if sum(1 for r in rings if r & flows.keys()) < 2 or sum(flows.values()) < BUSY * cap:
                 continue
-            windows += 1
             total = sum(flows.values())
+            held = {f for f in flows
+                    if qa is None or qb is None or (qa.get(f"{link} {f}", 0) and qb.get(f"{link} {f}", 0))}
+            if not held:
+                continue  # nothing waited at the port: no flow was held back there
+            windows += 1
+            level = (total - sum(d for f, d in flows.items() if f not in held)) / len(held)
             for addr, d in flows.items():
                 key = f"{link} {addr}"
                 got[key] = got.get(key, 0.0) + d / cap
-                fair[key] = fair.get(key, 0.0) + total / len(flows) / cap
+                fair[key] = fair.get(key, 0.0) + (level if addr in held else min(d, level)) / cap
                 seen[key] = seen.get(key, 0) + 1
     flows = {k: {"share": got[k] / seen[k], "maxmin": fair[k] / seen[k], "error": got[k] / fair[k] - 1}
              for k in sorted(got)}

@@ -121,7 +121,8 @@ class Testbed:
             else:
                 self.state = rackmod.up(self.rack, self.controller.of_target[4:], wait_connected=10)
             self.client = self.controller.client()
-            wait_for(self._ready, 120 if self.bare else 30, "every datapath to connect and get its flows")
+            wait_for(self._ready, 120 if self.bare else 30,
+                     "every datapath to connect and get its flows, and every engine to be seen up")
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -130,7 +131,10 @@ class Testbed:
     def _ready(self) -> bool:
         topo = self.client.get("/topology")
         devices = list(topo["ocs"].values()) + list(topo["switches"].values())
-        return all(d["connected"] and d["synchronised"] for d in devices)
+        # and, with engines, every one of them seen up by the controller: one that it first found down (the
+        # controller starts before the rack) has its stale containers removed when it answers
+        engines = [] if self.bare else [s["engine"]["up"] for s in topo["servers"].values()]
+        return all(d["connected"] and d["synchronised"] for d in devices) and all(engines)
 
     def __exit__(self, *exc) -> None:
         try:

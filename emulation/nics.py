@@ -8,7 +8,7 @@ container's namespace takes nothing else with it: the helper container recreates
 """
 from __future__ import annotations
 
-from controller.core.emulated import LOSSLESS_SYSCTLS, NicPlan, netns_of, route_window
+from controller.core.emulated import IPV4_ONLY_SYSCTLS, LOSSLESS_SYSCTLS, NicPlan, netns_of, route_window
 from controller.core.rack import Rack
 from emulation import netns as ns
 
@@ -16,7 +16,8 @@ from emulation import netns as ns
 def prepare_server(netns: str, fabric: str = "droptail") -> None:
     """Several NICs on one subnet in one namespace: each answers ARP for, and sends from, its own
     address. Set on `default` too, so a NIC that comes home (or is recreated) inherits it. On the
-    lossless fabric, TCP as in a container's sandbox (emulation/shaping.py)."""
+    lossless fabric, TCP as in a container's sandbox (emulation/shaping.py). IPv4 alone, as in a sandbox."""
+    ns.in_netns(netns, "sysctl", "-qw", *(f"{k}={v}" for k, v in IPV4_ONLY_SYSCTLS.items()))
     if fabric == "lossless":
         ns.in_netns(netns, "sysctl", "-qw", *(f"{k}={v}" for k, v in LOSSLESS_SYSCTLS.items()))
     for key in ("all", "default"):

@@ -8,8 +8,8 @@ receives at once) the delayed acknowledgements held each flow to about 81 % of t
 with it, about 91 % (scripts/bench_allreduce.py). A real NIC's queue is microseconds deep at
 100 Gbit/s; our scaled queue is not, and this keeps it from stalling the reverse direction.
 Only htb, tbf, pfifo and the u32 filter exist in the kernels we target (no fq, no netem).
-Only a segment whose TCP flags are ACK alone (the flags at byte 33 with no IP options; ECN's two bits
-ignored) goes ahead: anything that takes sequence space (a small data segment, a FIN, a SYN) or ends the
+Only a segment with no payload whose TCP flags are ACK alone (the flags at byte 33 with no IP options; ECN's
+two bits ignored) goes ahead: anything that takes sequence space (a small data segment, a FIN, a SYN) or ends the
 connection (RST) stays in the bulk class, behind its flow's earlier segments. Ahead of them it arrives
 out of order, and TCP takes the reordering for a loss: a FIN that overtook the last segments queued at an
 uplink made the receiver acknowledge it selectively, and the sender retransmitted every segment it
@@ -47,9 +47,13 @@ def queue_frames(fabric: str, gpus: int) -> int:
 
 
 
-# u32 matches of a pure acknowledgement: TCP, IP total length under 128, TCP flags (URG ACK PSH RST SYN FIN) = ACK
-ACK_ONLY = ["match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2",
-            "match", "u8", "0x10", "0x3f", "at", "33"]
+# u32 matches of a pure acknowledgement, one list per TCP header length (data offset 5-15 words): IPv4 with no
+# options, TCP, an IP total length of exactly the two headers (no payload), TCP flags (URG ACK PSH RST SYN FIN) =
+# ACK. Matching the length exactly, not "short", keeps a small data segment (a tail without PSH) behind its flow.
+ACK_ONLY = [["match", "u8", "0x45", "0xff", "at", "0", "match", "ip", "protocol", "6", "0xff",
+             "match", "u16", f"0x{20 + 4 * words:04x}", "0xffff", "at", "2",
+             "match", "u8", f"0x{words << 4:02x}", "0xf0", "at", "32", "match", "u8", "0x10", "0x3f", "at", "33"]
+            for words in range(5, 16)]
 FAIR_DEFAULT = 0x99  # the fair bulk class's leaf for what no address filter takes (ARP, addresses not listed)
 FAIR_FIRST = 0x100  # the fair bulk class's leaf of the i-th address: 5:(0x100 + i)
 
@@ -82,8 +86,8 @@ def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES,
         ["class", "replace", "dev", DEV, "parent", "5:1", "classid", "5:20", "htb", "rate", bulk, "ceil", rate,
          "prio", "1", *common],
         ["qdisc", "replace", "dev", DEV, "parent", "5:10", "handle", "10:", *queue],
-        ["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32", *ACK_ONLY,
-         "flowid", "5:10"],
+        *(["filter", "add", "dev", DEV, "parent", "5:", "protocol", "ip", "prio", "1", "u32", *match, "flowid", "5:10"]
+          for match in ACK_ONLY),
     ]
     if not leaves:  # one FIFO for the bulk class
         return [*cmds, ["qdisc", "replace", "dev", DEV, "parent", "5:20", "handle", "20:", *queue]]

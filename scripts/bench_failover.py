@@ -1,20 +1,33 @@
 #!/usr/bin/env python3
-"""Benchmark: a server killed under a running job, from the kill to every rank iterating again.
+"""Benchmark: a server killed, or one worker killed with SIGKILL, under a running job, from the kill to every rank
+iterating again.
 
 On the paper rack with spares (topologies/paper-spares.yaml: a fifth server with two M40 under the other switch), each
 round runs a 4-GPU job on the four M40 of srv1-srv4 (gpu_model M40, so the spare must be one of srv5's), kills one of
 its servers with `optirack-rack server kill` (engine, containerd, shims, workers; NIC ports down), waits until every
-rank iterates again, then stops the job and starts the server again (empty). Each round's time from the kill to all
+rank iterates again, lets the job run to its end (`done`, the swap in its record; the round counts only then) and
+starts the server again (empty). Each round's time from the kill to all
 ranks iterating again is split into: detection (kill -> the job `recovering`), planning (the settle window, stopping
 the other workers and choosing the spares), the OCS change (circuits and flows confirmed), container start (survivors'
 workers replaced, the spare's sandbox, NIC and worker), restore (until the last rank has its checkpoint: the worker's
 start, importing PyTorch, fetching or reading it) and rendezvous (until every rank has begun its first iteration);
-plus the iterations redone. Needs root (it brings the rack up). `--json PATH` writes the rounds and the medians.
+plus the iterations redone. `--fault worker` kills one worker instead (`kill -9` of the process its container runs,
+its host PID found from the container on that server's engine): its server lives on, and its GPU is swapped as well.
+
+`--checkpoint-cost` measures what saving checkpoints costs instead: the same job (or `--gpus`) run to its end with
+checkpoints every K iterations (`--checkpoint-every`, here 20 by default, the controller's default) and with none
+(K beyond its last iteration), alternately, `--pairs` times: the mean iteration time of each (the first iteration,
+the processes' warm-up, left out), their difference as a share of the one without, and each save's own times from the
+workers' `checkpoint` lines (`local_s`: the training loop held while writing its copy; `save_s`: until the peer on
+another server holds one).
+Needs root (it brings the rack up). `--json PATH` writes the rounds and the medians.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -22,7 +35,10 @@ import time
 from pathlib import Path
 
 from controller.core.circuits import CircuitMap
+from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY
 from controller.core.rack import load_rack
+from controller.drivers.containers import container_name
+from controller.drivers.engines import engine_client
 from emulation import engines, servers
 from emulation.harness import ROOT, Testbed, wait_for
 from emulation.rack import CONTAINER_LABEL
@@ -35,22 +51,37 @@ except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scri
 RACK_FILE = ROOT / "topologies" / "paper-spares.yaml"
 JOB_GPUS = ["gpu1", "gpu2", "gpu3", "gpu4"]
 VICTIMS = ["srv2", "srv4"]  # servers holding one GPU of the job each (srv1 and srv3 also hold a Titan V)
+WORKER_VICTIMS = ["gpu2", "gpu4", "gpu1", "gpu3"]  # --fault worker: the rank killed, in turn
 PHASES = ("detection_s", "planning_s", "ocs_s", "containers_s", "restore_s", "rendezvous_s")
 
 
-def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: int) -> dict:
+def kill_worker(tb: Testbed, job: str, gpu: str) -> int:
+    """`kill -9` of the worker of `gpu`: the process its container runs (its host PID, from the server's engine)."""
+    c = engine_client(tb.rack, tb.rack.server_of[gpu], 30).containers.get(container_name(job, gpu))
+    pid = c.attrs["State"]["Pid"]
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    if "containers.worker" not in cmdline:  # the container's own process, checked, never looked up by name
+        raise RuntimeError(f"the container of {gpu} runs {cmdline!r}, not the worker")
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: int, iterations: int) -> dict:
     client = tb.client
     # the rack file's cabling again (circuits outlive jobs): the spares under as2, the job to be placed under as1,
     # so that every round moves a spare's circuit
     client.put("/ocs/circuits", {"circuits": CircuitMap.initial(tb.rack).to_json()})
     job = client.post(
         "/jobs",
-        {"gpus": JOB_GPUS, "gpu_model": "M40", "checkpoint_every": every, "workload": {"iterations": 100000}},
+        {"gpus": JOB_GPUS, "gpu_model": "M40", "checkpoint_every": every, "workload": {"iterations": iterations}},
     )["job"]
     jid = job["id"]
     wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["iterations_done"] >= before_kill, 300, "iterations")
     killed_at = time.time()
-    servers.kill(tb.rack, plans[victim])
+    if victim in plans:
+        servers.kill(tb.rack, plans[victim])
+    else:
+        kill_worker(tb, jid, victim)
     wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["recoveries"], 120, "the recovery", interval=0.05)
     rec = client.get(f"/jobs/{jid}")["job"]["recoveries"][0]
 
@@ -66,15 +97,22 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
     restored = [r["t"] for g in j["gpus"] for r in j["checkpoints"][g] if r["event"] == "restored"
                 and r.get("attempt") == rec["attempt"]]
     restored_at = max(restored) if len(restored) == len(j["gpus"]) else rec["running_at"]
-    client.post(f"/jobs/{jid}/stop")
-    servers.start(tb.rack, plans[victim], f"{CONTAINER_LABEL}={tb.rack.name}")
-    wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 30, f"{victim} up")
+    ended = ("done", "failed", "stopped")
+    final = wait_for(lambda: (j := client.get(f"/jobs/{jid}")["job"])["state"] in ended and j, 600, "the job to end")
+    if victim in plans:
+        servers.start(tb.rack, plans[victim], f"{CONTAINER_LABEL}={tb.rack.name}")
+        wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 30, f"{victim} up")
     detection = rec["detected_at"] - killed_at
     planning = rec["planned_at"] - rec["detected_at"] - rec.get("ocs_s", 0.0)
     return {
         "job": jid,
+        "state": final["state"],
+        "reason": final["reason"],
+        "iterations_done": final["iterations_done"],
+        "recoveries": len(final["recoveries"]),
         "killed": victim,
         "lost": sorted(rec["lost"]),
+        "why": rec["lost"],
         "spares": rec["spares"],
         "checkpoint_every": every,
         "resumed_from": rec["resumed_from"],
@@ -88,38 +126,115 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
         "rendezvous_s": iterating_at - restored_at,
         "switches_after": j["switches"],
         "circuit_event": rec["event"],
-        "mean_iteration_s": j["mean_iteration_s"],
+        "mean_iteration_s": final["mean_iteration_s"],
     }
+
+
+def run_to_end(tb: Testbed, gpus: list[str], every: int, iterations: int) -> dict:
+    """One job on `gpus` (placed under one switch from the rack file's cabling) run to its end; its iteration times
+    and its saves."""
+    client = tb.client
+    client.put("/ocs/circuits", {"circuits": CircuitMap.initial(tb.rack).to_json()})
+    jid = client.post("/jobs", {"gpus": gpus, "policy": "regroup", "checkpoint_every": every,
+                                "workload": {"iterations": iterations}})["job"]["id"]
+    ended = ("done", "failed", "stopped")
+    j = wait_for(lambda: (j := client.get(f"/jobs/{jid}")["job"])["state"] in ended and j, 900, f"{jid} to end")
+    if j["state"] != "done" or j["iterations_done"] != iterations:
+        raise RuntimeError(f"{jid} ended {j['state']} after {j['iterations_done']} iterations: {j['reason']}")
+    saves = [r for g in j["gpus"] for r in j["checkpoints"][g] if r["event"] == "checkpoint"]
+    its = [i["iter_s"] for i in j["iteration_log"][1:]]
+    return {"job": jid, "checkpoint_every": every, "mean_iteration_s": statistics.fmean(its), "saves": len(saves),
+            "local_s": [r["local_s"] for r in saves], "save_s": [r["save_s"] for r in saves],
+            "bytes": saves[0]["bytes"] if saves else 0, "switches": j["switches"]}
+
+
+def checkpoint_cost(args) -> int:
+    rack = load_rack(RACK_FILE)
+    gpus = args.gpus.split(",")
+    never = args.iterations + 1
+    print(f"checkpoint cost: {len(gpus)} GPUs ({args.gpus}), {args.iterations} iterations, K = {args.checkpoint_every}"
+          f" against none, {args.pairs} pairs", flush=True)
+    pairs = []
+    with tempfile.TemporaryDirectory() as tmp, Testbed(rack, RACK_FILE, Path(tmp)) as tb:
+        for i in range(args.pairs):
+            # each first in turn
+            order = (args.checkpoint_every, never) if i % 2 == 0 else (never, args.checkpoint_every)
+            runs = [run_to_end(tb, gpus, k, args.iterations) for k in order]
+            saving, plain = sorted(runs, key=lambda r: r["checkpoint_every"])
+            cost = saving["mean_iteration_s"] / plain["mean_iteration_s"] - 1
+            held = sum(saving["local_s"]) / len(gpus) / ((args.iterations - 1) * saving["mean_iteration_s"])
+            pairs.append({"with": saving, "without": plain, "cost": cost, "held_share": held})
+            print(f"  pair {i + 1}: mean iteration {saving['mean_iteration_s']:.4f} s with K = "
+                  f"{args.checkpoint_every}, {plain['mean_iteration_s']:.4f} s without: {100 * cost:+.2f} %; "
+                  f"{saving['saves']} saves of {saving['bytes']} B, local {statistics.median(saving['local_s']):.4f} s"
+                  f" (loop held {100 * held:.2f} %), to the peer {statistics.median(saving['save_s']):.3f} s (median)",
+                  flush=True)
+    median = {
+        "cost": statistics.median(p["cost"] for p in pairs),
+        "held_share": statistics.median(p["held_share"] for p in pairs),
+        "local_s": statistics.median(x for p in pairs for x in p["with"]["local_s"]),
+        "save_s": statistics.median(x for p in pairs for x in p["with"]["save_s"]),
+        "mean_iteration_s_with": statistics.median(p["with"]["mean_iteration_s"] for p in pairs),
+        "mean_iteration_s_without": statistics.median(p["without"]["mean_iteration_s"] for p in pairs),
+    }
+    print("median: " + ", ".join(f"{k} {v:.4f}" for k, v in median.items()))
+    write_json(args.json, {"mode": "checkpoint-cost", "gpus": gpus, "iterations": args.iterations,
+                           "checkpoint_every": args.checkpoint_every, "pairs": pairs, "median": median})
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5, help="servers killed, one per round (default %(default)s)")
-    p.add_argument("--checkpoint-every", type=int, default=10, help="the job's K (default %(default)s)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help=f"the job's K (default 10; --checkpoint-cost: {DEFAULT_CHECKPOINT_EVERY}, the controller's)")
     p.add_argument("--kill-after", type=int, default=14, help="iterations before the kill (default %(default)s)")
+    p.add_argument("--iterations", type=int, default=30, help="the job's iterations; it runs to its end")
+    p.add_argument("--fault", choices=("server", "worker"), default="server",
+                   help="kill a server under the job, or one of its workers with SIGKILL (default %(default)s)")
+    c = p.add_argument_group("--checkpoint-cost")
+    c.add_argument("--checkpoint-cost", action="store_true", help="measure what saving checkpoints costs (see above)")
+    c.add_argument("--pairs", type=int, default=3, help="jobs with and without checkpoints (default %(default)s)")
+    c.add_argument("--gpus", default=",".join(JOB_GPUS), help="the job's GPUs (default %(default)s)")
     add_json_option(p)
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.checkpoint_every < 1 or args.kill_after < 1:
-        p.error("--rounds, --checkpoint-every and --kill-after take positive integers")
+    if args.checkpoint_every is None:
+        args.checkpoint_every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_cost else 10
+    if args.checkpoint_cost:
+        if args.pairs < 1 or args.checkpoint_every < 1 or args.iterations <= args.checkpoint_every:
+            p.error("--pairs and --checkpoint-every take positive integers, and --iterations more than K")
+        unknown = sorted(set(args.gpus.split(",")) - set(load_rack(RACK_FILE).gpus))
+        if unknown:
+            p.error(f"--gpus: {', '.join(unknown)} not in {RACK_FILE.name}")
+        return checkpoint_cost(args)
+    if min(args.rounds, args.checkpoint_every, args.kill_after) < 1 or args.iterations <= args.kill_after:
+        p.error("--rounds, --checkpoint-every and --kill-after take positive integers, and --iterations more than "
+                "--kill-after")
     rack = load_rack(RACK_FILE)
     plans = {pl.server: pl for pl in engines.engine_plans(rack)}
     rows = []
-    print(f"failover: a server killed under a 4-GPU job on {RACK_FILE.name}, {args.rounds} rounds", flush=True)
+    victims = VICTIMS if args.fault == "server" else WORKER_VICTIMS
+    print(f"failover: a {args.fault} killed under a 4-GPU job on {RACK_FILE.name}, {args.rounds} rounds", flush=True)
     with tempfile.TemporaryDirectory() as tmp, Testbed(rack, RACK_FILE, Path(tmp)) as tb:
         for i in range(args.rounds):
-            r = one_round(tb, plans, VICTIMS[i % len(VICTIMS)], args.checkpoint_every, args.kill_after)
+            r = one_round(tb, plans, victims[i % len(victims)], args.checkpoint_every, args.kill_after,
+                          args.iterations)
             rows.append(r)
             print(
                 f"  round {i + 1}: {r['killed']} killed, {r['lost']} -> {r['spares']}: all ranks iterating again "
                 f"after {r['total_s']:.2f} s (" + ", ".join(f"{k[:-2]} {r[k]:.2f}" for k in PHASES)
-                + f"), from iteration {r['resumed_from']}, {r['iterations_redone']} redone",
+                + f"), from iteration {r['resumed_from']}, {r['iterations_redone']} redone; {r['state']} after "
+                f"{r['iterations_done']} iterations, {r['recoveries']} recovery",
                 flush=True,
             )
     keys = ("total_s", *PHASES, "iterations_redone", "mean_iteration_s")
     median = {k: statistics.median(r[k] for r in rows) for k in keys}
     print("median: " + ", ".join(f"{k} {v:.2f}" for k, v in median.items()))
-    write_json(args.json, {"rounds": rows, "median": median})
-    return 0
+    write_json(args.json, {"fault": args.fault, "rounds": rows, "median": median})
+    bad = [r["job"] for r in rows if r["state"] != "done" or r["recoveries"] != 1]
+    if bad:
+        print(f"not done after one recovery: {', '.join(bad)}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

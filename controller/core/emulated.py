@@ -86,8 +86,11 @@ def nic_plans(rack: Rack) -> list[NicPlan]:
 
 # The lossless fabric (emulation.fabric: lossless, the default). RoCE with PFC never drops: a full
 # queue pauses its senders. Our kernels have no PFC, so the same guarantee is built from two bounds:
-# each TCP flow has at most WINDOW_SEGMENTS segments in flight (the route's `cwnd lock`, on every
-# GPU NIC's route, at home and in a container), and every queue holds the windows of all the flows
+# each TCP flow has at most about WINDOW_SEGMENTS segments in flight (the receiver's buffer, below:
+# the route's `cwnd lock` alone bounds only a namespace's second connection to a peer, since the
+# kernel applies it from its TCP metrics cache, empty for the first; a container's gloo connections
+# are all first ones, and ran with congestion windows of up to 71 segments and receive windows of up
+# to 850 kB), and every queue holds the windows of all the flows
 # that can ever meet there (FLOWS_PER_GPU per GPU NIC of the rack, each way). Flows meeting at a
 # bottleneck then slow down and share it about evenly (each has the same window in the same queue)
 # instead of losing packets. Four jumbo segments cover a NIC's bandwidth-delay product at the
@@ -100,7 +103,15 @@ WINDOW_SEGMENTS = 4
 # smoothed round trip: behind the windows of the other flows in a lossless queue it is late with
 # nothing lost, and every such probe is a needless retransmission (TCPDSACKRecv counts them back).
 # Set in every container sandbox and in every server's namespace (the calibration's iperf3 flows).
-LOSSLESS_SYSCTLS = {"net.ipv4.tcp_early_retrans": "0"}
+# The receive buffer bounds what a sender may have in flight (its window) whatever its congestion control: two
+# frames of buffer per segment of window (the kernel advertises about half of its buffer, the rest being each
+# packet's overhead), fixed (no autotuning above it).
+RECEIVE_BUFFER = 2 * WINDOW_SEGMENTS * (9000 + 14)
+LOSSLESS_SYSCTLS = {"net.ipv4.tcp_early_retrans": "0",
+                    "net.ipv4.tcp_rmem": f"4096 {RECEIVE_BUFFER} {RECEIVE_BUFFER}"}
+# The emulated fabric carries IPv4 alone (no switch has a rule for anything else): a NIC that comes up with IPv6
+# sends its duplicate-address probes, router solicitations and listener reports into it for nothing.
+IPV4_ONLY_SYSCTLS = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
 
 
 # TCP's retransmission timer runs in real time, and a round trip through a lossless queue at a low

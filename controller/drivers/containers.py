@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from controller.core.emulated import LOSSLESS_SYSCTLS, nic_plans, route_window
+from controller.core.emulated import IPV4_ONLY_SYSCTLS, LOSSLESS_SYSCTLS, nic_plans, route_window
 from controller.core.rack import Rack
 from controller.drivers.engines import EngineDown, Engines
 
@@ -34,10 +34,12 @@ def sandbox_sysctls(emulated_mtu: int | None, fabric: str = "droptail") -> dict[
     On an emulated NIC also TCP small queues of two frames: segments wait in the socket rather than
     in the shaped NIC's queue, so a round trip is not inflated by its own queue, and TCP does not
     take that queueing for a loss and retransmit what has not yet left the host. On the emulated
-    lossless fabric, where nothing is lost, also no tail loss probes (emulation/shaping.py)."""
+    lossless fabric, where nothing is lost, also no tail loss probes (emulation/shaping.py). On an
+    emulated NIC, IPv4 alone: the emulated fabric forwards nothing else."""
     out = {"net.ipv4.tcp_slow_start_after_idle": "0"}
     if emulated_mtu:
         out["net.ipv4.tcp_limit_output_bytes"] = str(2 * (emulated_mtu + 14))
+        out.update(IPV4_ONLY_SYSCTLS)
         if fabric == "lossless":
             out.update(LOSSLESS_SYSCTLS)
     return out

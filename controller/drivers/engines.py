@@ -60,6 +60,9 @@ def engine_client(rack: Rack, server: str, timeout: float = API_TIMEOUT):
     return client
 
 
+RETURNING = "it answers again; its stale containers are being removed"
+
+
 class Engines:
     """Clients for every server's engine, and their health as last seen."""
 
@@ -68,6 +71,7 @@ class Engines:
         self._make = make_client or (lambda server, timeout: engine_client(rack, server, timeout))
         self._clients: dict[tuple[str, float], object] = {}
         self._down: dict[str, str] = {}  # server -> why, as last seen
+        self._returning: set[str] = set()  # down, now answering, not yet swept
         self._lock = threading.Lock()
 
     def url(self, server: str) -> str:
@@ -90,13 +94,19 @@ class Engines:
             self.client(server, PING_TIMEOUT).ping()
         except Exception as e:  # noqa: BLE001 (refused, timed out, TLS, ...: down, with the reason)
             why = str(e.why) if isinstance(e, EngineDown) else f"{e.__class__.__name__}: {_short(e)}"
-            if self._down.get(server) is None:
+            if self._down.get(server) in (None, RETURNING):
                 LOG.error("the engine of %s (%s) is down: %s", server, self.url(server), why)
+            self._returning.discard(server)
             self._down[server] = why
             return False
         if server in self._down:
-            LOG.warning("the engine of %s (%s) answers again", server, self.url(server))
-            del self._down[server]
+            # Still not usable: what it ran before it went down is removed first (the watch of the engines
+            # sweeps it, then calls mark_up); until then every caller is told it is down, with that reason.
+            if server not in self._returning:
+                LOG.warning("the engine of %s (%s) answers again", server, self.url(server))
+                self._returning.add(server)
+                self._down[server] = RETURNING
+            return False
         return True
 
     def check(self, servers) -> None:
@@ -110,7 +120,17 @@ class Engines:
         return dict(self._down)
 
     def mark_down(self, server: str, why: str) -> None:
+        self._returning.discard(server)
         self._down[server] = why
+
+    def returning(self) -> list[str]:
+        """Servers whose engine answers again, not yet swept of what they ran before (shown down until then)."""
+        return sorted(self._returning)
+
+    def mark_up(self, server: str) -> None:
+        """A returning server was swept: usable again."""
+        self._returning.discard(server)
+        self._down.pop(server, None)
 
 
 def _short(e: Exception) -> str:

@@ -97,7 +97,9 @@ class FailoverMixin:
                     break
                 except policy.NoRoomNow as e:
                     self._wait_for_spares(job, rec, str(e))
-            self._awaiting.discard(job.id)
+            if job.id in self._awaiting:  # it held the queue back: with its spares taken, the others may go
+                self._awaiting.discard(job.id)
+                _attempt(job, "starting queued jobs", self._drain_queue)
             self._restart(job, rec)
         except Exception as e:  # noqa: BLE001 (the edge: a job that cannot be recovered fails with the reason)
             self._awaiting.discard(job.id)

@@ -201,6 +201,7 @@ class LifecycleMixin:
         _attempt(job, "keeping the workers' logs", self._keep_logs, job)
         _attempt(job, "removing the containers", self._remove_containers, job)
         _attempt(job, "removing the checkpoints", self._remove_volumes, job)
+        self._stopping.discard(job.id)  # its GPUs are free now
         transition(job, state, reason=reason, ended_at=self.ctx.clock())
         _attempt(job, "saving the job", self.save, job)
         _attempt(job, "starting queued jobs", self._drain_queue)  # its GPUs are free
@@ -339,6 +340,7 @@ class LifecycleMixin:
             return job
         if job.state not in ("running", "recovering"):
             raise Conflict(f"{job_id} is {job.state}; stop it once it runs")
+        self._stopping.add(job.id)  # its GPUs stay held until its containers are gone (_end)
         transition(job, "stopped", reason="stopped by request")
         self._awaiting.discard(job.id)
         for gpu in job.gpus:

@@ -104,22 +104,25 @@ class RecoveryMixin:
         while True:
             self.rt.sleep(self.engine_poll)
             for server in self.ctx.rack.servers:
-                was_down = server in self.driver.down_servers()
-                if self.driver.engines.ping(server) and was_down:
-                    self._sweep(server)
+                self.driver.engines.ping(server)
+            for server in self.driver.engines.returning():  # shown down until swept: nobody uses it before
+                if self._sweep(server):
+                    self.driver.engines.mark_up(server)
                     try:
                         self._drain_queue()  # its GPUs can take queued jobs again
                     except Exception:  # noqa: BLE001 (the watch goes on; the next job's end drains again)
                         LOG.exception("starting queued jobs after the engine of %s came back", server)
 
-    def _sweep(self, server: str) -> None:
-        """Remove what is left on `server` of jobs that are over, and of GPUs a job that goes on lost there."""
+    def _sweep(self, server: str) -> bool:
+        """Remove what is left on `server` of jobs that are over, and of GPUs a job that goes on lost there;
+        whether that was done."""
         keep = {j.id for j in self.jobs.values() if j.active}
         pairs = {(j.id, g) for j in self.jobs.values() if j.active for g in j.gpus}
         try:
             gone = self.driver.sweep(server, keep, pairs)
         except Exception as e:  # noqa: BLE001 (down again: the next poll retries)
             LOG.error("cannot remove stale containers on %s: %s", server, e)
-            return
+            return False
         if gone:
             LOG.warning("removed stale containers of GPUs %s on %s", ", ".join(gone), server)
+        return True

@@ -42,6 +42,8 @@ class JobService(QueueMixin, LifecycleMixin, RegroupMixin, RecoveryMixin, Failov
         self.queue: collections.deque[str] = collections.deque(
             j.id for j in sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id)) if j.state == QUEUED
         )
+        # jobs stopped whose containers are still being removed: their GPUs (and NICs) are not free yet
+        self._stopping: set[str] = set()
         self.occupancy = Occupancy(self.ctx.rack, self.ctx.circuits, self.busy_gpus())
         self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
         self._threads: dict[str, list] = {}
@@ -61,7 +63,8 @@ class JobService(QueueMixin, LifecycleMixin, RegroupMixin, RecoveryMixin, Failov
 
     # --- what other apps and the REST API ask ---------------------------------------
     def busy_gpus(self) -> dict[str, str]:
-        return {g: j.id for j in self.jobs.values() if j.active for g in j.gpus or self._requested(j)}
+        held = [j for j in self.jobs.values() if j.active or j.id in self._stopping]
+        return {g: j.id for j in held for g in j.gpus or self._requested(j)}
 
     gpu_jobs = busy_gpus
 

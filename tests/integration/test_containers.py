@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from controller.core.emulated import nic_port
+from controller.core.emulated import RECEIVE_BUFFER, nic_port
 from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer, container_name, sandbox_name
 from emulation import netns as ns
@@ -83,6 +83,8 @@ def test_profile_workers_all_reduce_correctly(driver, gpus):
         assert f"cwnd lock {WINDOW_SEGMENTS}" in route and f"initcwnd {WINDOW_SEGMENTS}" in route, route
         sysctl = c.exec_run(["cat", "/proc/sys/net/ipv4/tcp_slow_start_after_idle"]).output.decode().strip()
         assert sysctl == "0"
+        rmem = c.exec_run(["cat", "/proc/sys/net/ipv4/tcp_rmem"]).output.decode().split()  # and on every first
+        assert rmem == ["4096", str(RECEIVE_BUFFER), str(RECEIVE_BUFFER)]  # connection, where no cwnd lock applies
         for other in RACK.servers:
             if other != server:
                 assert driver.client(other).containers.list(all=True, filters={"name": container_name("t", gpu)}) == []

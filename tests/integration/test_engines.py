@@ -1,7 +1,8 @@
 """The paper rack as four machines: one Docker Engine per server, reached over mutual TLS. A job
 spread over three servers runs each worker on its own server's engine, holding exactly its NIC;
-rack-check asks every engine; engine failures leave nothing behind on any engine; a restarted
-controller adopts a job that runs on three engines."""
+rack-check asks every engine; engine failures leave nothing behind on any engine; a server killed
+under a job is swapped for a spare, twice in one job, or waited for at the head of the queue when no
+spare is free; a restarted controller adopts a job that runs on three engines."""
 from __future__ import annotations
 
 import subprocess
@@ -9,10 +10,11 @@ import subprocess
 import pytest
 
 from controller.client import ApiError
+from controller.core.circuits import CircuitMap
 from controller.core.emulated import netns_of
 from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerDriver, container_name, sandbox_name
-from emulation import engines, registry
+from emulation import engines, ovs, registry
 from emulation import netns as ns
 from tests.integration.helpers import BIN, PAPER, ROOT, sh, wait_for, worker_image
 
@@ -202,6 +204,124 @@ def test_a_server_killed_mid_job_is_swapped_for_a_spare_and_comes_back_empty(fre
     wait_for(lambda: client.get("/topology")["servers"]["srv2"]["engine"]["up"], 30, "srv2 seen up")
     again = client.post("/jobs", {"gpus": ["gpu2", "gpu4"], "workload": {"iterations": 3, "compute_seconds": 0.05}})
     assert wait_job(client, again["job"]["id"])["state"] == "done"  # its GPU is free, and works
+
+
+def where_the_ocs_puts(gpus: list[str]) -> set[str]:
+    """The switches the OCS bridge's own flows (not the controller's map) cable `gpus` under."""
+    pairs = [[f"ocs1:{a}", f"ocs1:{b}"] for a, b in ovs.circuits_of(ovs.circuit_flows("ocs1"))]
+    where = CircuitMap.parse(RACK, pairs).gpu_locations(RACK)
+    return {where[g][0] if g in where else f"{g} uncabled" for g in gpus}
+
+
+def saved_in(job: dict, attempt: int, after: int) -> bool:
+    """Whether every rank of `job` has saved a checkpoint past iteration `after` in `attempt`."""
+    return all(
+        any(r["event"] == "checkpoint" and r.get("attempt") == attempt and r["iteration"] > after
+            for r in job["checkpoints"][g])
+        for g in job["gpus"]
+    )
+
+
+def died(why: str, server: str, gpu: str) -> bool:
+    """Whether `why` is a sign of a server death: its engine gone, or its GPU's link down (whichever came first)."""
+    return f"server {server} went down" in why or f"the link of {gpu}'s NIC" in why
+
+
+def check_swap(client, job: dict, rec: dict) -> None:
+    """A recovery's circuit change: a `failover` event moving each spare's circuit under the job's switch (none
+    where the spare was there already), and every rank restarted from the recovery's checkpoint."""
+    if rec["event"] is not None:
+        (ev,) = [e for e in client.get("/events", limit=100)["events"] if e["id"] == rec["event"]]
+        assert ev["kind"] == "failover" and ev["status"] == "ok" and ev["job"] == job["id"], ev
+        for lost, spare in rec["spares"].items():
+            assert f"{lost} -> {spare}" in ev["reason"], ev
+    restored = {g: [r["iteration"] for r in job["checkpoints"][g]
+                    if r["event"] == "restored" and r.get("attempt") == rec["attempt"]]
+                for g in rec["gpus"] if g in job["gpus"]}  # (a GPU lost later has left the record's ranks)
+    assert len(restored) >= 2 and all(v == [rec["resumed_from"]] for v in restored.values()), (rec, restored)
+
+
+def test_two_servers_killed_one_after_the_other_in_one_job_are_both_recovered(fresh, driver):
+    """Two losses in one job: srv2 dies, the job goes on with a spare; once every rank has saved a checkpoint in the
+    new attempt, srv4 dies under one of its ranks; it goes on again with the other spare and ends done, the record
+    holding both swaps, each from the newest checkpoint of which a copy survived."""
+    client = fresh.client
+    job = client.post(
+        "/jobs",
+        {"gpus": ["gpu1", "gpu2", "gpu3", "gpu4"], "policy": "regroup", "checkpoint_every": 4,
+         "workload": {"model": "resnet50", "iterations": 40, "compute_seconds": 0.05}},
+    )["job"]
+    jid = job["id"]
+    wait_for(lambda: saved_in(client.get(f"/jobs/{jid}")["job"], 0, 0), 120, "a first checkpoint")
+    optirack_rack("server", "kill", "srv2")
+    wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["recoveries"], 60, "the first recovery")
+    first = client.get(f"/jobs/{jid}")["job"]["recoveries"][0]
+    assert set(first["lost"]) == {"gpu2"} and died(first["lost"]["gpu2"], "srv2", "gpu2"), first
+    wait_for(lambda: saved_in(client.get(f"/jobs/{jid}")["job"], first["attempt"], first["resumed_from"]), 120,
+             "a checkpoint of the new attempt on every rank")
+    assert "gpu4" in client.get(f"/jobs/{jid}")["job"]["gpus"]
+    optirack_rack("server", "kill", "srv4")
+    done = wait_job(client, jid, 240)
+    assert done["state"] == "done" and done["iterations_done"] == 40, (done["state"], done["reason"])
+    first, second = done["recoveries"]
+    assert set(second["lost"]) == {"gpu4"} and died(second["lost"]["gpu4"], "srv4", "gpu4"), second
+    assert {first["spares"]["gpu2"], second["spares"]["gpu4"]} == {"gpu5", "gpu6"}  # the free Titan V, in turn
+    assert second["resumed_from"] > first["resumed_from"] and second["attempt"] > first["attempt"]
+    assert set(second["gpus"]) == set(first["gpus"]) - {"gpu4"} | {second["spares"]["gpu4"]}, (first, second)
+    assert set(done["gpus"]) == {"gpu1", "gpu3", "gpu5", "gpu6"} and len(done["switches"]) == 1, done
+    full = client.get(f"/jobs/{jid}")["job"]
+    for rec in (first, second):
+        # redone: at most K (4), plus those run while the newest save was still on its way to its peer
+        assert rec["switches"] == done["switches"] and 0 <= rec["iterations_redone"] < 8, rec
+        check_swap(client, full, rec)
+    assert second["event"] is not None  # the second spare was under the other switch: its circuit moved
+    assert where_the_ocs_puts(done["gpus"]) == set(done["switches"])
+    assert all(g["job"] is None for g in client.get("/topology")["gpus"].values())
+    for server in ("srv2", "srv4"):  # back, empty
+        optirack_rack("server", "start", server)
+    assert all(v == [] for v in ours_on_every_engine(driver).values())
+
+
+def test_a_job_with_no_spare_waits_at_the_head_of_the_queue_and_goes_on_when_a_gpu_frees(fresh, driver):
+    """A job of three M40 (gpu_model M40) loses srv2 while the fourth M40 runs another job: no spare of its model is
+    free, so it waits at the head of the queue with its checkpoint, and a job submitted then stays queued behind it
+    though a Titan V is free. The other job stopped, the job takes its M40 (moved under its switch), goes on from the
+    checkpoint and ends done; the queued job starts once it has its spare, before it ends."""
+    client = fresh.client
+    job = client.post(
+        "/jobs",
+        {"gpus": ["gpu1", "gpu2", "gpu3"], "gpu_model": "M40", "policy": "regroup", "checkpoint_every": 4,
+         "workload": {"model": "resnet50", "iterations": 40, "compute_seconds": 0.05}},
+    )["job"]
+    jid = job["id"]
+    other = client.post("/jobs", {"gpus": ["gpu4", "gpu5"], "policy": "fixed",
+                                  "workload": {"model": "resnet50", "iterations": 100000, "compute_seconds": 0.05}})
+    oid = other["job"]["id"]
+    wait_for(lambda: saved_in(client.get(f"/jobs/{jid}")["job"], 0, 0), 120, "a first checkpoint")
+    assert client.get(f"/jobs/{oid}")["job"]["state"] == "running"
+    optirack_rack("server", "kill", "srv2")
+    wait_for(lambda: "waiting at the head of the queue" in (client.get(f"/jobs/{jid}")["job"]["note"] or ""), 60,
+             "the job to wait for a spare")
+    waiting = client.get(f"/jobs/{jid}")["job"]
+    assert waiting["state"] == "recovering" and waiting["gpus"] == ["gpu1", "gpu3"], waiting
+    assert "of model M40" in waiting["note"], waiting["note"]
+    later = client.post("/jobs", {"gpus": 1, "workload": {"model": "resnet50", "iterations": 3}})["job"]
+    assert later["state"] == "queued" and "waiting for spares ahead of it" in later["note"], later
+    assert client.get("/topology")["gpus"]["gpu6"]["job"] is None  # free, and still not taken
+    client.post(f"/jobs/{oid}/stop")
+    done = wait_job(client, jid, 240)
+    assert done["state"] == "done" and done["iterations_done"] == 40, (done["state"], done["reason"])
+    (rec,) = done["recoveries"]
+    assert rec["spares"] == {"gpu2": "gpu4"} and "waited_from" in rec and rec["resumed_from"] >= 4, rec
+    check_swap(client, client.get(f"/jobs/{jid}")["job"], rec)
+    stopped = client.get(f"/jobs/{oid}")["job"]
+    assert stopped["state"] == "stopped" and rec["planned_at"] >= stopped["ended_at"], (rec, stopped)  # given back
+    assert where_the_ocs_puts(done["gpus"]) == set(done["switches"]) and len(done["switches"]) == 1
+    queued = wait_job(client, later["id"])
+    assert queued["state"] == "done" and queued["gpus"][0] in ("gpu5", "gpu6"), queued
+    assert queued["started_at"] < done["ended_at"]  # it went once the job had its spare, not when it ended
+    optirack_rack("server", "start", "srv2")
+    assert all(v == [] for v in ours_on_every_engine(driver).values())
 
 
 def test_a_restarted_controller_adopts_a_job_on_three_engines(fresh, driver):

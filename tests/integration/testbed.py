@@ -156,7 +156,7 @@ class SharedTestbed(harness.Testbed):
         if not self._rack_is_ours():
             self.release()
             self.ensure_up()
-        harness.wait_for(self._ready, 30, "every datapath to connect and get its flows")
+        harness.wait_for(self._ready, 30, "every datapath to connect and get its flows, and every engine to be seen up")
         self.stop_jobs()
         self.remove_containers()
         self.nics_home()

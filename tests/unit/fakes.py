@@ -250,9 +250,26 @@ class FakeEngines:
 
     def __init__(self):
         self.down: dict[str, str] = {}
+        self.back: set[str] = set()  # down servers answering again (shown down until swept)
+        self._returning: set[str] = set()
 
     def ping(self, server):
+        from controller.drivers.engines import RETURNING
+        if server in self.down and server in self.back:
+            self.down[server] = RETURNING
+            self._returning.add(server)
         return server not in self.down
+
+    def mark_down(self, server, why):
+        self.down[server] = why
+
+    def returning(self):
+        return sorted(self._returning)
+
+    def mark_up(self, server):
+        self.down.pop(server, None)
+        self._returning.discard(server)
+        self.back.discard(server)
 
 
 class FakeDriver:

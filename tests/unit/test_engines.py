@@ -8,6 +8,7 @@ import docker
 import pytest
 import yaml
 
+from controller.core.emulated import RECEIVE_BUFFER
 from controller.core.rack import RackError, load_rack, parse_rack
 from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer, container_name, sandbox_name
 from controller.drivers.engines import EngineDown, Engines
@@ -222,6 +223,9 @@ def test_start_runs_sandbox_then_helper_add_then_a_worker_in_the_sandbox_on_the_
         "net.ipv4.tcp_slow_start_after_idle": "0",  # emulated NIC: small queues too
         "net.ipv4.tcp_limit_output_bytes": str(2 * (9000 + 14)),
         "net.ipv4.tcp_early_retrans": "0",  # the lossless fabric (the default): no tail loss probes
+        "net.ipv4.tcp_rmem": f"4096 {RECEIVE_BUFFER} {RECEIVE_BUFFER}",  # and a bounded window
+        "net.ipv6.conf.all.disable_ipv6": "1",  # emulated NIC: the fabric carries IPv4 alone
+        "net.ipv6.conf.default.disable_ipv6": "1",
     }
     assert all(e.calls == [] for s, e in engines.items() if s != "srv3")
 

@@ -88,6 +88,29 @@ def test_verdict_names_the_port_and_the_job_that_retransmitted():
     assert len(bad) == 2 and bad[1].startswith("gpu2: 11 of 1000")
 
 
+def test_a_nic_in_a_container_that_dropped_is_named_with_its_container():
+    tcp = [{"nics": ["gpu5"], "retrans": 0, "out": 1000, "nic_drops": {"gpu5 rx": 0, "gpu5 tx": 3}}]
+    assert counters.verdict({}, tcp) == ["3 packets dropped at gpu5 tx (in the container of gpu5)"]
+    tcp[0]["nic_drops"]["gpu5 tx"] = 0
+    assert counters.verdict({}, tcp) == []
+
+
+def test_a_namespaces_nics_are_read_with_their_drops(tmp_path, monkeypatch):
+    dev = tmp_path / "1" / "net"
+    dev.mkdir(parents=True)
+    (dev / "dev").write_text(
+        "Inter-|   Receive  |  Transmit\n face |bytes packets errs drop fifo frame compressed multicast|...\n"
+        "    lo: 10 1 0 0 0 0 0 0 10 1 0 0 0 0 0 0\n"
+        "  gpu5: 900 9 0 2 0 0 0 0 800 8 0 7 0 0 0 0\n")
+    from pathlib import Path
+
+    def fake(path="", *rest):
+        return Path(str(path).replace("/proc", str(tmp_path)), *rest)
+
+    monkeypatch.setattr(counters, "Path", fake)
+    assert counters._nics("1") == {"gpu5": (2, 7)}
+
+
 def _record(problems: list[str]) -> dict:
     return {"fabric": "droptail", "calibration": {"runs": [{"fabric_counters": {"problems": []}}]},
             "runs": [{"tag": "case a fragmented #1", "fabric_counters": {"problems": problems}}], "sweep": []}
@@ -184,20 +207,78 @@ def _u32_matches(rule: list[str], packet: bytes) -> bool:
 
 def test_only_pure_acknowledgements_go_ahead_of_data():
     """A FIN (or a small data segment) ahead of its flow's queued segments arrives out of order and TCP retransmits
-    what it skipped: only ACK-alone segments (ECN bits ignored) take the acknowledgement class."""
+    what it skipped: only ACK-alone segments with no payload (ECN bits ignored) take the acknowledgement class."""
     import struct
 
     from emulation.shaping import ACK_ONLY
 
-    def tcp(flags: int, payload: int = 0) -> bytes:
-        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + 32 + payload, 0, 0, 64, 6, 0, bytes(4), bytes(4))
-        return ip + struct.pack("!HHIIBBHHH", 1, 2, 0, 0, 8 << 4, flags, 0, 0, 0) + bytes(12 + payload)
+    def tcp(flags: int, payload: int = 0, options: int = 12) -> bytes:
+        words = (20 + options) // 4
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + 4 * words + payload, 0, 0, 64, 6, 0, bytes(4), bytes(4))
+        return ip + struct.pack("!HHIIBBHHH", 1, 2, 0, 0, words << 4, flags, 0, 0, 0) + bytes(options + payload)
+
+    def ahead(packet: bytes) -> bool:
+        return any(_u32_matches(match, packet) for match in ACK_ONLY)
 
     ack, fin, psh, ece, syn, rst = 0x10, 0x11, 0x18, 0x50, 0x12, 0x14
-    assert _u32_matches(ACK_ONLY, tcp(ack)) and _u32_matches(ACK_ONLY, tcp(ece | ack))
+    assert ahead(tcp(ack)) and ahead(tcp(ece | ack)) and ahead(tcp(ack, options=0)) and ahead(tcp(ack, options=40))
+    assert ahead(tcp(ack, options=24))  # timestamps and one SACK block
     for flags in (fin, psh, syn, rst):
-        assert not _u32_matches(ACK_ONLY, tcp(flags)), hex(flags)
-    assert not _u32_matches(ACK_ONLY, tcp(ack, payload=200))  # a full data segment is bulk by its length
+        assert not ahead(tcp(flags)), hex(flags)
+    assert not ahead(tcp(ack, payload=200))  # a full data segment
+    assert not ahead(tcp(ack, payload=8))  # a small data segment without PSH: its flow's order stays
     udp = bytearray(tcp(ack))
     udp[9] = 17
-    assert not _u32_matches(ACK_ONLY, bytes(udp))
+    assert not ahead(bytes(udp))
+    with_options = bytearray(tcp(ack))
+    with_options[0] = 0x46  # IP options move the TCP header: not matched at fixed offsets
+    assert not ahead(bytes(with_options))
+
+
+def test_htb_classes_are_read_from_tcs_text():
+    text = """class htb 5:1 root rate 6900Kbit ceil 6900Kbit burst 18027b cburst 18027b
+ Sent 4409210 bytes 498 pkt (dropped 0, overlimits 12 requeues 0)
+ backlog 0b 0p requeues 0
+ lended: 0 borrowed: 0 giants: 0
+class htb 5:101 parent 5:20 leaf 101: prio 1 rate 887136bit ceil 6900Kbit burst 18027b cburst 18027b
+ Sent 2204605 bytes 249 pkt (dropped 3, overlimits 0 requeues 0)
+ backlog 27042b 3p requeues 0
+"""
+    classes = counters.parse_classes(text)
+    assert classes["5:1"]["bytes"] == 4409210 and classes["5:1"]["drops"] == 0
+    assert classes["5:101"] == {"bytes": 2204605, "packets": 249, "drops": 3, "backlog_bytes": 27042,
+                                "backlog_packets": 3}
+
+
+def test_a_flow_with_nothing_queued_gets_what_it_asked_and_the_held_ones_split_the_rest():
+    cap = 8e6  # 0.5 MB per 0.5 s window
+    red, blue, green = {"198.18.0.1"}, {"198.18.0.5"}, {"198.18.0.6"}
+    a, b, c = "as1:10 198.18.0.1", "as1:10 198.18.0.5", "as1:10 198.18.0.6"
+    samples = []
+    for i in range(5):  # red asks 100 kB a window (nothing queued); blue and green queue and get 200 kB each
+        samples.append((0.5 * i, {a: 100_000 * i, b: 200_000 * i, c: 200_000 * i}, {a: 0, b: 3, c: 5}))
+    shares = counters.uplink_shares(samples, cap, [red, blue, green])
+    assert shares["windows"] == 4
+    assert all(abs(f["error"]) < 1e-9 for f in shares["flows"].values())  # max-min: no flow off
+    assert counters.share_problems(shares) == []
+    # a FIFO that favours green: both queued, green 250 kB, blue 150 kB -> both 25 % off their 200 kB
+    unfair = [(0.5 * i, {a: 100_000 * i, b: 150_000 * i, c: 250_000 * i}, {a: 0, b: 3, c: 5}) for i in range(5)]
+    flows = counters.uplink_shares(unfair, cap, [red, blue, green])["flows"]
+    assert flows[b]["error"] == pytest.approx(-0.25) and flows[c]["error"] == pytest.approx(0.25)
+    # a flow with nothing queued that got more than the even split of the held ones is off too
+    greedy = [(0.5 * i, {a: 250_000 * i, b: 120_000 * i, c: 120_000 * i}, {a: 0, b: 3, c: 5}) for i in range(5)]
+    flows = counters.uplink_shares(greedy, cap, [red, blue, green])["flows"]
+    assert flows[a]["error"] == pytest.approx(250 / 120 - 1)
+    # nothing queued by anyone: no flow was held back at the port, nothing to judge
+    idle = [(0.5 * i, {a: 200_000 * i, b: 200_000 * i}, {a: 0, b: 0}) for i in range(5)]
+    assert counters.uplink_shares(idle, cap, [red, blue])["windows"] == 0
+
+
+def test_the_fair_leaves_addresses_are_read_from_the_u32_filters(monkeypatch):
+    head = ("filter parent 5: protocol ip pref {} u32 chain 0 fh 80{}::800 order 2048 key ht 80{} bkt 0 "
+            "*flowid {} not_in_hw")
+    text = "\n".join([head.format(1, 0, 0, "5:10"), "  match 00060000/00ff0000 at 8",
+                      head.format(2, 1, 1, "5:103"), "  match c6120004/ffffffff at 16",
+                      head.format(2, 2, 2, "5:104"), "  match c6120005/ffffffff at 16"])
+    monkeypatch.setattr(counters, "_run", lambda *cmd: text)
+    assert counters.leaf_addresses("as1-p10") == {"5:103": "198.18.0.4", "5:104": "198.18.0.5"}

@@ -14,6 +14,7 @@ from ryu.ofproto import ofproto_v1_3_parser as parser
 from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY, JobRequest
 from controller.core.perf import iteration_seconds
 from controller.core.rack import PortRef
+from controller.jobs import failover
 from profiles import WORKLOADS
 from tests.unit.fakes import FakeDriver, deliver
 from tests.unit.test_jobs import RACK, finished, make, req
@@ -65,6 +66,27 @@ def test_a_dead_server_is_detected_and_its_gpu_swapped_for_a_spare_under_the_job
     again = placement.submit(req(gpus=["gpu2"], workload={"iterations": 2}))
     vrt.run(finished(placement, again.id))
     assert again.state == "done"
+
+
+def test_a_server_that_answers_again_is_shown_down_until_its_stale_containers_are_gone(tmp_path, vrt):
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2"], iterations=30)
+    vrt.run(lambda: len(job.iterations()) >= 4, what="4 iterations")
+    driver.kill_server("srv2")
+    vrt.run(lambda: job.state != "running" or "gpu2" not in job.gpus, what="the loss to be seen")
+    seen, sweep = [], driver.sweep
+
+    def watched(server, *args):
+        seen.append(dict(placement.down_servers()))  # what a caller asking then is told
+        return sweep(server, *args)
+
+    driver.sweep = watched
+    driver.engines.back.add("srv2")
+    vrt.run(lambda: seen and "srv2" not in placement.down_servers(), what="the engine's return and sweep")
+    assert "srv2" in seen[0] and "stale containers" in seen[0]["srv2"], seen  # down while swept
+    assert driver.engines.ping("srv2")
+    assert "gpu2" not in job.gpus and not [c for c in driver.running.values() if c.labels["server"] == "srv2"]
 
 
 def test_two_losses_one_after_the_other_are_both_recovered(tmp_path, vrt):
@@ -191,3 +213,59 @@ def test_an_engine_that_stops_answering_while_its_workers_streams_hang_is_seen_b
     assert vrt.clock() - down_at <= 2.0 and "srv4 went down (timed out)" in job.reason
     vrt.run(finished(placement, job.id))
     assert job.state == "done" and set(job.recoveries[0]["lost"]) == {"gpu4"}
+
+
+def test_a_job_queued_behind_one_waiting_for_a_spare_starts_once_that_one_has_its_spare(tmp_path, vrt, monkeypatch):
+    """The head of the queue: a job that waits for an M40 spare holds back a queued job that free Titan V would take;
+    once an M40 frees and the waiting job has it, the queued one starts, while the first still runs (the waiting job
+    tries again well after the freed GPU's job has ended and found the queue held back)."""
+    monkeypatch.setattr(failover, "WAIT_POLL", 5.0)
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3"], iterations=60, gpu_model="M40")
+    other = job_of(placement, ["gpu4"], iterations=1000)
+    vrt.run(lambda: len(job.iterations()) >= 7 and other.state == "running")
+    driver.kill_server("srv2")
+    vrt.run(lambda: "waiting at the head of the queue" in job.note, what="the job to wait for a spare")
+    later = placement.submit(req(gpus=1, workload={"iterations": 3}))
+    assert later.state == "queued" and "waiting for spares ahead of it" in later.note, later.note
+    vrt.advance(5)
+    assert later.state == "queued" and job.state == "recovering"  # gpu5 and gpu6 are free, but not for it
+    placement.stop_job(other.id)
+    vrt.run(lambda: later.state not in ("queued", "pending"), what="the queued job to start")
+    assert job.state in ("recovering", "running") and "gpu4" in job.gpus  # it has its spare and goes on
+    assert later.gpus[0] in ("gpu5", "gpu6")
+    vrt.run(finished(placement, job.id))
+    assert job.recoveries[0]["spares"] == {"gpu2": "gpu4"}
+    vrt.run(finished(placement, later.id))
+    assert job.state == "done" and later.state == "done", (job.reason, later.reason)
+
+
+def test_a_spare_is_taken_only_once_the_stopped_job_holding_it_has_given_it_back(tmp_path, vrt, monkeypatch):
+    """Stopping a job frees its GPUs once its containers are gone (their NICs home), not when it is marked stopped: a
+    job waiting for a spare, trying every 0.5 s, starts its container on the freed GPU only after the removal."""
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    order = []
+    remove, start = driver.remove, driver.start
+
+    def slow_remove(job_id, gpu, server):
+        vrt.sleep(3.0)  # a NIC handed back and two containers removed, slowly
+        remove(job_id, gpu, server)
+        order.append(("removed", job_id, gpu))
+
+    def start_logged(spec, *a, **kw):
+        order.append(("started", spec.job, spec.gpu))
+        return start(spec, *a, **kw)
+
+    monkeypatch.setattr(driver, "remove", slow_remove)
+    monkeypatch.setattr(driver, "start", start_logged)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3"], iterations=40, gpu_model="M40")
+    other = job_of(placement, ["gpu4"], iterations=1000)
+    vrt.run(lambda: len(job.iterations()) >= 7 and other.state == "running")
+    driver.kill_server("srv2")
+    vrt.run(lambda: "waiting at the head of the queue" in job.note, what="the job to wait for a spare")
+    placement.stop_job(other.id)
+    vrt.run(finished(placement, job.id))
+    assert job.state == "done" and job.recoveries[0]["spares"] == {"gpu2": "gpu4"}, job.reason
+    assert order.index(("removed", other.id, "gpu4")) < order.index(("started", job.id, "gpu4")), order
