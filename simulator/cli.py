@@ -154,8 +154,8 @@ def add_parser(sub) -> None:
     fail.add_argument("--repair-h", type=float, default=failures.REPAIR_H,
                       help="hours a failed server is out (%(default)s; assumed)")
     fail.add_argument("--swap-s", type=float, default=failures.SWAP_S,
-                      help="swap: seconds from the failure to the job iterating again (%(default)s: the bound of "
-                      "issue #25; no measured figure exists yet)")
+                      help="swap: seconds from the failure to the job iterating again (%(default)s: issue #25's "
+                      "measured median, results/bench-failover.json)")
     fail.add_argument("--restart-s", type=float, default=failures.RESTART_S,
                       help="checkpoint, scratch: seconds from being placed again to iterating (%(default)s; assumed)")
     fail.add_argument("--checkpoint-s", type=float, default=failures.CHECKPOINT_S,

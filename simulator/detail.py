@@ -55,7 +55,10 @@ class Detail:
         latency: float,
         states: dict[int, RingState] | None = None,
         held: bool = False,
+        known: tuple[dict[tuple[int, ...], dict[int, float]], dict[int, int]] | None = None,
     ):
+        """`known`: rates already computed, shared between runs over the same rings (a dict by the tuple of the
+        moving rings' tags, and each ring's tag: one per ring object, never reused); default: this run's own."""
         self.rings, self.held = {r.key: r for r in rings}, held
         self.capacity, self.latency = capacity, latency
         self.states = {r.key: (states or {}).get(r.key) or RingState() for r in rings}
@@ -64,13 +67,21 @@ class Detail:
                 s.remaining = self.rings[key].compute_s
         self.rates: dict[int, float] = {}
         self._stale = True
+        # the rates of each set of moving rings met so far, by the rings' tags
+        self._known, self._tags = known or ({}, {r.key: r.key for r in rings})
 
     def _rates(self) -> dict[int, float]:
+        """The max-min rates of the rings transferring now (all of them, held): a function of which rings those are,
+        so each set met again (the phases cycle) takes the rates computed the first time."""
         if self._stale:
-            moving = [k for k, s in self.states.items() if self.held or s.phase == TRANSFER]
-            self.rates = max_min(
-                {k: self.rings[k].cap for k in moving}, {k: self.rings[k].links for k in moving}, self.capacity
-            )
+            moving = tuple(k for k, s in self.states.items() if self.held or s.phase == TRANSFER)
+            tags = tuple(self._tags[k] for k in moving)
+            rates = self._known.get(tags)
+            if rates is None:
+                rates = self._known[tags] = max_min(
+                    {k: self.rings[k].cap for k in moving}, {k: self.rings[k].links for k in moving}, self.capacity
+                )
+            self.rates = rates
             self._stale = False
         return self.rates
 

@@ -4,7 +4,9 @@ A ring alone on its links advances at its closed-form iteration time. Rings that
 form a component, solved one of two ways: stepped through in detail (simulator/detail.py) for
 a window of iterations, after which they go on at the iteration times measured in the window's
 second half; or, when the component is too large to step through, by the mean-field fixed point
-(simulator/meanfield.py). A component is solved again whenever a ring joins or leaves it.
+(simulator/meanfield.py). A component is solved again whenever a ring joins or leaves it; a large
+mean-field component is settled and solved as arrays (simulator/columns.py: the same floats as
+ring by ring), and only a component that lost a ring is searched for its parts again.
 With held shares (`held`: the network's sharing "held") both ways apply it: stepped through, the
 detail holds every ring's rate; too large, the component takes its exact closed form (the rates
 are the max-min shares of all its rings, constant while it lasts), not the mean field, whose
@@ -17,12 +19,14 @@ import math
 from array import array
 from dataclasses import dataclass, field
 
-from simulator.detail import COMPUTE, TRANSFER, Detail, RingState
+import numpy as np
+
+from simulator.columns import ALMOST_ONE, Block, Columns, elapsed_of, state_of
+from simulator.detail import Detail, RingState
 from simulator.maxmin import max_min
-from simulator.meanfield import mean_field
 from simulator.rings import Ring, alone_rate, iteration_time
 
-ALMOST_ONE = 1 - 1e-9
+_COLUMNS = object()  # a held state kept in Interference.cols, not as a RingState
 
 
 @dataclass(frozen=True)
@@ -52,36 +56,9 @@ class _Comp:
     horizon: float = -math.inf  # detail: stepped through until here, fluid after
     fluid: dict[int, _Fluid] = field(default_factory=dict)
 
-
-def elapsed_of(s: RingState, ring: Ring, period: float, latency: float) -> float:
-    """Seconds since the iteration began, for a ring whose steps share `period` evenly."""
-    if s.phase == COMPUTE or not ring.steps:
-        return ring.compute_s - s.remaining
-    step = (period - ring.compute_s) / ring.steps
-    if ring.coarse:
-        return ring.compute_s + (ring.steps - s.remaining) * step
-    transfer = max(step - latency, 0.0)
-    base = ring.compute_s + s.step * step
-    if s.phase == TRANSFER:
-        return base + transfer * (1 - s.remaining / ring.step_bytes)
-    return base + transfer + (latency - s.remaining)
-
-
-def state_of(progress: float, ring: Ring, period: float, latency: float) -> RingState:
-    """The inverse of `elapsed_of` for `progress` iterations done (fractional)."""
-    done = math.floor(progress + 1e-9)
-    elapsed = max(0.0, (progress - done) * period)
-    if elapsed < ring.compute_s or not ring.steps:
-        return RingState(COMPUTE, ring.compute_s - min(elapsed, ring.compute_s), 0, done)
-    step = (period - ring.compute_s) / ring.steps
-    if ring.coarse:
-        return RingState(TRANSFER, max(ring.steps - (elapsed - ring.compute_s) / step, 1e-12), 0, done)
-    k = min(int((elapsed - ring.compute_s) / step), ring.steps - 1)
-    into = elapsed - ring.compute_s - k * step
-    transfer = max(step - latency, 0.0)
-    if into < transfer:
-        return RingState(TRANSFER, ring.step_bytes * (1 - into / transfer), k, done)
-    return RingState(2, max(latency - (into - transfer), 0.0), k, done)
+    def at(self, key: int) -> tuple[float, float, float]:
+        f = self.fluid[key]
+        return f.t, f.done, f.period
 
 
 class Busy:
@@ -107,42 +84,64 @@ class Busy:
 class Interference:
     """Rings on the fabric: add and remove them at times that never go back; ask when they finish."""
 
+    VECTOR_MIN = 8  # a mean-field component of at least this many rings is settled and solved as arrays
+
     def __init__(self, capacity: list[float], latency: float, limits: Limits = Limits(), force: str | None = None,
                  held: bool = False):
         self.capacity, self.latency, self.limits, self.force = capacity, latency, limits, force
         self.held = held  # shares held through compute phases and gaps (simulator/detail.py), in every mode
         self.rings: dict[int, Ring] = {}
         self.targets: dict[int, int] = {}
-        self.comp: dict[int, _Comp] = {}
+        self.comp: dict[int, _Comp | Block] = {}
         self.users: dict[int, set[int]] = {}  # link -> rings
         self.finish: dict[int, float] = {}
         self._heap: list[tuple[float, int]] = []
         self.busy = Busy()  # GPU-seconds computed between solves
         self.stats = {"alone": 0, "detail": 0, "mean": 0, "events": 0}
         self.shared: set[int] = set()  # rings that ever shared a link with another
-        self.duty: dict[int, float] = {}  # the mean-field duty cycles of the last solve, to start the next from
-        self._pending: dict[int, tuple[RingState, float | None]] = {}  # settled at _pending_t, not yet solved
+        self.cols = Columns()  # per-ring columns: the mean-field duty cycles (the next solve starts from them), ...
+        self._inverse = 1.0 / np.asarray(capacity, dtype=float)
+        # rings settled at _pending_t, not yet solved: state (or _COLUMNS: kept in cols) and progress
+        self._pending: dict[int, tuple[object, float | None]] = {}
         self._pending_t = 0.0
+        # the pending rings by where they came from: whole components settled (pieces), rings added; a piece that
+        # lost a ring may have come apart, the others are connected, and only a ring added joins pieces
+        self._pieces: list[list[int]] = []
+        self._piece_of: dict[int, int] = {}
+        self._broken: set[int] = set()
+        # stepping through: the max-min rates of each set of transferring rings met, by the rings' tags (a ring put on
+        # the fabric again is another ring: a new tag)
+        self._known: dict[tuple[int, ...], dict[int, float]] = {}
+        self._tags: dict[int, int] = {}
+        self._tagged = 0
 
     # --- what the engine calls ---------------------------------------------------------
     def add(self, t: float, ring: Ring, iterations: int, state: RingState | None = None) -> None:
         """Put a ring on the fabric at `t` (from `state`, or the start of its first iteration)."""
         self._take(t, {k for link in ring.links for k in self.users.get(link, ())})
         self.rings[ring.key], self.targets[ring.key] = ring, iterations
+        self.cols.set_ring(ring, iterations)
+        self._tagged += 1
+        self._tags[ring.key] = self._tagged
         for link in ring.links:
             self.users.setdefault(link, set()).add(ring.key)
         self._pending[ring.key] = (state.copy() if state else RingState(remaining=ring.compute_s), None)
+        self._piece_of[ring.key] = len(self._pieces)
+        self._pieces.append([ring.key])
 
     def remove(self, t: float, key: int) -> tuple[RingState, float]:
         """Take a ring off the fabric (it finished, or stalls to move); return its state and progress."""
         self._take(t, {key})
         state, progress = self._pending.pop(key)
+        if state is _COLUMNS:
+            state, progress = self.cols.get(key)
+        self._broken.add(self._piece_of.pop(key))
         if progress is None:  # it joined at this very instant
             progress = state.done + self._fraction(state, self.rings[key], self.period_alone(self.rings[key]))
         for link in self.rings[key].links:
             self.users[link].discard(key)
-        del self.rings[key], self.targets[key]
-        self.duty.pop(key, None)
+        del self.rings[key], self.targets[key], self._tags[key]
+        self.cols.drop(key)
         self.finish.pop(key, None)
         return state, progress
 
@@ -153,25 +152,49 @@ class Interference:
             self._flush()
         fresh = {k for k in keys if k not in self._pending}
         if fresh:
-            progress: dict[int, float] = {}
-            states = self._settle(t, fresh, progress)
-            for k, state in states.items():
-                self._pending[k] = (state, progress[k])
-                del self.comp[k]
-                self.finish.pop(k, None)
+            for comp in {id(self.comp[k]): self.comp[k] for k in fresh}.values():
+                self._settle(t, comp)
         self._pending_t = t
 
     def _flush(self) -> None:
         """Solve the components of the rings held by `_take`."""
         if not self._pending:
             return
-        pending, self._pending = self._pending, {}
-        states = {k: s for k, (s, _) in pending.items()}
-        rest = set(pending)
-        while rest:
-            group = self._connected(next(iter(rest)), rest)
-            rest -= group
-            self._solve(self._pending_t, sorted(group), states)
+        pending, pieces, piece_of, broken = self._pending, self._pieces, self._piece_of, self._broken
+        self._pending, self._pieces, self._piece_of, self._broken = {}, [], {}, set()
+        parent = list(range(len(pieces)))
+
+        def root(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        for i, piece in enumerate(pieces):  # a ring added joins the pieces whose rings share its links
+            if len(piece) == 1 and piece[0] in pending and pending[piece[0]][1] is None:
+                for link in self.rings[piece[0]].links:
+                    for k in self.users[link]:
+                        a, b = root(i), root(piece_of[k])
+                        if a != b:
+                            parent[max(a, b)] = min(a, b)
+        joined: dict[int, list[int]] = {}
+        for i in range(len(pieces)):
+            joined.setdefault(root(i), []).append(i)
+        for members in joined.values():
+            keys = [k for i in members for k in pieces[i] if piece_of.get(k) == i]  # each ring in its last piece
+            if not any(i in broken for i in members):
+                if keys:
+                    self._solve(self._pending_t, sorted(keys), pending)
+                continue
+            if len(keys) >= self.VECTOR_MIN:  # as arrays
+                for group in self.cols.parts(keys):
+                    self._solve(self._pending_t, sorted(group), pending)
+                continue
+            rest = set(keys)
+            while rest:
+                group = self._connected(next(iter(rest)), rest)
+                rest -= group
+                self._solve(self._pending_t, sorted(group), pending)
 
     def next_finish(self) -> tuple[float, int] | None:
         """The earliest predicted end of a ring's last iteration."""
@@ -187,17 +210,17 @@ class Interference:
         """A running ring's state and progress at `t` (no later than any coming change), changing nothing."""
         self._flush()
         comp, ring = self.comp[key], self.rings[key]
-        f = comp.fluid[key]
+        f_t, f_done, f_period = comp.at(key)
         if t < comp.horizon:
             s = self._replay(comp, t)[key]
-            return s, s.done + min(elapsed_of(s, ring, f.period, self.latency) / f.period, ALMOST_ONE)
-        p = f.done + (t - f.t) / f.period
-        return state_of(p, ring, f.period, self.latency), p
+            return s, s.done + min(elapsed_of(s, ring, f_period, self.latency) / f_period, ALMOST_ONE)
+        p = f_done + (t - f_t) / f_period
+        return state_of(p, ring, f_period, self.latency), p
 
     def period(self, key: int) -> float:
         """The ring's current iteration time (measured or predicted)."""
         self._flush()
-        return self.comp[key].fluid[key].period
+        return self.comp[key].at(key)[2]
 
     def mode(self, key: int) -> str:
         self._flush()
@@ -233,10 +256,21 @@ class Interference:
                         todo.append(k)
         return seen
 
-    def _settle(self, t: float, keys: set[int], progress: dict[int, float] | None = None) -> dict[int, RingState]:
-        """States of `keys` at `t`; what their components computed since they were solved is added to `busy`."""
-        out: dict[int, RingState] = {}
-        for comp in {id(self.comp[k]): self.comp[k] for k in keys}.values():
+    def _settle(self, t: float, comp: _Comp | Block) -> None:
+        """Hold the rings of `comp` at `t` as pending, with their states and progress; what the component computed
+        since it was solved is added to `busy`."""
+        piece = len(self._pieces)
+        self._pieces.append(comp.keys)
+        if isinstance(comp, Block):
+            p = comp.p0 + (t - comp.t0) / comp.period
+            cols, ix = self.cols, comp.ix
+            cols.phase[ix], cols.remaining[ix], cols.step[ix], cols.done[ix] = comp.states(p, comp.period,
+                                                                                          self.latency)
+            cols.progress[ix] = p
+            if t > comp.t0:
+                self.busy.add(comp.t0, t, comp.computed(p))
+            self._pending.update(dict.fromkeys(comp.keys, (_COLUMNS, 0.0)))
+        else:
             replayed = self._replay(comp, t) if t < comp.horizon else None
             computed = 0.0
             for k in comp.keys:
@@ -247,14 +281,15 @@ class Interference:
                 else:
                     p = f.done + (t - f.t) / f.period
                     s = state_of(p, ring, f.period, self.latency)
-                out[k] = s
-                if progress is not None:
-                    progress[k] = p
+                self._pending[k] = (s, p)
                 if t > comp.t0:
                     computed += max(0.0, p - comp.p0[k]) * ring.busy_s * ring.n  # every rank computes each iteration
             if t > comp.t0:
                 self.busy.add(comp.t0, t, computed)
-        return out
+        for k in comp.keys:
+            self._piece_of[k] = piece
+            del self.comp[k]
+            self.finish.pop(k, None)
 
     def _mode(self, keys: list[int]) -> str:
         if len(keys) == 1:
@@ -267,15 +302,18 @@ class Interference:
         small = len(keys) <= self.limits.rings and per_round <= self.limits.round_events
         return "detail" if small else "mean"
 
-    def _solve(self, t: float, keys: list[int], states: dict[int, RingState]) -> None:
+    def _solve(self, t: float, keys: list[int], pending: dict[int, tuple[object, float | None]]) -> None:
         mode = self._mode(keys)
+        if mode == "mean" and len(keys) >= self.VECTOR_MIN:
+            self._solve_block(t, keys, pending)
+            return
+        states = {k: self.cols.get(k)[0] if pending[k][0] is _COLUMNS else pending[k][0] for k in keys}
         if mode == "alone":
             periods = {keys[0]: self.period_alone(self.rings[keys[0]])}
         elif mode == "mean" and self.held:
             periods = self.periods_held([self.rings[k] for k in keys])
         elif mode == "mean":
-            periods, duty = mean_field([self.rings[k] for k in keys], self.capacity, self.latency, self.duty)
-            self.duty.update(duty)
+            periods = self._mean_field(keys)
         else:  # detail: start from the alone pace, only to express progress as a fraction
             periods = {k: self.period_alone(self.rings[k]) for k in keys}
         p0 = {k: states[k].done + min(elapsed_of(states[k], self.rings[k], periods[k], self.latency) / periods[k],
@@ -290,18 +328,50 @@ class Interference:
         self.stats[mode] += 1
         if mode == "detail":
             self._step_through(comp)
+        self._predict(keys, [comp.fluid[k].t + max(0.0, self.targets[k] - comp.fluid[k].done) * comp.fluid[k].period
+                             for k in keys])
+
+    def _solve_block(self, t: float, keys: list[int], pending: dict[int, tuple[object, float | None]]) -> None:
+        """`_solve` of a large mean-field component, as arrays (simulator/columns.py)."""
+        cols = self.cols
         for k in keys:
-            f = comp.fluid[k]
-            when = f.t + max(0.0, self.targets[k] - f.done) * f.period
-            self.finish[k] = when
-            heapq.heappush(self._heap, (when, k))
+            if pending[k][0] is not _COLUMNS:
+                cols.put(k, pending[k][0], 0.0)
+        block = Block(keys, t, cols)
+        ix = block.ix
+        if self.held:
+            held = self.periods_held([self.rings[k] for k in keys])
+            period = np.array([held[k] for k in keys])
+        else:
+            period = block.mean_field(self.cols, self.latency, self._inverse)
+        block.period = period
+        block.p0 = block.progress(cols.phase[ix], cols.remaining[ix], cols.step[ix], cols.done[ix], period,
+                                  self.latency)
+        self.comp.update(dict.fromkeys(keys, block))
+        self.shared.update(keys)
+        self.stats["mean"] += 1
+        when = block.finishes()
+        self.finish.update(zip(keys, when.tolist(), strict=True))
+        first = int(np.argmin(when))  # the block's earliest end (the least key among equal ones): the heap needs only
+        heapq.heappush(self._heap, (self.finish[keys[first]], keys[first]))  # it, as any change makes a new block
+
+    def _mean_field(self, keys: list[int]) -> dict[int, float]:
+        block = Block(keys, 0.0, self.cols)
+        return dict(zip(keys, block.mean_field(self.cols, self.latency, self._inverse).tolist(), strict=True))
+
+    def _predict(self, keys: list[int], when: list[float]) -> None:
+        for k, w in zip(keys, when, strict=True):
+            self.finish[k] = w
+            heapq.heappush(self._heap, (w, k))
         if len(self._heap) > 4 * len(self.finish) + 64:  # mostly stale predictions: keep only the current ones
-            self._heap = [(when, k) for k, when in self.finish.items()]
+            self._heap = [(w, k) for k, w in self.finish.items()]
             heapq.heapify(self._heap)
 
     def _detail(self, comp: _Comp) -> Detail:
+        if len(self._known) > 20_000:  # a bound on the memory: they are computed again when met again
+            self._known.clear()
         return Detail([self.rings[k] for k in comp.keys], self.capacity, self.latency,
-                      {k: s.copy() for k, s in comp.start.items()}, self.held)
+                      {k: s.copy() for k, s in comp.start.items()}, self.held, (self._known, self._tags))
 
     def _step_through(self, comp: _Comp) -> None:
         """Step the component until a ring finishes or each has done the window; then go on fluid."""

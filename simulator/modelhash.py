@@ -34,6 +34,7 @@ MODEL_FILES = (
     "simulator/adapter.py",  # which GPUs and circuits a policy gives a job (through controller.core)
     "simulator/calibration.py",  # the calibration constants: loopback step, efficiency, sharing
     "simulator/cases.py",  # the paper's two cases: which GPUs each job holds
+    "simulator/columns.py",  # a ring's state within its iteration, per ring and as arrays (large components)
     "simulator/detail.py",  # event-by-event rings on shared links
     "simulator/engine.py",  # the cluster run: arrivals, placement, iterations
     "simulator/failures.py",  # server failures the engine draws (none in the paper's cases)

@@ -1,5 +1,7 @@
-"""`optirack sweep`: a study grid (placement policies x schedulers x loads x seeds) run in parallel on Dask's
-distributed scheduler, one simulated run per task, and one table of the means with 95 % intervals over the seeds.
+"""`optirack sweep`: a study grid (placement policies x schedulers x failure recoveries x loads x seeds) run in
+parallel on Dask's distributed scheduler, one simulated run per task, and one table of the means with 95 % intervals
+over the seeds. The failure axis (`--failures none,swap,...`) runs each cell with server failures and that recovery
+(simulator/failures.py, as `optirack simulate --failures`), and the table gives its goodput.
 
 A task carries only its settings (rack shape, workload, policy, scheduler, load, seed); the worker builds the rack
 and the synthetic jobs itself, runs the engine and returns a few figures, so little crosses the network. A local
@@ -17,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from controller.core import admission
+from simulator import failures as failure
 
 FIGURES = {  # name in the table -> (summary key, sub key, label)
     "jct_mean_s": ("jct_s", "mean", "JCT mean (s)"),
@@ -26,7 +29,9 @@ FIGURES = {  # name in the table -> (summary key, sub key, label)
     "steady_held": ("steady", "held", "steady GPUs held"),
     "steady_computing": ("steady", "computing", "steady GPUs computing"),
     "makespan_s": ("makespan_s", None, "makespan (s)"),
+    "goodput": ("goodput", None, "goodput"),
 }
+PERCENT = ("steady_held", "steady_computing", "goodput")
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,18 @@ class Task:
     load: float
     seed: int
     defrag_interval: float = 300.0
+    failures: str = "none"  # none, or the recovery of simulator/failures.py
+    server_mtbf_h: float = failure.MTBF_H
+    repair_h: float = failure.REPAIR_H
+    swap_s: float = failure.SWAP_S
+    restart_s: float = failure.RESTART_S
+    checkpoint_s: float = failure.CHECKPOINT_S
+
+    def failure_model(self) -> failure.Failures | None:
+        if self.failures == "none":
+            return None
+        return failure.Failures(self.failures, self.server_mtbf_h * 3600, self.repair_h * 3600, self.swap_s,
+                                 self.restart_s, self.checkpoint_s, self.seed)
 
 
 def run_task(task: Task) -> dict:
@@ -54,14 +71,16 @@ def run_task(task: Task) -> dict:
     rack = _rack(task)
     per = {m: _typical_iteration(rack, m) for m in WORKLOADS}
     jobs = workloads.synthetic(task.jobs, task.seed, len(rack.gpus), per, task.load)
-    policy = engine.with_scheduler(engine.policies(task.defrag_interval)[task.policy], task.scheduler)
+    policy = engine.with_recovery(engine.with_scheduler(engine.policies(task.defrag_interval)[task.policy],
+                                                        task.scheduler), task.failures)
     t0 = time.monotonic()
-    result = engine.Run(rack, jobs, policy, engine.Options()).run()
+    result = engine.Run(rack, jobs, policy, engine.Options(failures=task.failure_model())).run()
     s = metrics.summary(result, len(rack.gpus), time.monotonic() - t0)
     row = asdict(task) | {"run": policy.name}
     for name, (key, sub, _) in FIGURES.items():
         row[name] = metrics.pick(s, key, sub)
     row["preemptions"] = sum(j.preemptions for j in result.jobs)
+    row["server_failures"], row["interruptions"] = result.failures, sum(j.interruptions for j in result.jobs)
     row["wall_s"] = s["wall_s"]
     return row
 
@@ -101,6 +120,14 @@ def grid(args) -> list[Task]:
         if not 0 < load < float("inf"):
             raise ValueError(f"--loads: {text} must be a positive load")
         loads.append(load)
+    recoveries = _names(args.failures, "--failures")
+    bad = [f for f in recoveries if f != "none" and f not in failure.RECOVERIES]
+    if bad:
+        raise ValueError(f"--failures: unknown {', '.join(bad)} (known: none, {', '.join(failure.RECOVERIES)})")
+    shape = dict(server_mtbf_h=args.server_mtbf_h, repair_h=args.repair_h, swap_s=args.swap_s,
+                 restart_s=args.restart_s, checkpoint_s=args.checkpoint_s)
+    failure.Failures("swap", args.server_mtbf_h * 3600, args.repair_h * 3600, args.swap_s, args.restart_s,
+                      args.checkpoint_s).check()  # refuse a bad setting, naming its flag
     if args.seeds < 1:
         raise ValueError(f"--seeds must be at least 1, not {args.seeds}")
     if args.jobs < 1:
@@ -112,8 +139,8 @@ def grid(args) -> list[Task]:
                                      models=racks.parse_models(args.models), spare=args.spare))  # refuse a bad shape
     seeds = range(args.seed, args.seed + args.seeds)
     return [Task(args.gpus, args.gpus_per_switch, args.gpus_per_server, args.oversubscription, args.spare,
-                 args.models, args.jobs, p, s, load, seed, args.defrag_interval)
-            for p, s, load, seed in itertools.product(policies, schedulers, loads, seeds)]
+                 args.models, args.jobs, p, s, load, seed, args.defrag_interval, f, **shape)
+            for p, s, f, load, seed in itertools.product(policies, schedulers, recoveries, loads, seeds)]
 
 
 def _names(text: str, flag: str) -> list[str]:
@@ -153,15 +180,16 @@ def run_grid(tasks: list[Task], scheduler: str | None = None, workers: int = 2, 
 
 
 def study(rows: list[dict]) -> list[dict]:
-    """Per run (policy+scheduler) and load: each figure's mean and 95 % interval over the seeds."""
+    """Per run (policy+scheduler+recovery) and load: each figure's mean and 95 % interval over the seeds."""
     from simulator import metrics
 
-    groups: dict[tuple[str, str, str, float], list[dict]] = {}
+    groups: dict[tuple[str, str, str, str, float], list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["run"], r["policy"], r["scheduler"], r["load"]), []).append(r)
+        groups.setdefault((r["run"], r["policy"], r["scheduler"], r["failures"], r["load"]), []).append(r)
     out = []
-    for (run, policy, scheduler, load), rs in groups.items():
-        row = {"run": run, "policy": policy, "scheduler": scheduler, "load": load, "seeds": len(rs)}
+    for (run, policy, scheduler, recovery, load), rs in groups.items():
+        row = {"run": run, "policy": policy, "scheduler": scheduler, "failures": recovery, "load": load,
+               "seeds": len(rs)}
         for name in FIGURES:
             iv = metrics.interval([r[name] for r in rs])
             row[name], row[name + "_ci95"] = iv["mean"], iv["ci95"]
@@ -183,7 +211,7 @@ def markdown(table: list[dict], meta: dict) -> str:
     for r in table:
         cells = []
         for name in FIGURES:
-            pct = name.startswith("steady")
+            pct = name in PERCENT
             cells.append(f"{_fmt(r[name], pct)} ± {_fmt(r[name + '_ci95'], pct)}")
         lines.append(f"| {r['run']} | {r['load']:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -198,7 +226,10 @@ def plots(out: Path, table: list[dict]) -> list[Path]:
 
     files = []
     runs = list(dict.fromkeys(r["run"] for r in table))
-    for name in ("jct_mean_s", "slowdown_mean", "queue_mean_s", "steady_computing"):
+    shown = ["jct_mean_s", "slowdown_mean", "queue_mean_s", "steady_computing"]
+    if any(r["failures"] != "none" for r in table):
+        shown.append("goodput")
+    for name in shown:
         fig, ax = plt.subplots(figsize=(7, 4.2))
         for run in runs:
             rs = sorted((r for r in table if r["run"] == run), key=lambda r: r["load"])
@@ -236,10 +267,11 @@ def write(out: Path, rows: list[dict], table: list[dict], meta: dict, with_plots
 
 def add_parser(sub) -> None:
     p = sub.add_parser(
-        "sweep", help="run a study grid of simulations (policies x schedulers x loads x seeds) on Dask",
-        description="Simulate every combination of placement policy, scheduler, offered load and seed on a generated "
-                    "rack, in parallel on Dask's distributed scheduler (a local cluster, or --scheduler ADDRESS), and "
-                    "write the study table (means, 95 %% intervals over the seeds) and its plots to --out.",
+        "sweep", help="run a study grid of simulations (policies x schedulers x failures x loads x seeds) on Dask",
+        description="Simulate every combination of placement policy, scheduler, failure recovery, offered load and "
+                    "seed on a generated rack, in parallel on Dask's distributed scheduler (a local cluster, or "
+                    "--scheduler ADDRESS), and write the study table (means, 95 %% intervals over the seeds) and "
+                    "its plots to --out.",
         epilog="Example: optirack sweep --gpus 256 --jobs 300 --policies fixed,regroup --schedulers fifo,backfill "
                "--loads 0.5,0.7,0.9 --seeds 3 --out sweep-256")
     p.add_argument("--gpus", type=int, default=256, help="GPUs of the generated rack (%(default)s)")
@@ -252,6 +284,18 @@ def add_parser(sub) -> None:
     p.add_argument("--policies", default="fixed,regroup", help="placement policies (%(default)s)")
     p.add_argument("--schedulers", default="fifo,backfill",
                    help=f"admission policies, of {', '.join(admission.POLICIES)} (%(default)s)")
+    p.add_argument("--failures", default="none",
+                   help=f"server failures and recoveries, of none, {', '.join(failure.RECOVERIES)} (%(default)s): "
+                   "one more axis of the grid; the table gives each run's goodput")
+    p.add_argument("--server-mtbf-h", type=float, default=failure.MTBF_H,
+                   help="failures: mean hours between one server's failures (%(default).1f: Llama 3's rate)")
+    p.add_argument("--repair-h", type=float, default=failure.REPAIR_H, help="failures: hours out (%(default)s)")
+    p.add_argument("--swap-s", type=float, default=failure.SWAP_S,
+                   help="swap: seconds from the failure to iterating again (%(default)s: issue #25's median)")
+    p.add_argument("--restart-s", type=float, default=failure.RESTART_S,
+                   help="checkpoint, scratch: seconds from placed again to iterating (%(default)s)")
+    p.add_argument("--checkpoint-s", type=float, default=failure.CHECKPOINT_S,
+                   help="failures: seconds of running between checkpoints (%(default)s)")
     p.add_argument("--loads", default="0.5,0.7,0.9", help="offered loads (%(default)s)")
     p.add_argument("--seed", type=int, default=1, help="first seed (%(default)s)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per cell: --seed ... --seed+N-1 (%(default)s)")
@@ -296,7 +340,9 @@ def main(args) -> int:
         "tasks": len(tasks),
         "description": f"{args.gpus} GPUs ({args.gpus_per_switch} per switch, oversubscription "
                        f"{args.oversubscription:g}, models {args.models}), {args.jobs} synthetic jobs per run; "
-                       f"policies {args.policies}; schedulers {args.schedulers}; loads {args.loads}; seeds "
+                       f"policies {args.policies}; schedulers {args.schedulers}; failures {args.failures}"
+                       + (f" (a server fails every {args.server_mtbf_h:g} h)" if args.failures != "none" else "")
+                       + f"; loads {args.loads}; seeds "
                        f"{args.seed}-{args.seed + args.seeds - 1}; on {where}",
         "wall_s": round(time.monotonic() - t0, 1),
     }

@@ -107,3 +107,15 @@ def test_the_same_seed_gives_the_same_goodput_and_failures(tmp_path, gpus):
     first, second = once("1", tmp_path / "a"), once("2", tmp_path / "b")
     assert first == second
     assert first["regroup"][0] == 1.0 and first["regroup+swap"][1] > 0 and first["regroup+swap"][0] < 1.0
+
+
+def test_the_default_swap_time_is_the_median_the_fail_over_benchmark_recorded():
+    """--swap-s defaults to issue #25's measured kill-to-iterating median, from the committed record."""
+    from pathlib import Path
+
+    record = json.loads((Path(__file__).resolve().parents[2] / "results" / "bench-failover.json").read_text())
+    rounds = [r["total_s"] for r in record["results"]["rounds"]]
+    median = record["results"]["median"]["total_s"]
+    assert median == sorted(rounds)[len(rounds) // 2]  # the record's median is its rounds' median
+    assert failures.SWAP_S == round(median, 2)
+    assert Failures().swap_s == failures.SWAP_S

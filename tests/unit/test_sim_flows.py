@@ -131,3 +131,36 @@ def test_a_component_too_large_to_step_through_takes_held_shares_too(held):
             assert periods["detail"][r.key] == pytest.approx(closed, rel=1e-6)
     else:  # max-min hands idle capacity over, and the mean field only estimates how much
         assert periods["mean"] != pytest.approx(periods["detail"], rel=1e-6)
+
+
+def test_rates_met_again_are_reused_and_change_nothing():
+    """Stepping through reuses the max-min rates of a set of transferring rings it met before (in this run, or one
+    sharing `known`); the ends are those of computing them every time."""
+    import simulator.detail as detail
+
+    rings = [ring(k, n=4, compute=0.1 + 0.03 * k, links={0: 1, 1 + k % 2: 1}) for k in range(4)]
+    capacity = [60.0 * MB, 40.0 * MB, 45.0 * MB]
+    calls = []
+    plain = detail.max_min
+
+    def counted(*a):
+        calls.append(1)
+        return plain(*a)
+
+    def ends(known=None):
+        d = Detail(rings, capacity, 0.002, known=known)
+        d.run(0.0, 200.0)
+        return {k: list(s.ends) for k, s in d.states.items()}
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(detail, "max_min", counted)
+    try:
+        fresh = ends()
+        first = len(calls)
+        known = ({}, {r.key: 100 + r.key for r in rings})
+        assert ends(known) == fresh and ends(known) == fresh
+    finally:
+        mp.undo()
+    assert 0 < first <= 2 ** len(rings)  # one solve per set of transferring rings met, not per event
+    assert len(calls) == 2 * first  # the second run over `known` solved nothing again
+    assert all(len(e) > 10 for e in fresh.values())

@@ -40,8 +40,31 @@ def test_a_grid_runs_on_a_local_dask_cluster_and_writes_the_study_table(tmp_path
     assert "local Dask cluster of 2 worker(s)" in capsys.readouterr().out
 
 
+def test_failures_are_one_more_axis_and_the_table_gives_goodput(tmp_path):
+    out = tmp_path / "failures"
+    # 4 servers, each failing every 0.1 h (360 s) on average and out for 36 s: the runs of 12 short jobs see some
+    grid = [*GRID[:GRID.index("--policies")], "--policies", "fixed", "--schedulers", "fifo", "--loads", "0.9",
+            "--seeds", "3", "--failures", "none,swap,scratch", "--server-mtbf-h", "0.1", "--repair-h", "0.01"]
+    assert cli(["sweep", *grid, "--workers", "2", "--no-plots", "--quiet", "--out", str(out)]) == 0
+    with (out / "runs.csv").open() as f:
+        runs = list(csv.DictReader(f))
+    assert len(runs) == 3 * 3 and {r["run"] for r in runs} == {"fixed", "fixed+swap", "fixed+scratch"}
+    table = {r["run"]: r for r in json.loads((out / "study.json").read_text())["study"]}
+    assert table["fixed"]["goodput"] == 1.0 and table["fixed"]["failures"] == "none"
+    assert sum(int(r["server_failures"]) for r in runs if r["run"] == "fixed") == 0
+    hit = [r for r in runs if r["run"] != "fixed"]
+    assert all(int(r["server_failures"]) > 0 for r in hit) and any(int(r["interruptions"]) > 0 for r in hit)
+    for run in ("fixed+swap", "fixed+scratch"):  # each cell the mean of its seeds' goodput
+        mine = [float(r["goodput"]) for r in runs if r["run"] == run]
+        assert table[run]["goodput"] == pytest.approx(sum(mine) / 3)
+    assert min(table["fixed+swap"]["goodput"], table["fixed+scratch"]["goodput"]) < 1.0  # work was lost
+    md = (out / "study.md").read_text()
+    assert "goodput" in md and "| fixed+scratch | 0.9 |" in md and "a server fails every 0.1 h" in md
+
+
 def test_the_same_grid_gives_the_same_study(tmp_path):
-    tasks = sweep.grid(_args(tmp_path, "--loads", "0.9", "--seeds", "2", "--schedulers", "las"))
+    tasks = sweep.grid(_args(tmp_path, "--loads", "0.9", "--seeds", "2", "--schedulers", "las",
+                             "--failures", "none,swap", "--server-mtbf-h", "0.1", "--repair-h", "0.01"))
     a = sweep.run_grid(tasks, workers=1, processes=False)
     b = [sweep.run_task(t) for t in tasks]
     strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in a]
@@ -63,6 +86,8 @@ def _args(tmp_path, *more):
     ("--policies", "fixed,teleport", "--policies: unknown teleport"),
     ("--seeds", "0", "--seeds must be at least 1"),
     ("--gpus", "20", "--gpus 20 is not a multiple"),
+    ("--failures", "none,meteor", "--failures: unknown meteor"),
+    ("--swap-s", "-1", "--swap-s must be 0 or more"),
 ])
 def test_bad_settings_exit_2_naming_what_is_wrong_and_write_nothing(tmp_path, capsys, flag, value, message):
     out = tmp_path / "nothing"
