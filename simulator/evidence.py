@@ -9,7 +9,8 @@ Two figures, both from a `make demo` record (default: the droptail one, simulato
 - for each fragmented point, the share of the uplink's line rate the ring's crossing flows got
   while it communicated: the bytes each flow carries per iteration over the mean all-reduce time
   (less the per-step latency), emulated, simulated with held shares (the emulation's calibrated
-  network, the model) and with max-min sharing (a lossless fabric's, the what-if).
+  network on the droptail fabric) and with max-min sharing (the model on the lossless fabric), each marked
+  as the model for the record's fabric or a what-if.
 
 `python -m simulator.evidence [RECORD]` prints both.
 """
@@ -107,8 +108,8 @@ def report(record: dict) -> str:
                      f"{f.sent_over_delivered:.3f} | {stalled} |")
     lines += ["", "Share of the uplink's line rate each crossing flow of the job of concern got while it communicated, "
               "and its mean iteration (rack seconds):", "",
-              "| point | uplink | emulated (median run) | simulated, shares held (the model) | simulated, max-min "
-              "(lossless-fabric what-if) |", "| --- | --- | --- | --- | --- |"]
+              f"| point | uplink | emulated (median run) | simulated, shares held{_model('held', record)} | simulated, "
+              f"max-min{_model('maxmin', record)} |", "| --- | --- | --- | --- | --- |"]
     for r in shares(record):
         h, m = r.held, r.maxmin
         lines.append(f"| {h.label} | {h.uplink_gbps:g} Gbit/s | {100 * r.emulated:.0f} %, {h.emulated_s:.3f} s | "
@@ -131,7 +132,7 @@ class Share:
 
 def shares(record: dict) -> list[Share]:
     """Every fragmented point, simulated with held shares (the emulation's model) and max-min."""
-    held, _ = fidelity.compare(record)
+    held, _ = fidelity.compare(record, sharing="held")
     maxmin, _ = fidelity.compare(record, sharing="maxmin")
     out = []
     for h, m in zip(held, maxmin, strict=True):
@@ -142,6 +143,10 @@ def shares(record: dict) -> list[Share]:
         simulated = uplink_share(record, h, h.simulated_s), uplink_share(record, m, m.simulated_s)
         out.append(Share(h, m, emulated, *simulated))
     return out
+
+
+def _model(sharing: str, record: dict) -> str:
+    return " (the model for this fabric)" if calibration.sharing_of(record) == sharing else " (a what-if)"
 
 
 def _summary(record: dict, p: fidelity.Point) -> dict | None:

@@ -24,7 +24,7 @@ from simulator.workloads import paper_case
 
 TOLERANCE = 0.15
 OFFSETS = 8
-WHAT_IF = f", a what-if: the emulation's calibrated sharing is {calibration.EMULATION_SHARING}"
+WHAT_IF = ", a what-if: the model's sharing for this fabric is {}"
 
 
 @dataclass
@@ -121,7 +121,7 @@ def compare(record: dict, case: str | None = None, sharing: str | None = None) \
     if sharing is not None:
         if sharing not in SHARINGS:
             raise ValueError(f"sharing must be one of {', '.join(SHARINGS)}, not {sharing!r}")
-        cal = replace(cal, sharing=sharing)
+        cal = replace(cal, sharing=sharing, what_if=sharing != cal.sharing, model_sharing=cal.sharing)
     out = [p for p in points(record) if case is None or p.case == case]
     for p in out:
         p.simulated_s = simulate(record, p, cal)
@@ -131,7 +131,7 @@ def compare(record: dict, case: str | None = None, sharing: str | None = None) \
 def table(rows: list[Point], cal: calibration.Calibration) -> str:
     lines = [f"Against the emulation (`make demo`'s record; network calibrated from {cal.source}: efficiency "
              f"{100 * cal.efficiency:.1f} %, {1000 * cal.step_latency_emulated_s:.1f} ms per ring step emulated, "
-             f"{SHARINGS[cal.sharing]}{'' if cal.sharing == calibration.EMULATION_SHARING else WHAT_IF}):", "",
+             f"{SHARINGS[cal.sharing]}{WHAT_IF.format(cal.model_sharing) if cal.what_if else ''}):", "",
              f"| point | uplink | job of concern | emulated mean iteration (median of runs) | simulated (mean of "
              f"{OFFSETS} start offsets) | difference |",
              "| --- | --- | --- | --- | --- | --- |"]
