@@ -338,8 +338,13 @@ def fabric_checks(record: dict) -> dict:
 
     shares = [f"{r['tag']}: {p}" for r in record["runs"]
               for p in r.get("fabric_counters", {}).get("share_problems", [])]
+    judged = [(r["tag"], k, f["judged"]) for r in record["runs"]
+              for k, f in (r.get("fabric_counters", {}).get("uplink_shares") or {}).get("flows", {}).items()
+              if "judged" in f]
     return {"fabric": record.get("fabric"), "fabric_clean": not problems, "fabric_problems": problems,
             "uplink_shares_maxmin": not shares, "uplink_share_problems": shares,
+            "uplink_flows_judged": sum(1 for *_, j in judged if j),
+            "uplink_flows_unjudged": [f"{tag}: {k}" for tag, k, j in judged if not j],
             "fabric_drops": by_port(record["runs"]), "fabric_calibration_drops": by_port(record["calibration"]["runs"])}
 
 
@@ -589,7 +594,10 @@ def checks_text(record: dict) -> str:
     if "uplink_shares_maxmin" in c:
         lines.append(f"- the crossing flows' shares of the uplink within {100 * counters.MAX_SHARE_ERROR:g} % of "
                      f"max-min: {'yes' if c['uplink_shares_maxmin'] else 'NO'}, "
-                     f"{len(c['uplink_share_problems'])} flows off (checks.uplink_share_problems)")
+                     f"{len(c['uplink_share_problems'])} flows off (checks.uplink_share_problems)"
+                     + (f"; {c['uplink_flows_judged']} judged, {len(c['uplink_flows_unjudged'])} seen in fewer "
+                        f"than {counters.MIN_SHARE_WINDOWS} windows and not judged (checks.uplink_flows_unjudged)"
+                        if "uplink_flows_judged" in c else ""))
     if "fabric_clean" in c:
         lines.append(
             f"- the {c['fabric']} fabric dropped nothing and every container retransmitted at most "

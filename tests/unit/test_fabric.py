@@ -151,15 +151,33 @@ def test_uplink_shares_compare_each_crossing_flow_with_an_even_split_of_a_busy_u
     cap = 8e6  # bit/s: 0.5 MB per 0.5 s window
     red, blue = {"198.18.0.1"}, {"198.18.0.5"}
     samples = [(0.0, {"as1:10 198.18.0.1": 0, "as1:10 198.18.0.5": 0})]
-    for i in range(1, 5):  # red gets 300 kB, blue 150 kB of each window: blue is short of its share
+    for i in range(1, 6):  # red gets 300 kB, blue 150 kB of each window: blue is short of its share
         samples.append((0.5 * i, {"as1:10 198.18.0.1": 300_000 * i, "as1:10 198.18.0.5": 150_000 * i}))
     shares = counters.uplink_shares(samples, cap, [red, blue])
-    assert shares["windows"] == 4
+    assert shares["windows"] == 5
     assert shares["flows"]["as1:10 198.18.0.1"]["error"] == pytest.approx(300 / 225 - 1)
     assert shares["flows"]["as1:10 198.18.0.5"]["share"] == pytest.approx(0.3)
     problems = counters.share_problems(shares)
     assert len(problems) == 2 and problems[0].startswith("uplink as1:10: the flow to 198.18.0.1 got +33 %")
     assert counters.uplink_shares(samples, cap, [red])["windows"] == 0  # one ring alone: no sharing to judge
+
+
+def test_a_flow_seen_in_too_few_windows_is_kept_but_not_judged():
+    cap = 8e6
+    red, blue = {"198.18.0.1"}, {"198.18.0.5"}
+    a, b = "as1:10 198.18.0.1", "as1:10 198.18.0.5"
+
+    def run(n):  # both queued; red 300 kB, blue 150 kB a window: blue 33 % short of the even split
+        return [(0.5 * i, {a: 300_000 * i, b: 150_000 * i}, {a: 2, b: 2}) for i in range(n + 1)]
+
+    few = counters.uplink_shares(run(counters.MIN_SHARE_WINDOWS - 1), cap, [red, blue])
+    assert few["flows"][b]["error"] == pytest.approx(-1 / 3) and not few["flows"][b]["judged"]
+    assert counters.share_problems(few) == [] and counters.unjudged_flows(few) == [a, b]
+    enough = counters.uplink_shares(run(counters.MIN_SHARE_WINDOWS), cap, [red, blue])
+    assert enough["flows"][b]["windows"] == counters.MIN_SHARE_WINDOWS and enough["flows"][b]["judged"]
+    problems = counters.share_problems(enough)
+    assert len(problems) == 2 and f"over {counters.MIN_SHARE_WINDOWS} windows" in problems[1]
+    assert counters.unjudged_flows(enough) == []
 
 
 def test_retransmissions_in_an_ocs_dark_window_are_counted_apart():
