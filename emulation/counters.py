@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 import threading
 import time
@@ -383,10 +384,14 @@ def uplink_shares(samples: list[Sample], capacity_bps: float,
     with nothing queued asked less, and max-min gives it what it asked, up to that even split. Where
     the samples hold no backlog (a FIFO port) every flow counts as bottlenecked. With `all_reduces`
     (for each ring, the spans in which all its ranks were in an all-reduce) only the windows inside
-    an all-reduce of every ring count. Each figure is the mean over the windows in which that flow
-    was counted."""
+    an all-reduce of every ring count. A flow's share and max-min share are the means over the windows in
+    which it was counted; its error is the median of its windows' errors (each window's share over its
+    max-min share, less 1, all kept in `window_errors`): a window misread (MIN_SHARE_WINDOWS) does not
+    decide it, and a port that favours one flow (a FIFO whose flows' shares follow their round trips) is
+    off in most windows, so in the median too."""
     got: dict[str, float] = {}
     fair: dict[str, float] = {}
+    errs: dict[str, list[float]] = {}
     seen: dict[str, int] = {}  # windows in which each flow was counted
     windows = 0
     samples = [(t, n, q[0] if q else None) for t, n, *q in samples]  # (time, bytes) alone: no backlog known
@@ -412,10 +417,13 @@ def uplink_shares(samples: list[Sample], capacity_bps: float,
             level = (total - sum(d for f, d in flows.items() if f not in held)) / len(held)
             for addr, d in flows.items():
                 key = f"{link} {addr}"
+                mine = level if addr in held else min(d, level)
                 got[key] = got.get(key, 0.0) + d / cap
-                fair[key] = fair.get(key, 0.0) + (level if addr in held else min(d, level)) / cap
+                fair[key] = fair.get(key, 0.0) + mine / cap
                 seen[key] = seen.get(key, 0) + 1
-    flows = {k: {"share": got[k] / seen[k], "maxmin": fair[k] / seen[k], "error": got[k] / fair[k] - 1,
+                errs.setdefault(key, []).append(d / mine - 1)
+    flows = {k: {"share": got[k] / seen[k], "maxmin": fair[k] / seen[k], "error": statistics.median(errs[k]),
+                 "error_of_means": got[k] / fair[k] - 1, "window_errors": [round(e, 3) for e in errs[k]],
                  "windows": seen[k], "judged": seen[k] >= MIN_SHARE_WINDOWS}
              for k in sorted(got)}
     return {"windows": windows, "flows": flows}

@@ -170,6 +170,8 @@ def records_table(records: list[rec.Record]) -> str:
             checks.append(("sweep monotonic", c.get("sweep_monotonic")))
         if "fabric_clean" in c:
             checks.append(("fabric clean", c["fabric_clean"]))
+        if "uplink_shares_maxmin" in c:
+            checks.append(("uplink shares max-min", c["uplink_shares_maxmin"]))
         shown = ", ".join(f"{name}: {'yes' if ok else 'NO'}" for name, ok in checks)
         dirty = {True: " (dirty)", False: "", None: ""}[v.get("git_dirty")]
         model = f"`{r.model_hash[:12]}`" if r.model_hash else "unknown (made before model hashes)"

@@ -180,6 +180,24 @@ def test_a_flow_seen_in_too_few_windows_is_kept_but_not_judged():
     assert counters.unjudged_flows(enough) == []
 
 
+def test_one_misread_window_does_not_decide_a_flow_but_a_port_that_favours_one_flow_does():
+    cap = 8e6  # 0.5 MB per 0.5 s window
+    red, blue = {"198.18.0.1"}, {"198.18.0.5"}
+    a, b = "as1:10 198.18.0.1", "as1:10 198.18.0.5"
+    per_window = [(250_000, 250_000)] * 5 + [(400_000, 100_000)]  # last: blue drained mid-window, queued at ends
+    samples, sa, sb = [(0.0, {a: 0, b: 0}, {a: 2, b: 2})], 0, 0
+    for i, (da, db) in enumerate(per_window, 1):
+        sa, sb = sa + da, sb + db
+        samples.append((0.5 * i, {a: sa, b: sb}, {a: 2, b: 2}))
+    flows = counters.uplink_shares(samples, cap, [red, blue])["flows"]
+    assert flows[a]["error"] == 0 and flows[a]["window_errors"] == [0.0] * 5 + [0.6]
+    assert flows[a]["error_of_means"] == pytest.approx(275 / 250 - 1)  # the mean would carry the misread window
+    biased = [(0.5 * i, {a: 300_000 * i, b: 200_000 * i}, {a: 2, b: 2}) for i in range(7)]  # every window 20 % off
+    flows = counters.uplink_shares(biased, cap, [red, blue])["flows"]
+    assert flows[a]["error"] == pytest.approx(0.2) and flows[b]["error"] == pytest.approx(-0.2)
+    assert len(counters.share_problems({"flows": flows})) == 2
+
+
 def test_retransmissions_in_an_ocs_dark_window_are_counted_apart():
     tcp = [{"nics": ["gpu5"], "retrans": 20, "out": 1000,
             "history": [(100.0, 0), (100.5, 15), (101.0, 15), (110.0, 15), (110.5, 20)]}]
