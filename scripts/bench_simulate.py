@@ -7,10 +7,14 @@ Default: 16,384 GPUs, 100,000 synthetic jobs, seed 1, the default policies (issu
 process it started (its policy workers), and of their summed proportional set (PSS: a page shared by k processes
 counts 1/k, so forked workers' shared pages are counted once); the 2 GB bound is checked on the RSS sum, the larger.
 Run it alone on the machine, under the rack lock: `flock /tmp/optirack-rack.lock python scripts/bench_simulate.py`.
+Each run's results are kept as a hash in the record, so the runs can be split over several holds of the lock:
+`--runs 1 --json R`, then `--runs 1 --add --json R` as often as wanted (the same settings, or it stops), each added
+run compared with the record's first.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -64,6 +68,8 @@ def run(args, out: Path) -> dict:
            "simulate", "--gpus", str(args.gpus), "--jobs", str(args.jobs), "--seed", str(args.seed), "--quiet",
            "--out", str(out), *args.extra]
     peak = [0, 0]
+    load = os.getloadavg()[0]
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     done = threading.Event()
@@ -82,7 +88,8 @@ def run(args, out: Path) -> dict:
     if rc:
         raise SystemExit(f"bench_simulate: optirack simulate exited {rc}")
     size = sum(p.stat().st_size for p in out.iterdir() if p.is_file())
-    return {"wall_s": seconds, "peak_rss_bytes": peak[0], "peak_pss_bytes": peak[1], "out_bytes": size}
+    return {"wall_s": seconds, "peak_rss_bytes": peak[0], "peak_pss_bytes": peak[1], "out_bytes": size,
+            "started": started, "load_1min_before": load, "figures_sha256": _digest(figures(out))}
 
 
 def figures(out: Path) -> dict:
@@ -91,6 +98,10 @@ def figures(out: Path) -> dict:
     return {name: {k: v for k, v in p["summary"].items() if k != "wall_s"} | {"cdf": p.get("cdf"),
                                                                              "jobs": p.get("jobs")}
             for name, p in record["policies"].items()}
+
+
+def _digest(figs: dict) -> str:
+    return hashlib.sha256(json.dumps(figs, sort_keys=True).encode()).hexdigest()
 
 
 def _spread(values: list[float]) -> dict:
@@ -105,36 +116,51 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs, each compared with the first (%(default)s)")
     ap.add_argument("--out", type=Path, help="keep the first run's output here (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument("--add", action="store_true",
+                    help="add these runs to the record --json names (made with the same settings), compared with its "
+                         "first run")
     ap.add_argument("extra", nargs="*", help="more options for optirack simulate (after --)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
-    runs, same = [], True
+    command = f"optirack simulate --gpus {args.gpus} --jobs {args.jobs} --seed {args.seed} " + " ".join(args.extra)
+    runs: list[dict] = []
+    if args.add:
+        if not args.json or not args.json.is_file():
+            ap.error("--add needs --json naming an existing record")
+        try:
+            before = json.loads(args.json.read_text())
+            runs = list(before["runs"])
+            old = before["command"]
+        except (ValueError, KeyError, TypeError) as e:
+            ap.error(f"--add: {args.json} is not a bench_simulate record ({e})")
+        if old != command or any("figures_sha256" not in r for r in runs):
+            ap.error(f"--add: {args.json} was made by {old!r}, not {command!r}, or holds no results' hashes")
+    done = len(runs)
     with tempfile.TemporaryDirectory() as tmp:
         first = args.out or Path(tmp) / "run1"
         for i in range(args.runs):
             out = first if i == 0 else Path(tmp) / f"run{i + 1}"
             runs.append(run(args, out))
-            print(f"run {i + 1}: {runs[-1]['wall_s']:.1f} s, peak RSS {runs[-1]['peak_rss_bytes'] / 2**20:,.0f} MiB "
-                  f"(PSS {runs[-1]['peak_pss_bytes'] / 2**20:,.0f} MiB), {runs[-1]['out_bytes'] / 2**20:.1f} MiB "
-                  "written", file=sys.stderr)
-            if i:
-                same = same and figures(out) == figures(first)
+            r = runs[-1]
+            print(f"run {done + i + 1}: {r['wall_s']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB "
+                  f"(PSS {r['peak_pss_bytes'] / 2**20:,.0f} MiB), {r['out_bytes'] / 2**20:.1f} MiB written",
+                  file=sys.stderr)
+        same = all(r["figures_sha256"] == runs[0]["figures_sha256"] for r in runs)
         pngs = sorted(p.name for p in first.glob("*.png"))
         files = sorted(p.name for p in first.iterdir())
     row = {
-        "command": f"optirack simulate --gpus {args.gpus} --jobs {args.jobs} --seed {args.seed} "
-                   + " ".join(args.extra),
+        "command": command,
         "gpus": args.gpus, "jobs": args.jobs, "seed": args.seed, "runs": runs,
         "wall_s": _spread([r["wall_s"] for r in runs]),
         "peak_rss_bytes": _spread([r["peak_rss_bytes"] for r in runs]),
         "peak_pss_bytes": _spread([r["peak_pss_bytes"] for r in runs]),
         "out_bytes": runs[0]["out_bytes"], "files": files, "plots": pngs,
-        "same_results": same if args.runs > 1 else None, "cpus": os.cpu_count(),
+        "same_results": same if len(runs) > 1 else None, "cpus": os.cpu_count(),
         "within_limits": all(r["wall_s"] <= LIMIT_S and r["peak_rss_bytes"] <= LIMIT_BYTES for r in runs),
     }
     w, m = row["wall_s"], row["peak_rss_bytes"]
-    print(f"\n{args.gpus} GPUs, {args.jobs} jobs, seed {args.seed}, {args.runs} runs: "
+    print(f"\n{args.gpus} GPUs, {args.jobs} jobs, seed {args.seed}, {len(runs)} runs: "
           f"{w['min']:.1f} / {w['median']:.1f} / {w['max']:.1f} s (min / median / max) end to end; "
           f"peak RSS {m['min'] / 2**20:,.0f} / {m['median'] / 2**20:,.0f} / {m['max'] / 2**20:,.0f} MiB; "
           f"{row['out_bytes'] / 2**20:.1f} MiB written; plots: {', '.join(pngs) or 'none'}"
