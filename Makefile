@@ -64,7 +64,7 @@ bench: setup
 	$(PY) scripts/bench_allreduce.py
 	$(PY) scripts/bench_placement.py
 	$(PY) scripts/bench_store.py
-	$(PY) scripts/bench_simulate.py --runs 1  # 16,384 GPUs x 100,000 jobs once (about 15 min); --runs 3 for the docs figure
+	$(PY) scripts/bench_simulate.py --runs 1  # 16,384 GPUs x 100,000 jobs once (about 6 min); --runs 3 for the docs figure
 	$(PY) scripts/bench_loopback.py
 	$(PY) scripts/bench_failover.py
 
