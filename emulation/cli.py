@@ -89,6 +89,7 @@ def _cmd_server(args) -> int:
         print(
             f"server {plan.server} killed in {r['seconds']:.2f} s: engine {engine}, {r['shims']} container shim(s) "
             f"and their containers killed, NIC ports down: {', '.join(r['ports_down'])}"
+            + (f"; NICs gone with their containers: {', '.join(r['nics_dropped'])}" if r["nics_dropped"] else "")
         )
     else:
         r = servers.start(rack, plan, f"{CONTAINER_LABEL}={rack.name}")

@@ -299,8 +299,8 @@ def stop_containerd(plan: EnginePlan) -> None:
             time.sleep(0.05)
 
 
-def kill_shims(plan: EnginePlan) -> int:
-    """Kill the containerd shims of this engine (named by its exec root) and the containers they ran."""
+def shim_pids(plan: EnginePlan) -> list[int]:
+    """The containerd shims of this engine, named by its exec root."""
     root = str(plan.run_dir / "exec").encode()
     shims = []
     for proc in Path("/proc").iterdir():
@@ -312,12 +312,26 @@ def kill_shims(plan: EnginePlan) -> int:
             continue
         if b"containerd-shim" in cmdline.split(b"\0", 1)[0] and root in cmdline:
             shims.append(int(proc.name))
+    return shims
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def container_inits(plan: EnginePlan) -> list[int]:
+    """The init process of every container this engine's shims run."""
+    return [c for shim in shim_pids(plan) for c in _children(shim)]
+
+
+def kill_shims(plan: EnginePlan) -> int:
+    """Kill the containerd shims of this engine (named by its exec root) and the containers they ran."""
+    shims = shim_pids(plan)
     for shim in shims:
-        try:
-            children = [int(c) for c in Path(f"/proc/{shim}/task/{shim}/children").read_text().split()]
-        except OSError:
-            children = []
-        for pid in [*children, shim]:  # a container's init first: its PID namespace goes with it
+        for pid in [*_children(shim), shim]:  # a container's init first: its PID namespace goes with it
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 
 from controller.core.emulated import netns_of, nic_plans
@@ -34,13 +35,39 @@ def kill(rack: Rack, plan: engines.EnginePlan) -> dict:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    dropped = _drop_nics(rack, plan)  # while the containers live: their namespaces can still be entered
     shims = engines.kill_shims(plan)  # and the containers they ran: a container's init takes its PID namespace
     ports = []
     for nic in _server_nics(rack, plan.server):
         ns.ip("link", "set", "dev", nic.port, "down", netns=netns_of(plan.server), check=False)
         ports.append(nic.port)
     return {"engine": engine, "containerd": pid is not None, "shims": shims, "ports_down": ports,
-            "seconds": time.monotonic() - t0}
+            "nics_dropped": dropped, "seconds": time.monotonic() - t0}
+
+
+def _drop_nics(rack: Rack, plan: engines.EnginePlan) -> list[str]:
+    """Delete this server's GPU NICs inside its containers' namespaces: they die with the server. Left there, a
+    NIC outlives its container for as long as the namespace does, and the orphaned TCP sockets of the killed workers
+    keep it alive while they resend their FINs through the downed port (backing off from rto_min 500 ms, for a
+    minute or more); until then its MAC is taken on the port and the NIC cannot come home when the server starts
+    again ("RTNETLINK answers: Address already in use", CI of 2026-11-25)."""
+    names = [n.ifname for n in _server_nics(rack, plan.server)]
+    home = f"net:[{os.stat(f'/run/netns/{netns_of(plan.server)}').st_ino}]"  # NICs at home stay (ports go down)
+    seen, dropped = {home}, []
+    for pid in engines.container_inits(plan):
+        path = f"/proc/{pid}/ns/net"
+        try:
+            inode = os.readlink(path)
+        except OSError:
+            continue
+        if inode in seen:
+            continue
+        seen.add(inode)
+        for name in names:
+            if subprocess.run(["nsenter", f"--net={path}", "ip", "link", "del", "dev", name], capture_output=True,
+                              timeout=10).returncode == 0:
+                dropped.append(name)
+    return dropped
 
 
 def start(rack: Rack, plan: engines.EnginePlan, label: str) -> dict:
