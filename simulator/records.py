@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,10 +52,28 @@ def stem(started_utc: str, commit: str | None, dirty: bool) -> str:
     return name
 
 
+def committed(directory: Path) -> set[str] | None:
+    """The names of the files git tracks in `directory`, or None where it is not in a git work tree (then every
+    file counts)."""
+    try:
+        proc = subprocess.run(["git", "-C", str(directory), "ls-files", "-z", "--", "."], capture_output=True,
+                              timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return {Path(f).name for f in proc.stdout.decode().split("\0") if f}
+
+
 def load(directory: Path = RECORDS) -> list[Record]:
-    """Every record in `directory`, oldest first; a file that is not one is an error naming it."""
+    """Every committed record in `directory` (in a git work tree, the ones git tracks: a demo's new record counts
+    once it is committed, so a `make test` after a `make demo` reads what the repository holds), oldest first; a
+    file that is not one is an error naming it."""
     out = []
+    tracked = committed(directory) if directory.is_dir() else None
     for path in sorted(directory.glob("*.json")):
+        if tracked is not None and path.name not in tracked:
+            continue
         if not STEM.match(path.stem):
             raise ValueError(f"{path}: not named <UTC time>-<commit>.json")
         try:
