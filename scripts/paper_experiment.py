@@ -220,12 +220,25 @@ def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
         f"mean iteration {summary['mean_iteration_rack_s']:.3f} rack s, compute fraction {summary['mean_gpu_util']:.2f}"
     )
     run = {"case": case.name, "tag": tag, "summary": summary, "_all_reduces": [all_reduces(job), all_reduces(blue_job)],
-           "red_span": (job["started_at"], job.get("ended_at")), "blue_stopped_at": blue_stopped}
+           "red_span": (job["started_at"], job.get("ended_at")), "blue_stopped_at": blue_stopped,
+           "beside": beside_summary(blue_job, job["started_at"], job.get("ended_at") or blue_stopped, dilation)}
     if policy == "regroup":  # red's circuits changed while it was configuring, with blue beside it
         run["_dark"] = [(job["created_at"], job["started_at"])]
     if detail:
         run["job"] = job
     return run
+
+
+def beside_summary(blue: dict | None, start: float, end: float, dilation: float) -> dict | None:
+    """The job beside's iterations while the job of concern ran (rack seconds): what it asked of the links they
+    share, for the simulator's model of it (simulator/fidelity.py simulates both)."""
+    its = [i for i in (blue or {}).get("iteration_log") or [] if start <= i["t_start"] and i["t_end"] <= end]
+    if not its:
+        return None
+    return {"iterations": len(its), "gpus": (blue or {}).get("gpus"),
+            "mean_iteration_rack_s": statistics.fmean(i["iter_s"] for i in its) / dilation,
+            "mean_compute_rack_s": statistics.fmean(i["compute_s"] for i in its) / dilation,
+            "mean_comm_rack_s": statistics.fmean(i["comm_s"] for i in its) / dilation}
 
 
 def all_reduces(job: dict | None) -> list[tuple[float, float]]:
