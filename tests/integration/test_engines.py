@@ -65,6 +65,13 @@ def ours_on_every_engine(driver) -> dict[str, list]:
     return {s: driver.workers(s) for s in RACK.servers}
 
 
+def seen_up(client, *servers: str) -> None:
+    """Wait until the controller shows each server's engine up: it does once it has swept what the server ran before
+    (its own helper containers for that run meanwhile, which a look at the engines would count)."""
+    wait_for(lambda: all(client.get("/topology")["servers"][s]["engine"]["up"] for s in servers), 30,
+             f"{', '.join(servers)} seen up, swept")
+
+
 def wait_job(client, job_id: str, timeout: float = 300) -> dict:
     wait_for(lambda: client.get(f"/jobs/{job_id}")["job"]["state"] not in ("pending", "configuring", "running",
                                                                              "recovering"),
@@ -155,6 +162,7 @@ def test_an_engine_down_before_submit_is_refused_and_avoided(fresh, driver):
     assert "gpu2" not in job["gpus"]
     assert wait_job(client, job["id"])["state"] == "done"
     optirack_rack("engine", "start", "srv2")
+    seen_up(client, "srv2")
     assert all(v == [] for v in ours_on_every_engine(driver).values())
 
 
@@ -199,9 +207,9 @@ def test_a_server_killed_mid_job_is_swapped_for_a_spare_and_comes_back_empty(fre
     assert all(len(r) == 1 and r[0]["iteration"] == rec["resumed_from"] for r in restored.values()), restored
     assert all(g["job"] is None for g in client.get("/topology")["gpus"].values())
     out = optirack_rack("server", "start", "srv2")  # back, empty: nothing of the failed attempt on any engine
+    seen_up(client, "srv2")
     assert driver.workers("srv2") == [] and all(v == [] for v in ours_on_every_engine(driver).values())
     assert RACK.addresses["gpu2"][0] in sh("ip", "-n", "optirack-srv2", "-o", "addr", "show", "dev", "gpu2")
-    wait_for(lambda: client.get("/topology")["servers"]["srv2"]["engine"]["up"], 30, "srv2 seen up")
     again = client.post("/jobs", {"gpus": ["gpu2", "gpu4"], "workload": {"iterations": 3, "compute_seconds": 0.05}})
     assert wait_job(client, again["job"]["id"])["state"] == "done"  # its GPU is free, and works
 
@@ -279,6 +287,7 @@ def test_two_servers_killed_one_after_the_other_in_one_job_are_both_recovered(fr
     assert all(g["job"] is None for g in client.get("/topology")["gpus"].values())
     for server in ("srv2", "srv4"):  # back, empty
         optirack_rack("server", "start", server)
+    seen_up(client, "srv2", "srv4")
     assert all(v == [] for v in ours_on_every_engine(driver).values())
 
 
@@ -321,6 +330,7 @@ def test_a_job_with_no_spare_waits_at_the_head_of_the_queue_and_goes_on_when_a_g
     assert queued["state"] == "done" and queued["gpus"][0] in ("gpu5", "gpu6"), queued
     assert queued["started_at"] < done["ended_at"]  # it went once the job had its spare, not when it ended
     optirack_rack("server", "start", "srv2")
+    seen_up(client, "srv2")
     assert all(v == [] for v in ours_on_every_engine(driver).values())
 
 
