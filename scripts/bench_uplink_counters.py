@@ -7,7 +7,7 @@ seconds the benchmark reads, for the uplink port, the bytes of the per-address O
 it (`ovs-ofctl dump-flows`) and the bytes of its per-address htb leaves (`tc -s class show`), and
 prints, per window, each source's sum over the flows as a share of the line rate. A port that
 carries two backlogged flows sends at its line rate, so a faithful counter sums to about 1 in every
-window; the demo's share check reads the one that does (emulation/counters.py). Needs root and the
+window; the demo's share check reads the one that does (emulation/shares.py). Needs root and the
 lossless fabric (the fair uplink's leaves).
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from controller.core.emulated import netns_of, port_intf
 from controller.core.rack import load_rack
-from emulation import counters
+from emulation import shares as sharecheck
 from emulation.harness import ROOT, Testbed
 
 try:
@@ -58,7 +58,7 @@ def measure(tb: Testbed, seconds: float, interval: float) -> dict:
     peer = up.peer.device
     pairs = crossing_pairs(rack, (switch.name, peer))
     link, dev = f"{switch.name}:{up.port}", port_intf(switch.name, up.port)
-    leaves = {link: counters.leaf_addresses(dev)}
+    leaves = {link: sharecheck.leaf_addresses(dev)}
     if not leaves[link]:
         raise SystemExit(f"error: {dev} has no per-address leaves: run on the lossless fabric")
     cap = rack.spec.emulation.mbps(up.rate_gbps) * 1e6 / 8
@@ -78,8 +78,8 @@ def measure(tb: Testbed, seconds: float, interval: float) -> dict:
         end = time.time() + seconds
         while time.time() < end:
             t = time.time()
-            rules = counters.uplink_rule_bytes({switch.name: {up.port}})
-            sent, _ = counters.uplink_leaves({link: dev}, leaves)
+            rules = sharecheck.uplink_rule_bytes({switch.name: {up.port}})
+            sent, _ = sharecheck.uplink_leaves({link: dev}, leaves)
             rows.append((t, rules, sent))
             time.sleep(interval)
     finally:

@@ -37,6 +37,7 @@ import yaml
 
 from controller.core.rack import load_rack
 from emulation import counters
+from emulation import shares as sharecheck
 from emulation.calibrate import Calibration, CpuMeter, calibrate
 from emulation.harness import ROOT, Testbed
 from scripts import records
@@ -85,7 +86,7 @@ def fabric_counted(tb: Testbed, rings: list[list[str]], what, *args):
     capacity = min(rack.spec.emulation.mbps(u.rate_gbps) for w in rack.spec.switches for u in w.uplinks) * 1e6
     before = counters.snapshot(tb.state.root_intfs)
     TCP.take()  # forget namespaces of earlier runs
-    with counters.UplinkSampler(uplinks) as sampler:
+    with sharecheck.UplinkSampler(uplinks) as sampler:
         result = what(*args)
     spans = result.pop("_all_reduces", None) if isinstance(result, dict) else None
     dark = result.pop("_dark", []) if isinstance(result, dict) else []
@@ -96,8 +97,8 @@ def fabric_counted(tb: Testbed, rings: list[list[str]], what, *args):
               "problems": counters.verdict(drops, tcp)}
     if rings:
         ips = [{rack.addresses[g][0] for g in ring} for ring in rings]
-        fabric["uplink_shares"] = counters.uplink_shares(sampler.samples, capacity, ips, spans)
-        fabric["share_problems"] = counters.share_problems(fabric["uplink_shares"])
+        fabric["uplink_shares"] = sharecheck.uplink_shares(sampler.samples, capacity, ips, spans)
+        fabric["share_problems"] = sharecheck.share_problems(fabric["uplink_shares"])
         for problem in fabric["share_problems"]:
             log(f"    SHARE: {problem}")
     return result, fabric
@@ -351,13 +352,12 @@ def fabric_checks(record: dict) -> dict:
 
     shares = [f"{r['tag']}: {p}" for r in record["runs"]
               for p in r.get("fabric_counters", {}).get("share_problems", [])]
-    judged = [(r["tag"], k, f["judged"]) for r in record["runs"]
-              for k, f in (r.get("fabric_counters", {}).get("uplink_shares") or {}).get("flows", {}).items()
-              if "judged" in f]
+    per_run = [(r["tag"], r.get("fabric_counters", {}).get("uplink_shares") or {"flows": {}}) for r in record["runs"]]
+    unjudged = [f"{tag}: {k}" for tag, s in per_run for k in sharecheck.unjudged_flows(s)]
     return {"fabric": record.get("fabric"), "fabric_clean": not problems, "fabric_problems": problems,
             "uplink_shares_maxmin": not shares, "uplink_share_problems": shares,
-            "uplink_flows_judged": sum(1 for *_, j in judged if j),
-            "uplink_flows_unjudged": [f"{tag}: {k}" for tag, k, j in judged if not j],
+            "uplink_flows_judged": sum(len(s["flows"]) for _, s in per_run) - len(unjudged),
+            "uplink_flows_unjudged": unjudged,
             "fabric_drops": by_port(record["runs"]), "fabric_calibration_drops": by_port(record["calibration"]["runs"])}
 
 
@@ -605,11 +605,11 @@ def checks_text(record: dict) -> str:
                      f"its median, in {d['by']} ({d['compute_extra_rack_s']:+.3f} rack s compute, "
                      f"{d['comm_extra_rack_s']:+.3f} communication per iteration){idle}")
     if "uplink_shares_maxmin" in c:
-        lines.append(f"- the crossing flows' shares of the uplink within {100 * counters.MAX_SHARE_ERROR:g} % of "
+        lines.append(f"- the crossing flows' shares of the uplink within {100 * sharecheck.MAX_SHARE_ERROR:g} % of "
                      f"max-min: {'yes' if c['uplink_shares_maxmin'] else 'NO'}, "
                      f"{len(c['uplink_share_problems'])} flows off (checks.uplink_share_problems)"
                      + (f"; {c['uplink_flows_judged']} judged, {len(c['uplink_flows_unjudged'])} seen in fewer "
-                        f"than {counters.MIN_SHARE_WINDOWS} windows and not judged (checks.uplink_flows_unjudged)"
+                        f"than {sharecheck.MIN_SHARE_WINDOWS} windows and not judged (checks.uplink_flows_unjudged)"
                         if "uplink_flows_judged" in c else ""))
     if "fabric_clean" in c:
         lines.append(

@@ -37,7 +37,7 @@ from simulator.network import NetParams
 RACK = NetParams(efficiency=0.90, step_latency_s=20e-6, sharing="maxmin")
 # The emulated fabric's sharing, from the record's crossing-flow shares (module docstring): "held" on the droptail
 # fabric. The lossless fabric (emulation.fabric, the default since 2026-11-25) splits each uplink among its flows
-# in per-address htb leaves and its demo checks every crossing flow's share against max-min (emulation/counters.py):
+# in per-address htb leaves and its demo checks every crossing flow's share against max-min (emulation/shares.py):
 # its records are simulated with "maxmin". Chosen on the three lossless records of 2026-11-25 (20261125T083703Z,
 # 20261125T085601Z, 20261125T091423Z), which were made before this model and so do not check it.
 EMULATION_SHARING = "held"
@@ -55,8 +55,7 @@ class Calibration:
     step_latency_emulated_s: float
     source: str
     sharing: str = EMULATION_SHARING
-    what_if: bool = False  # `sharing` overrides the model's for this fabric (`model_sharing`)
-    model_sharing: str = EMULATION_SHARING
+    model_sharing: str = EMULATION_SHARING  # the model's for the record's fabric; `sharing` differs in a what-if
 
     def net(self, rack: Rack) -> NetParams:
         """The emulated rack's network in rack seconds: calibrated efficiency, latency and sharing."""
@@ -105,6 +104,7 @@ def from_record(record: dict | None) -> Calibration:
         LOOPBACK_STEP_S,
         f"the demo's calibration: a ring of TCP flows at {100 * median:.1f} % of the line rate (median of "
         f"{len(at_rate)} runs), and {1000 * LOOPBACK_STEP_S:.1f} ms per step from loopback",
+        sharing_of(record),
         sharing_of(record),
     )
 

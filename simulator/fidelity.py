@@ -121,7 +121,7 @@ def compare(record: dict, case: str | None = None, sharing: str | None = None) \
     if sharing is not None:
         if sharing not in SHARINGS:
             raise ValueError(f"sharing must be one of {', '.join(SHARINGS)}, not {sharing!r}")
-        cal = replace(cal, sharing=sharing, what_if=sharing != cal.sharing, model_sharing=cal.sharing)
+        cal = replace(cal, sharing=sharing)
     out = [p for p in points(record) if case is None or p.case == case]
     for p in out:
         p.simulated_s = simulate(record, p, cal)
@@ -129,9 +129,10 @@ def compare(record: dict, case: str | None = None, sharing: str | None = None) \
 
 
 def table(rows: list[Point], cal: calibration.Calibration) -> str:
+    what_if = WHAT_IF.format(cal.model_sharing) if cal.sharing != cal.model_sharing else ""
     lines = [f"Against the emulation (`make demo`'s record; network calibrated from {cal.source}: efficiency "
              f"{100 * cal.efficiency:.1f} %, {1000 * cal.step_latency_emulated_s:.1f} ms per ring step emulated, "
-             f"{SHARINGS[cal.sharing]}{WHAT_IF.format(cal.model_sharing) if cal.what_if else ''}):", "",
+             f"{SHARINGS[cal.sharing]}{what_if}):", "",
              f"| point | uplink | job of concern | emulated mean iteration (median of runs) | simulated (mean of "
              f"{OFFSETS} start offsets) | difference |",
              "| --- | --- | --- | --- | --- | --- |"]

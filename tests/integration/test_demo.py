@@ -40,7 +40,7 @@ def test_quick_paper_experiment(tmp_path):
     (point,) = record["points"]
     print(f"case (a) on the fitted rack: regrouping saved {100 * point['saving']['median']:.1f} % "
           f"(compute fraction {point['fixed']['mean_gpu_util']:.2f} -> {point['regroup']['mean_gpu_util']:.2f})")
-    # 70 % expected; a busy host moves it by a few points, not by 40
+    # about 74 % expected (the records of 2026-11-25); a busy host moves it by a few points, not by 44
     assert runs["regroup"]["completion_s"] < 0.7 * runs["fixed"]["completion_s"]
     table = (out_dir / "paper-experiment.md").read_text()
     assert "| (a) | 4 GPUs" in table and "407 s → 109 s" in table and "calibration:" in table

@@ -7,6 +7,7 @@ import yaml
 from controller.core.emulated import WINDOW_SEGMENTS, route_window
 from controller.core.rack import RackError, load_rack
 from emulation import counters
+from emulation import shares as sharecheck
 from emulation.shaping import QUEUE_FRAMES, htb_commands, queue_frames
 from scripts.paper_experiment import fabric_checks, passed
 from tests.unit.test_rack import PAPER
@@ -153,13 +154,13 @@ def test_uplink_shares_compare_each_crossing_flow_with_an_even_split_of_a_busy_u
     samples = [(0.0, {"as1:10 198.18.0.1": 0, "as1:10 198.18.0.5": 0})]
     for i in range(1, 6):  # red gets 300 kB, blue 150 kB of each window: blue is short of its share
         samples.append((0.5 * i, {"as1:10 198.18.0.1": 300_000 * i, "as1:10 198.18.0.5": 150_000 * i}))
-    shares = counters.uplink_shares(samples, cap, [red, blue])
+    shares = sharecheck.uplink_shares(samples, cap, [red, blue])
     assert shares["windows"] == 5
     assert shares["flows"]["as1:10 198.18.0.1"]["error"] == pytest.approx(300 / 225 - 1)
     assert shares["flows"]["as1:10 198.18.0.5"]["share"] == pytest.approx(0.3)
-    problems = counters.share_problems(shares)
+    problems = sharecheck.share_problems(shares)
     assert len(problems) == 2 and problems[0].startswith("uplink as1:10: the flow to 198.18.0.1 got +33 %")
-    assert counters.uplink_shares(samples, cap, [red])["windows"] == 0  # one ring alone: no sharing to judge
+    assert sharecheck.uplink_shares(samples, cap, [red])["windows"] == 0  # one ring alone: no sharing to judge
 
 
 def test_a_flow_seen_in_too_few_windows_is_kept_but_not_judged():
@@ -170,14 +171,14 @@ def test_a_flow_seen_in_too_few_windows_is_kept_but_not_judged():
     def run(n):  # both queued; red 300 kB, blue 150 kB a window: blue 33 % short of the even split
         return [(0.5 * i, {a: 300_000 * i, b: 150_000 * i}, {a: 2, b: 2}) for i in range(n + 1)]
 
-    few = counters.uplink_shares(run(counters.MIN_SHARE_WINDOWS - 1), cap, [red, blue])
+    few = sharecheck.uplink_shares(run(sharecheck.MIN_SHARE_WINDOWS - 1), cap, [red, blue])
     assert few["flows"][b]["error"] == pytest.approx(-1 / 3) and not few["flows"][b]["judged"]
-    assert counters.share_problems(few) == [] and counters.unjudged_flows(few) == [a, b]
-    enough = counters.uplink_shares(run(counters.MIN_SHARE_WINDOWS), cap, [red, blue])
-    assert enough["flows"][b]["windows"] == counters.MIN_SHARE_WINDOWS and enough["flows"][b]["judged"]
-    problems = counters.share_problems(enough)
-    assert len(problems) == 2 and f"over {counters.MIN_SHARE_WINDOWS} windows" in problems[1]
-    assert counters.unjudged_flows(enough) == []
+    assert sharecheck.share_problems(few) == [] and sharecheck.unjudged_flows(few) == [a, b]
+    enough = sharecheck.uplink_shares(run(sharecheck.MIN_SHARE_WINDOWS), cap, [red, blue])
+    assert enough["flows"][b]["windows"] == sharecheck.MIN_SHARE_WINDOWS and enough["flows"][b]["judged"]
+    problems = sharecheck.share_problems(enough)
+    assert len(problems) == 2 and f"over {sharecheck.MIN_SHARE_WINDOWS} windows" in problems[1]
+    assert sharecheck.unjudged_flows(enough) == []
 
 
 def test_one_misread_window_does_not_decide_a_flow_but_a_port_that_favours_one_flow_does():
@@ -189,13 +190,13 @@ def test_one_misread_window_does_not_decide_a_flow_but_a_port_that_favours_one_f
     for i, (da, db) in enumerate(per_window, 1):
         sa, sb = sa + da, sb + db
         samples.append((0.5 * i, {a: sa, b: sb}, {a: 2, b: 2}))
-    flows = counters.uplink_shares(samples, cap, [red, blue])["flows"]
+    flows = sharecheck.uplink_shares(samples, cap, [red, blue])["flows"]
     assert flows[a]["error"] == 0 and flows[a]["window_errors"] == [0.0] * 5 + [0.6]
     assert flows[a]["error_of_means"] == pytest.approx(275 / 250 - 1)  # the mean would carry the misread window
     biased = [(0.5 * i, {a: 300_000 * i, b: 200_000 * i}, {a: 2, b: 2}) for i in range(7)]  # every window 20 % off
-    flows = counters.uplink_shares(biased, cap, [red, blue])["flows"]
+    flows = sharecheck.uplink_shares(biased, cap, [red, blue])["flows"]
     assert flows[a]["error"] == pytest.approx(0.2) and flows[b]["error"] == pytest.approx(-0.2)
-    assert len(counters.share_problems({"flows": flows})) == 2
+    assert len(sharecheck.share_problems({"flows": flows})) == 2
 
 
 def test_retransmissions_in_an_ocs_dark_window_are_counted_apart():
@@ -217,8 +218,8 @@ def test_only_windows_inside_every_rings_all_reduce_are_judged():
     assert all_reduces(job) == [(1.5, 3.0)] and all_reduces(None) == []
     samples = [(0.5 * i, {"as1:10 198.18.0.1": 250_000 * i, "as1:10 198.18.0.5": 250_000 * i}) for i in range(8)]
     rings = [{"198.18.0.1"}, {"198.18.0.5"}]
-    assert counters.uplink_shares(samples, 8e6, rings)["windows"] == 7
-    assert counters.uplink_shares(samples, 8e6, rings, [[(1.5, 3.0)], [(0.0, 9.0)]])["windows"] == 3
+    assert sharecheck.uplink_shares(samples, 8e6, rings)["windows"] == 7
+    assert sharecheck.uplink_shares(samples, 8e6, rings, [[(1.5, 3.0)], [(0.0, 9.0)]])["windows"] == 3
 
 
 def _u32_matches(rule: list[str], packet: bytes) -> bool:
@@ -293,21 +294,21 @@ def test_a_flow_with_nothing_queued_gets_what_it_asked_and_the_held_ones_split_t
     samples = []
     for i in range(5):  # red asks 100 kB a window (nothing queued); blue and green queue and get 200 kB each
         samples.append((0.5 * i, {a: 100_000 * i, b: 200_000 * i, c: 200_000 * i}, {a: 0, b: 3, c: 5}))
-    shares = counters.uplink_shares(samples, cap, [red, blue, green])
+    shares = sharecheck.uplink_shares(samples, cap, [red, blue, green])
     assert shares["windows"] == 4
     assert all(abs(f["error"]) < 1e-9 for f in shares["flows"].values())  # max-min: no flow off
-    assert counters.share_problems(shares) == []
+    assert sharecheck.share_problems(shares) == []
     # a FIFO that favours green: both queued, green 250 kB, blue 150 kB -> both 25 % off their 200 kB
     unfair = [(0.5 * i, {a: 100_000 * i, b: 150_000 * i, c: 250_000 * i}, {a: 0, b: 3, c: 5}) for i in range(5)]
-    flows = counters.uplink_shares(unfair, cap, [red, blue, green])["flows"]
+    flows = sharecheck.uplink_shares(unfair, cap, [red, blue, green])["flows"]
     assert flows[b]["error"] == pytest.approx(-0.25) and flows[c]["error"] == pytest.approx(0.25)
     # a flow with nothing queued that got more than the even split of the held ones is off too
     greedy = [(0.5 * i, {a: 250_000 * i, b: 120_000 * i, c: 120_000 * i}, {a: 0, b: 3, c: 5}) for i in range(5)]
-    flows = counters.uplink_shares(greedy, cap, [red, blue, green])["flows"]
+    flows = sharecheck.uplink_shares(greedy, cap, [red, blue, green])["flows"]
     assert flows[a]["error"] == pytest.approx(250 / 120 - 1)
     # nothing queued by anyone: no flow was held back at the port, nothing to judge
     idle = [(0.5 * i, {a: 200_000 * i, b: 200_000 * i}, {a: 0, b: 0}) for i in range(5)]
-    assert counters.uplink_shares(idle, cap, [red, blue])["windows"] == 0
+    assert sharecheck.uplink_shares(idle, cap, [red, blue])["windows"] == 0
 
 
 def test_the_fair_leaves_addresses_are_read_from_the_u32_filters(monkeypatch):
@@ -316,5 +317,5 @@ def test_the_fair_leaves_addresses_are_read_from_the_u32_filters(monkeypatch):
     text = "\n".join([head.format(1, 0, 0, "5:10"), "  match 00060000/00ff0000 at 8",
                       head.format(2, 1, 1, "5:103"), "  match c6120004/ffffffff at 16",
                       head.format(2, 2, 2, "5:104"), "  match c6120005/ffffffff at 16"])
-    monkeypatch.setattr(counters, "_run", lambda *cmd: text)
-    assert counters.leaf_addresses("as1-p10") == {"5:103": "198.18.0.4", "5:104": "198.18.0.5"}
+    monkeypatch.setattr(sharecheck, "_run", lambda *cmd: text)
+    assert sharecheck.leaf_addresses("as1-p10") == {"5:103": "198.18.0.4", "5:104": "198.18.0.5"}
