@@ -56,3 +56,61 @@ def test_profiles_have_sources_and_scale():
 def test_help_explains_both_ways_to_run():
     out = subprocess.run([sys.executable, "-m", "containers.worker", "--help"], capture_output=True, text=True).stdout
     assert "profile" in out and "real" in out and "loopback" in out
+
+
+RING_OF_TWO = r"""
+import json, os, re, subprocess, sys
+from datetime import timedelta
+import torch, torch.distributed as dist
+from containers import worker
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                        timeout=timedelta(seconds=60))
+if sys.argv[3] == "ring":
+    worker.open_ring(dist)
+t = torch.full((2_000_000,), float(rank + 1))
+for _ in range(3):
+    t.fill_(float(rank + 1))
+    if sys.argv[3] == "ring":
+        worker.ring_all_reduce(dist, torch, t)
+    else:  # one connection, both directions: what the ring of two did before open_ring
+        req = dist.isend(t[:1_000_000].clone(), 1 - rank)
+        dist.recv(t[1_000_000:], 1 - rank)
+        req.wait()
+dist.barrier()
+socks = []
+out = subprocess.run(["ss", "-tinpH"], capture_output=True, text=True).stdout
+for block in re.split(r"\n(?=\S)", out):
+    if f"pid={os.getpid()}," in block:
+        sent = re.search(r"bytes_sent:(\d+)", block)
+        got = re.search(r"bytes_received:(\d+)", block)
+        socks.append([int(sent.group(1)) if sent else 0, int(got.group(1)) if got else 0])
+print(json.dumps({"sum": float(t[0]), "sockets": socks}), flush=True)
+dist.barrier()
+os._exit(0)
+"""
+
+
+def ring_of_two_sockets(how: str) -> list[dict]:
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", RING_OF_TWO, str(r), port, how], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr[-2000:]
+        out.append(json.loads(stdout.splitlines()[-1]))
+    return out
+
+
+def test_ring_of_two_sends_each_direction_on_its_own_connection():
+    """Mechanism, read from the kernel's per-socket byte counters (ss): in a ring of two, each TCP
+    connection that carried the gradient carried it one way only; the same counters on one
+    shared connection show both ways (the check can fail)."""
+    ring = ring_of_two_sockets("ring")
+    assert all(r["sum"] == 3.0 for r in ring)
+    for how, runs in (("ring", ring), ("shared", ring_of_two_sockets("shared"))):
+        busy = [s for r in runs for s in r["sockets"] if max(s) > 4_000_000]  # >= half a gradient (8 MB)
+        assert busy, f"{how}: no socket of the ranks carried the gradient: {runs}"
+        duplex = [s for s in busy if min(s) > 0.01 * max(s)]
+        assert bool(duplex) == (how == "shared"), f"{how}: sockets (sent, received): {busy}"
