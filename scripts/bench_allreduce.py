@@ -5,6 +5,12 @@ Four GPU containers under one aggregator switch (circuits set through the contro
 worker with no compute phase and a gradient of S bytes. Each iteration's bus bandwidth,
 2(n-1)/n * S / t, is compared with the emulated line rate B; the host's idle CPU is read from
 /proc/stat while they run. Needs root.
+
+It also prints what a ring step costs beyond its bytes at the line rate, (t - bound) / 2(n-1): the
+simulator's fixed cost per step (simulator/calibration.py STEP_S) is this, measured at the paper
+cases' gradient on the default rack (`--mbytes 0.528`: VGG16's 528 MB x rate scale 0.0005 x time
+dilation 2), where every step's chunk crosses several store-and-forward hops of jumbo frames at the
+scaled rate.
 """
 from __future__ import annotations
 
@@ -161,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     comm = comm_times(logs)
     fraction = spread([bound_s / c for c in comm], 100)
     bus = spread([2 * (n - 1) / n * size * 8 / c / 1e6 for c in comm])
+    steps = 2 * (n - 1)
+    beyond = spread([(c - bound_s) / steps for c in comm], 1000)  # what a step costs beyond its bytes at the line rate
     result = {
         "ring": gpus,
         "switch": switch,
@@ -170,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         "comm_s": spread(comm),
         "percent_of_bound": fraction,
         "bus_mbps": bus,
+        "steps": steps,
+        "step_beyond_bound_ms": beyond,
         "idle_cpu_percent": idle,
         "wall_s": wall,
     }
@@ -181,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  median (min–max) over {len(comm)} iterations: bus bandwidth {show(bus, 'Mbit/s')} = "
         f"{show(fraction, '%')} of the bound; host idle CPU {idle:.0f} %"
+    )
+    print(
+        f"  beyond the bound, per ring step ({steps} per all-reduce): {show(beyond, 'ms', 2)}; "
+        f"per all-reduce {steps * beyond['median']:.1f} ms"
     )
     if observed:
         result["observed"] = observed
