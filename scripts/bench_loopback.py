@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark: the fixed software cost of a ring all-reduce step, measured on loopback.
 
-The simulator's network model for the emulation charges every ring step a fixed latency besides its bytes
-(simulator/calibration.py, LOOPBACK_STEP_S). This measures it: N worker ranks (optirack-worker, the same program the
-containers run, gloo's point-to-point with our ring) on 127.0.0.1, all-reducing a tiny tensor (so its bytes cost
-nothing) with no compute phase, for --iterations iterations, --rounds times. It prints the median all-reduce time and
-the time per step (an all-reduce of N ranks is 2(N-1) steps), each as median (min-max) over the rounds, beside the
-constant the model uses now. Runs as any user; sends traffic on loopback only. Figures depend on the host's load:
-run it with nothing else busy.
+The simulator's network model for the emulation charges every ring step a fixed cost besides its bytes
+(simulator/calibration.py, STEP_S), measured on the emulated fabric at the paper cases' gradient by
+scripts/bench_allreduce.py. This measures the software's part of it, without the fabric: N worker ranks
+(optirack-worker, the same program the containers run, gloo's point-to-point with our ring) on 127.0.0.1,
+all-reducing a tiny tensor (so its bytes cost nothing) with no compute phase, for --iterations iterations,
+--rounds times. It prints the median all-reduce time and the time per step (an all-reduce of N ranks is 2(N-1)
+steps), each as median (min-max) over the rounds, beside the constant the model uses. Runs as any user; sends
+traffic on loopback only. Figures depend on the host's load: run it with nothing else busy.
 """
 
 from __future__ import annotations
@@ -89,16 +90,17 @@ def main(argv: list[str] | None = None) -> int:
               f"over {len(comm)} iterations", file=sys.stderr)
     per_allreduce = spread(medians, 1000)
     per_step = spread([m / steps for m in medians], 1000)
-    from simulator.calibration import LOOPBACK_STEP_S
+    from simulator.calibration import STEP_S
 
     print(f"ring of {args.ranks} on loopback, {args.gradient_bytes} B, {args.rounds} rounds "
           f"of {args.iterations} iterations (median over each round; median (min–max) over the rounds):")
     print(f"  all-reduce: {show(per_allreduce, 'ms', 2)}")
     print(f"  per step ({steps} steps): {show(per_step, 'ms', 2)}; "
-          f"the simulator's model now uses {1000 * LOOPBACK_STEP_S:.2f} ms")
+          f"the simulator's model charges {1000 * STEP_S:.2f} ms per step beyond the bytes, measured on the emulated "
+          "fabric at the paper cases' gradient (scripts/bench_allreduce.py)")
     write_json(args.json, {"ranks": args.ranks, "gradient_bytes": args.gradient_bytes, "steps": steps,
                            "allreduce_ms": per_allreduce, "step_ms": per_step,
-                           "model_step_ms": round(1000 * LOOPBACK_STEP_S, 3)})
+                           "model_step_ms": round(1000 * STEP_S, 3)})
     return 0
 
 

@@ -11,7 +11,7 @@ job of concern and each case's distance from the paper), sweep (case (a) against
 (every committed record: when, which commit, fabric, model hash, checks), fidelity-droptail and
 shares-droptail (the simulator against the droptail record, as `optirack simulate --case` and
 `python -m simulator.evidence` print them), reconfig and loopback (the committed benchmark records under
-results/bench/: bench_reconfig's end-to-end and event figures, bench_loopback's step).
+results/bench/: bench_reconfig's end-to-end and event figures, bench_loopback's step, bench_allreduce's step cost).
 
 On an emulated GPU the compute is a wait: what the worker reports as utilization is the compute time over the
 iteration time. Every block names it so ("compute fraction of an iteration"), beside the paper's measured GPU
@@ -263,10 +263,30 @@ def loopback(_records: list[rec.Record]) -> str:
     return "\n".join(rows)
 
 
+def step(_records: list[rec.Record]) -> str:
+    """bench_allreduce's cost of a ring step beyond its bytes: at the paper cases' gradient (the model's STEP_S) and
+    for a tiny one (what is left of it without bytes)."""
+    from simulator.calibration import STEP_RECORD, STEP_S
+
+    rows = ["| record | ring | gradient | iterations | % of the bound, median (min–max) | per step beyond the bound "
+            "| per all-reduce | the model's constant (per step) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in ("bench_allreduce-vgg16-chunk", "bench_allreduce-tiny"):
+        for stem, data in bench_records(name):
+            r = data["results"]
+            b, f = r["step_beyond_bound_ms"], r["percent_of_bound"]
+            used = f"{1000 * STEP_S:.2f} ms" if f"{stem}-{name}.json" in STEP_RECORD else "-"
+            rows.append(f"| `{stem}-{name.removeprefix('bench_allreduce-')}` | {len(r['ring'])} ranks, {r['steps']} "
+                        f"steps | {r['gradient_bytes']:,} B | {b['n']} | {f['median']:.1f} ({f['min']:.1f}–"
+                        f"{f['max']:.1f}) % | {_mmm(b['min'], b['median'], b['max'])} "
+                        f"| {r['steps'] * b['median']:.1f} ms | {used} |")
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[list[rec.Record]], str]] = {
     "headline": headline, "cases": cases, "sweep": sweep, "records": records_table,
     "fidelity-droptail": fidelity_droptail, "shares-droptail": shares_droptail,
-    "reconfig": reconfig, "loopback": loopback,
+    "reconfig": reconfig, "loopback": loopback, "step": step,
 }
 
 

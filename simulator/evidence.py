@@ -159,6 +159,9 @@ def _summary(record: dict, p: fidelity.Point) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simulator.evidence", description=__doc__.splitlines()[0])
     ap.add_argument("record", nargs="?", default=str(RECORD), help=f"make demo's record (default {RECORD})")
+    ap.add_argument("--fit", metavar="FIT_RECORD",
+                    help="instead: the points a `paper_experiment --fit` record tried, simulated on RECORD's rack and "
+                         "calibration (a fit record has neither), against their emulated medians")
     args = ap.parse_args(argv)
     try:
         record = json.loads(Path(args.record).read_text())
@@ -168,6 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     if "runs" not in record or "rack" not in record:
         print(f"error: {args.record}: not a make demo record (no 'runs' or 'rack')", file=sys.stderr)
         return 2
+    if args.fit:
+        try:
+            rows, cal = fidelity.fit_points(json.loads(Path(args.fit).read_text()), record)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: {args.fit}: cannot use it as a fit record: {e}", file=sys.stderr)
+            return 2
+        print(f"The fit's tried points ({args.fit}), on the rack and calibration of {args.record}.")
+        print(fidelity.table(rows, cal))
+        return 0
     print(report(record))
     return 0
 

@@ -89,6 +89,27 @@ def _medians(record: dict) -> list[Point]:
     return out
 
 
+def fit_points(fit: dict, record: dict) -> tuple[list[Point], calibration.Calibration]:
+    """The tried points of a `--fit` record (case (a) at each uplink it tried, each policy's median over its pairs),
+    simulated on `record`'s rack and with its calibration: a fit record has neither."""
+    if fit.get("kind") != "fit" or not fit.get("tried"):
+        raise ValueError("not a fit record (paper_experiment --fit): no 'kind': 'fit' or no tried points")
+    cal = calibration.from_record(record)
+    out = []
+    for tried in fit["tried"]:
+        p = tried["point"]
+        for policy in ("fixed", "regroup"):
+            figures = p[policy]
+            values = figures.get("mean_iteration_rack_s_values") or [figures["mean_iteration_rack_s"]]
+            out.append(Point("a", p.get("name", "fit"), p["uplink_gbps"], policy, figures["mean_iteration_rack_s"],
+                             values))
+    settings = {**record.get("settings", {}), **{k: v for k, v in fit.get("settings", {}).items()
+                                                 if k in ("iterations", "model")}}
+    for p in out:
+        p.simulated_s = simulate({**record, "settings": settings}, p, cal)
+    return out, cal
+
+
 def rack_at(record: dict, uplink_gbps: float):
     spec = copy.deepcopy(record["rack"])
     for w in spec["switches"]:

@@ -33,7 +33,7 @@ def test_comments_docstrings_and_blank_lines_do_not_change_the_hash_but_code_doe
     reworded = src.replace('"""The network parameters', '"""Reworded: the network parameters', 1)
     reworded = reworded.replace("\nclass Calibration:", "\n\n# a new comment\n\nclass Calibration:  # and another", 1)
     assert reworded != src and hashed(reworded) == base
-    changed = src.replace("LOOPBACK_STEP_S = 0.040 / 6", "LOOPBACK_STEP_S = 0.001", 1)
+    changed = src.replace("STEP_S = 0.00970", "STEP_S = 0.001", 1)
     assert changed != src and hashed(changed) != base
     # a file of the set missing is another model too
     assert modelhash.model_hash(lambda f: None if f == "simulator/maxmin.py" else files[f]) != base
