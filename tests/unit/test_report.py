@@ -107,3 +107,18 @@ def test_a_benchmark_record_that_does_not_parse_is_named(tmp_path):
     (tmp_path / "20260101T000000Z-abc1234-bench_loopback.json").write_text("{")
     with pytest.raises(report.ReportError, match="20260101T000000Z-abc1234-bench_loopback.json: cannot read"):
         report.bench_records("bench_loopback", tmp_path)
+
+
+def test_the_headline_shows_the_current_model_s_records_once_there_are_any(tmp_path):
+    """The README's table: every whole record until one carries the current model hash, then only those."""
+    import json
+
+    from simulator import modelhash
+
+    old = json.loads(records.LOSSLESS_FIRST.read_text())
+    (tmp_path / "20260101T000000Z-abcdef0.json").write_text(json.dumps(old))
+    assert report.headline(records.load(tmp_path)).count("\n| `20260101T000000Z-abcdef0`") == 2
+    (tmp_path / "20270101T000000Z-1234567.json").write_text(json.dumps({**old, "model_hash": modelhash.model_hash()}))
+    table = report.headline(records.load(tmp_path))
+    assert table.count("\n| `20270101T000000Z-1234567`") == 2 and "20260101T000000Z-abcdef0" not in table
+    assert "20260101T000000Z-abcdef0" in report.cases(records.load(tmp_path))  # still listed with every record
