@@ -30,7 +30,7 @@ def test_point_takes_medians_and_the_spread_in_percentage_points():
 
 def test_checks_catch_a_sign_flip_a_non_monotonic_sweep_and_a_wide_spread():
     steady = point("case a", "a", 6, 16, [(_run(100), _run(30))] * 3)
-    flip = point("case b", "b", 6, 16, [(_run(100), _run(95)), (_run(100), _run(105)), (_run(100), _run(98))])
+    flip = point("case b", "b", 6, 16, [(_run(100), _run(70)), (_run(100), _run(105)), (_run(100), _run(80))])
     sweep = [point(f"k{k}", "a", k, 100 / k, [(_run(100), _run(100 - s))] * 3) for k, s in ((1, 20), (2, 40), (4, 30))]
     c = checks([steady, flip], sweep)
     assert not c["signs_kept"] and not c["sweep_monotonic"]
@@ -40,6 +40,17 @@ def test_checks_catch_a_sign_flip_a_non_monotonic_sweep_and_a_wide_spread():
     good = checks([steady], sorted(sweep[:2], key=lambda p: p["nic_to_uplink"]))
     assert good["signs_kept"] and good["sweep_monotonic"] and good["spread_ok"]
     assert good["case_a_saving_pp_vs_paper"] == pytest.approx(70 - 73.2)
+
+
+def test_a_saving_within_the_noise_floor_has_no_sign_to_keep():
+    """Savings of 5 %, -1 % and 2 % (median 2 %, within SIGN_FLOOR_PP of zero) are listed, not judged; the same flip
+    around a median of 20 % fails."""
+    small = point("k1", "a", 1, 100, [(_run(100), _run(95)), (_run(100), _run(101)), (_run(100), _run(98))])
+    c = checks([], [small])
+    assert c["signs_kept"] and c["signs_unjudged"] == ["k1"]
+    large = point("k2", "a", 2, 50, [(_run(100), _run(80)), (_run(100), _run(101)), (_run(100), _run(78))])
+    c = checks([], [large])
+    assert not c["signs_kept"] and c["signs_unjudged"] == []
 
 
 def test_rack_variants_change_only_the_uplinks_or_the_rate_scale():
