@@ -323,14 +323,17 @@ def checks(points: list[dict], sweep: list[dict]) -> dict:
     """Does the answer hold: every figure keeps its sign over the repeats (a figure whose median saving is within
     SIGN_FLOOR_PP of zero has none to keep: listed, not judged), the sweep's savings grow with k, and no figure's
     spread is above MAX_SPREAD_PP?"""
-    judged = [p for p in points + sweep if abs(100 * p["saving"]["median"]) >= SIGN_FLOOR_PP]
-    signs = all(min(p["saving"]["values"]) > 0 or max(p["saving"]["values"]) < 0 for p in judged)
+    judged, unjudged = [], []
+    for p in points + sweep:
+        (judged if abs(100 * p["saving"]["median"]) >= SIGN_FLOOR_PP else unjudged).append(p["name"])
+    signs = all(min(p["saving"]["values"]) > 0 or max(p["saving"]["values"]) < 0
+                for p in points + sweep if p["name"] in judged)
     medians = [p["saving"]["median"] for p in sorted(sweep, key=lambda p: p["nic_to_uplink"])]
     monotonic = all(b > a for a, b in zip(medians, medians[1:], strict=False))
     worst = max((p["saving"]["spread_pp"] for p in points + sweep), default=0.0)
     out = {
         "signs_kept": signs,
-        "signs_unjudged": [p["name"] for p in points + sweep if p not in judged],
+        "signs_unjudged": unjudged,
         "sweep_monotonic": monotonic,
         "max_spread_pp": worst,
         "spread_ok": worst <= MAX_SPREAD_PP,

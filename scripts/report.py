@@ -89,10 +89,7 @@ def _points(r: rec.Record) -> dict[str, dict]:
 def current(records: list[rec.Record]) -> list[rec.Record]:
     """The whole records made with the simulator's current model (so after its commit, on the rack and worker of
     then); all whole records where none is."""
-    from simulator import modelhash
-
-    now = modelhash.model_hash()
-    return [r for r in full(records) if r.model_hash == now] or full(records)
+    return rec.of_current_model(records) or full(records)
 
 
 def headline(records: list[rec.Record]) -> str:
@@ -211,10 +208,9 @@ def fidelity_droptail(records: list[rec.Record]) -> str:
 def fidelity_current(records: list[rec.Record]) -> str:
     """The simulator against every whole record made with its current model (the fidelity test's check, within
     10 %): one row per point, one column per record, the simulated mean iteration's difference from the emulated."""
-    from simulator import fidelity, modelhash
+    from simulator import fidelity
 
-    now = modelhash.model_hash()
-    checked = [r for r in full(records) if r.model_hash == now]
+    checked = rec.of_current_model(records)
     if not checked:
         return "No whole record carries the current model's hash yet: nothing checks it."
     header = "| point | job of concern | " + " | ".join(f"`{r.name}`" for r in checked) + " |"

@@ -65,6 +65,14 @@ def committed(directory: Path) -> set[str] | None:
     return {Path(f).name for f in proc.stdout.decode().split("\0") if f}
 
 
+def of_current_model(records: list[Record]) -> list[Record]:
+    """The whole records made with the simulator's model as it is now: the ones that check it (issue #23)."""
+    from simulator import modelhash
+
+    now = modelhash.model_hash()
+    return [r for r in records if r.full and r.model_hash == now]
+
+
 def load(directory: Path = RECORDS) -> list[Record]:
     """Every committed record in `directory` (in a git work tree, the ones git tracks: a demo's new record counts
     once it is committed, so a `make test` after a `make demo` reads what the repository holds), oldest first; a

@@ -30,7 +30,7 @@ README_RUN = ROOT / "tests" / "data" / "demo-readme-run.json"
 
 def record():
     if not RECORD.exists():
-        if os.environ.get("CI") == "true":
+        if os.environ.get("CI"):
             pytest.fail(f"{RECORD} is missing: CI must compare the simulator with the committed demo record")
         pytest.skip(f"{RECORD} is absent in this checkout (it is committed); CI fails without it")
     return json.loads(RECORD.read_text())
