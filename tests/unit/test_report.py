@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import report
+from scripts import report, report_bench
 from simulator import records
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def test_the_reconfiguration_rows_carry_the_end_to_end_and_the_event_figures():
         for row in data["results"]:
             assert row["e2e_median_ms"] >= row["total_ms_median"] - 1.0, (stem, row)  # it starts earlier
             assert {"median_ms", "e2e_overhead_median_ms", "programming_in_dark_ms_median"} <= row.keys()
-    table = report.reconfig([])
+    table = report_bench.reconfig([])
     assert table.count("\n| `") == sum(len(d["results"]) for _, d in found)
 
 
