@@ -141,15 +141,23 @@ class Job:
 
     def iterations(self) -> list[dict]:
         """One entry per completed iteration: when it ended and how long it took, over all ranks. An iteration redone
-        after a recovery counts once, as the latest attempt that completed it on every rank ran it."""
+        after a recovery counts once, as the latest attempt that completed it on every rank ran it.
+
+        An iteration before a recovery's checkpoint was completed by every rank (the checkpoint was taken after it)
+        even where a rank's report of it is missing: a worker's last lines die with its server when the server is
+        killed before its engine streamed them. Such an iteration counts, timed by the reports that did arrive."""
         runs: dict[int, dict[int, list[dict]]] = {}  # iteration -> attempt -> the ranks' reports
         for reports in self.reports.values():
             for r in reports:
                 if r.get("event") == "iteration":
                     runs.setdefault(r["iteration"], {}).setdefault(r.get("attempt", 0), []).append(r)
+        proven = max((rec.get("resumed_from") or 0 for rec in self.recoveries), default=0)
         out = []
         for i in range(len(runs)):
-            complete = [its for _, its in sorted(runs.get(i, {}).items()) if len(its) >= len(self.gpus)]
+            attempts = [its for _, its in sorted(runs.get(i, {}).items())]
+            complete = [its for its in attempts if len(its) >= len(self.gpus)]
+            if not complete and i < proven and attempts:
+                complete = [max(reversed(attempts), key=len)]  # the latest attempt with the most reports
             if not complete:
                 break
             its = complete[-1]
