@@ -20,6 +20,11 @@ from controller.apps.placement import PlacementApp
 from controller.core.jobs import Job
 from controller.core.rack import load_rack
 
+try:
+    from scripts.stats import add_json_option, spread, write_json
+except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scripts/ itself is on sys.path
+    from stats import add_json_option, spread, write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -94,20 +99,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=[10, 10_000], help="recorded jobs (default %(default)s)")
     p.add_argument("--saves", type=int, default=200, help="saves timed per size (default %(default)s)")
     p.add_argument("--topo", default=str(ROOT / "topologies" / "paper-testbed.yaml"))
+    add_json_option(p)
     args = p.parse_args(argv)
     rack = load_rack(args.topo)
-    medians = {}
+    medians, rows = {}, []
     print(f"one save of the controller's state (SQLite, WAL, synchronous=FULL), {args.saves} saves per size")
     print(f"{'recorded jobs':>14s} {'min ms':>8s} {'median ms':>10s} {'max ms':>8s}")
     for n in args.sizes:
         print(f"{n:>14,d} ...", end="\r", flush=True)
         t = measure(n, args.saves, rack)
         medians[n] = statistics.median(t)
+        rows.append({"recorded_jobs": n, "save_ms": spread(t, scale=1e3, digits=4)})
         print(f"{n:>14,d} {min(t) * 1e3:8.3f} {medians[n] * 1e3:10.3f} {max(t) * 1e3:8.3f}")
     small, large = min(medians), max(medians)
     ratio = medians[large] / medians[small]
     verdict = "OK" if ratio <= 2.0 else "FAIL"
     print(f"median at {large:,d} / median at {small:,d} jobs: {ratio:.2f} (at most 2 wanted): {verdict}")
+    write_json(args.json, {"saves": args.saves, "sizes": rows, "ratio_largest_to_smallest": round(ratio, 3)})
     return 0 if verdict == "OK" else 1
 
 

@@ -93,4 +93,196 @@ def step(_records: list) -> str:
     return "\n".join(rows)
 
 
-BLOCKS: dict[str, Callable[[list], str]] = {"reconfig": reconfig, "loopback": loopback, "step": step}
+# --- fail-over (scripts/bench_failover.py; records at results/bench-failover*.json and -checkpoint-cost*) -------
+RESULTS = ROOT / "results"
+PHASES = (  # (key in a round, what the phase is): from the kill, in order
+    ("detection_s", "detection (the job `recovering`)"),
+    ("planning_s", "planning (0.3 s settle, the others stopped, spares chosen)"),
+    ("ocs_s", "OCS change (circuits and flows confirmed)"),
+    ("containers_s", "container start (workers replaced, the spare's sandbox, NIC and worker)"),
+    ("restore_s", "restore (the worker's start and PyTorch's import, the checkpoint read or fetched)"),
+    ("rendezvous_s", "rendezvous (until every rank began its first iteration)"),
+)
+FAILOVER = {"server": "bench-failover.json", "worker": "bench-failover-worker.json"}
+CHECKPOINT_COST = ("bench-checkpoint-cost.json", "bench-checkpoint-cost-titanv.json")
+
+
+def _record(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ReportError(f"{path}: cannot read the record: {e}") from None
+
+
+def _field(path: Path, data: dict, *keys: str):
+    for k in keys:
+        if not isinstance(data, dict) or k not in data:
+            raise ReportError(f"{path}: the record has no {'.'.join(keys)}")
+        data = data[k]
+    return data
+
+
+def failover(_records: list, directory: Path | None = None) -> str:
+    """From the kill to every rank iterating again, per phase: min / median / max over each record's rounds, one
+    column per fault (a server killed, a worker killed with kill -9)."""
+    import statistics
+
+    columns = {"server": "a server killed", "worker": "a worker killed (`kill -9`)"}
+    rounds = {}
+    for fault, name in FAILOVER.items():
+        path = (directory or RESULTS) / name
+        rounds[fault] = _field(path, _record(path), "results", "rounds")
+        if not rounds[fault]:
+            raise ReportError(f"{path}: the record has no rounds")
+
+    def cell(fault: str, key: str, bold: bool = False) -> str:
+        xs = [r[key] for r in rounds[fault]]
+        mid = f"{statistics.median(xs):.2f}"
+        return f"{min(xs):.2f} / {f'**{mid}**' if bold else mid} / {max(xs):.2f} s"
+
+    rows = ["| from the kill: min / median / max | " + " | ".join(columns[f] for f in FAILOVER) + " |",
+            "| --- |" + " --- |" * len(FAILOVER)]
+    for key, what in PHASES:
+        rows.append(f"| {what} | " + " | ".join(cell(f, key) for f in FAILOVER) + " |")
+    rows.append("| **all ranks iterating again** | " + " | ".join(cell(f, "total_s", True) for f in FAILOVER) + " |")
+    rows.append("| rounds that ended `done` after one recovery | " + " | ".join(
+        f"{sum(r.get('state') == 'done' and r.get('recoveries') == 1 for r in rounds[f])} of {len(rounds[f])}"
+        for f in FAILOVER) + " |")
+    return "\n".join(rows)
+
+
+def _gpu_models(gpus: list[str]) -> str:
+    from controller.core.rack import load_rack
+
+    rack = load_rack(ROOT / "topologies" / "paper-spares.yaml")
+    models = sorted({rack.gpus[g].model if g in rack.gpus else "?" for g in gpus})
+    return f"{len(gpus)} x {' + '.join(m.replace('TitanV', 'Titan V') for m in models)}"
+
+
+def checkpoint_cost(_records: list, directory: Path | None = None) -> str:
+    """The same job with checkpoints every K iterations and with none, alternately, in pairs: the mean iteration
+    (median over the pairs), each pair's cost, and what a save holds the loop for / the copy to the peer takes."""
+    rows = ["| record | job | mean iteration, checkpoints every K / none (median of the pairs) | cost per pair "
+            "| each save: loop held / copy at the peer (median) |",
+            "| --- | --- | --- | --- | --- |"]
+    for name in CHECKPOINT_COST:
+        path = (directory or RESULTS) / name
+        r = _field(path, _record(path), "results")
+        m, pairs = _field(path, r, "median"), _field(path, r, "pairs")
+        costs = ", ".join(f"{'+' if p['cost'] >= 0 else '-'}{abs(100 * p['cost']):.2f} %" for p in pairs)
+        rows.append(f"| `{name}` | {_gpu_models(_field(path, r, 'gpus'))} (K = {r['checkpoint_every']}) "
+                    f"| {m['mean_iteration_s_with']:.3f} / {m['mean_iteration_s_without']:.3f} s | {costs} "
+                    f"| {1000 * m['local_s']:.1f} ms / {m['save_s']:.3f} s |")
+    return "\n".join(rows)
+
+
+# --- planning and the state store (scripts/bench_placement.py, scripts/bench_store.py --json) -------------------
+def _runs(name: str, directory: Path | None) -> list[tuple[str, dict]]:
+    found = bench_records(name, directory)
+    if not found:
+        raise ReportError(f"no committed {name} record under {directory or BENCH} (run it with --json)")
+    return found
+
+
+def _which(found: list[tuple[str, dict]], name: str) -> str:
+    return f"{len(found)} run{_s(len(found))}: " + ", ".join(f"`{stem}-{name}.json`" for stem, _ in found)
+
+
+def placement(_records: list, directory: Path | None = None) -> str:
+    """Planning time of one job on generated half-full racks: per cell the range of the runs' medians and, in
+    brackets, the largest single time of all runs."""
+    found = _runs("bench_placement", directory)
+    cells: dict[tuple, list[dict]] = {}
+    for _, data in found:
+        for r in data["results"]:
+            cells.setdefault((r["gpus"], r["switches"], r["ocs"], r["kind"]), []).append(r)
+    sizes = sorted({r["job_gpus"] for _, d in found for r in d["results"]})
+    rows = ["| GPUs (switches, OCS) | job | " + " | ".join(
+        f"{n} GPUs: median (max)" if i == 0 else f"{n} GPUs" for i, n in enumerate(sizes)) + " |",
+        "| --- | --- |" + " --- |" * len(sizes)]
+    for (gpus, switches, ocs, kind), rs in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][3])):
+        out = []
+        for n in sizes:
+            xs = [r for r in rs if r["job_gpus"] == n]
+            if not xs:
+                out.append("-")
+                continue
+            meds = [r["median_ms"] for r in xs]
+            out.append(f"{min(meds):.2f}–{max(meds):.2f} ms ({max(r['max_ms'] for r in xs):.2f})")
+        rows.append(f"| {gpus:,} ({switches}, {ocs}) | {kind} | " + " | ".join(out) + " |")
+    rows.append("")
+    rows.append(f"From {_which(found, 'bench_placement')}.")
+    return "\n".join(rows)
+
+
+def store(_records: list, directory: Path | None = None) -> str:
+    """One save of the controller's state: per size the range of the runs' medians, min / max of all saves, and
+    each run's median at the largest size over its median at the smallest."""
+    found = _runs("bench_store", directory)
+    by_size: dict[int, list[dict]] = {}
+    for _, data in found:
+        for r in data["results"]["sizes"]:
+            by_size.setdefault(r["recorded_jobs"], []).append(r["save_ms"])
+    ratios = [d["results"]["ratio_largest_to_smallest"] for _, d in found]
+    rows = ["| recorded jobs | median (range over the runs) | min / max of all saves | median at the largest / at "
+            "the smallest |", "| --- | --- | --- | --- |"]
+    for i, (n, ss) in enumerate(sorted(by_size.items())):
+        meds = [x["median"] for x in ss]
+        last = f"{min(ratios):.2f}–{max(ratios):.2f}" if i == len(by_size) - 1 else ""
+        rows.append(f"| {n:,} | {min(meds):.2f}–{max(meds):.2f} ms | {min(x['min'] for x in ss):.2f} / "
+                    f"{max(x['max'] for x in ss):.1f} ms | {last} |")
+    rows.append("")
+    rows.append(f"From {_which(found, 'bench_store')}, {found[0][1]['results']['saves']} saves per size each.")
+    return "\n".join(rows)
+
+
+def observed(_records: list, directory: Path | None = None) -> str:
+    """bench_allreduce --observed: the ring's share of its bound without, then with, the live page open and
+    Prometheus scraping, alternately in one run (one column per committed run)."""
+    found = _runs("bench_allreduce-observed", directory)
+    got = []
+    for stem, data in found:
+        o = data["results"].get("observed")
+        if not o:
+            raise ReportError(f"{stem}-bench_allreduce-observed.json: the record has no 'observed' "
+                              "(run with --observed)")
+        got.append(o)
+    head = " | ".join(f"run {i + 1}" for i in range(len(got)))
+    rows = [f"| | {head} |", "| --- |" + " --- |" * len(got),
+            f"| without the page and Prometheus (mean of {len(got[0]['plain_percent'])} rings) | "
+            + " | ".join(f"{o['plain_mean_percent']:.1f} %" for o in got) + " of the bound |",
+            "| with the page open, Prometheus scraping every 5 s | "
+            + " | ".join(f"{o['observed_mean_percent']:.1f} %" for o in got) + " of the bound |",
+            "| difference (without − with) | " + " | ".join(f"{o['difference_points']:+.1f}" for o in got)
+            + " percentage points |",
+            "", f"From {_which(found, 'bench_allreduce-observed')}."]
+    return "\n".join(rows)
+
+
+def rack(_records: list, directory: Path | None = None) -> str:
+    """bench_rack: the images' sizes and what bringing the rack up and down takes, one column per record."""
+    found = _runs("bench_rack", directory)
+
+    def mb(n):
+        return f"{n / 1e6:,.0f} MB" if n else "-"
+
+    def secs(d):
+        return f"{d['median']:.1f} s ({d['min']:.1f}–{d['max']:.1f}, {d['n']} runs)"
+
+    got = [d["results"] for _, d in found]
+    rows = ["| what | " + " | ".join(f"`{stem}`" for stem, _ in found) + " |", "| --- |" + " --- |" * len(found),
+            "| worker image | " + " | ".join(mb(r["image_bytes"].get("worker")) for r in got) + " |",
+            "| NIC helper image | " + " | ".join(mb(r["image_bytes"].get("nic_helper")) for r in got) + " |",
+            "| first rack-up after `down --purge` (push to the registry, every engine pulls both images) | "
+            + " | ".join(f"{r['cold_up_s']:.1f} s" if r.get("cold_up_s") else "-" for r in got) + " |",
+            "| later rack-up (cached image stores), median (min–max) | " + " | ".join(secs(r["up_s"]) for r in got)
+            + " |",
+            "| rack-down | " + " | ".join(secs(r["down_s"]) for r in got) + " |"]
+    return "\n".join(rows)
+
+
+BLOCKS: dict[str, Callable[[list], str]] = {
+    "reconfig": reconfig, "loopback": loopback, "step": step, "failover": failover,
+    "checkpoint-cost": checkpoint_cost, "placement": placement, "store": store,
+    "observed": observed, "rack": rack,
+}
