@@ -188,6 +188,18 @@ def _which(found: list[tuple[str, dict]], name: str) -> str:
     return f"{len(found)} run{_s(len(found))}: " + ", ".join(f"`{stem}-{name}.json`" for stem, _ in found)
 
 
+def _prose(text: str) -> str:
+    """A sentence under a table, wrapped as the docs' prose is (a record's name is never split)."""
+    import textwrap
+
+    return textwrap.fill(text, width=105, break_long_words=False, break_on_hyphens=False)
+
+
+def _signed(x: float, digits: int = 1) -> str:
+    v = round(x, digits)
+    return f"{'−' if v < 0 else '+'}{abs(v):.{digits}f}"
+
+
 def placement(_records: list, directory: Path | None = None) -> str:
     """Planning time of one job on generated half-full racks: per cell the range of the runs' medians and, in
     brackets, the largest single time of all runs."""
@@ -211,7 +223,7 @@ def placement(_records: list, directory: Path | None = None) -> str:
             out.append(f"{min(meds):.2f}–{max(meds):.2f} ms ({max(r['max_ms'] for r in xs):.2f})")
         rows.append(f"| {gpus:,} ({switches}, {ocs}) | {kind} | " + " | ".join(out) + " |")
     rows.append("")
-    rows.append(f"From {_which(found, 'bench_placement')}.")
+    rows.append(_prose(f"From {_which(found, 'bench_placement')}."))
     return "\n".join(rows)
 
 
@@ -232,7 +244,7 @@ def store(_records: list, directory: Path | None = None) -> str:
         rows.append(f"| {n:,} | {min(meds):.2f}–{max(meds):.2f} ms | {min(x['min'] for x in ss):.2f} / "
                     f"{max(x['max'] for x in ss):.1f} ms | {last} |")
     rows.append("")
-    rows.append(f"From {_which(found, 'bench_store')}, {found[0][1]['results']['saves']} saves per size each.")
+    rows.append(_prose(f"From {_which(found, 'bench_store')}, {found[0][1]['results']['saves']} saves per size each."))
     return "\n".join(rows)
 
 
@@ -253,9 +265,9 @@ def observed(_records: list, directory: Path | None = None) -> str:
             + " | ".join(f"{o['plain_mean_percent']:.1f} %" for o in got) + " of the bound |",
             "| with the page open, Prometheus scraping every 5 s | "
             + " | ".join(f"{o['observed_mean_percent']:.1f} %" for o in got) + " of the bound |",
-            "| difference (without − with) | " + " | ".join(f"{o['difference_points']:+.1f}" for o in got)
+            "| difference (without − with) | " + " | ".join(_signed(o["difference_points"]) for o in got)
             + " percentage points |",
-            "", f"From {_which(found, 'bench_allreduce-observed')}."]
+            "", _prose(f"From {_which(found, 'bench_allreduce-observed')}.")]
     return "\n".join(rows)
 
 

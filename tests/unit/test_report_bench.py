@@ -1,0 +1,117 @@
+"""scripts/report_bench.py: make report's benchmark blocks are rendered from their records (synthetic ones here, so a
+changed figure changes the table), and a missing or bad record is an error naming it."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scripts import report, report_bench
+from scripts.report_bench import ReportError
+
+
+def _bench(directory: Path, stem: str, name: str, results) -> Path:
+    path = directory / f"{stem}-{name}.json"
+    path.write_text(json.dumps({"command": [name], "results": results}))
+    return path
+
+
+def _spread(*xs: float) -> dict:
+    s = sorted(xs)
+    return {"n": len(s), "min": s[0], "median": s[len(s) // 2], "max": s[-1], "values": list(xs)}
+
+
+def test_every_block_is_one_of_make_reports():
+    assert all(report.BLOCKS[n] is f for n, f in report_bench.BLOCKS.items())
+
+
+def _round(total: float, state: str = "done") -> dict:
+    return {"state": state, "recoveries": 1, "total_s": total, "detection_s": 0.02, "planning_s": 0.46,
+            "ocs_s": 0.03, "containers_s": 0.8, "restore_s": 2.0, "rendezvous_s": 0.1}
+
+
+def test_failover_gives_min_median_max_per_phase_and_counts_the_rounds_that_ended_done(tmp_path):
+    for fault, name in report_bench.FAILOVER.items():
+        (tmp_path / name).write_text(json.dumps({"results": {"fault": fault, "rounds": [
+            _round(3.0), _round(3.5), _round(4.5 if fault == "server" else 5.0, "failed")]}}))
+    table = report_bench.failover([], tmp_path).splitlines()
+    assert table[-2] == "| **all ranks iterating again** | 3.00 / **3.50** / 4.50 s | 3.00 / **3.50** / 5.00 s |"
+    assert table[-1] == "| rounds that ended `done` after one recovery | 2 of 3 | 2 of 3 |"
+    assert "| planning (0.3 s settle, the others stopped, spares chosen) | 0.46 / 0.46 / 0.46 s |" in table[3]
+
+
+def test_failover_without_its_record_names_the_file(tmp_path):
+    with pytest.raises(ReportError, match="bench-failover.json: cannot read the record"):
+        report_bench.failover([], tmp_path)
+    (tmp_path / "bench-failover.json").write_text(json.dumps({"results": {"fault": "server"}}))
+    with pytest.raises(ReportError, match=r"bench-failover.json: the record has no results.rounds"):
+        report_bench.failover([], tmp_path)
+
+
+def test_checkpoint_cost_names_the_gpus_models_and_each_pairs_cost(tmp_path):
+    for name, gpus in zip(report_bench.CHECKPOINT_COST, (["gpu1", "gpu2"], ["gpu5", "gpu6"]), strict=True):
+        (tmp_path / name).write_text(json.dumps({"results": {
+            "gpus": gpus, "checkpoint_every": 20, "pairs": [{"cost": 0.0125}, {"cost": -0.003}],
+            "median": {"mean_iteration_s_with": 0.6213, "mean_iteration_s_without": 0.618, "local_s": 0.0012,
+                       "save_s": 0.194}}}))
+    rows = report_bench.checkpoint_cost([], tmp_path).splitlines()[2:]
+    assert rows[0] == ("| `bench-checkpoint-cost.json` | 2 x M40 (K = 20) | 0.621 / 0.618 s | +1.25 %, -0.30 % "
+                       "| 1.2 ms / 0.194 s |")
+    assert rows[1].startswith("| `bench-checkpoint-cost-titanv.json` | 2 x Titan V (K = 20) |")
+
+
+def test_placement_gives_the_range_of_the_runs_medians_and_the_largest_time(tmp_path):
+    def row(kind, size, med, mx):
+        return {"gpus": 1024, "switches": 32, "ocs": 4, "kind": kind, "job_gpus": size, "median_ms": med,
+                "min_ms": 0.01, "max_ms": mx}
+
+    _bench(tmp_path, "20260101T000000Z-aaaaaaa", "bench_placement", [row("count", 8, 0.04, 0.1),
+                                                                      row("count", 32, 0.2, 0.3)])
+    _bench(tmp_path, "20260101T000100Z-aaaaaaa", "bench_placement", [row("count", 8, 0.06, 0.13),
+                                                                      row("count", 32, 0.1, 0.44)])
+    lines = report_bench.placement([], tmp_path).splitlines()
+    assert lines[0] == "| GPUs (switches, OCS) | job | 8 GPUs: median (max) | 32 GPUs |"
+    assert lines[2] == "| 1,024 (32, 4) | count | 0.04–0.06 ms (0.13) | 0.10–0.20 ms (0.44) |"
+    assert lines[-2].startswith("From 2 runs: `20260101T000000Z-aaaaaaa-bench_placement.json`")
+
+
+def test_store_gives_each_size_and_the_ratio_range(tmp_path):
+    for i, (small, large) in enumerate(((0.5, 0.3), (0.4, 0.34))):
+        _bench(tmp_path, f"20260101T00000{i}Z-aaaaaaa", "bench_store", {
+            "saves": 200, "ratio_largest_to_smallest": round(large / small, 3),
+            "sizes": [{"recorded_jobs": 10, "save_ms": _spread(0.3, small, 50.0)},
+                      {"recorded_jobs": 10000, "save_ms": _spread(0.2, large, 1.7)}]})
+    lines = report_bench.store([], tmp_path).splitlines()
+    assert lines[2] == "| 10 | 0.40–0.50 ms | 0.30 / 50.0 ms |  |"
+    assert lines[3] == "| 10,000 | 0.30–0.34 ms | 0.20 / 1.7 ms | 0.60–0.85 |"
+    assert lines[-1].endswith("200 saves per size each.")
+
+
+def test_observed_is_one_column_per_run_and_a_record_without_it_is_named(tmp_path):
+    _bench(tmp_path, "20260101T000000Z-aaaaaaa", "bench_allreduce-observed", {"observed": {
+        "plain_percent": [96.0, 96.5, 96.7], "observed_percent": [96.0, 96.0, 96.0], "plain_mean_percent": 96.4,
+        "observed_mean_percent": 96.0, "difference_points": 0.4}})
+    lines = report_bench.observed([], tmp_path).splitlines()
+    assert lines[0] == "| | run 1 |"
+    assert lines[4] == "| difference (without − with) | +0.4 percentage points |"
+    _bench(tmp_path, "20260102T000000Z-aaaaaaa", "bench_allreduce-observed", {"ring": []})
+    with pytest.raises(ReportError, match="20260102T000000Z-aaaaaaa-bench_allreduce-observed.json: the record has "
+                                          "no 'observed'"):
+        report_bench.observed([], tmp_path)
+
+
+def test_rack_shows_the_images_and_the_times_per_record(tmp_path):
+    _bench(tmp_path, "20260101T000000Z-aaaaaaa", "bench_rack", {
+        "image_bytes": {"worker": 891_000_000, "nic_helper": 10_200_000}, "cold_up_s": 79.2,
+        "up_s": _spread(7.7, 7.8, 9.0), "down_s": _spread(3.1, 3.3, 4.0)})
+    lines = report_bench.rack([], tmp_path).splitlines()
+    assert lines[2] == "| worker image | 891 MB |" and lines[3] == "| NIC helper image | 10 MB |"
+    assert lines[4].endswith("| 79.2 s |")
+    assert lines[5].endswith("| 7.8 s (7.7–9.0, 3 runs) |")
+
+
+@pytest.mark.parametrize("block", ["placement", "store", "observed", "rack"])
+def test_a_block_with_no_committed_record_says_which_benchmark_to_run(tmp_path, block):
+    with pytest.raises(ReportError, match="no committed bench_.* record under .* \\(run it with --json\\)"):
+        report_bench.BLOCKS[block]([], tmp_path)
