@@ -10,8 +10,10 @@ Blocks: headline (README: the paper's two cases, one row per full record and cas
 job of concern and each case's distance from the paper), sweep (case (a) against the uplink's rate), records
 (every committed record: when, which commit, fabric, model hash, checks), fidelity-droptail and
 shares-droptail (the simulator against the droptail record, as `optirack simulate --case` and
-`python -m simulator.evidence` print them), reconfig and loopback (the committed benchmark records under
-results/bench/: bench_reconfig's end-to-end and event figures, bench_loopback's step, bench_allreduce's step cost).
+`python -m simulator.evidence` print them). The benchmarks' blocks (reconfig, loopback, step, failover,
+checkpoint-cost, placement, store, observed, rack) are in scripts/report_bench.py, from the records under
+results/bench/ and results/bench-*.json; the simulator's (sim-*) in scripts/report_sim.py, from results/simulate-*/.
+Every results table of the README and docs is in a block.
 
 On an emulated GPU the compute is a wait: what the worker reports as utilization is the compute time over the
 iteration time. Every block names it so ("compute fraction of an iteration"), beside the paper's measured GPU

@@ -7,7 +7,8 @@ results/simulate-sample-timeshift/jobs.csv), sim-4096 and sim-4096-variants (4,0
 same with --spare 1.25 and with --oversubscription 32 --spare 1.5: results/simulate-4096*/summary.md), sim-schedulers
 (256 GPUs, the schedulers: results/simulate-256-schedulers/summary.md), sim-bench (16,384 GPUs, 100,000 jobs, timed:
 results/bench-simulate.json) and sim-failures (server failures at 4,096 and 16,384 GPUs:
-results/simulate-failures-*/summary.md).
+results/simulate-failures-*/summary.md), and sim-readme-run (the droptail-era demo run against the simulator, held
+and max-min: tests/data/demo-readme-run.json through simulator.fidelity).
 
 Most records are the summary.md `optirack simulate` writes (its results.json, with every job's row, is too large to
 commit at these sizes), so a block reads the tables of that file by their headers and takes its figures as the
@@ -228,8 +229,36 @@ def sim_failures(_records: list, results: Path = RESULTS) -> str:
     return _rows(["GPUs", "run", *cols], rows)
 
 
+README_RUN = ROOT / "tests" / "data" / "demo-readme-run.json"
+
+
+def sim_readme_run(_records: list, data: Path = README_RUN.parent) -> str:
+    """Case (a) of the droptail-era demo run the README once quoted: emulated against the model of that emulation
+    (held) and max-min, at each NIC:uplink point (tests/unit/test_sim_fidelity.py checks the same figures)."""
+    from simulator import fidelity
+
+    rec = json.loads(_read(data / README_RUN.name))
+    held, _ = fidelity.compare(rec, case="a")
+    maxmin, _ = fidelity.compare(rec, case="a", sharing="maxmin")
+    nic = rec["rack"]["servers"][0]["gpus"][0]["nic"]["rate_gbps"]
+
+    def sim(p) -> str:
+        return f"{p.simulated_s:.3f} s ({'−' if p.error < 0 else '+'}{abs(100 * p.error):.1f} %)"
+
+    points: dict[float, dict[str, tuple]] = {}
+    for h, m in zip(held, maxmin, strict=True):
+        points.setdefault(h.uplink_gbps, {})[h.policy] = (h, m)
+    rows = []
+    for uplink, by in sorted(points.items(), reverse=True):
+        (fh, fm), (rh, _) = by["fixed"], by["regroup"]
+        rows.append([f"1:{nic / uplink:g}", f"{fh.emulated_s:.3f} s", sim(fh), sim(fm), f"{rh.emulated_s:.3f} s",
+                     sim(rh)])
+    return _rows(["case (a), NIC : uplink", "fragmented: emulated", "held (the model)", "max-min",
+                  "regrouped: emulated", "simulated"], rows)
+
+
 BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-seeds": sim_seeds, "sim-timeshift": sim_timeshift, "sim-4096": sim_4096,
     "sim-4096-variants": sim_4096_variants, "sim-schedulers": sim_schedulers, "sim-bench": sim_bench,
-    "sim-failures": sim_failures,
+    "sim-failures": sim_failures, "sim-readme-run": sim_readme_run,
 }

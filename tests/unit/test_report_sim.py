@@ -180,3 +180,11 @@ def test_a_bad_summary_is_an_error_naming_the_file_and_what_is_wrong(tmp_path, t
     path = _write(tmp_path / "simulate-4096" / "summary.md", text)
     with pytest.raises(ReportError, match=re.escape(str(path)) + message):
         report_sim.sim_4096([], tmp_path)
+
+
+def test_readme_run_compares_each_point_of_case_a_and_a_missing_record_is_named(tmp_path):
+    rows = report_sim.sim_readme_run([]).splitlines()
+    assert [r.split(" | ")[0] for r in rows[2:]] == ["| 1:1", "| 1:2", "| 1:4", "| 1:8"]
+    assert rows[2].startswith("| 1:1 | 0.321 s | 0.360 s (+12.3 %) | 0.312 s (−2.8 %) | 0.298 s |")
+    with pytest.raises(ReportError, match="demo-readme-run.json: cannot read the record"):
+        report_sim.sim_readme_run([], tmp_path)
