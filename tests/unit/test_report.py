@@ -122,3 +122,23 @@ def test_the_headline_shows_the_current_model_s_records_once_there_are_any(tmp_p
     table = report.headline(records.load(tmp_path))
     assert table.count("\n| `20270101T000000Z-1234567`") == 2 and "20260101T000000Z-abcdef0" not in table
     assert "20260101T000000Z-abcdef0" in report.cases(records.load(tmp_path))  # still listed with every record
+
+
+# Tables that hold no measured figure (what a page offers, where files are, which metrics exist): the only ones
+# allowed outside a report block.
+NOT_RESULTS = {"| page | what you can do with it |", "| path | what |", "| metric | type | labels | what |"}
+
+
+def test_every_table_of_figures_in_the_readme_and_docs_is_a_report_block():
+    """A results table written by hand cannot be regenerated: each must sit between report marks."""
+    loose = []
+    for path in report.documents():
+        inside, previous = False, ""
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            m = report.MARK.match(line)
+            if m:
+                inside = m.group(1) != "/"
+            elif line.startswith("|") and not previous.startswith("|") and not inside and line not in NOT_RESULTS:
+                loose.append(f"{path.relative_to(report.ROOT)}:{n}: {line[:80]}")
+            previous = line
+    assert not loose, "tables outside report blocks (make them blocks of scripts/report*.py):\n" + "\n".join(loose)
