@@ -63,7 +63,8 @@ def _fraction(p: dict, ratio: bool = True) -> str:
 
 
 def _pp(x: float) -> str:
-    return f"{'+' if x >= 0 else '−'}{abs(x):.1f} pp"
+    v = round(x, 1)  # no "−0.0"
+    return f"{'−' if v < 0 else '+'}{abs(v):.1f} pp"
 
 
 def _paper(case: str) -> str:
