@@ -34,6 +34,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from containers.gpu import BusyGpu, Utilization, Wait, compute_phase  # noqa: F401 (tests take them from here)
+from containers.ring import open_ring, ring_all_reduce
 from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 
 _EMIT = threading.Lock()  # the checkpoint thread prints too: one whole line at a time
@@ -109,87 +111,6 @@ def wait_for_nic(ifname: str, timeout: float) -> str:
             time.sleep(0.05)
 
 
-class Utilization:
-    """GPU utilization: NVML's counter for this process's GPU where one is visible, else the fraction
-    of the iteration spent computing (an emulated GPU is busy exactly while it computes)."""
-
-    def __init__(self, torch=None, cuda_index: int | None = None):
-        self.handle = None
-        if cuda_index is not None:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self.pynvml = pynvml
-                self.handle = self._handle(torch, cuda_index)
-            except Exception:  # noqa: BLE001 (no NVML: fall back to the busy fraction)
-                self.handle = None
-
-    def _handle(self, torch, cuda_index: int):
-        """The NVML device of CUDA device `cuda_index`, found by PCI address: the two number GPUs
-        differently whenever CUDA_VISIBLE_DEVICES or a container hides some of them."""
-        props = torch.cuda.get_device_properties(cuda_index)
-        bus = getattr(props, "pci_bus_id", None)
-        if bus is None:
-            return self.pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
-        address = f"{getattr(props, 'pci_domain_id', 0):08X}:{bus:02X}:{getattr(props, 'pci_device_id', 0):02X}.0"
-        return self.pynvml.nvmlDeviceGetHandleByPciBusId(address)
-
-    @property
-    def source(self) -> str:
-        return "nvml" if self.handle is not None else "busy-fraction"
-
-    def sample(self, busy: float, total: float) -> float:
-        if self.handle is not None:
-            return self.pynvml.nvmlDeviceGetUtilizationRates(self.handle).gpu / 100.0
-        return busy / total if total > 0 else 0.0
-
-
-class Wait:
-    """Profile mode's compute phase on an emulated GPU: wait it out (the host's cores stay free)."""
-
-    name = "wait"
-
-    def __call__(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-class BusyGpu:
-    """Profile mode's compute phase on a real GPU: keep it computing (chained matrix products,
-    synchronised in slices of about 10 ms) for the profile's compute time, so that NVML reads
-    the utilization a training step would cause instead of an idle GPU."""
-
-    name = "gpu-busy"
-
-    def __init__(self, torch, device, size: int = 2048, kernel=None):
-        self.torch, self.device = torch, device
-        a = torch.randn(size, size, device=device)
-        out = torch.empty_like(a)
-        self.kernel = kernel or (lambda: torch.mm(a, a, out=out))
-        self.per_slice = 1
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize(self.device)
-
-    def __call__(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            t0 = time.monotonic()
-            for _ in range(self.per_slice):
-                self.kernel()
-            self._sync()
-            took = time.monotonic() - t0
-            if took < min(0.005, left / 2):
-                self.per_slice *= 2
-            elif took > 0.02 and self.per_slice > 1:
-                self.per_slice //= 2
-
-
-def compute_phase(torch, device):
-    return BusyGpu(torch, device) if device.type == "cuda" else Wait()
-
-
 def _profile_sizes(args) -> tuple[int, float]:
     """Gradient elements and compute seconds of one iteration, with the rack's scale and dilation."""
     workload = WORKLOADS[args.workload]
@@ -200,54 +121,6 @@ def _profile_sizes(args) -> tuple[int, float]:
     if compute is None:
         compute = compute_seconds(args.workload, args.gpu_model)
     return elements, compute * args.time_dilation
-
-
-# The process group each rank sends on in ring_all_reduce (index: the sender's rank); None is the default group.
-_SEND_GROUPS: list = []
-
-
-def open_ring(dist) -> None:
-    """Give each direction of a ring of two its own connection. gloo opens one connection per pair of
-    ranks; in a ring of three or more each pair carries one direction, but a ring of two would send
-    both directions over one connection, so every ACK rides on a data segment and waits behind data
-    wherever the flows queue (a switch port's queue prioritises only bare ACKs): its round trip, and
-    with a bounded window its rate, is not that of two one-way flows. A second group gives rank 1 its
-    own connection to send on. Collective: every rank calls it, after init_process_group."""
-    n = dist.get_world_size()
-    _SEND_GROUPS[:] = [None] * n
-    if n == 2 and dist.get_backend() == "gloo":
-        _SEND_GROUPS[1] = dist.new_group([0, 1])
-
-
-def ring_all_reduce(dist, torch, tensor) -> None:
-    """Sum `tensor` over all ranks in place: reduce-scatter then all-gather around the ring
-    rank -> rank+1, one chunk of 1/n per step, each step's send overlapped with its receive.
-    Each rank sends on its own group (open_ring), so every connection carries one direction.
-
-    Used with gloo: its built-in all-reduce pipelines small segments and, on the emulated rack,
-    reached about 81 % of the ring bound where this reaches about 90 % (scripts/bench_allreduce.py).
-    """
-    n, rank = dist.get_world_size(), dist.get_rank()
-    if n == 1:
-        return
-    if len(_SEND_GROUPS) != n:
-        raise RuntimeError("ring_all_reduce: call open_ring(dist) on every rank first")
-    chunks = list(tensor.chunk(n))
-    right, left = (rank + 1) % n, (rank - 1) % n
-    out, into = _SEND_GROUPS[rank], _SEND_GROUPS[left]
-    scratch = torch.empty_like(chunks[0])
-    for step in range(n - 1):  # reduce-scatter: after it, rank r holds the sum of chunk r+1
-        send, recv = chunks[(rank - step) % n], chunks[(rank - step - 1) % n]
-        req = dist.isend(send, right, group=out)
-        incoming = scratch[: recv.numel()]
-        dist.recv(incoming, left, group=into)
-        recv += incoming
-        req.wait()
-    for step in range(n - 1):  # all-gather the summed chunks
-        send, recv = chunks[(rank - step + 1) % n], chunks[(rank - step) % n]
-        req = dist.isend(send, right, group=out)
-        dist.recv(recv, left, group=into)
-        req.wait()
 
 
 def all_reduce(args, dist, torch, tensor) -> None:
