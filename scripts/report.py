@@ -63,8 +63,7 @@ def _fraction(p: dict, ratio: bool = True) -> str:
 
 
 def _pp(x: float) -> str:
-    v = round(x, 1)  # no "−0.0"
-    return f"{'−' if v < 0 else '+'}{abs(v):.1f} pp"
+    return f"{report_bench.signed(x)} pp"
 
 
 def _paper(case: str) -> str:

@@ -8,6 +8,8 @@ never changes an old one.
 from __future__ import annotations
 
 import json
+import statistics
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,14 +23,26 @@ class ReportError(Exception):
 BENCH = ROOT / "results" / "bench"
 
 
+def read_text(path: Path) -> str:
+    """A record's text; ReportError names the file when it cannot be read."""
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise ReportError(f"{path}: cannot read the record: {e}") from None
+
+
+def _record(path: Path) -> dict:
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise ReportError(f"{path}: cannot read the record: {e}") from None
+
+
 def bench_records(name: str, directory: Path | None = None) -> list[tuple[str, dict]]:
     """(stem, record) of every committed record of benchmark `name`, oldest first."""
     out = []
     for path in sorted((directory or BENCH).glob(f"*-{name}.json")):
-        try:
-            out.append((path.stem.removesuffix(f"-{name}"), json.loads(path.read_text())))
-        except (OSError, json.JSONDecodeError) as e:
-            raise ReportError(f"{path}: cannot read the record: {e}") from None
+        out.append((path.stem.removesuffix(f"-{name}"), _record(path)))
     return out
 
 
@@ -107,13 +121,6 @@ FAILOVER = {"server": "bench-failover.json", "worker": "bench-failover-worker.js
 CHECKPOINT_COST = ("bench-checkpoint-cost.json", "bench-checkpoint-cost-titanv.json")
 
 
-def _record(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ReportError(f"{path}: cannot read the record: {e}") from None
-
-
 def _field(path: Path, data: dict, *keys: str):
     for k in keys:
         if not isinstance(data, dict) or k not in data:
@@ -125,8 +132,6 @@ def _field(path: Path, data: dict, *keys: str):
 def failover(_records: list, directory: Path | None = None) -> str:
     """From the kill to every rank iterating again, per phase: min / median / max over each record's rounds, one
     column per fault (a server killed, a worker killed with kill -9)."""
-    import statistics
-
     columns = {"server": "a server killed", "worker": "a worker killed (`kill -9`)"}
     rounds = {}
     for fault, name in FAILOVER.items():
@@ -190,12 +195,11 @@ def _which(found: list[tuple[str, dict]], name: str) -> str:
 
 def _prose(text: str) -> str:
     """A sentence under a table, wrapped as the docs' prose is (a record's name is never split)."""
-    import textwrap
-
     return textwrap.fill(text, width=105, break_long_words=False, break_on_hyphens=False)
 
 
-def _signed(x: float, digits: int = 1) -> str:
+def signed(x: float, digits: int = 1) -> str:
+    """'+1.2' or '−1.2' (a typographic minus; never '−0.0')."""
     v = round(x, digits)
     return f"{'−' if v < 0 else '+'}{abs(v):.{digits}f}"
 
@@ -265,7 +269,7 @@ def observed(_records: list, directory: Path | None = None) -> str:
             + " | ".join(f"{o['plain_mean_percent']:.1f} %" for o in got) + " of the bound |",
             "| with the page open, Prometheus scraping every 5 s | "
             + " | ".join(f"{o['observed_mean_percent']:.1f} %" for o in got) + " of the bound |",
-            "| difference (without − with) | " + " | ".join(_signed(o["difference_points"]) for o in got)
+            "| difference (without − with) | " + " | ".join(signed(o["difference_points"]) for o in got)
             + " percentage points |",
             "", _prose(f"From {_which(found, 'bench_allreduce-observed')}.")]
     return "\n".join(rows)

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scripts.bench_simulate import LIMIT_BYTES, LIMIT_S
-from scripts.report_bench import ROOT, ReportError
+from scripts.report_bench import ROOT, ReportError, signed
+from scripts.report_bench import read_text as _read
 
 RESULTS = ROOT / "results"
 WIDTH = 117  # prose lines of a block
@@ -43,13 +44,6 @@ FIELD = ["JCT mean / p50 / p95 / p99", "slowdown mean / p50 / p95 / p99", "queue
 
 
 # --- reading the records --------------------------------------------------------------------------------
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as e:
-        raise ReportError(f"{path}: cannot read the record: {e}") from None
-
-
 def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
@@ -243,7 +237,7 @@ def sim_readme_run(_records: list, data: Path = README_RUN.parent) -> str:
     nic = rec["rack"]["servers"][0]["gpus"][0]["nic"]["rate_gbps"]
 
     def sim(p) -> str:
-        return f"{p.simulated_s:.3f} s ({'−' if p.error < 0 else '+'}{abs(100 * p.error):.1f} %)"
+        return f"{p.simulated_s:.3f} s ({signed(100 * p.error)} %)"
 
     points: dict[float, dict[str, tuple]] = {}
     for h, m in zip(held, maxmin, strict=True):
