@@ -69,8 +69,8 @@ def finished_job(i: int, now: float) -> Job:
 
 def measure(jobs: int, saves: int, rack) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="optirack-bench-store-") as tmp:
-        ctx = Optirack(rack=rack, state_dir=Path(tmp))
-        placement = PlacementApp(optirack=ctx, driver=NoContainers())
+        ctx = Optirack(rack=rack, state_dir=Path(tmp), containers=NoContainers())
+        placement = PlacementApp(optirack=ctx).service
         now = time.time()
         history = [finished_job(i, now) for i in range(1, jobs + 1)]
         ctx.store.save(jobs=[j.to_state() for j in history])  # the recorded history (not timed)
@@ -88,7 +88,7 @@ def measure(jobs: int, saves: int, rack) -> list[float]:
         for k in range(saves):
             live.note = f"change {k}"
             t0 = time.perf_counter()
-            placement.save(live)
+            placement.book.save(live)
             times.append(time.perf_counter() - t0)
         ctx.store.close()
         return times

@@ -1,12 +1,6 @@
-"""The flow-table app: proactive forwarding on the packet switches, resynchronised on reconnect.
-
-No flooding and no learning: `controller.core.forwarding` says where every NIC address goes,
-and this app makes each switch's table equal to that, confirmed by barrier.
-"""
+"""The fabric app: hands the packet switches that connect and go, and their replies, to the switches' keeper
+(controller/devices/fabric.py), which the controller's wiring (controller/apps/context.py) built."""
 from __future__ import annotations
-
-import logging
-from collections import defaultdict
 
 from ryu.base import app_manager
 from ryu.controller import ofp_event
@@ -15,24 +9,7 @@ from ryu.ofproto import ofproto_v1_3
 
 from controller.apps.confirm import ConfirmingApp
 from controller.apps.context import Optirack
-from controller.config import conf
-from controller.core.forwarding import Table, compute_tables
-from controller.drivers import openflow as of
-
-LOG = logging.getLogger("optirack.fabric")
-
-
-def table_changes(installed: Table, desired: Table) -> list[bytes]:
-    """Flow-mods that turn `installed` into `desired`: deletions for addresses that leave, and adds
-    (which replace a rule with the same match) for those that are new or move."""
-    msgs = []
-    for ip in installed:
-        if ip not in desired:
-            msgs += of.forward_delete(ip)
-    for ip, port in desired.items():
-        if installed.get(ip) != port:
-            msgs += of.forward_add(ip, port)
-    return msgs
+from controller.devices.fabric import Fabric, table_changes  # noqa: F401 (the app's names for them)
 
 
 class FabricApp(ConfirmingApp, app_manager.RyuApp):
@@ -42,13 +19,8 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.ctx: Optirack = kwargs["optirack"]
-        self.ctx.fabric = self
-        self.rt = self.ctx.rt
-        self.rpc = of.OfRpc(self.rt.event)
-        self.timeout = conf().barrier_timeout
-        self.installed: dict[str, Table] = {}  # confirmed tables of connected switches
-        self.dps: dict[str, object] = {}
-        self._locks = defaultdict(self.rt.lock)
+        self.fabric: Fabric = self.ctx.fabric
+        self.rpc = self.fabric.rpc
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def _state_change(self, ev):
@@ -56,80 +28,12 @@ class FabricApp(ConfirmingApp, app_manager.RyuApp):
         if kind != "switch":
             return
         if ev.state == MAIN_DISPATCHER:
-            self.dps[name] = ev.datapath
-            self.rt.spawn(self._resync_quietly, name)
-        elif self.dps.get(name) is ev.datapath:
-            del self.dps[name]
-            self.installed.pop(name, None)
-            self.rpc.on_disconnect(ev.datapath.id)
+            self.fabric.connected(name, ev.datapath)
+        else:
+            self.fabric.disconnected(name, ev.datapath)
 
-    def desired(self, circuits=None) -> dict[str, Table]:
-        return compute_tables(self.ctx.rack, self.ctx.circuits if circuits is None else circuits)
-
-    def resync(self, name: str) -> None:
-        """Delete every flow of a (re)connected switch and install its full table."""
-        with self._locks[name]:
-            dp = self.dps.get(name)
-            if dp is None:
-                return
-            table = self.desired()[name]
-            msgs = [of.delete_all()] + [m for ip, port in sorted(table.items()) for m in of.forward_add(ip, port)]
-            self.installed.pop(name, None)
-            self.rpc.confirm(dp, msgs, self.timeout, f"the table of {name}")
-            self.installed[name] = table
-            LOG.info("switch %s: installed %d forwarding entries", name, len(table))
-
-    def _resync_quietly(self, name: str) -> None:
-        try:
-            self.resync(name)
-        except of.SwitchError as e:
-            LOG.warning("switch %s: resynchronisation failed: %s", name, e)
-
-    def sync(self, circuits=None) -> None:
-        """Bring every connected switch to the tables of `circuits` (default: the current map), all
-        switches at once, each in one bundle; returns once all confirmed."""
-        desired = self.desired(circuits)
-        names = sorted(self.dps)
-        for name in names:
-            self._locks[name].acquire()
-        try:
-            batches, tables, ids = [], {}, {}
-            for name in names:
-                dp = self.dps.get(name)
-                if dp is None or name not in self.installed:
-                    continue  # (re)connecting: its resync installs the full table
-                msgs = table_changes(self.installed[name], desired[name])
-                if msgs:
-                    batches.append((dp, msgs, f"forwarding on {name}"))
-                tables[name], ids[name] = desired[name], dp.id
-            try:
-                if batches:
-                    self.rpc.confirm_all(batches, self.timeout)
-            except of.SwitchError as e:
-                failed = [n for n in tables if ids[n] in e.datapaths]
-                for name in failed:  # what a switch that failed holds is unknown now: its full table, retried
-                    self.installed.pop(name, None)
-                    tables.pop(name)
-                    self.rt.spawn(self._resync_until_done, name)
-                raise
-            finally:
-                self.installed.update(tables)
-        finally:
-            for name in names:
-                self._locks[name].release()
-
-    def _resync_until_done(self, name: str, delay: float = 0.5, most: float = 30.0) -> None:
-        """Retry a full resync of a switch that did not confirm, with backoff, while it stays connected."""
-        while name in self.dps and name not in self.installed:
-            self.rt.sleep(delay)
-            try:
-                self.resync(name)
-            except of.SwitchError as e:
-                delay = min(delay * 2, most)
-                LOG.warning("switch %s: resynchronisation failed (%s); next try in %.1f s", name, e, delay)
-
-    def sync_quietly(self) -> None:
-        try:
-            self.sync()
-        except of.SwitchError as e:
-            LOG.warning("forwarding sync failed: %s", e)
+    def __getattr__(self, name: str):
+        """What the app lacks is the keeper's (tests hold the app)."""
+        if name == "fabric":
+            raise AttributeError(name)
+        return getattr(self.fabric, name)

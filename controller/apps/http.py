@@ -14,8 +14,8 @@ from ryu.app.wsgi import Response
 
 from controller.apps.context import Conflict, Optirack
 from controller.apps.metrics import CountedController
-from controller.apps.ocs import ReconfigFailed
 from controller.core.circuits import CircuitError
+from controller.core.errors import ReconfigFailed
 from controller.drivers.ocs import OcsUnavailable
 
 LOG = logging.getLogger("optirack.rest")

@@ -18,6 +18,7 @@ from controller.apps.http import (
 from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, JobRequest
 from controller.core.placement import InvalidRequest, PlacementError
 from controller.jobs.errors import UnknownJob
+from controller.jobs.service import JobService
 from controller.jobs.steps import LOG_LINES
 
 JOB_ID = {"job_id": r"[^/]+"}  # any segment: an id that names no job is a JSON 404, not a routing miss
@@ -58,10 +59,8 @@ def _bool_param(req, name: str) -> bool:
 class JobsApi(OptirackController):
 
     @property
-    def placement(self):
-        if self.ctx.placement is None:
-            raise ApiError(503, "the placement app is not loaded (controller.apps.placement)")
-        return self.ctx.placement
+    def placement(self) -> JobService:
+        return self.ctx.jobs
 
     def _job(self, job_id: str):
         try:
@@ -94,7 +93,7 @@ class JobsApi(OptirackController):
         before = req.GET.get("before")
         if before is not None and before not in self.placement.jobs:
             raise ApiError(404, f"no job {before!r} (it may have been pruned)", "before")
-        jobs, older = self.placement.page(int_param(req, "limit", 100, hi=10_000), before, states)
+        jobs, older = self.placement.list(int_param(req, "limit", 100, hi=10_000), before, states)
         return json_response({"jobs": [j.to_json() for j in jobs], "older": older})
 
     @route("jobs_prune", PREFIX + "/jobs/prune", methods=["POST"])
@@ -133,7 +132,7 @@ class JobsApi(OptirackController):
     @api()
     def logs(self, req, job_id, **_):
         job = self._job(job_id)
-        lines, source = self.placement.worker_logs(job, int_param(req, "tail", LOG_LINES, lo=1, hi=LOG_LINES))
+        lines, source = self.placement.logs(job, int_param(req, "tail", LOG_LINES, lo=1, hi=LOG_LINES))
         return json_response({"job": job.id, "state": job.state, "reason": job.reason, "source": source, "logs": lines})
 
     @route("job_stop", PREFIX + "/jobs/{job_id}/stop", methods=["POST"], requirements=JOB_ID)
@@ -141,16 +140,14 @@ class JobsApi(OptirackController):
     def stop(self, req, job_id, **_):
         """Stop a running job and clean up; its record stays (an ended job is answered as it is)."""
         self._job(job_id)
-        return json_response({"job": self.placement.stop_job(job_id).to_json()})
+        return json_response({"job": self.placement.stop(job_id).to_json()})
 
     @route("job", PREFIX + "/jobs/{job_id}", methods=["DELETE"], requirements=JOB_ID)
     @api(mutation=True)
     def delete(self, req, job_id, **_):
         """Stop the job if it runs, then forget it: the answer is its last record, and GET then says 404."""
         self._job(job_id)
-        job = self.placement.stop_job(job_id)  # 409 while it is still being placed
-        self.ctx.store.delete_jobs([job_id])
-        del self.placement.jobs[job_id]
+        job = self.placement.delete(job_id)  # 409 while it is still being placed
         return json_response({"job": job.to_json()})
 
     @route("job_regroup", PREFIX + "/jobs/{job_id}/regroup", methods=["POST"], requirements=JOB_ID)
@@ -158,7 +155,7 @@ class JobsApi(OptirackController):
     def regroup(self, req, job_id, **_):
         self._job(job_id)
         try:
-            ev, note = self.placement.regroup_with_note(job_id)
+            ev, note = self.placement.regroup(job_id)
         except PlacementError as e:
             raise Conflict(str(e)) from None
         job = self.placement.get(job_id)

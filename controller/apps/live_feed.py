@@ -53,10 +53,7 @@ class Feed:
         return msg
 
     def _jobs(self) -> list:
-        placement = self.ctx.placement
-        if placement is None:
-            return []
-        jobs = sorted(placement.jobs.values(), key=lambda j: (not j.active, -j.created_at))
+        jobs = sorted(self.ctx.jobs.jobs.values(), key=lambda j: (not j.active, -j.created_at))
         return jobs[:JOBS_SHOWN]
 
     def _new_iterations(self, jobs) -> dict[str, list]:

@@ -55,7 +55,8 @@ class CircuitsBody(BaseModel):
 
 
 class Api(OptirackController):
-    """Handlers are a few lines each: parse, call the context's services, render with `views`."""
+    """Handlers are a few lines each: parse, call the parts the wiring built (controller/apps/context.py), render with
+    `views`."""
 
     @route("openapi", PREFIX + "/openapi.json", methods=["GET"])
     @api()
@@ -88,7 +89,7 @@ class Api(OptirackController):
             unchanged.update(version=self.ctx.circuits_version)
             return target
 
-        ev = self.ctx.ocs.change(plan, "circuits", "PUT /ocs/circuits", wait=PUT_WAIT)
+        ev = self.ctx.changes.change(plan, "circuits", "PUT /ocs/circuits", wait=PUT_WAIT)
         version = ev.version if ev else unchanged["version"]  # what this request left, not what came after
         resp = json_response({"circuits": target.to_json(), "version": version, "event": ev.to_json() if ev else None})
         resp.headers["ETag"] = f'"{version}"'

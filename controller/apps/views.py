@@ -8,8 +8,8 @@ from controller.core.circuits import CircuitMap
 def topology(ctx: Optirack) -> dict:
     rack = ctx.rack
     where = ctx.circuits.gpu_locations(rack)
-    jobs = ctx.placement.gpu_jobs() if ctx.placement else {}
-    down = ctx.placement.down_servers() if ctx.placement else {}
+    jobs = ctx.jobs.busy_gpus()
+    down = ctx.jobs.down_servers()
     gpus = {}
     for name, g in rack.gpus.items():
         ip, mac = rack.addresses[name]
@@ -21,7 +21,7 @@ def topology(ctx: Optirack) -> dict:
     return {
         "rack": rack.name,
         "description": rack.spec.description,
-        "fragmentation": ctx.placement.fragmentation() if ctx.placement else None,
+        "fragmentation": ctx.jobs.fragmentation(),
         "rate_scale": rack.spec.emulation.rate_scale,
         "servers": {
             s.name: {
@@ -40,7 +40,7 @@ def topology(ctx: Optirack) -> dict:
                 "switching_time_ms": o.switching_time_ms,
                 "reconfiguration_time_ms": o.bulk_time_ms,
                 **_device_status(ctx, o.name),
-                "synchronised": bool(ctx.ocs and o.name in ctx.ocs.synchronised),
+                "synchronised": o.name in ctx.ocs.synchronised,
             }
             for o in rack.spec.ocs
         },
@@ -49,7 +49,7 @@ def topology(ctx: Optirack) -> dict:
                 "dpid": f"{w.dpid:#x}",
                 "role": w.role,
                 "connected": ctx.connected(w.name),
-                "synchronised": bool(ctx.fabric and w.name in ctx.fabric.installed),
+                "synchronised": w.name in ctx.fabric.installed,
                 "downlinks": [
                     {"port": d.port, "ocs_port": str(d.ocs_port), "rate_gbps": d.rate_gbps} for d in w.downlinks
                 ],
@@ -62,8 +62,6 @@ def topology(ctx: Optirack) -> dict:
 
 def _device_status(ctx: Optirack, name: str) -> dict:
     """connected, last_seen and error as the driver last knew them: a status read never talks to the device."""
-    if not ctx.ocs:
-        return {"connected": False, "last_seen": None, "error": "the OCS app is not loaded"}
     return ctx.ocs.drivers[name].status()
 
 
@@ -73,7 +71,7 @@ def circuits(ctx: Optirack, device: bool = False) -> dict:
         "version": ctx.circuits_version,
         "by_ocs": {o: CircuitMap(ctx.circuits.on(o)).to_json() for o in ctx.rack.ocs},
     }
-    if device and ctx.ocs:
+    if device:
         body["device"] = ctx.ocs.device_circuits()
     return body
 

@@ -1,3 +1,2 @@
-"""Southbound drivers: OCS devices, the container runtime, namespace plumbing."""
-
-from controller import ryu_compat  # noqa: F401  (before any Ryu import)
+"""Southbound drivers: OCS devices, the container runtime, namespace plumbing. The OpenFlow ones import Ryu (after
+controller.ryu_compat, in openflow.py); the container drivers do not."""

@@ -22,8 +22,11 @@ import logging
 import struct
 from collections.abc import Iterable
 
+# isort: off
+from controller import ryu_compat  # noqa: F401  (before any Ryu import)
 from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
+# isort: on
 
 from controller.core.errors import DeviceError
 

@@ -1,3 +1,3 @@
-"""The job service: what the controller does with the jobs users submit, free of Ryu and eventlet. What it needs of
-the world it gets through small interfaces handed in (runtime.py); the Ryu apps wire them (controller/apps/).
-Issue #22 moves the lifecycle here from controller/apps/placement.py step by step; the seam comes first."""
+"""The job service (service.py): what the controller does with the jobs users submit, free of Ryu and eventlet. It is
+built from the rack state and the ports it needs (ports.py, runtime.py), handed in by the controller's wiring
+(controller/apps/context.py) or by a test."""

@@ -21,6 +21,8 @@ server's come back free when its engine answers again (its stale containers are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from controller.core import placement as policy
 from controller.core.jobs import Job, transition
 from controller.core.rack import PortRef
@@ -32,9 +34,20 @@ WAIT_POLL = 0.5  # seconds between two tries of a job waiting for spares
 MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many recoveries, with the last reason
 
 
-class FailoverMixin:
+class Failover:
+    def __init__(self, book, state, changes, containers, workers, lifecycle, runtime, drain: Callable[[], None]):
+        self.book, self.state, self.changes, self.containers, self.workers, self.lifecycle, self.rt = (
+            book, state, changes, containers, workers, lifecycle, runtime
+        )  # fmt: skip
+        self.drain = drain  # start queued jobs (queue.Queue.drain)
+        # the signs of a loss gathered per job, jobs gathering them, when the first came, OCS ports whose link is down
+        self._losing: dict[str, dict] = {}
+        self._collecting: set[str] = set()
+        self._detected: dict[str, float] = {}
+        self._links_down: set[str] = set()
+
     # --- detection -------------------------------------------------------------------------
-    def _lost(self, job: Job, gpu: str, why: str, swap: bool) -> bool:
+    def lost(self, job: Job, gpu: str, why: str, swap: bool) -> bool:
         """A worker of `job` is gone (`swap`: its GPU is lost). Starts the recovery on the first sign; returns
         False when the job is not recovered (it was not running, or it used up its recoveries)."""
         if job.state == "recovering" and job.id in self._collecting:
@@ -47,10 +60,10 @@ class FailoverMixin:
             return False
         self._losing[job.id] = {gpu: (why, swap)}
         self._collecting.add(job.id)
-        self._detected[job.id] = self.ctx.clock()
+        self._detected[job.id] = self.state.clock()
         transition(job, "recovering", reason=why)
         LOG.warning("%s recovering: %s", job.id, why)
-        _attempt(job, "saving the job", self.save)
+        _attempt(job, "saving the job", self.book.save)
         self.rt.spawn(self._recover_job, job)
         return True
 
@@ -61,22 +74,22 @@ class FailoverMixin:
             self._links_down.discard(key)
             return
         self._links_down.add(key)
-        gpu = self.ctx.rack.gpu_at(port)
-        for job in list(self.jobs.values()):
+        gpu = self.state.rack.gpu_at(port)
+        for job in list(self.book.jobs.values()):
             if gpu is not None and gpu in job.gpus and job.state in ("running", "recovering"):
-                self._lost(job, gpu, f"the link of {gpu}'s NIC ({key}) went down", swap=True)
+                self.lost(job, gpu, f"the link of {gpu}'s NIC ({key}) went down", swap=True)
 
-    def _watch_servers(self) -> None:
+    def watch_servers(self) -> None:
         """Ask the engines under running jobs every SERVER_POLL s: a server that stops answering loses its GPUs."""
         while True:
             self.rt.sleep(SERVER_POLL)
             try:
-                for job in [j for j in self.jobs.values() if j.state == "running"]:
-                    for server in sorted({self.ctx.rack.server_of[g] for g in job.gpus}):
-                        if not self.driver.engines.ping(server):
-                            why = self.driver.down_servers().get(server)
-                            for g in [g for g in job.gpus if self.ctx.rack.server_of[g] == server]:
-                                self._lost(job, g, f"the Docker Engine of server {server} went down ({why})", True)
+                for job in [j for j in self.book.jobs.values() if j.state == "running"]:
+                    for server in sorted({self.state.rack.server_of[g] for g in job.gpus}):
+                        if not self.containers.engines.ping(server):
+                            why = self.containers.down_servers().get(server)
+                            for g in [g for g in job.gpus if self.state.rack.server_of[g] == server]:
+                                self.lost(job, g, f"the Docker Engine of server {server} went down ({why})", True)
             except Exception:  # noqa: BLE001 (the watch goes on)
                 LOG.exception("watching the servers of running jobs")
 
@@ -97,25 +110,25 @@ class FailoverMixin:
                     break
                 except policy.NoRoomNow as e:
                     self._wait_for_spares(job, rec, str(e))
-            if job.id in self._awaiting:  # it held the queue back: with its spares taken, the others may go
-                self._awaiting.discard(job.id)
-                _attempt(job, "starting queued jobs", self._drain_queue)
+            if job.id in self.book.awaiting:  # it held the queue back: with its spares taken, the others may go
+                self.book.awaiting.discard(job.id)
+                _attempt(job, "starting queued jobs", self.drain)
             self._restart(job, rec)
         except Exception as e:  # noqa: BLE001 (the edge: a job that cannot be recovered fails with the reason)
-            self._awaiting.discard(job.id)
+            self.book.awaiting.discard(job.id)
             if job.state == "recovering":
                 LOG.error("%s: the recovery failed: %s", job.id, e, exc_info=not isinstance(e, RuntimeError))
-                self._kill_all(job)
-                self._finish(job, "failed", f"{job.reason}; recovering failed: {_reason(e)}")
+                self.workers.kill_all(job)
+                self.lifecycle.finish(job, "failed", f"{job.reason}; recovering failed: {_reason(e)}")
             elif not job.active:  # stopped while its containers were starting: what started goes too
-                _attempt(job, "removing the containers", self._remove_containers, job)
+                _attempt(job, "removing the containers", self.workers.remove, job)
             return
-        self._watch(job)
+        self.lifecycle.watch(job)
 
     def _assess(self, job: Job, losing: dict[str, tuple[str, bool]]) -> dict:
-        rack = self.ctx.rack
+        rack = self.state.rack
         servers = sorted({rack.server_of[g] for g in job.gpus})
-        down = {s for s in servers if not self.driver.engines.ping(s)}
+        down = {s for s in servers if not self.containers.engines.ping(s)}
         lost = {g: why for g, (why, swap) in losing.items() if swap}
         for g in job.gpus:
             s = rack.server_of[g]
@@ -132,7 +145,7 @@ class FailoverMixin:
         return {
             "attempt": job.attempt + 1,
             "reason": first,
-            "detected_at": self._detected.pop(job.id, self.ctx.clock()),
+            "detected_at": self._detected.pop(job.id, self.state.clock()),
             "lost": {g: lost[g] for g in job.gpus if g in lost},
             "errors": {g: why for g, (why, swap) in losing.items() if not swap},
             "servers_down": sorted(down),
@@ -145,17 +158,14 @@ class FailoverMixin:
         (one following a worker of a server that does not answer may hang: it ends on its own, and being of an old
         attempt, changes nothing)."""
         job.attempt += 1
-        alive = [g for g in job.gpus if self.ctx.rack.server_of[g] not in rec["servers_down"]]
-        self._kill_all_on(job, alive)
-        threads = dict(zip(job.gpus, self._threads.pop(job.id, []), strict=False))
+        alive = [g for g in job.gpus if self.state.rack.server_of[g] not in rec["servers_down"]]
+        self.workers.kill_on(job, alive)
+        threads = dict(zip(job.gpus, self.book.threads.pop(job.id, []), strict=False))
         self.rt.joinall([t for g, t in threads.items() if g in alive])
-
-    def _kill_all_on(self, job: Job, gpus: list[str]) -> None:
-        self.rt.joinall([self.rt.spawn(self._kill, job, g) for g in gpus])
 
     def _checkpoint(self, job: Job, survivors: list[str]) -> tuple[int, dict[str, list[str]]]:
         """The newest iteration with a copy on a surviving GPU's server, and its copies: writer -> holders."""
-        address = {self.ctx.rack.addresses[g][0]: g for g in self.ctx.rack.gpus}
+        address = {self.state.rack.addresses[g][0]: g for g in self.state.rack.gpus}
         copies: dict[int, dict[str, list[str]]] = {}
         for g in job.reports:
             for r in job.reports[g]:
@@ -174,7 +184,7 @@ class FailoverMixin:
 
     def _swap(self, job: Job, rec: dict) -> None:
         """Spares for the lost GPUs and the circuits placing them with the survivors, in one change."""
-        rack, lost = self.ctx.rack, rec["lost"]
+        rack, lost = self.state.rack, rec["lost"]
         survivors = [g for g in rec["old_gpus"] if g not in lost]
         job.gpus = survivors  # the lost GPUs are no longer the job's
         decided: dict = {}
@@ -185,10 +195,10 @@ class FailoverMixin:
         workload = job.request["workload"].get("model", "vgg16")
 
         def plan(current):
-            t0 = self.ctx.clock()
-            occ = self.occ(current, exclude=job.id, admitting=True)
-            down = set(self.down_servers())
-            taken = set(self.busy_gpus()) | set(lost) | set(survivors)
+            t0 = self.state.clock()
+            occ = self.book.occ(current, exclude=job.id, down=self.containers.down_servers())
+            down = set(self.containers.down_servers())
+            taken = set(self.book.busy_gpus()) | set(lost) | set(survivors)
             switch = set(job.switches)
             where = current.gpu_locations(rack)
             free = [
@@ -214,11 +224,11 @@ class FailoverMixin:
                 spares[g] = best
             gpus = tuple(survivors + list(spares.values()))
             p = policy.plan(occ, policy.Request(gpus, "regroup", model, workload))
-            decided.update(plan=p, spares=spares, gpus=gpus, planning_s=self.ctx.clock() - t0)
+            decided.update(plan=p, spares=spares, gpus=gpus, planning_s=self.state.clock() - t0)
             return p.target(current)
 
-        t0 = self.ctx.clock()
-        ev = self.ctx.ocs.change(
+        t0 = self.state.clock()
+        ev = self.changes.change(
             plan,
             "failover",
             lambda: f"{job.id}: " + ", ".join(f"{a} -> {b}" for a, b in decided["spares"].items()) + " (lost)",
@@ -229,35 +239,35 @@ class FailoverMixin:
         job.gpus, job.switches = list(decided["gpus"]), list(p.switches)
         if ev is not None:
             job.events.append(ev.id)
-        job.circuits = self._circuits_of(job)
+        job.circuits = self.book.circuits_of(job)
         rec.update(
             spares=decided["spares"],
             planning_s=decided["planning_s"],
-            ocs_s=self.ctx.clock() - t0 - decided["planning_s"],
+            ocs_s=self.state.clock() - t0 - decided["planning_s"],
             event=ev.id if ev is not None else None,
             switches=list(p.switches),
         )
-        self.save()
+        self.book.save()
 
     def _wait_for_spares(self, job: Job, rec: dict, why: str) -> None:
         """No spare now: wait at the head of the queue, checkpoint kept, and try again when GPUs may be free."""
-        if job.id not in self._awaiting:
+        if job.id not in self.book.awaiting:
             LOG.warning("%s: no spare GPU now (%s); waiting at the head of the queue", job.id, why)
-            self._awaiting.add(job.id)
+            self.book.awaiting.add(job.id)
             job.note = f"recovering: waiting at the head of the queue for spares: {why}"
-            _attempt(job, "saving the job", self.save)
-            rec["waited_from"] = self.ctx.clock()
+            _attempt(job, "saving the job", self.book.save)
+            rec["waited_from"] = self.state.clock()
         self.rt.sleep(WAIT_POLL)
 
     def _restart(self, job: Job, rec: dict) -> None:
         """Every rank from the checkpoint: survivors in their sandboxes, spares in new containers."""
-        rack = self.ctx.rack
-        rec["planned_at"] = self.ctx.clock()
+        rack = self.state.rack
+        rec["planned_at"] = self.state.clock()
         old = set(rec["old_gpus"]) - set(job.gpus)
-        down = set(self.down_servers())
+        down = set(self.containers.down_servers())
         gone = [g for g in old if rack.server_of[g] not in down]
         if gone:  # lost on a live server (a killed worker): its containers go, in the background
-            self.rt.spawn(self._remove_containers, job, gone)
+            self.rt.spawn(self.workers.remove, job, gone)
         survivors = [g for g in job.gpus if g in rec["old_gpus"]]
         k, copies = self._checkpoint(job, survivors)
         restores: dict[str, tuple[int, str, str]] = {}
@@ -270,8 +280,8 @@ class FailoverMixin:
                     holder = copies[writer][0]
                     restores[g] = (k, rack.addresses[holder][0], writer)
         job.exit_codes = {}
-        self._start_containers(job, restores=restores, reuse=True)
-        now = self.ctx.clock()
+        self.workers.start(job, restores=restores, reuse=True)
+        now = self.state.clock()
         rec.update(
             resumed_from=k,
             iterations_redone=max(0, rec["reached"] - k),
@@ -284,18 +294,5 @@ class FailoverMixin:
         swapped = ", ".join(f"{a} -> {b}" for a, b in rec["spares"].items()) or "none swapped"
         job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}"
         transition(job, "running", reason=None)
-        self.save()
+        self.book.save()
         LOG.info("%s running again (%s) from iteration %d, %d redone", job.id, swapped, k, rec["iterations_redone"])
-
-    def _remove_volumes(self, job: Job) -> None:
-        """The job's checkpoints on every server it ran on (a server that is down is swept when it is back)."""
-        servers = {self.ctx.rack.server_of[g] for g in job.gpus}
-        for r in job.recoveries:
-            servers |= {self.ctx.rack.server_of[g] for g in r.get("lost", {})}
-        for server in sorted(servers):
-            if server in self.driver.down_servers():
-                continue
-            try:
-                self.driver.remove_volume(job.id, server)
-            except Exception as e:  # noqa: BLE001 (the sweep removes it later)
-                LOG.error("%s: removing the checkpoints on %s: %s", job.id, server, e)

@@ -4,15 +4,22 @@
 
 from __future__ import annotations
 
+import collections
+from collections.abc import Callable
+
 from controller.core import defrag
 from controller.core import placement as policy
-from controller.core.circuits import CircuitMap, displaced
+from controller.core.circuits import CircuitMap
 from controller.jobs.errors import Conflict
-from controller.jobs.steps import KEPT_PLANS, LOG, RECONFIG_WAIT
+from controller.jobs.steps import KEPT_PLANS, LOG, RECONFIG_WAIT, displaced_note
 
 
-class RegroupMixin:
-    # --- regrouping running jobs --------------------------------------------------------
+class Regroup:
+    def __init__(self, book, state, changes, drain: Callable[[], None]):
+        self.book, self.state, self.changes = book, state, changes
+        self.drain = drain  # start queued jobs (queue.Queue.drain)
+        self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
+
     def regroup(self, job_id: str):
         """Bring a running job's GPUs under fewer switches; it stalls for the dark window and goes on.
         Returns the reconfiguration event, or None if its switch count cannot fall."""
@@ -20,7 +27,7 @@ class RegroupMixin:
 
     def regroup_with_note(self, job_id: str):
         """`regroup`, and what happened in words (e.g. "cannot fall below 2 switches")."""
-        job = self.get(job_id)
+        job = self.book.get(job_id)
         if job.state != "running":
             raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
         plans = []
@@ -28,39 +35,39 @@ class RegroupMixin:
         def plan(current: CircuitMap) -> CircuitMap | None:
             if job.state != "running":
                 raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
-            p = policy.plan_regroup(self.occ(current), job.gpus)
+            p = policy.plan_regroup(self.book.occ(current), job.gpus)
             plans.append(p)
             return p.target(current) if p.changes else None
 
-        ev = self.ctx.ocs.change(
+        ev = self.changes.change(
             plan,
             "regroup",
             lambda: f"{job.id}: regroup under {','.join(plans[-1].switches)}",
             job=job.id,
             wait=RECONFIG_WAIT,
-            note=lambda: self._note(job, plans[-1].diff),
+            note=lambda: displaced_note(self.state.rack, plans[-1].diff, job.gpus),
         )
         p = plans[-1]
         if ev is not None:
             job.switches, job.note = list(p.switches), f"regrouped: {p.note}"
-            job.circuits = self._circuits_of(job)
+            job.circuits = self.book.circuits_of(job)
             job.events.append(ev.id)
-            self.save()
+            self.book.save()
             LOG.info("%s regrouped under %s (%d circuit changes)", job.id, ",".join(p.switches), p.changes)
         return ev, p.note
 
     def _defrag_plan(self, current: CircuitMap) -> tuple[defrag.Defrag, dict]:
         """The joint regrouping of every running job, planned from `current`, and its description."""
-        running = {j.id: j for j in self.jobs.values() if j.state == "running"}
-        occ = self.occ(current)
+        running = {j.id: j for j in self.book.jobs.values() if j.state == "running"}
+        occ = self.book.occ(current)
         d = defrag.plan_defrag(occ, {j: job.gpus for j, job in running.items()})
         where = {g: occ.switch_of(g) for job in running.values() for g in job.gpus}
         made: dict[str, int] = {}
         for a, _ in d.add:
             made[a.device] = made.get(a.device, 0) + 1
-        stall = max((self.ctx.ocs.drivers[o].switching_time_s(n) for o, n in made.items()), default=0.0)
+        stall = max((self.changes.switching_time_s(o, n) for o, n in made.items()), default=0.0)
         body = defrag.describe(
-            self.ctx.rack,
+            self.state.rack,
             d,
             {j: job.gpus for j, job in running.items()},
             where,
@@ -71,7 +78,7 @@ class RegroupMixin:
             },
             stall,
         )
-        return d, {"version": self.ctx.circuits_version, **body}
+        return d, {"version": self.state.circuits_version, **body}
 
     @staticmethod
     def _moves(body: dict) -> tuple:
@@ -97,9 +104,9 @@ class RegroupMixin:
                     self._plans.popitem(last=False)
                 return None
             if version is not None:
-                if version != self.ctx.circuits_version:
+                if version != self.state.circuits_version:
                     raise Conflict(
-                        f"the circuit map is at version {self.ctx.circuits_version}, the plan was made "
+                        f"the circuit map is at version {self.state.circuits_version}, the plan was made "
                         f"from version {version}; make a new plan (dry_run=true)"
                     )
                 if version not in self._plans:
@@ -115,28 +122,27 @@ class RegroupMixin:
             )
 
         def note() -> str:
-            gpus = [g for m in result["jobs_moved"] for g in self.jobs[m["job"]].gpus]
-            moved = displaced(self.ctx.rack, decided["defrag"].diff, gpus)
-            return "; ".join(moved) + " (no free switch port was left)" if moved else ""
+            gpus = [g for m in result["jobs_moved"] for g in self.book.jobs[m["job"]].gpus]
+            return displaced_note(self.state.rack, decided["defrag"].diff, gpus)
 
-        ev = self.ctx.ocs.change(plan, "regroup", reason, job=None, wait=RECONFIG_WAIT, note=note)
+        ev = self.changes.change(plan, "regroup", reason, job=None, wait=RECONFIG_WAIT, note=note)
         if ev is not None:
             for m in result["jobs_moved"]:
-                job = self.jobs[m["job"]]
+                job = self.book.jobs[m["job"]]
                 job.switches, job.note = (
                     m["switches_after"],
                     f"regrouped under {', '.join(m['switches_after'])} (defragmentation, event {ev.id})",
                 )
-                job.circuits = self._circuits_of(job)
+                job.circuits = self.book.circuits_of(job)
                 job.events.append(ev.id)
-            self.save()
+            self.book.save()
             LOG.info("%s (%d circuit changes, one reconfiguration)", ev.reason, result["circuits_changed"])
         result.update(
-            applied=not dry_run, event=ev.to_json() if ev else None, circuits_version=self.ctx.circuits_version
+            applied=not dry_run, event=ev.to_json() if ev else None, circuits_version=self.state.circuits_version
         )
         if not dry_run:
-            self._drain_queue()
+            self.drain()
         return result
 
     def fragmentation(self) -> dict:
-        return policy.fragmentation(self.occ())
+        return policy.fragmentation(self.book.occ())

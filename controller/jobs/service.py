@@ -1,125 +1,148 @@
 """The job service: the jobs users submit, from admission to their end, free of Ryu and eventlet.
 
-Admit or queue (first in, first out) -> plan (core.placement) -> OCS diff and flows (the OCS app, confirmed) -> one
-container per GPU (the container driver) -> follow the workers -> clean up, and start the queued jobs that fit now. A
-failure at any step undoes what was done: the job's circuit changes are reversed, its containers removed, its GPUs
-freed, and the job fails with the reason. Defragmentation (core.defrag) moves running jobs in one change. Jobs and
-circuits are persisted, so a restarted controller takes its running jobs and its queue back. Each part of it is a
-module of its own (queue, lifecycle, regroup, recovery); this one holds the state and what others ask of it.
+Admit or queue (first in, first out) -> plan (core.placement) -> circuit change (the OCS and the packet switches,
+confirmed) -> one container per GPU -> follow the workers -> clean up, and start the queued jobs that fit now. A failure
+at any step undoes what was done: the job's circuit changes are reversed, its containers removed, its GPUs freed, and
+the job fails with the reason. Defragmentation (core.defrag) moves running jobs in one change. Jobs and circuits are
+persisted, so a restarted controller takes its running jobs and its queue back.
+
+Built from what it needs, handed in by the controller's wiring (controller/apps/context.py), or by a test:
+
+    state       the rack state (controller/state.py): rack, circuits and their version, events, store, clock
+    changes     the circuit-change port (ports.CircuitChangesPort; controller/devices/changes.py)
+    containers  the containers port (ports.ContainersPort; controller/drivers/containers.py)
+    runtime     threads, sleeps, locks (runtime.Runtime; Ryu's hub in the controller, virtual time in tests)
+
+Its parts are classes that share one job book (book.JobBook: the table, ids, queue, held GPUs) and get their
+collaborators in their constructors, built here in order:
+
+    book -> workers (a job's containers) -> lifecycle (run, follow, end, stop) -> queue (submit, drain)
+         -> failover (a lost GPU swapped for a spare) -> recovery (after a restart; engines that come back)
+         -> regroup (one job, or all of them at once)
+
+The facade: `submit`, `stop`, `regroup` (one job; `regroup_all` for all), `get`, `list`; `delete`, `prune`, `logs`;
+what other parts read (`busy_gpus`, `protected_ports`, `down_servers`, `fragmentation`) and the one sign they hand in
+(`link_changed`). `start()` starts its threads (the placement app calls it).
+
+To add a kind of job (say one scheduled from outside, whose GPUs get circuits and flows but no containers, and that
+is ended from outside): give it a class of its own over the same book and ports, as `Regroup` is, which places with
+`changes.change` and `book.occ` and ends with `book.save`; mark its jobs in their request so that lifecycle, failover
+and recovery pass them over; and add its two or three methods here.
 """
 
 from __future__ import annotations
 
-import collections
-import itertools
-
+from controller.core import placement as policy
 from controller.core.circuits import CircuitMap
-from controller.core.jobs import QUEUED, TERMINAL, Job, JobTable
-from controller.core.occupancy import Occupancy
+from controller.core.jobs import Job, JobRequest
 from controller.core.rack import PortRef
-from controller.jobs.errors import UnknownJob
-from controller.jobs.failover import FailoverMixin
-from controller.jobs.lifecycle import LifecycleMixin
-from controller.jobs.queue import QueueMixin
-from controller.jobs.recovery import RecoveryMixin
-from controller.jobs.regroup import RegroupMixin
+from controller.jobs.book import JobBook
+from controller.jobs.failover import Failover
+from controller.jobs.lifecycle import Lifecycle
+from controller.jobs.queue import Queue
+from controller.jobs.recovery import Recovery
+from controller.jobs.regroup import Regroup
 from controller.jobs.runtime import Runtime
-from controller.jobs.steps import LOG
+from controller.jobs.steps import LOG_LINES
+from controller.jobs.workers import Workers
 
 
-class JobService(QueueMixin, LifecycleMixin, RegroupMixin, RecoveryMixin, FailoverMixin):
-    def __init__(self, ctx, driver, runtime: Runtime, engine_poll: float, hold_configuring: bool = False):
-        self.ctx = ctx  # the controller's context: rack, circuits and their version, store, clock, the OCS app
-        self.rt = runtime
-        self.ctx.placement = self
-        self.driver = driver
-        self.hold_configuring = hold_configuring  # a fault hook for tests: jobs stop at configuring (lifecycle._hold)
-        self.jobs = JobTable(Job.from_state(j) for j in self.ctx.saved.get("jobs", []))
-        start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
-        self._ids = itertools.count(start)
-        self.admission = self.rt.lock()  # plan and reconfigure one job at a time
-        self._admit = self.rt.lock()  # admission (submit and the queue) one job at a time
-        self.queue: collections.deque[str] = collections.deque(
-            j.id for j in sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id)) if j.state == QUEUED
+class JobService:
+    def __init__(self, state, changes, containers, runtime: Runtime, engine_poll: float, hold_configuring=False):
+        self.state, self.rt = state, runtime
+        self.book = book = JobBook(state)
+        self.workers = workers = Workers(state.rack, containers, runtime)
+        self.lifecycle = Lifecycle(
+            book,
+            state,
+            changes,
+            containers,
+            workers,
+            runtime,
+            lost=lambda *a: self.failover.lost(*a),
+            freed=lambda: self.queue.drain(),
+            hold_configuring=hold_configuring,
         )
-        # jobs stopped whose containers are still being removed: their GPUs (and NICs) are not free yet
-        self._stopping: set[str] = set()
-        self.occupancy = Occupancy(self.ctx.rack, self.ctx.circuits, self.busy_gpus())
-        self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
-        self._threads: dict[str, list] = {}
-        # failover.py: the signs of a loss gathered per job, jobs gathering them, when the first came, OCS ports whose
-        # link is down, and recovering jobs waiting for spares at the head of the queue
-        self._losing: dict[str, dict] = {}
-        self._collecting: set[str] = set()
-        self._detected: dict[str, float] = {}
-        self._links_down: set[str] = set()
-        self._awaiting: set[str] = set()
-        self.rt.spawn(self._recover)
-        self.engine_poll = engine_poll
-        self.rt.spawn(self._watch_engines)
-        self.rt.spawn(self._watch_servers)
-        if self.queue:
-            self.rt.spawn(self._drain_when_ready)
+        self.queue = Queue(book, state, changes, containers, runtime, run=self.lifecycle.run)
+        self.failover = Failover(book, state, changes, containers, workers, self.lifecycle, runtime, self.queue.drain)
+        self.recovery = Recovery(
+            book,
+            state,
+            containers,
+            workers,
+            self.lifecycle,
+            runtime,
+            engine_poll,
+            wait_for_devices=self.queue.wait_for_devices,
+            drain=self.queue.drain,
+        )
+        self.regrouper = Regroup(book, state, changes, self.queue.drain)
 
-    # --- what other apps and the REST API ask ---------------------------------------
-    def busy_gpus(self) -> dict[str, str]:
-        held = [j for j in self.jobs.values() if j.active or j.id in self._stopping]
-        return {g: j.id for j in held for g in j.gpus or self._requested(j)}
+    def start(self) -> None:
+        """Its threads: the restart's reconciling, the watches on engines and servers, a queue left from before."""
+        self.rt.spawn(self.recovery.recover, self.recovery.found())
+        self.rt.spawn(self.recovery.watch_engines)
+        self.rt.spawn(self.failover.watch_servers)
+        if self.book.queue:
+            self.rt.spawn(self.queue.drain_when_ready)
 
-    gpu_jobs = busy_gpus
+    # --- the facade ---------------------------------------------------------------------------
+    def submit(self, req: JobRequest) -> Job:
+        """Placed at once (started in the background) or queued; raises policy.InvalidRequest, policy.NoRoomNow (not
+        now and not queued), policy.PlacementError (never on this rack), Conflict (an engine named is down)."""
+        return self.queue.submit(req)
 
-    @staticmethod
-    def _requested(job: Job) -> list[str]:
-        gpus = job.request.get("gpus")
-        return gpus if isinstance(gpus, list) else []
+    def stop(self, job_id: str) -> Job:
+        """Stop a queued, running or recovering job (an ended one is returned as it is); Conflict while placed."""
+        return self.lifecycle.stop(self.book.get(job_id), self.queue.stop_queued)
 
-    def protected_ports(self, exclude: str | None = None, circuits: CircuitMap | None = None) -> dict[PortRef, str]:
-        """OCS ports of active jobs' GPUs and their circuits' other ends (in `circuits`, default the current map)."""
-        circuits = circuits if circuits is not None else self.ctx.circuits
-        result = {}
-        for job in self.jobs.values():
-            if job.active and job.id != exclude:
-                for g in job.gpus:
-                    p = self.ctx.rack.gpu_port(g)
-                    result[p] = job.id
-                    other = circuits.partner(p)
-                    if other is not None:
-                        result[other] = job.id
-        return result
+    def regroup(self, job_id: str):
+        """A running job's GPUs under fewer switches: (the event or None, what happened in words)."""
+        return self.regrouper.regroup_with_note(job_id)
+
+    def regroup_all(self, dry_run: bool = False, version: int | None = None) -> dict:
+        """Defragment: every running job regrouped in one change (`dry_run`: the plan; `version`: apply that plan)."""
+        return self.regrouper.regroup_all(dry_run=dry_run, version=version)
 
     def get(self, job_id: str) -> Job:
-        if job_id not in self.jobs:
-            raise UnknownJob(job_id)
-        return self.jobs[job_id]
+        """The job (UnknownJob if there is none of that id)."""
+        return self.book.get(job_id)
 
-    def save(self, job: Job | None = None) -> None:
-        """Persist `job` (a job that just ended must be named) and every active job, with the circuits:
-        one transaction whose size does not grow with the history of finished jobs."""
-        jobs = self.jobs.to_save(job)
-        self.ctx.save(jobs=[j.to_state() for j in jobs])
-        self.jobs.saved(jobs)
+    def list(self, limit: int, before: str | None = None, states: set[str] | None = None):
+        """A page of jobs, oldest first, and the id to ask `before` for the page before it (None: no older job)."""
+        return self.book.page(limit, before, states)
 
-    def page(
-        self, limit: int, before: str | None = None, states: set[str] | None = None
-    ) -> tuple[list[Job], str | None]:
-        """The newest `limit` jobs created before job `before` (in `states`), oldest first, and the id
-        to pass as `before` for the page before it (None: no older job)."""
-        jobs = list(self.jobs.values())
-        if before is not None:
-            jobs = jobs[: list(self.jobs).index(self.get(before).id)]
-        if states:
-            jobs = [j for j in jobs if j.state in states]
-        page = jobs[-limit:]
-        return page, (page[0].id if len(jobs) > len(page) else None)
+    def delete(self, job_id: str) -> Job:
+        """Stop the job if it runs, then forget it; its last record."""
+        job = self.stop(job_id)
+        self.book.forget([job_id])
+        return job
 
     def prune(self, older_than_s: float | None, keep: int | None) -> list[str]:
-        """Forget finished jobs that ended more than `older_than_s` ago, keeping the newest `keep` of them."""
-        now = self.ctx.clock()
-        finished = [j for j in self.jobs.values() if j.state in TERMINAL]
-        candidates = finished[: max(0, len(finished) - (keep or 0))]
-        gone = [j.id for j in candidates if older_than_s is None or (j.ended_at or j.created_at) <= now - older_than_s]
-        self.ctx.store.delete_jobs(gone)
-        for job_id in gone:
-            del self.jobs[job_id]
-        LOG.info("pruned %d finished jobs", len(gone))
-        return gone
+        """Forget finished jobs that ended more than `older_than_s` ago, keeping the newest `keep`; their ids."""
+        return self.book.prune(older_than_s, keep)
+
+    def logs(self, job: Job, tail: int = LOG_LINES) -> tuple[dict[str, list[str]], str]:
+        """A running job's live log lines, else those kept when it ended; and which."""
+        return self.workers.logs(job, tail)
+
+    # --- what other parts read, and hand in ------------------------------------------------------------
+    @property
+    def jobs(self):
+        return self.book.jobs
+
+    def busy_gpus(self) -> dict[str, str]:
+        return self.book.busy_gpus()
+
+    def protected_ports(self, exclude: str | None = None, circuits: CircuitMap | None = None) -> dict[PortRef, str]:
+        return self.book.protected_ports(exclude, circuits)
+
+    def down_servers(self) -> dict[str, str]:
+        return self.recovery.down_servers()
+
+    def fragmentation(self) -> dict:
+        return policy.fragmentation(self.book.occ())
+
+    def link_changed(self, port: PortRef, up: bool) -> None:
+        """The OCS reported a port's link up or down (a GPU's NIC: its job loses that GPU)."""
+        self.failover.link_changed(port, up)

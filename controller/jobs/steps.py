@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 from controller.core import placement as policy
-from controller.core.errors import OcsUnavailable
+from controller.core.circuits import displaced
+from controller.core.errors import Conflict, OcsUnavailable, ReconfigFailed
 from controller.core.jobs import Job
 from controller.drivers.containers import ContainerError
-from controller.jobs.errors import Conflict, ReconfigFailed
 
 LOG = logging.getLogger("optirack.placement")
 RECONFIG_WAIT = 120.0  # seconds a job waits for another reconfiguration to finish
@@ -32,3 +32,21 @@ def _attempt(job: Job, what: str, step, *args) -> None:
         step(*args)
     except Exception:  # noqa: BLE001 (clean-up goes on whatever one step raised)
         LOG.exception("%s: %s failed", job.id, what)
+
+
+def request_of(job: Job, named: bool = False) -> policy.Request:
+    """The placement request of `job` (`named`: for the GPUs it was given)."""
+    r = job.request
+    gpus = job.gpus if named else r["gpus"]
+    return policy.Request(
+        gpus if isinstance(gpus, int) else tuple(gpus),
+        r["policy"],
+        r.get("gpu_model"),
+        r["workload"].get("model", "vgg16"),
+    )
+
+
+def displaced_note(rack, diff, gpus) -> str:
+    """What an event should say: the idle GPUs whose circuits the job took (no free port was left)."""
+    moved = displaced(rack, diff, gpus)
+    return "; ".join(moved) + " (no free switch port was left)" if moved else ""

@@ -10,7 +10,7 @@ from controller.core.admission import Outcome
 from controller.core.rack import load_rack
 from simulator.engine import Options, Run, policies
 from simulator.workloads import JobSpec
-from tests.unit.fakes import FakeDriver
+from tests.unit.jobfakes import FakeDriver
 from tests.unit.test_jobs import make, req
 from tests.unit.test_rack import PAPER
 
@@ -51,10 +51,10 @@ def test_the_controller_drains_its_queue_through_the_core_policy(tmp_path, monke
     first = placement.submit(req(gpus=6))
     vrt.run(lambda: first.state == "running")
     waiting = placement.submit(req(gpus=2))
-    placement.stop_job(first.id)
+    placement.stop(first.id)
     vrt.run(lambda: waiting.state == "running", what="the queued job to start")
     assert 1 in calls  # the queue of one was drained by the core's policy
-    placement.stop_job(waiting.id)
+    placement.stop(waiting.id)
 
 
 def test_the_simulator_drains_its_queue_through_the_same_policy(monkeypatch):

@@ -59,7 +59,7 @@ def test_empty_ocs_gets_the_starting_circuits_and_switches_their_tables(rig):
 def test_reconfigure_applies_the_diff_with_a_dark_window(rig):
     ctx, apps, ocs, switches = rig
     target = CircuitMap.parse(RACK, REGROUPED)
-    ev = apps[1].reconfigure(target, "circuits", "test")
+    ev = apps[1].changes.reconfigure(target, "circuits", "test")
     assert ocs.circuits() == {(a.port, b.port) for a, b in target.circuits}
     assert ev.status == "ok" and ev.dark_window_s >= 0.025
     assert ev.requested_at <= ev.dark_start <= ev.dark_end <= ev.ocs_confirmed_at <= ev.flows_confirmed_at
@@ -108,7 +108,7 @@ def test_refused_flow_mods_roll_back(rig):
     before = ctx.circuits
     ocs.refuse_flow_mods = True
     with pytest.raises(ReconfigFailed) as info:
-        apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
+        apps[1].changes.reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
     assert "refused" in info.value.event.error and info.value.event.status == "failed"
     _device_holds(ctx, ocs, switches, before)
 
@@ -120,7 +120,7 @@ def test_a_switch_that_refuses_rolls_the_ocs_back(rig):
     before = ctx.circuits
     switches["as2"].refuse_flow_mods = True
     with pytest.raises(ReconfigFailed) as info:
-        apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
+        apps[1].changes.reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
     assert info.value.event.ocs_confirmed_at is not None  # the OCS had applied the change
     _device_holds(ctx, ocs, switches, before)
 
@@ -131,7 +131,7 @@ def test_silent_switch_times_out_and_rolls_back(rig, monkeypatch):
     apps[1].drivers["ocs1"].timeout = 0.2
     ocs.silent = True
     with pytest.raises(ReconfigFailed, match="did not confirm"):
-        apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
+        apps[1].changes.reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
     assert ctx.circuits == before
     ocs.silent = False  # it answers again: the OCS app puts its circuits back by itself
     wait_until(
@@ -147,7 +147,7 @@ def test_one_reconfiguration_at_a_time(rig):
     ctx.lock.acquire()
     try:
         with pytest.raises(Busy):
-            apps[1].reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
+            apps[1].changes.reconfigure(CircuitMap.parse(RACK, REGROUPED), "circuits", "test")
     finally:
         ctx.lock.release()
 
@@ -196,3 +196,28 @@ def test_rest_in_process(rig):
     assert ocs.circuits() == {(int(a[5:]), int(b[5:])) for a, b in REGROUPED}
     events = json.loads(Request.blank("/api/v1/events").get_response(app).body)["events"]
     assert events[-1]["kind"] == "circuits"
+
+
+def test_the_wiring_builds_each_part_from_the_parts_it_needs(tmp_path):
+    """The context builds the parts in order and hands each its collaborators; the apps adapt Ryu's events to them
+    (an OCS port's link drop reaches the job service), and the placement app starts the job service's threads."""
+    from controller.apps.placement import PlacementApp
+    from controller.core.rack import PortRef
+    from tests.unit.fakes import FakeDriver
+    from tests.unit.test_failover import port_status_event
+
+    driver = FakeDriver()
+    ctx = Optirack(rack=RACK, state_dir=tmp_path, containers=driver)
+    assert ctx.changes is ctx.ocs.changes and ctx.changes.fabric is ctx.fabric and ctx.changes.state is ctx
+    assert ctx.jobs.queue.changes is ctx.changes and ctx.jobs.workers.containers is driver and ctx.jobs.state is ctx
+    ocs_app = OcsApp(optirack=ctx)
+    assert ocs_app.devices is ctx.ocs and FabricApp(optirack=ctx).fabric is ctx.fabric
+    seen = []
+    ctx.jobs.link_changed = lambda port, up: seen.append((port, up))
+    ocs = FakeSwitch(0x100, [ocs_app])
+    ocs.connect()
+    port_status_event([ocs_app], ocs, 3, down=True)
+    assert seen == [(PortRef("ocs1", 3), False)]
+    started = []
+    ctx.jobs.start = lambda: started.append(True)
+    assert PlacementApp(optirack=ctx).service is ctx.jobs and started == [True]

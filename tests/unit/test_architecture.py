@@ -5,6 +5,8 @@ imports itself back through others (no cycle), counting imports inside functions
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,7 +64,14 @@ def imports_of(module: str) -> set[str]:
     return out
 
 
-GRAPH = {m: imports_of(m) for m in MODULES}
+def packages_of(module: str) -> set[str]:
+    """The packages whose __init__ runs when `module` is imported (controller.drivers for controller.drivers.x)."""
+    parts = module.split(".")
+    return {p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in MODULES}
+
+
+# What importing each module runs of the project: what it imports, and the __init__ of every package above each.
+GRAPH = {m: (ts := imports_of(m)) | set().union(*(packages_of(t) for t in ts | {m})) - {m} for m in MODULES}
 
 
 def _under(module: str, package: str) -> bool:
@@ -78,6 +87,13 @@ def _under(module: str, package: str) -> bool:
         ("controller.core", "containers"),
         ("controller.core", "controller.apps"),
         ("controller.core", "controller.drivers"),
+        ("controller.core", "controller.jobs"),
+        ("controller.jobs", "controller.apps"),
+        ("controller.jobs", "controller.devices"),
+        ("controller.devices", "controller.apps"),
+        ("controller.devices", "controller.jobs"),
+        ("controller.state", "controller.apps"),
+        ("controller.metrics", "controller.apps"),
         ("simulator", "scripts"),
         ("profiles", "controller"),
         ("profiles", "containers"),
@@ -152,6 +168,33 @@ def test_the_job_service_imports_neither_ryu_nor_eventlet():
     assert not outside, "\n".join(outside)
 
 
+def test_the_graph_follows_package_inits():
+    """Importing controller.drivers.containers runs controller/drivers/__init__.py: the graph has that edge."""
+    assert packages_of("controller.drivers.containers") == {"controller", "controller.drivers"}
+    assert "controller.drivers" in GRAPH["controller.jobs.workers"]
+
+
+def test_importing_the_job_service_loads_neither_ryu_nor_eventlet():
+    """In a fresh interpreter, whatever the package __init__ files and third-party modules import."""
+    code = (
+        "import controller.jobs, controller.jobs.service, sys; "
+        "print(sorted({'ryu', 'eventlet'} & set(m.split('.')[0] for m in sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_job_service_finds_nothing_through_a_context():
+    """Its collaborators come in its constructors: no `ctx.` in controller/jobs."""
+    uses = {
+        m: lines
+        for m, p in MODULES.items()
+        if _under(m, "controller.jobs") and (lines := _attribute_uses(ast.parse(p.read_text()), "ctx"))
+    }
+    uses.update({m: "self.ctx" for m, p in MODULES.items() if _under(m, "controller.jobs") and "ctx" in p.read_text()})
+    assert not uses, uses
+
+
 def test_modules_stay_readable():
     """No module of the controller over 400 lines; the placement app is wiring (at most 120)."""
     lines = {m: len(p.read_text().splitlines()) for m, p in MODULES.items() if _under(m, "controller")}
@@ -180,16 +223,30 @@ def test_only_the_runtime_module_calls_the_hub():
 
 
 def test_job_states_change_only_through_the_table():
-    """No `<job>.state = ...` outside the state table's `transition` (controller/core/jobs.py)."""
+    """No `<job>.state = ...` outside the state table's `transition` (controller/core/jobs.py). A part's constructor
+    keeping the rack state it was handed (`self.state = state` in an `__init__`) is not a job's state."""
     found = []
     for m, p in MODULES.items():
         if not _under(m, "controller"):
             continue
-        for n in ast.walk(ast.parse(p.read_text())):
+        tree = ast.parse(p.read_text())
+        kept = {
+            id(x)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef) and f.name == "__init__" and m != "controller.core.jobs"
+            for x in ast.walk(f)
+            if isinstance(x, ast.Attribute) and isinstance(x.value, ast.Name) and x.value.id == "self"
+        }
+        for n in ast.walk(tree):
             targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AugAssign) else []
             for t in targets:
                 for x in ast.walk(t):
-                    if isinstance(x, ast.Attribute) and x.attr == "state" and isinstance(x.ctx, ast.Store):
+                    if (
+                        isinstance(x, ast.Attribute)
+                        and x.attr == "state"
+                        and isinstance(x.ctx, ast.Store)
+                        and id(x) not in kept
+                    ):
                         found.append(f"{m}:{n.lineno}")
     assert found == [f"controller.core.jobs:{_line_of('controller.core.jobs', 'job.state = to')}"], found
 

@@ -34,10 +34,10 @@ def tight_rack():
 
 
 def make(tmp_path, rack=RACK, driver=None):
-    ctx = Optirack(rack=rack, state_dir=tmp_path)
+    ctx = Optirack(rack=rack, state_dir=tmp_path, containers=driver or FakeDriver(block=True))
     ocs_app = OcsApp(optirack=ctx)
     apps = [Inventory(optirack=ctx), ocs_app, FabricApp(optirack=ctx)]
-    placement = PlacementApp(optirack=ctx, driver=driver or FakeDriver(block=True))
+    placement = PlacementApp(optirack=ctx).service
     dps = [FakeSwitch(0x100, apps), FakeSwitch(0x201, apps), FakeSwitch(0x202, apps)]
     for dp in dps:
         dp.connect()
@@ -67,7 +67,7 @@ def test_change_plans_under_the_lock_from_the_current_map_and_bumps_the_version(
         return SWAPPED
 
     v0 = ctx.circuits_version
-    ev = ocs_app.change(plan, "circuits", "test")
+    ev = ocs_app.changes.change(plan, "circuits", "test")
     assert seen == [(INITIAL, True)]
     assert ev.status == "ok" and ctx.circuits == SWAPPED and device(ocs) == pairs(SWAPPED)
     assert ctx.circuits_version > v0 and not ctx.lock.locked()
@@ -78,8 +78,8 @@ def test_change_plans_under_the_lock_from_the_current_map_and_bumps_the_version(
 def test_no_change_is_no_event_and_keeps_the_version(tmp_path):
     ctx, ocs_app, _, _ = make(tmp_path)
     v0, events = ctx.circuits_version, len(ctx.events.recent())
-    assert ocs_app.change(lambda current: None, "circuits", "nothing") is None
-    assert ocs_app.change(lambda current: current, "circuits", "the same") is None
+    assert ocs_app.changes.change(lambda current: None, "circuits", "nothing") is None
+    assert ocs_app.changes.change(lambda current: current, "circuits", "the same") is None
     assert ctx.circuits_version == v0 and len(ctx.events.recent()) == events
 
 
@@ -90,7 +90,7 @@ def test_a_plan_that_refuses_changes_nothing_and_frees_the_lock(tmp_path):
         raise Conflict("no")
 
     with pytest.raises(Conflict):
-        ocs_app.change(plan, "circuits", "refused")
+        ocs_app.changes.change(plan, "circuits", "refused")
     assert not ctx.lock.locked() and ctx.circuits == INITIAL and device(ocs) == pairs(INITIAL)
 
 
@@ -98,14 +98,14 @@ def test_busy_when_the_lock_is_held_and_wait_is_zero(tmp_path):
     ctx, ocs_app, _, _ = make(tmp_path)
     with ctx.lock:
         with pytest.raises(Busy):
-            ocs_app.change(lambda current: SWAPPED, "circuits", "test", wait=0)
+            ocs_app.changes.change(lambda current: SWAPPED, "circuits", "test", wait=0)
         with pytest.raises(Busy):
-            ocs_app.change(lambda current: SWAPPED, "circuits", "test", wait=0.05)
+            ocs_app.changes.change(lambda current: SWAPPED, "circuits", "test", wait=0.05)
 
 
 def test_the_version_survives_a_restart(tmp_path):
     ctx, ocs_app, _, _ = make(tmp_path)
-    ocs_app.change(lambda current: SWAPPED, "circuits", "test")
+    ocs_app.changes.change(lambda current: SWAPPED, "circuits", "test")
     version = ctx.circuits_version
     ctx2, _, _, _ = make(tmp_path)
     assert ctx2.circuits == SWAPPED and ctx2.circuits_version == version
@@ -130,20 +130,20 @@ def test_a_placement_plans_from_the_map_it_applies_to(tmp_path):
     assert all(set(c) & gpu_ports for c in ev.removed + ev.added)  # only the job's GPUs' circuits
     assert ev.note == ""  # free ports were taken, no idle GPU moved
     assert device(ocs) == pairs(ctx.circuits)
-    placement.stop_job(job.id)
+    placement.stop(job.id)
 
 
 def test_a_regroup_takes_free_ports_and_touches_no_other_gpu(tmp_path):
     ctx, ocs_app, placement, ocs = make(tmp_path)
     job = placement.submit(req(gpus=["gpu1", "gpu3"], policy="fixed"))
     wait_until(lambda: job.state == "running")
-    ocs_app.change(lambda current: SWAPPED, "circuits", "PUT")
-    ev = placement.regroup(job.id)
+    ocs_app.changes.change(lambda current: SWAPPED, "circuits", "PUT")
+    ev, _ = placement.regroup(job.id)
     assert ev.note == "" and len(job.switches) == 1
     for g in ("gpu2", "gpu4", "gpu5", "gpu6"):
         assert ctx.circuits.partner(RACK.gpu_port(g)) == SWAPPED.partner(RACK.gpu_port(g))
     assert device(ocs) == pairs(ctx.circuits)
-    placement.stop_job(job.id)
+    placement.stop(job.id)
 
 
 def test_a_regroup_moves_an_idle_gpu_only_when_no_port_is_free_and_says_so(tmp_path):
@@ -151,13 +151,13 @@ def test_a_regroup_moves_an_idle_gpu_only_when_no_port_is_free_and_says_so(tmp_p
     ctx, _, placement, ocs = make(tmp_path, rack)
     job = placement.submit(req(gpus=["gpu1", "gpu3"], policy="fixed"))
     wait_until(lambda: job.state == "running")
-    ev = placement.regroup(job.id)
+    ev, _ = placement.regroup(job.id)
     assert "no free switch port" in ev.note and "gpu5's circuit ocs1:5-ocs1:12" in ev.note
     moved = {g for g in ("gpu2", "gpu4", "gpu5", "gpu6")
              if ctx.circuits.partner(rack.gpu_port(g)) != INITIAL.partner(rack.gpu_port(g))}
     assert moved == {"gpu5"}  # one idle GPU gave up its circuit, nothing else moved
     assert device(ocs) == pairs(ctx.circuits)
-    placement.stop_job(job.id)
+    placement.stop(job.id)
 
 
 def _put(ctx, circuits, headers=None):
@@ -189,7 +189,7 @@ def test_put_checks_protected_ports_under_the_lock(tmp_path):
     assert "carries job " + job.id in json.loads(resp.body)["error"]["message"]
     assert ctx.circuits == INITIAL and device(ocs) == pairs(INITIAL)
     wait_until(lambda: job.state == "running")
-    placement.stop_job(job.id)
+    placement.stop(job.id)
 
 
 def _get(ctx):

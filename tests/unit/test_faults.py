@@ -34,12 +34,12 @@ class Rig:
     def __init__(self, tmp_path, driver, rt):
         self.rt = rt
         driver.sleep = rt.sleep
-        self.ctx = ctx = Optirack(rack=RACK, state_dir=tmp_path, clock=rt.clock, runtime=rt)
+        self.ctx = ctx = Optirack(rack=RACK, state_dir=tmp_path, clock=rt.clock, runtime=rt, containers=driver)
         self.ocs_app = OcsApp(optirack=ctx)
-        self.fabric = FabricApp(optirack=ctx)
-        apps = [Inventory(optirack=ctx), self.ocs_app, self.fabric]
+        apps = [Inventory(optirack=ctx), self.ocs_app, FabricApp(optirack=ctx)]
+        self.fabric = ctx.fabric  # the switches' keeper the wiring built
         self.driver = driver
-        self.placement = PlacementApp(optirack=ctx, driver=driver)
+        self.placement = PlacementApp(optirack=ctx).service
         self.ocs = FakeSwitch(0x100, apps, rt=rt)
         self.switches = {"as1": FakeSwitch(0x201, apps, rt=rt), "as2": FakeSwitch(0x202, apps, rt=rt)}
         for dp in [self.ocs, *self.switches.values()]:
@@ -125,7 +125,7 @@ def test_the_worker_exits_non_zero_and_its_last_lines_are_kept(tmp_path, vrt):
     rig.assert_clean(job, "the worker on gpu2 exited with 3", circuits_back=False)  # it ran: circuits kept
     assert job.logs["gpu2"][-1] == "RuntimeError: NCCL error: unhandled system error"
     assert any('"event": "iteration"' in line for line in job.logs["gpu1"])
-    lines, source = rig.placement.worker_logs(job, tail=1)
+    lines, source = rig.placement.logs(job, tail=1)
     assert source == "kept when the job ended" and lines["gpu2"] == ["RuntimeError: NCCL error: unhandled system error"]
 
 
@@ -180,7 +180,7 @@ def test_a_bug_while_following_the_workers(tmp_path, monkeypatch, vrt):
     def broken(job, gpu):
         raise TypeError("bad log line")
 
-    monkeypatch.setattr(rig.placement.service, "_follow", broken)
+    monkeypatch.setattr(rig.placement.lifecycle, "_follow", broken)
     job = rig.wait_end(rig.submit())
     rig.assert_clean(job, "TypeError: bad log line", circuits_back=False)
 

@@ -1,19 +1,16 @@
-"""The placement app's orchestration with fake switches and a fake container driver, on virtual time: every thread of
-the controller runs on tests/unit/virtual.py's runtime, and the wall clock's sleeps raise (the `vrt` fixture)."""
+"""The job service built alone (no Ryu app): the rack state, a fake circuit-change port, a fake container driver, on
+virtual time: every thread of the service runs on tests/unit/virtual.py's runtime, and the wall clock's sleeps raise
+(the `vrt` fixture). The wiring of the apps is tested in test_apps.py."""
 from __future__ import annotations
 
 import pytest
 
-from controller.apps.context import Conflict, Optirack
-from controller.apps.fabric import FabricApp
-from controller.apps.inventory import Inventory
-from controller.apps.ocs import OcsApp
-from controller.apps.placement import PlacementApp
 from controller.core.circuits import CircuitMap
+from controller.core.errors import Conflict
 from controller.core.jobs import JobRequest
 from controller.core.placement import InvalidRequest, NoRoomNow, PlacementError
 from controller.core.rack import load_rack
-from tests.unit.fakes import FakeDriver, FakeSwitch
+from tests.unit.jobfakes import FakeDriver, service
 from tests.unit.test_rack import PAPER
 from tests.unit.virtual import VirtualRuntime
 
@@ -21,20 +18,11 @@ RACK = load_rack(PAPER)
 
 
 def make(tmp_path, driver, rt):
-    """A controller (its OCS, fabric and placement apps) on runtime `rt`; a second one on a new runtime is a
-    restart (the first one's threads never run again)."""
-    driver.sleep = rt.sleep
-    for container in driver.running.values():  # a restart on the same engines: their workers go on
-        container.sleep = rt.sleep
-    ctx = Optirack(rack=RACK, state_dir=tmp_path, clock=rt.clock, runtime=rt)
-    ocs_app = OcsApp(optirack=ctx)
-    apps = [Inventory(optirack=ctx), ocs_app, FabricApp(optirack=ctx)]
-    placement = PlacementApp(optirack=ctx, driver=driver)
-    dps = [FakeSwitch(0x100, apps, rt=rt), FakeSwitch(0x201, apps, rt=rt), FakeSwitch(0x202, apps, rt=rt)]
-    for dp in dps:
-        dp.connect()
-    rt.run(lambda: "ocs1" in ocs_app.synchronised and not ctx.lock.locked(), what="the OCS synchronised")
-    return ctx, placement, dps[0]
+    """The job service alone on runtime `rt`: (the rack state, the service, the circuit-change port); a second one on
+    a new runtime is a restart (the first one's threads never run again)."""
+    jobs, state, changes = service(tmp_path, RACK, driver, rt)
+    rt.advance(0)  # its threads start: the restart's reconciling has run
+    return state, jobs, changes
 
 
 def finished(placement, job_id):
@@ -60,7 +48,6 @@ def test_regroup_job_runs_under_one_switch_and_frees_its_gpus(tmp_path, vrt):
     assert ranks == ["0", "1", "2", "3"]
     assert sorted(g for _, g in driver.removed) == sorted(job.gpus)
     assert placement.busy_gpus() == {}
-    assert ocs.circuits() == {(a.port, b.port) for a, b in ctx.circuits.circuits}  # circuits kept after the job
 
 
 def test_fixed_job_keeps_the_cabling(tmp_path, vrt):
@@ -90,7 +77,7 @@ def test_conflicting_requests_are_refused_when_they_may_not_wait(tmp_path, vrt):
         placement.submit(req(gpus=["gpu9"]))
     with pytest.raises(InvalidRequest, match=r"unknown GPU model 'K80' on rack paper \(models here: M40, TitanV\)"):
         placement.submit(req(gpus=1, gpu_model="K80"))
-    assert list(placement.jobs) == ["job-1"] and not placement.queue  # nothing else was admitted
+    assert list(placement.jobs) == ["job-1"] and not placement.book.queue  # nothing else was admitted
 
 
 def test_a_queued_job_starts_when_a_running_one_ends(tmp_path, vrt):
@@ -103,16 +90,16 @@ def test_a_queued_job_starts_when_a_running_one_ends(tmp_path, vrt):
     assert (second.state, second.position, third.state, third.position) == ("queued", 1, "queued", 2)
     assert "3 GPUs asked for, 2 free" in second.note and "1 queued job(s) ahead" in third.note
     assert placement.busy_gpus().keys() == set(first.gpus)
-    placement.stop_job(first.id)
+    placement.stop(first.id)
     vrt.run(lambda: second.state == "running" and third.state == "running", what="the queue to drain")
     assert second.position is None and len(second.gpus) == 3 and len(third.gpus) == 1
     assert not set(second.gpus) & set(third.gpus)
     fourth = placement.submit(req(gpus=4))
     assert fourth.state == "queued"
-    placement.stop_job(fourth.id)
-    assert fourth.state == "stopped" and fourth.reason == "stopped while queued" and not placement.queue
+    placement.stop(fourth.id)
+    assert fourth.state == "stopped" and fourth.reason == "stopped while queued" and not placement.book.queue
     for job in (second, third):
-        placement.stop_job(job.id)
+        placement.stop(job.id)
 
 
 def test_new_jobs_avoid_a_server_whose_engine_is_down(tmp_path, vrt):
@@ -129,8 +116,8 @@ def test_new_jobs_avoid_a_server_whose_engine_is_down(tmp_path, vrt):
     assert not set(job.gpus) & on_down
     waiting = placement.submit(req(gpus=1))  # the only free GPUs are on the server that is down
     assert waiting.state == "queued" and "1 GPUs asked for, 0 free" in waiting.note, waiting.note
-    placement.stop_job(waiting.id)
-    placement.stop_job(job.id)
+    placement.stop(waiting.id)
+    placement.stop(job.id)
 
 
 def test_a_queued_job_survives_a_restart(tmp_path, vrt):
@@ -143,7 +130,7 @@ def test_a_queued_job_survives_a_restart(tmp_path, vrt):
     ctx2, placement2, _ = make(tmp_path, FakeDriver(block=True), rt2)  # the first job's containers are gone
     rt2.run(lambda: placement2.get(waiting.id).state == "running", what="the queued job to start after the restart")
     assert placement2.get(first.id).state == "failed"
-    placement2.stop_job(waiting.id)
+    placement2.stop(waiting.id)
 
 
 def test_a_container_that_fails_to_start_rolls_everything_back(tmp_path, vrt):
@@ -154,7 +141,6 @@ def test_a_container_that_fails_to_start_rolls_everything_back(tmp_path, vrt):
     vrt.run(finished(placement, job.id))
     assert job.state == "failed" and "no such image" in job.reason
     assert ctx.circuits == before  # the placement was undone
-    assert ocs.circuits() == {(a.port, b.port) for a, b in before.circuits}
     assert len(job.events) == 2  # placed, then undone
     assert driver.running == {} and placement.busy_gpus() == {}
 
@@ -172,11 +158,10 @@ def test_stop_and_regroup_of_a_running_job(tmp_path, vrt):
     ctx, placement, _ = make(tmp_path, driver, vrt)
     job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="fixed"))
     vrt.run(lambda: job.state == "running")
-    ev, note = placement.regroup_with_note(job.id)
+    ev, note = placement.regroup(job.id)
     assert ev is not None and ev.kind == "regroup" and len(job.switches) == 1 and "under one switch" in note
-    assert placement.regroup_with_note(job.id) == (None, "already under one switch")
-    assert placement.regroup(job.id) is None
-    stopped = placement.stop_job(job.id)
+    assert placement.regroup(job.id) == (None, "already under one switch")
+    stopped = placement.stop(job.id)
     assert stopped.state == "stopped" and placement.busy_gpus() == {}
     with pytest.raises(Conflict, match="only a running job"):
         placement.regroup(job.id)
@@ -209,9 +194,9 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path, vrt):
     blue = placement.submit(req(gpus=["gpu5", "gpu6"], policy="fixed", workload={"iterations": 10}))
     vrt.run(lambda: red.state == blue.state == "running" and len(red.iterations()) == len(blue.iterations()) == 3,
                what="both jobs running, their fake workers' 3 iterations read")
-    before, events, flows = ctx.circuits, len(ctx.events.recent()), dict(ocs.flows)
+    before, events, len_made = ctx.circuits, len(ctx.events.recent()), len(ocs.made)
     plan = placement.regroup_all(dry_run=True)
-    assert ctx.circuits == before and len(ctx.events.recent()) == events and ocs.flows == flows  # nothing changed
+    assert ctx.circuits == before and len(ctx.events.recent()) == events and not ocs.made[len_made:]  # nothing changed
     assert plan["applied"] is False and plan["event"] is None and plan["version"] == ctx.circuits_version
     assert {m["job"] for m in plan["jobs_moved"]} == {red.id, blue.id}
     assert (plan["switches_before"], plan["switches_after"]) == (4, 2) and plan["expected_stall_s"] == 0.025
@@ -220,10 +205,10 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path, vrt):
     moved = f"the circuit map is at version {ctx.circuits_version}, the plan was made from version 99"
     with pytest.raises(Conflict, match=moved):
         placement.regroup_all(version=99)
-    kept, placement.service._plans = placement.service._plans, {}  # as after a restart: the plan is forgotten
+    kept, placement.regrouper._plans = placement.regrouper._plans, {}  # as after a restart: the plan is forgotten
     with pytest.raises(Conflict, match=f"no plan was made from version {plan['version']}"):
         placement.regroup_all(version=plan["version"])
-    placement.service._plans = kept
+    placement.regrouper._plans = kept
     done = placement.regroup_all(version=plan["version"])
     ev = done["event"]
     assert done["applied"] and ev["kind"] == "regroup" and ctx.circuits_version > plan["version"]
@@ -232,14 +217,13 @@ def test_defragmentation_dry_run_then_apply_that_plan(tmp_path, vrt):
     )
     assert red.events == blue.events == [ev["id"]]  # one reconfiguration for both jobs
     assert len(red.switches) == len(blue.switches) == 1
-    assert ocs.circuits() == {(a.port, b.port) for a, b in ctx.circuits.circuits}
     with pytest.raises(Conflict, match="the circuit map is at version"):
         placement.regroup_all(version=plan["version"])  # the map has moved on
     again = placement.regroup_all()
     assert again["event"] is None and not again["jobs_moved"]
     assert {u["reason"] for u in again["jobs_untouched"]} == {"already under one switch"}
     for job in (red, blue):
-        placement.stop_job(job.id)
+        placement.stop(job.id)
 
 
 def test_a_plan_is_refused_if_the_jobs_changed(tmp_path, vrt):
@@ -248,17 +232,17 @@ def test_a_plan_is_refused_if_the_jobs_changed(tmp_path, vrt):
     blue = placement.submit(req(gpus=["gpu5", "gpu6"], policy="fixed"))
     vrt.run(lambda: red.state == blue.state == "running")
     plan = placement.regroup_all(dry_run=True)
-    placement.stop_job(blue.id)  # no circuit changes, but the plan would now differ
+    placement.stop(blue.id)  # no circuit changes, but the plan would now differ
     with pytest.raises(Conflict, match="running jobs changed"):
         placement.regroup_all(version=plan["version"])
-    placement.stop_job(red.id)
+    placement.stop(red.id)
 
 
 def _held_at_configuring(tmp_path, vrt, driver):
     """A regroup job stopped at configuring by the fault hook, its circuits and containers in place."""
     ctx, placement, ocs = make(tmp_path, driver, vrt)
     before = ctx.circuits
-    placement.service.hold_configuring = True
+    placement.lifecycle.hold_configuring = True
     job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="regroup"))
     vrt.run(lambda: len(driver.started) == 4, what="the held job's containers")
     vrt.advance(5)
@@ -275,8 +259,7 @@ def test_a_restart_carries_on_a_configuring_job_whose_circuits_and_containers_ma
     rt2.run(lambda: again.state == "running", what="the configuring job to be carried on")
     assert len(driver.started) == 4 and driver.removed == []  # the same containers, adopted
     assert {frozenset(c) for c in again.circuits} <= {frozenset(map(str, c)) for c in ctx2.circuits.circuits}
-    assert ocs2.circuits() == {(a.port, b.port) for a, b in ctx2.circuits.circuits}
-    placement2.stop_job(job.id)
+    placement2.stop(job.id)
     assert again.state == "stopped" and driver.running == {}
 
 
@@ -290,6 +273,30 @@ def test_a_restart_undoes_a_configuring_job_whose_containers_are_gone(tmp_path, 
     rt2.run(lambda: not again.active, what="the configuring job to be undone")
     assert again.state == "failed" and "the containers of gpu3 are gone" in again.reason, again.reason
     assert ctx2.circuits == before  # its placement's circuits put back
-    assert ocs2.circuits() == {(a.port, b.port) for a, b in before.circuits}
     assert driver.running == {} and placement2.busy_gpus() == {}  # nothing left on any engine
     assert [ctx2.events.get(e).reason for e in again.events][-1] == f"{job.id}: undo placement"
+
+
+def test_the_service_built_alone_runs_a_job_through_submit_regroup_a_loss_and_stop(tmp_path, vrt):
+    """No Ryu app: the rack state, a fake circuit-change port, fake workers training on virtual time."""
+    driver = FakeDriver(pace=1.0)
+    state, jobs, changes = make(tmp_path, driver, vrt)
+    gpus = ["gpu1", "gpu2", "gpu3", "gpu4"]
+    job = jobs.submit(req(gpus=gpus, policy="fixed", workload={"iterations": 1000}, checkpoint_every=5))
+    vrt.run(lambda: len(job.iterations()) >= 3, what="the job to run")
+    assert job.switches == ["as1", "as2"] and changes.made == []
+    ev, note = jobs.regroup(job.id)
+    assert ev is changes.made[-1] and ev.kind == "regroup" and len(job.switches) == 1, note
+    vrt.run(lambda: len(job.iterations()) >= 12, what="a checkpoint after the regroup")
+    driver.kill_server("srv2")
+    vrt.run(lambda: job.state == "recovering", what="the loss to be seen")
+    vrt.run(lambda: job.state == "running" and job.recoveries, what="the spare swapped in")
+    (rec,) = job.recoveries
+    spare = rec["spares"]["gpu2"]
+    assert "gpu2" not in job.gpus and spare in job.gpus and state.rack.server_of[spare] != "srv2"
+    assert {state.circuits.gpu_locations(state.rack)[g][0] for g in job.gpus} == set(job.switches)
+    assert rec["resumed_from"] == 10 and job.attempt == 1
+    stopped = jobs.stop(job.id)
+    assert stopped.state == "stopped" and jobs.busy_gpus() == {}
+    assert [c.labels["gpu"] for c in driver.running.values()] == ["gpu2"]  # on the dead server: swept when it is back
+    assert jobs.get(job.id) is job and jobs.list(10)[0] == [job]

@@ -36,11 +36,11 @@ def rig(tmp_path):
     """Every app on one context and one WSGI application, the switches connected, no job yet."""
     from ryu.app.wsgi import WSGIApplication  # after controller.apps' Ryu compatibility step
 
-    ctx = Optirack(rack=RACK, state_dir=tmp_path)
+    ctx = Optirack(rack=RACK, state_dir=tmp_path, containers=FakeDriver(iterations=3))
     wsgi = WSGIApplication()
     ocs_app = OcsApp(optirack=ctx)
     apps = [Inventory(optirack=ctx), ocs_app, FabricApp(optirack=ctx)]
-    placement = PlacementApp(optirack=ctx, driver=FakeDriver(iterations=3))
+    placement = PlacementApp(optirack=ctx).service
     metrics_app = MetricsApp(optirack=ctx, wsgi=wsgi)
     LiveApp(optirack=ctx, wsgi=wsgi)
     for cls in (Api, JobsApi, NotFound):

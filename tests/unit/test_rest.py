@@ -25,8 +25,8 @@ CONTROLLERS = (Api, JobsApi)  # every REST controller but NotFound; add yours he
 def app(tmp_path):
     from ryu.app.wsgi import WSGIApplication
 
-    ctx = Optirack(rack=RACK, state_dir=tmp_path)
-    PlacementApp(optirack=ctx, driver=FakeDriver())  # registers itself on the context
+    ctx = Optirack(rack=RACK, state_dir=tmp_path, containers=FakeDriver())
+    PlacementApp(optirack=ctx)  # starts the job service the context built
     wsgi = WSGIApplication()
     for cls in (*CONTROLLERS, NotFound):  # as RestApp registers them: NotFound last
         wsgi.register(cls, {"optirack": ctx})

@@ -134,7 +134,7 @@ def test_jobs_and_events_page_and_old_jobs_are_pruned(tmp_path):
             ended_at=now - 1000 + i,
         )
         placement.jobs[job.id] = job
-        placement.save(job)
+        placement.book.save(job)
     app = _api(ctx)
     status, page = _call(app, "/api/v1/jobs?limit=10")
     assert status == 200 and [j["id"] for j in page["jobs"]] == [f"job-{i}" for i in range(16, 26)]
@@ -147,7 +147,7 @@ def test_jobs_and_events_page_and_old_jobs_are_pruned(tmp_path):
     assert _call(app, "/api/v1/jobs?before=job-99")[1]["error"]["field"] == "before"
 
     for i in range(12):
-        ocs_app.change(lambda current, i=i: current if i % 2 else None, "circuits", "noop")  # no change: no event
+        ocs_app.changes.change(lambda current, i=i: current if i % 2 else None, "circuits", "noop")  # no event
         ev = ctx.events.start("circuits", f"test {i}", now - 500 + i)
         ev.status = "ok"
         ctx.record_event(ev)

@@ -133,7 +133,7 @@ def test_a_restarted_tl1_ocs_is_reconnected_and_resynchronised(tl1_rack, tmp_pat
         wait_until(lambda: "ocs1" in app.synchronised, 10, "first contact")
         assert server.device.patches and _topology(ctx)["connected"] is True  # the empty device got the rack file's
         target = CircuitMap.parse(rack, [["ocs1:1", "ocs1:14"], ["ocs1:2", "ocs1:15"]])
-        app.reconfigure(target, "circuits", "test")
+        app.changes.reconfigure(target, "circuits", "test")
         held = {(a.port, b.port) for a, b in target.circuits}
 
         server.power_off()  # the device restarts: sessions dropped, state lost

@@ -3,9 +3,11 @@ current map, applies the difference on every OCS at once (their dark windows ove
 switches for the target as soon as every changed circuit is dark, and records the event; all or nothing: a device
 that refuses or fails rolls every OCS it touched back, by difference, and the event ends failed.
 
-It needs from the world: the controller's context (circuits and their version, the store, the event log, the lock,
-the clock, the runtime, the fabric service) and one driver per OCS, handed in by the OCS app, which keeps the devices
-connected and in step.
+It is built by the controller's wiring (controller/apps/context.py) from what it needs: the rack state
+(controller/state.py: circuits and their version, the store, the event log, the lock, the clock), one driver per OCS,
+the packet switches' keeper (`fabric`: sync, sync_quietly), the runtime, and what to do with an OCS whose state is
+unknown after a failed rollback. It is the job service's circuit-change port (controller/jobs/ports.py). Which OCS
+hold our circuits (`synchronised`) is kept here, by the OCS keeper (controller/devices/ocs.py).
 """
 
 from __future__ import annotations
@@ -14,9 +16,8 @@ import logging
 from collections.abc import Callable
 
 from controller.core.circuits import CircuitMap
-from controller.core.errors import DeviceError, OcsUnavailable
+from controller.core.errors import Busy, DeviceError, OcsUnavailable, ReconfigFailed
 from controller.core.events import ReconfigEvent
-from controller.jobs.errors import Busy, ReconfigFailed
 
 LOG = logging.getLogger("optirack.ocs")
 DEVICE_ERRORS = (DeviceError, OSError)
@@ -53,12 +54,21 @@ class _WhenDark:
 
 
 class CircuitChanges:
-    def __init__(self, ctx, drivers: dict, resynchronise_later: Callable[[str], None]):
-        self.ctx, self.drivers = ctx, drivers
+    def __init__(self, state, drivers: dict, fabric, runtime, resynchronise_later: Callable[[str], None]):
+        self.state, self.drivers, self.fabric, self.rt = state, drivers, fabric, runtime
         self._resynchronise_later = resynchronise_later  # an OCS whose state is unknown after a failed rollback
+        self.synchronised: set[str] = set()  # OCS whose circuits match ours since they connected
+
+    def ready(self) -> bool:
+        """Whether every OCS of the rack is connected and holds our circuits."""
+        return set(self.synchronised) == set(self.drivers)
+
+    def switching_time_s(self, ocs: str, circuits_made: int) -> float:
+        """What OCS `ocs` promises for a change that makes `circuits_made` circuits."""
+        return self.drivers[ocs].switching_time_s(circuits_made)
 
     def check_available(self, target: CircuitMap) -> None:
-        for ocs in self.ctx.circuits.diff(target).by_ocs():
+        for ocs in self.state.circuits.diff(target).by_ocs():
             if not self.drivers[ocs].connected:
                 raise OcsUnavailable(f"OCS {ocs} is not connected")
 
@@ -79,18 +89,18 @@ class CircuitChanges:
         may be callables, read after `plan` ran. `wait`: seconds to wait for the lock (0: refuse at once with Busy;
         None: wait as long as it takes).
         """
-        if not self.ctx.lock.acquire(blocking=wait != 0, timeout=wait or None):
+        if not self.state.lock.acquire(blocking=wait != 0, timeout=wait or None):
             raise Busy("another reconfiguration is in progress; try again when it is done")
         try:
-            target = plan(self.ctx.circuits)
-            if target is None or target == self.ctx.circuits:
+            target = plan(self.state.circuits)
+            if target is None or target == self.state.circuits:
                 return None
             self.check_available(target)
             return self._reconfigure(
                 target, kind, reason() if callable(reason) else reason, job, note() if callable(note) else note
             )
         finally:
-            self.ctx.lock.release()
+            self.state.lock.release()
 
     def reconfigure(
         self, target: CircuitMap, kind: str, reason: str, job: str | None = None, wait: float | None = 0
@@ -100,38 +110,38 @@ class CircuitChanges:
         return self.change(lambda _current: target, kind, reason, job, wait)
 
     def _reconfigure(self, target: CircuitMap, kind: str, reason: str, job: str | None, note: str) -> ReconfigEvent:
-        ctx = self.ctx
-        diff = ctx.circuits.diff(target)
-        ev = ctx.events.start(
+        state = self.state
+        diff = state.circuits.diff(target)
+        ev = state.events.start(
             kind,
             reason,
-            ctx.clock(),
+            state.clock(),
             job=job,
             note=note,
             removed=CircuitMap(diff.remove).to_json(),
             added=CircuitMap(diff.add).to_json(),
         )
-        previous, parts = ctx.circuits, diff.by_ocs()
+        previous, parts = state.circuits, diff.by_ocs()
 
         def program() -> None:  # timed, so that what ran inside the dark window can be told (bench_reconfig)
-            ev.fabric_started_at = ctx.clock()
-            ctx.fabric.sync(target)
-            ev.fabric_confirmed_at = ctx.clock()
+            ev.fabric_started_at = state.clock()
+            self.fabric.sync(target)
+            ev.fabric_confirmed_at = state.clock()
 
-        fabric = _WhenDark(ctx.rt, program, len(parts))
+        fabric = _WhenDark(self.rt, program, len(parts))
         try:
-            ctx.record_event(ev)
+            state.record_event(ev)
             for result in self._apply_all(parts, fabric):
                 ev.switching_time_s = max(ev.switching_time_s, result.switching_time_s)
                 ev.dark_start = min(x for x in (ev.dark_start, result.dark_start) if x is not None)
                 if result.dark_end is not None:
                     ev.dark_end = max(ev.dark_end or 0.0, result.dark_end)
-            ctx.circuits = target
-            ev.ocs_confirmed_at = ctx.clock()
-            ctx.save(events=[ev])  # the new circuits and the event that made them: one transaction
+            state.circuits = target
+            ev.ocs_confirmed_at = state.clock()
+            state.save(events=[ev])  # the new circuits and the event that made them: one transaction
             fabric.join()
-            ev.flows_confirmed_at = ctx.clock()
-            ev.status, ev.version = "ok", ctx.circuits_version
+            ev.flows_confirmed_at = state.clock()
+            ev.status, ev.version = "ok", state.circuits_version
             LOG.info(
                 "reconfiguration %d (%s): -%d +%d circuits, dark %.1f ms, flows confirmed after %.1f ms",
                 ev.id,
@@ -157,7 +167,7 @@ class CircuitChanges:
         target as soon as every changed circuit is dark, so that their confirmation overlaps the switching time.
         Raises the first device error, once all ended."""
         threads = [
-            self.ctx.rt.spawn(
+            self.rt.spawn(
                 self.drivers[ocs].apply, pairs(part.remove), pairs(part.add), fabric.dark, raise_error=True
             )
             for ocs, part in parts.items()
@@ -178,8 +188,8 @@ class CircuitChanges:
         if ev.status == "running":
             ev.status, ev.error = "failed", ev.error or "interrupted before it finished"
         if ev.version is None:
-            ev.version = self.ctx.circuits_version
-        self.ctx.record_event(ev)
+            ev.version = self.state.circuits_version
+        self.state.record_event(ev)
 
     def _abandon(self, ev: ReconfigEvent, error: str, previous: CircuitMap, touched: list[str]) -> None:
         ev.status, ev.error = "failed", error
@@ -192,7 +202,7 @@ class CircuitChanges:
     def _roll_back(self, previous: CircuitMap, touched: list[str]) -> None:
         """Put every OCS the change touched back to `previous`, by difference (circuits it did not change stay lit);
         one that cannot be put back is resynchronised, retried until it is."""
-        ctx = self.ctx
+        state = self.state
         for ocs in touched:
             driver, want = self.drivers[ocs], pairs(previous.on(ocs))
             try:
@@ -202,6 +212,6 @@ class CircuitChanges:
             except Exception as e:  # noqa: BLE001 (whatever the driver raised: the others still roll back)
                 LOG.error("OCS %s: rollback failed (%s); resynchronising it until it takes", ocs, e)
                 self._resynchronise_later(ocs)
-        ctx.circuits = previous
-        ctx.save()
-        ctx.fabric.sync_quietly()
+        state.circuits = previous
+        state.save()
+        self.fabric.sync_quietly()

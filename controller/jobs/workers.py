@@ -1,0 +1,168 @@
+"""A job's workers on the containers port: one sandbox, NIC and worker per GPU on its server's engine, started all
+at once (from a checkpoint after a loss), killed, their last lines kept, removed with the job's checkpoints."""
+
+from __future__ import annotations
+
+from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY, Job
+from controller.drivers.containers import CHECKPOINTS, ContainerError, GpuContainer
+from controller.drivers.engines import EngineDown
+from controller.jobs.steps import LOG, LOG_LINES, _attempt
+
+
+class Workers:
+    def __init__(self, rack, containers, runtime):
+        self.rack, self.containers, self.rt = rack, containers, runtime
+
+    def checkpoint_peer(self, job: Job, rank: int) -> str | None:
+        """The NIC address of the next rank around the ring on another server (None: all on one server)."""
+        server_of, n = self.rack.server_of, len(job.gpus)
+        for step in range(1, n):
+            other = job.gpus[(rank + step) % n]
+            if server_of[other] != server_of[job.gpus[rank]]:
+                return self.rack.addresses[other][0]
+        return None
+
+    def command(self, job: Job, rank: int, restore: tuple[int, str, str] | None = None) -> list[str]:
+        w, emulation = job.request["workload"], self.rack.spec.emulation
+        cmd = [
+            "--rank", str(rank),
+            "--world-size", str(len(job.gpus)),
+            "--master", self.rack.addresses[job.gpus[0]][0],
+            "--mode", w["mode"],
+            "--iterations", str(w["iterations"]),
+            "--rate-scale", str(emulation.rate_scale),
+            "--time-dilation", str(emulation.time_dilation),
+            "--wait-for-nic", "60",
+            "--batch", str(w["batch"]),
+        ]  # fmt: skip
+        if w["mode"] == "profile":
+            cmd += ["--workload", w["model"]]
+        if w.get("compute_seconds") is not None:
+            cmd += ["--compute-seconds", str(w["compute_seconds"])]
+        every = job.request.get("checkpoint_every", DEFAULT_CHECKPOINT_EVERY)
+        cmd += ["--checkpoint-dir", CHECKPOINTS, "--checkpoint-every", str(every)]
+        peer = self.checkpoint_peer(job, rank)
+        if peer is not None:
+            cmd += ["--checkpoint-peer", peer]
+        if restore is not None:
+            cmd += ["--resume-from", str(restore[0]), "--restore-from", restore[1], "--restore-writer", restore[2]]
+        return cmd
+
+    def start(self, job: Job, restores: dict | None = None, reuse: bool = False) -> None:
+        """One sandbox, NIC and worker per GPU, on each GPU's own server's engine, all at once; the
+        engines are asked first, so a server that is down fails the job at once, naming it. After a loss
+        (failover.py): each rank's checkpoint to restore, and the survivors' sandboxes kept (`reuse`)."""
+        restores = restores or {}
+        rack, prefix = self.rack, self.rack.spec.network.subnet.prefixlen
+        servers = {rack.server_of[g] for g in job.gpus}
+        try:
+            self.containers.check_engines(servers)
+            image = self.containers.worker_image(rack.server_of[job.gpus[0]])
+        except EngineDown as e:
+            raise ContainerError(str(e)) from None
+        except Exception as e:  # noqa: BLE001 (registry or engine refused: fail the job with the reason)
+            raise ContainerError(
+                f"cannot start the containers: the worker image {self.containers.image} cannot be had "
+                f"({str(e).strip().splitlines()[-1] if str(e).strip() else e.__class__.__name__})"
+            ) from None
+        job.image = image
+
+        def one(rank: int, gpu: str) -> None:
+            g = rack.gpus[gpu]
+            self.containers.start(
+                GpuContainer(
+                    job.id,
+                    gpu,
+                    rack.server_of[gpu],
+                    g.index,
+                    g.model,
+                    rack.interface(gpu),
+                    f"{rack.addresses[gpu][0]}/{prefix}",
+                    self.command(job, rank, restores.get(gpu)),
+                ),
+                image,
+                reuse=reuse,
+            )
+
+        threads = [self.rt.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)]
+        errors = []
+        for t in threads:
+            try:
+                t.wait()
+            except Exception as e:  # noqa: BLE001 (collected: the first one is the job's reason)
+                errors.append(e)
+        if errors:
+            self.remove(job)
+            raise errors[0]  # the job's edge tells an expected failure from a bug by its type
+
+    def remove(self, job: Job, gpus=None) -> None:
+        """Give each NIC back and remove the containers, on every engine at once; an engine that is
+        down is skipped (its containers are swept when it comes back)."""
+
+        def one(gpu: str) -> None:
+            server = self.rack.server_of[gpu]
+            try:
+                self.containers.remove(job.id, gpu, server)
+            except Exception as e:  # noqa: BLE001 (keep cleaning the others)
+                LOG.error("%s: removing the containers of %s on %s: %s", job.id, gpu, server, e)
+
+        self.rt.joinall([self.rt.spawn(one, gpu) for gpu in (gpus if gpus is not None else job.gpus)])
+
+    def kill(self, job: Job, gpu: str) -> None:
+        try:
+            self.containers.kill(job.id, gpu, self.rack.server_of[gpu])
+        except Exception as e:  # noqa: BLE001 (already gone, or its engine is down)
+            LOG.debug("%s: kill %s: %s", job.id, gpu, e)
+
+    def kill_all(self, job: Job) -> None:
+        for gpu in job.gpus:
+            _attempt(job, f"stopping the worker on {gpu}", self.kill, job, gpu)
+
+    def kill_on(self, job: Job, gpus: list[str]) -> None:
+        """Kill the workers of `gpus`, all at once."""
+        self.rt.joinall([self.rt.spawn(self.kill, job, g) for g in gpus])
+
+    def keep_logs(self, job: Job) -> None:
+        """The last lines of each worker's output (stdout and stderr), read before its container goes."""
+        for gpu in job.gpus:
+            try:
+                job.logs[gpu] = self.containers.tail(job.id, gpu, self.rack.server_of[gpu], LOG_LINES)
+            except Exception as e:  # noqa: BLE001 (no container, or no engine: nothing to keep)
+                LOG.debug("%s: no logs of %s: %s", job.id, gpu, e)
+
+    def logs(self, job: Job, tail: int = LOG_LINES) -> tuple[dict[str, list[str]], str]:
+        """A running job's live log lines (from its containers), else the lines kept when it ended."""
+        if job.state == "running":
+            live = {}
+            for gpu in job.gpus:
+                try:
+                    live[gpu] = self.containers.tail(job.id, gpu, self.rack.server_of[gpu], tail)
+                except Exception as e:  # noqa: BLE001 (report what can be read)
+                    live[gpu] = [f"(cannot read the container's log: {e})"]
+            return live, "containers"
+        return {g: lines[-tail:] for g, lines in job.logs.items()}, "kept when the job ended"
+
+    def remove_volumes(self, job: Job) -> None:
+        """The job's checkpoints on every server it ran on (a server that is down is swept when it is back)."""
+        servers = {self.rack.server_of[g] for g in job.gpus}
+        for r in job.recoveries:
+            servers |= {self.rack.server_of[g] for g in r.get("lost", {})}
+        for server in sorted(servers):
+            if server in self.containers.down_servers():
+                continue
+            try:
+                self.containers.remove_volume(job.id, server)
+            except Exception as e:  # noqa: BLE001 (the sweep removes it later)
+                LOG.error("%s: removing the checkpoints on %s: %s", job.id, server, e)
+
+    def present(self, job: Job) -> list[str]:
+        """The GPUs of `job` whose worker is still on its server's engine: running, or exited while
+        the controller was down (its exit code and output still say how it ended, and following it
+        records that)."""
+        found = []
+        for server in sorted({self.rack.server_of[g] for g in job.gpus}):
+            try:
+                found += [w["gpu"] for w in self.containers.workers(server, job.id) if w["role"] == "worker"]
+            except Exception as e:  # noqa: BLE001 (engine unreachable: its workers count as gone)
+                LOG.error("cannot list containers on %s: %s", server, e)
+        return found
