@@ -36,8 +36,10 @@ EXAMPLES = (  # the --help's examples, each as it runs from any directory (tests
 def newest_record(fabric: str) -> Path | None:
     """The newest committed whole `make demo` record (both cases, repeated) made on `fabric`: what --case compares
     with and calibrates from by default."""
-    found = [r for r in records.load(bundled.directory(bundled.RECORDS)) if r.full and (r.data.get("fabric") or
-                                                                                      "droptail") == fabric]
+    directory = bundled.directory(bundled.RECORDS)
+    installed = directory.is_relative_to(bundled.SHARE)  # pip's copy: no git to ask which are committed
+    found = [r for r in records.load(directory, tracked_only=not installed)
+             if r.full and (r.data.get("fabric") or "droptail") == fabric]
     return found[-1].path if found else None
 
 
@@ -152,7 +154,7 @@ def add_parser(sub) -> None:
     )
     work.add_argument(
         "--iterations", type=int,
-        help="--case: iterations of the job of concern (default: as the demo runs them, the record's: 12)"
+        help="--case: iterations of the job of concern (default: as the demo ran them, the compared record's)"
     )
     pol = p.add_argument_group("policies and models")
     pol.add_argument(

@@ -10,7 +10,11 @@ echo "uid $(id -u)"
 [ "$(id -u)" != 0 ] || { echo "running as root: this check is for a user without root" >&2; exit 1; }
 export HOME=$WORK/home PIP_CACHE_DIR=$WORK/pip-cache
 mkdir -p "$HOME" run
-python3 -m venv venv  # no --system-site-packages: nothing of Debian's
+# As the README says it: a virtualenv made inside a clone (a git work tree, where the venv is untracked), the
+# project installed from it. No --system-site-packages: nothing of Debian's.
+git -C src init -q && git -C src add -A
+python3 -m venv src/venv
+ln -s src/venv venv
 venv/bin/pip install -q --disable-pip-version-check ./src
 ! venv/bin/python -c "import ryu" 2>/dev/null || { echo "ryu was installed by the base install" >&2; exit 1; }
 ! venv/bin/python -c "import docker" 2>/dev/null || { echo "docker was installed by the base install" >&2; exit 1; }
