@@ -19,10 +19,12 @@ help:
 	@echo "make image             build the worker image if its inputs changed"
 	@echo "make rack-up           build the emulated rack (TOPO=...); it stays up"
 	@echo "make rack-status       bridges, ports, rates, circuits and controller connections"
-	@echo "make rack-cli          Mininet CLI on the running rack"
+	@echo "make rack-cli          build a new rack in the foreground with Mininet's CLI; exiting tears it down"
+	@echo "                       (not a CLI on a rack already up: take that down first with make rack-down)"
 	@echo "make rack-down         remove everything the rack made (safe to repeat); engines' image stores stay"
 	@echo "make clean             build outputs, and the engines' and registry's caches (takes a rack down)"
 	@echo "make demo              reproduce the paper's experiment (a new record in results/records/)"
+	@echo "make demo-quick        the same, case (a) once (make demo ARGS=--quick, about 2 min; a record, not a result)"
 	@echo "make bench             print the benchmarks' figures"
 	@echo "make report            rebuild the results tables of README.md and docs/ from results/records/"
 
@@ -80,3 +82,6 @@ clean:
 # The main job: the paper's experiment on the default rack (a new record in results/records/). ARGS="--quick" for a short run.
 demo: setup
 	$(PY) -m scripts.paper_experiment $(ARGS)
+
+demo-quick: setup
+	$(PY) -m scripts.paper_experiment --quick $(ARGS)

@@ -170,27 +170,36 @@ def build_base(client, workdir: Path) -> None:
     print(f"    docker import: {time.monotonic() - t0:.0f} s", flush=True)
 
 
-def build_worker(client, base_id: str) -> None:
+def build_worker(client, base_id: str, base: str = BASE_IMAGE) -> None:
     t0 = time.monotonic()
     client.images.build(
         path=str(ROOT),
         dockerfile="containers/Dockerfile",
         tag=WORKER_IMAGE,
         rm=True,
-        buildargs={"BASE": BASE_IMAGE},
+        buildargs={"BASE": base},
         labels={LABEL: worker_inputs(base_id)},
     )
     print(f"    docker build {WORKER_IMAGE}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
-def ensure_images(check_only: bool = False, force: bool = False) -> bool:
-    """Build what is missing or stale; returns True if all images are up to date."""
+def ensure_images(check_only: bool = False, force: bool = False, worker_base: str | None = None) -> bool:
+    """Build what is missing or stale; returns True if all images are up to date. `worker_base`: the worker on that
+    image (e.g. a CUDA PyTorch one, which must be on this engine) instead of optirack-base; its label holds that
+    base's id, so a later run with the same base (and `--push`) keeps it rather than rebuilding on the CPU base."""
     import docker
 
     client = docker.from_env()
     if not ensure_helper(client, check_only, force):
         return False
-    base = None if force else _labelled(client, BASE_IMAGE, base_inputs())
+    if worker_base is not None:
+        try:
+            base = client.images.get(worker_base)
+        except docker.errors.ImageNotFound:
+            raise SystemExit(f"--worker-base {worker_base}: no such image on this engine (docker pull it first)") \
+                from None
+    else:
+        base = None if force else _labelled(client, BASE_IMAGE, base_inputs())
     if base is None:
         if check_only:
             return False
@@ -204,8 +213,8 @@ def ensure_images(check_only: bool = False, force: bool = False) -> bool:
     if worker is None:
         if check_only:
             return False
-        print(f"==> building {WORKER_IMAGE}", flush=True)
-        build_worker(client, base.id)
+        print(f"==> building {WORKER_IMAGE} on {worker_base or BASE_IMAGE}", flush=True)
+        build_worker(client, base.id, worker_base or BASE_IMAGE)
     else:
         print(f"    {WORKER_IMAGE} up to date")
     return True
@@ -218,8 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if an image is missing or stale; build nothing")
     parser.add_argument("--force", action="store_true", help="rebuild the images even if they are up to date")
     parser.add_argument("--push", metavar="REGISTRY", help="then push both to REGISTRY (HOST:PORT) unless it has them")
+    parser.add_argument(
+        "--worker-base", metavar="IMAGE",
+        help="build the worker on IMAGE (e.g. a CUDA PyTorch image already on this engine) instead of the CPU "
+        "optirack-base; give it again with --push, or the worker is rebuilt on the CPU base (it is labelled with "
+        "the base it was built on)")
     args = parser.parse_args(argv)
-    if not ensure_images(check_only=args.check, force=args.force):
+    if not ensure_images(check_only=args.check, force=args.force, worker_base=args.worker_base):
         return 1
     if args.push:
         import docker

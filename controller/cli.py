@@ -6,10 +6,10 @@ import sys
 import time
 from importlib.metadata import entry_points
 
+from controller.bundled import DEFAULT_RACK
 from controller.cli_common import _client, _print
 from controller.cli_jobs import add_job_commands
 from controller.client import ApiError
-from controller.config import DEFAULT_RACK
 from controller.core.emulated import emulated_rack_name
 from controller.core.rack import RackError, load_rack
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from ryu import cfg
 
+from controller.bundled import DEFAULT_RACK
+
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_RACK = REPO / "topologies" / "paper-testbed.yaml"
 
 OPTS = [
     cfg.StrOpt("rack", default=str(DEFAULT_RACK), help="rack file (YAML) the controller manages"),

@@ -5,6 +5,7 @@ the command line the optirack apps are loaded.
 """
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import warnings
@@ -65,6 +66,22 @@ def stop_on_signals() -> None:
         signal.signal(signum, interrupt)
 
 
+def show_defaults(conf) -> None:
+    """Every command-line option's --help ends with its default (oslo.config prints none), secrets left out."""
+    for info in getattr(conf, "_cli_opts", []):  # oslo.config's registry of command-line options (pinned version)
+        opt = info["opt"]
+        try:  # a default set by set_default (e.g. --wsapi-host 127.0.0.1) is kept beside the option
+            default = conf._get_opt_info(opt.dest, info["group"].name if info["group"] else None).get(
+                "default", opt.default)
+        except Exception:  # noqa: BLE001 (an oslo.config without that registry: the option's own default)
+            default = opt.default
+        if default is None or default == "" or getattr(opt, "secret", False):
+            continue
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        said = re.sub(r"\s*\(default:? [^)]*\)", "", opt.help or "").rstrip(".")  # Ryu's own, e.g. 0.0.0.0: ours differ
+        opt.help = f"{said} (default: {shown})"
+
+
 def main(argv: list[str] | None = None) -> None:
     stop_on_signals()
     conf = manager.CONF
@@ -74,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     # Ryu sends no echo requests unless this is non-zero: a dead switch would go unnoticed.
     conf.set_default("maximum_unreplied_echo_requests", 3)
     conf.set_default("echo_request_interval", 5.0)
+    show_defaults(conf)
     manager.main(args=bind_to_wsapi_host(sys.argv[1:] if argv is None else argv), prog="optirack-controller")
 
 

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from controller.config import DEFAULT_RACK
+from controller.bundled import DEFAULT_RACK
 from controller.core.rack import RackError, load_rack
 from emulation import engines, ovs, servers
 from emulation.netns import has_link

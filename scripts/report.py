@@ -91,30 +91,61 @@ def current(records: list[rec.Record]) -> list[rec.Record]:
     return rec.of_current_model(records) or full(records)
 
 
+def _median(values: list[float]) -> float:
+    s = sorted(values)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def _over(values: list[float], fmt: str, unit: str = "") -> str:
+    """The median over records, and their range where there are several: '13.12 s (13.04–13.14)'."""
+    med = format(_median(values), fmt) + unit
+    if len(values) < 2:
+        return med
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return med if lo == hi else f"{med} ({lo}–{hi})"
+
+
+def _records_label(records: list[rec.Record]) -> str:
+    fabrics = sorted({r.data.get("fabric") or "fabric unrecorded" for r in records})
+    names = f"`{records[0].name}`" if len(records) == 1 else f"`{records[0].name}` … `{records[-1].name}`"
+    return f"{len(records)} ({', '.join(fabrics)}): {names}"
+
+
 def headline(records: list[rec.Record]) -> str:
-    """The README's table: the records of the current model only (every record is in the cases block)."""
-    records = current(records)
-    rows = ["| record (fabric) | case | fragmented | regrouped | completion time saved (spread) "
-            f"| {FRACTION} | paper (completion, saved, measured GPU utilization) |",
+    """The README's table: one row per case over the whole records of the current model (each record is a row of
+    docs/results.md's cases block): the median over the records of each figure, their range in brackets."""
+    fr = full(current(records))
+    rows = ["| whole records (fabric) | case | fragmented | regrouped | completion time saved (range over the "
+            f"records; largest spread over a record's repeats) | {FRACTION} | paper (completion, saved, measured GPU "
+            "utilization) |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in full(records):
-        for case, p in sorted(_points(r).items()):
-            rows.append(f"| {_label(r)} | ({case}) {CASES[case].label} | {p['fixed']['completion_rack_s']:.2f} s "
-                        f"| {p['regroup']['completion_rack_s']:.2f} s | {_saving(p)} | {_fraction(p)} "
-                        f"| {_paper(case)} |")
+    for case in sorted({c for r in fr for c in _points(r)}):
+        ps = [_points(r)[case] for r in fr if case in _points(r)]
+        saved = [100 * p["saving"]["median"] for p in ps]
+        spread = max(p["saving"]["spread_pp"] for p in ps)
+        within = f"{min(saved):.1f}–{max(saved):.1f} %; " if len(saved) > 1 else ""
+        f = _median([p["fixed"]["mean_gpu_util"] for p in ps])
+        g = _median([p["regroup"]["mean_gpu_util"] for p in ps])
+        rows.append(f"| {_records_label(fr)} | ({case}) {CASES[case].label} "
+                    f"| {_over([p['fixed']['completion_rack_s'] for p in ps], '.2f', ' s')} "
+                    f"| {_over([p['regroup']['completion_rack_s'] for p in ps], '.2f', ' s')} "
+                    f"| {_median(saved):.1f} % ({within}spread ≤ {spread:.1f} pp) | {f:.2f} → {g:.2f} ({g / f:.1f}×) "
+                    f"| {_paper(case)} |")
     return "\n".join(rows) + "\n\n" + _against_paper(records)
 
 
 def _against_paper(records: list[rec.Record]) -> str:
     """The sentences that go with the table: the fit's distance, the prediction's miss, the compute fraction."""
-    fr = full(records)
+    fr = full(current(records))
     if not fr:
         return "No full record (both cases, 3 repeats) is committed."
+
     def off(case: str) -> list[float]:
         return [100 * (_points(r)[case]["saving"]["median"] - PAPER[case]["reduction"]) for r in fr]
 
-    def each(values: list[float]) -> str:
-        return ", ".join(f"{_pp(v)} ({r.data.get('fabric')})" for v, r in zip(values, fr, strict=True))
+    def span(values: list[float]) -> str:
+        lo, hi = _pp(min(values)), _pp(max(values))
+        return lo if lo == hi else f"{report_bench.signed(min(values))} to {hi}"
 
     miss = off(PREDICTED)
     more = " (it saves more than the paper did)" if all(v > 0 for v in miss) else ""
@@ -122,13 +153,30 @@ def _against_paper(records: list[rec.Record]) -> str:
               for p in [_points(r)[PREDICTED]]]
     rose = f"{min(ratios):.1f}×" if f"{min(ratios):.1f}" == f"{max(ratios):.1f}" else \
         f"{min(ratios):.1f}–{max(ratios):.1f}×"
+    each = "the record" if len(fr) == 1 else f"the {len(fr)} records"
     return textwrap.fill(
-        f"Case ({FITTED}), the case the uplink's rate was fitted to, is {each(off(FITTED))} from the paper's "
-        f"{_pct(PAPER[FITTED]['reduction'])}. Case ({PREDICTED}) is a prediction: it is {each(miss)} from the "
-        f"paper's {_pct(PAPER[PREDICTED]['reduction'])}, a miss{more}. The compute fraction is compute time "
+        f"Across {each}, case ({FITTED}), the case the uplink's rate was fitted to, is {span(off(FITTED))} from the "
+        f"paper's {_pct(PAPER[FITTED]['reduction'])}. Case ({PREDICTED}) is a prediction: it is {span(miss)} from "
+        f"the paper's {_pct(PAPER[PREDICTED]['reduction'])}, a miss{more}. The compute fraction is compute time "
         f"over iteration time: an emulated GPU computes by waiting out a fixed time, so the fraction rises "
         f"whenever an iteration shortens; in case ({PREDICTED}) it rose {rose} where the paper measured no "
         f"significant change in its GPUs' utilization.", WIDTH)
+
+
+def fidelity_summary(records: list[rec.Record]) -> str:
+    """The README's sentence on the simulator against the current model's records: how many, and the largest
+    difference of any point of any of them."""
+    from simulator import fidelity
+
+    checked = rec.of_current_model(records)
+    if not checked:
+        return "No whole record carries the simulator's current model hash yet: nothing checks the model."
+    worst = max(abs(p.error) for r in checked for p in fidelity.check_record(r.data)[0])
+    n = "the record" if len(checked) == 1 else f"these {len(checked)} records"
+    return textwrap.fill(
+        f"The simulator's model of this fabric was committed before {n} were made, and simulates every point of "
+        f"each (both cases, the uplink sweep) within {100 * worst:.1f} % of its emulated mean iteration (the test's "
+        f"bound is {100 * fidelity.RECORD_TOLERANCE:g} %).", WIDTH)
 
 
 def cases(records: list[rec.Record]) -> str:
@@ -239,7 +287,8 @@ def shares_droptail(records: list[rec.Record]) -> str:
 
 
 BLOCKS: dict[str, Callable[[list[rec.Record]], str]] = {
-    "headline": headline, "cases": cases, "sweep": sweep, "records": records_table,
+    "headline": headline, "fidelity-summary": fidelity_summary, "cases": cases, "sweep": sweep,
+    "records": records_table,
     "fidelity-droptail": fidelity_droptail, "fidelity-current": fidelity_current, "shares-droptail": shares_droptail,
     **report_bench.BLOCKS, **report_sim.BLOCKS,
 }

@@ -1,5 +1,5 @@
 """make report's blocks from the simulator's committed records (results/simulate-*/, results/bench-simulate.json;
-scripts/report.py merges BLOCKS), all in docs/simulator.md.
+scripts/report.py merges BLOCKS), in docs/simulator.md and the simulator-*.md pages beside it.
 
 Blocks: sim-seeds (1,024 GPUs over three seeds: the "Over seeds" table of results/simulate-1024-seeds/summary.md),
 sim-timeshift (the pairs of jobs that shared an uplink on traces/sample.csv, from

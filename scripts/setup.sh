@@ -133,7 +133,7 @@ else
   [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$VENV" \
     || fail "cannot create the virtualenv"
   # torch==2.13.0 is the CPU build (see README); the worker uses a GPU only where one exists.
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation -e "$ROOT[worker,demo,dev,sweep]" \
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation -e "$ROOT[controller,worker,dev]" \
     >"$LOG_DIR/pip.log" 2>&1 || { tail -20 "$LOG_DIR/pip.log" >&2; fail "pip install failed (see $LOG_DIR/pip.log)"; }
   echo "$stamp" >"$VENV/.optirack-stamp"
   changed "installed optirack and its pinned dependencies"

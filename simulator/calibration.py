@@ -7,13 +7,14 @@ measurements, never from the points the fidelity test compares:
 - the efficiency from the demo's own calibration, recorded in its record (results/records/): a
   ring of TCP flows between GPU NICs on the rack it measures on, each flow's share of the line
   rate (emulation/calibrate.py), the median over its runs at the rate the demo used; a record
-  without one falls back to the README's ring all-reduce benchmark (91.0 % of its bound with
-  that latency taken out).
+  without one falls back to the ring all-reduce benchmark of docs/emulated-rack.md, "Fidelity of the
+  emulated fabric" (91.0 % of its bound with that latency taken out).
 Emulated time runs `emulation.time_dilation` times slower than the rack's, so the latency counts
 1/dilation as much in rack seconds; compute times and line rates are the rack's.
 
-How rings share a link is calibrated to the emulation too: "held" (simulator/network.py), not the
-"maxmin" assumed for a real rack. The measurement is the demo record's share of the uplink's line
+How rings share a link is calibrated to the emulation too, by the record's fabric (FABRIC_SHARING below): "maxmin" on
+the lossless fabric (the default since 2026-11-25), and on the droptail fabric "held" (simulator/network.py), not
+the "maxmin" assumed for a real rack. The measurement is the demo record's share of the uplink's line
 rate that each crossing flow of the fragmented ring got while it communicated (its bytes over the
 recorded all-reduce time; `python -m simulator.evidence`): 41-55 % at every swept rate, about the
 equal share of the two rings placed on the uplink, whether or not the job beside was computing,
@@ -85,7 +86,7 @@ def efficiency_from_ring(
 # several shaped store-and-forward hops of 9 kB frames at 50 Mbit/s and waits for their first frames to arrive.
 STEP_S = 0.00970
 STEP_RECORD = "results/bench/20261125T113203Z-fe45bd6-bench_allreduce-vgg16-chunk.json"
-# README "Fidelity of the emulated fabric": ring of 4, 16 MB at 50 Mbit/s, 91.0 % of the bound (MTU 1500)
+# docs/emulated-rack.md, "Fidelity of the emulated fabric": ring of 4, 16 MB at 50 Mbit/s, 91.0 % of bound (MTU 1500)
 PROVISIONAL = Calibration(
     efficiency_from_ring(0.910, 4, 16e6, 50e6, STEP_S),
     STEP_S,

@@ -1,13 +1,20 @@
-"""`optirack simulate`: the controller's placement over a simulated cluster (see the README's section)."""
+"""`optirack simulate`: the controller's placement over a simulated cluster (docs/simulator.md).
+
+Rack files and traces are found by name from any directory (controller/bundled.py): in the checkout, or in the copy
+a `pip install` puts under <prefix>/share/optirack/. `--case` runs the demo's validated settings: the newest committed
+record of the rack's fabric (its calibration and its fabric's sharing) and the demo's iterations (that record's).
+"""
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+from controller import bundled
 from controller.core import admission
 from controller.core.rack import RackError
 from profiles import WORKLOADS, compute_seconds
@@ -17,14 +24,42 @@ from simulator.network import GBPS, SHARINGS
 from simulator.study import run_all
 from simulator.workloads import DURATION_MODES
 
-# the droptail record the emulation's calibrated network (held sharing) was chosen on (simulator/records.py)
-DEMO_RECORD = records.DROPTAIL.relative_to(records.ROOT)
-CHECKOUT = Path(__file__).resolve().parents[1]  # the repository, for its rack and record outside it
+PAPER_RACK = "topologies/paper-testbed.yaml"
+EXAMPLES = (  # the --help's examples, each as it runs from any directory (tests/unit/test_sim_help.py runs the first)
+    f"optirack simulate --rack {PAPER_RACK} --case a --out sim-a",
+    "optirack simulate --gpus 4096 --jobs 2000 --seed 7 --out sim-4096",
+    "optirack simulate --gpus 32 --gpus-per-switch 8 --gpus-per-server 4 --oversubscription 8 --spare 1 --models V100 "
+    "--trace traces/sample.csv --out sim-trace",
+)
 
 
-def _in_checkout(path: Path) -> Path:
-    """A relative path as given when it exists here, else the checkout's (the console script runs anywhere)."""
-    return path if path.is_absolute() or path.exists() or not (CHECKOUT / path).exists() else CHECKOUT / path
+def newest_record(fabric: str) -> Path | None:
+    """The newest committed whole `make demo` record (both cases, repeated) made on `fabric`: what --case compares
+    with and calibrates from by default."""
+    directory = bundled.directory(bundled.RECORDS)
+    installed = directory.is_relative_to(bundled.SHARE)  # pip's copy: no git to ask which are committed
+    found = [r for r in records.load(directory, tracked_only=not installed)
+             if r.full and (r.data.get("fabric") or "droptail") == fabric]
+    return found[-1].path if found else None
+
+
+def _calibration(args, rack) -> tuple[Path | None, dict | None]:
+    """The record --net emulation calibrates from, and --case compares with: --calibration's (an error where it
+    cannot be read), else the newest of the rack's fabric."""
+    if args.calibration is not None:
+        path = bundled.find(args.calibration, bundled.RECORDS, ".json")
+        if not path.is_file():
+            raise ValueError(f"--calibration {args.calibration}: no such record (make demo writes them under "
+                             f"{bundled.RECORDS}/)")
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"--calibration {args.calibration}: cannot read the record: {e}") from None
+        if not isinstance(record, dict) or "points" not in record and "runs" not in record:
+            raise ValueError(f"--calibration {args.calibration}: not a make demo record")
+        return path, record
+    path = newest_record(rack.spec.emulation.fabric)
+    return path, (calibration.load_record(path) if path else None)
 
 
 def add_parser(sub) -> None:
@@ -32,11 +67,11 @@ def add_parser(sub) -> None:
         "simulate", help="simulate a cluster under the controller's placement policies",
         description="Simulate training jobs on a rack (a rack file or a generated one) under each placement policy, "
                     "with the controller's own placement code, and write a table, JSON and plots to --out.",
-        epilog="Examples: optirack simulate --rack topologies/paper-testbed.yaml --case a --out sim-a;  "
-               "optirack simulate --gpus 4096 --jobs 2000 --seed 7 --out sim-4096;  "
-               "optirack simulate --gpus 32 --gpus-per-switch 8 --trace traces/sample.csv --out sim-trace")
+        epilog="Examples: " + ";  ".join(EXAMPLES) + ". Rack files and traces are found by name from any "
+               "directory: --rack paper-testbed, --trace sample.csv.")
     rack = p.add_argument_group("rack (one of)")
-    rack.add_argument("--rack", help="a rack file (default with --case: topologies/paper-testbed.yaml)")
+    rack.add_argument("--rack", help="a rack file, or a bundled one by name, e.g. paper-testbed (default with --case: "
+                      f"{PAPER_RACK})")
     rack.add_argument("--gpus", type=int, help="generate a rack of this many GPUs")
     rack.add_argument(
         "--gpus-per-switch", type=int, default=32, help="generated: GPUs per aggregator switch (%(default)s)"
@@ -74,7 +109,7 @@ def add_parser(sub) -> None:
     work.add_argument(
         "--trace",
         help="a trace file: CSV (arrival_s,gpus,model and iterations or duration_s; optional gpu_type), or a "
-        "public trace (see --trace-format)",
+        "public trace (see --trace-format); a bundled one by name, e.g. sample.csv",
     )
     work.add_argument(
         "--trace-format",
@@ -118,7 +153,8 @@ def add_parser(sub) -> None:
         help="synthetic jobs: offered load, in GPU-seconds over the cluster's (%(default)s)",
     )
     work.add_argument(
-        "--iterations", type=int, default=60, help="--case: iterations of the job of concern (%(default)s)"
+        "--iterations", type=int,
+        help="--case: iterations of the job of concern (default: as the demo ran them, the compared record's)"
     )
     pol = p.add_argument_group("policies and models")
     pol.add_argument(
@@ -171,17 +207,19 @@ def add_parser(sub) -> None:
         "--net",
         choices=["rack", "emulation"],
         help="rack: a real rack's protocol efficiency and step latency (assumed), max-min sharing; "
-        "emulation: calibrated to this project's emulated rack, held sharing (default: emulation "
-        "with --case, rack otherwise)",
+        "emulation: calibrated to this project's emulated rack from a demo record (--calibration), with the "
+        "sharing of that record's fabric: max-min on the lossless fabric (the default), held on droptail "
+        "(default: emulation with --case, rack otherwise)",
     )
     pol.add_argument(
         "--sharing",
         choices=list(SHARINGS),
         help="how rings placed on one link share it, overriding --net's: maxmin: the rings transferring "
         "at the moment share it max-min fairly and a computing ring's share goes to the others at "
-        "once (a lossless RoCE/PFC fabric; --net rack's); held: each ring keeps its equal share "
-        "through its compute phases (the emulation's TCP over shallow drop-tail queues, measured "
-        "in make demo's record; --net emulation's). Time shifting only shifts under maxmin",
+        "once (a lossless fabric: RoCE with PFC, and the emulated lossless fabric; --net rack's, and --net "
+        "emulation's on a lossless record); held: each ring keeps its equal share through its compute phases "
+        "(the emulated droptail fabric's TCP over shallow drop-tail queues; --net emulation's on a droptail "
+        "record). Time shifting only shifts under maxmin",
     )
     pol.add_argument(
         "--nvlink-gbps",
@@ -191,13 +229,14 @@ def add_parser(sub) -> None:
         "server skip the NICs, transformers' tensor parallelism runs over it (default 0: every flow through "
         "its NIC, as in the emulation)",
     )
-    pol.add_argument("--efficiency", type=float, help="override the protocol efficiency (0-1]")
-    pol.add_argument("--step-latency-us", type=float, help="override the per-step latency (rack microseconds)")
+    pol.add_argument("--efficiency", type=float,
+                     help="override the protocol efficiency, a fraction of line rate in (0, 1], e.g. 0.9")
+    pol.add_argument("--step-latency-us", type=float,
+                     help="override the per-step latency (rack microseconds, 0 or more)")
     pol.add_argument(
         "--calibration",
-        type=Path,
-        default=DEMO_RECORD,
-        help="--net emulation: the demo's record to calibrate from (%(default)s; provisional figures if absent)",
+        help="--net emulation: the make demo record to calibrate from and, with --case, compare with (a file, or a "
+        "record's name under results/records/; default: the newest committed whole record of the rack's fabric)",
     )
     pol.add_argument(
         "--step-model",
@@ -238,6 +277,21 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
+# Each number flag of the failure model with its unit and the values it takes: refused in the unit it is given in
+# (simulator.failures.Failures.check would name the seconds it converts the hours to).
+FAILURE_FLAGS = (("server_mtbf_h", "hours", False), ("repair_h", "hours", True), ("swap_s", "seconds", True),
+                 ("restart_s", "seconds", True), ("checkpoint_s", "seconds", False))
+
+
+def check_failure_flags(args) -> None:
+    """A ValueError naming the flag, its unit and what it must be, for a failure setting out of range."""
+    for name, unit, zero in FAILURE_FLAGS:
+        value = getattr(args, name)
+        if not (0 <= value if zero else 0 < value) or value == float("inf") or value != value:
+            flag = "--" + name.replace("_", "-")
+            raise ValueError(f"{flag} is in {unit} and must be {'0 or more' if zero else 'positive'}, not {value:g}")
+
+
 def _rack(args):
     if args.rack and args.gpus:
         raise ValueError("give --rack or --gpus, not both")
@@ -259,10 +313,10 @@ def _rack(args):
             )
         )
     if args.rack:
-        return racks.load(args.rack)
+        return racks.load(str(bundled.rack(args.rack)))
     if not args.case:
         raise ValueError("give a rack: --rack FILE, or --gpus N for a generated one")
-    return racks.load(str(_in_checkout(Path("topologies/paper-testbed.yaml"))))
+    return racks.load(str(bundled.rack(PAPER_RACK)))
 
 
 def _typical_iteration(rack, model: str) -> float:
@@ -273,11 +327,15 @@ def _typical_iteration(rack, model: str) -> float:
     return compute_seconds(model, common) + 2 * 7 / 8 * WORKLOADS[model].gradient_bytes / nic
 
 
-def _workload(args, rack):
+def _workload(args, rack, demo: dict | None = None):
     given = [x for x in (args.case, args.trace, args.jobs) if x is not None]
     if len(given) != 1:
         raise ValueError("give one workload: --case a|b, --trace FILE or --jobs N")
+    if args.iterations is not None and not args.case:
+        raise ValueError("--iterations is for --case (a trace's jobs and synthetic jobs carry their own)")
     if args.case:
+        if args.iterations is None:  # as the demo runs the case: its record's iterations (12 in every record)
+            args.iterations = int(((demo or {}).get("settings") or {}).get("iterations") or 12)
         if not 1 <= args.iterations <= workloads.MAX_ITERATIONS:
             raise ValueError(
                 f"--iterations must be between 1 and {workloads.MAX_ITERATIONS:,}, not {args.iterations:,}"
@@ -301,7 +359,7 @@ def _workload(args, rack):
             models.check(args.trace_model)
         except ValueError as e:
             raise ValueError(f"--trace-model: {e}") from None
-        imported = traces.load(args.trace, args.trace_format, args.trace_model)
+        imported = traces.load(bundled.trace(args.trace), args.trace_format, args.trace_model)
         fitted = workloads.fit(imported.jobs, len(rack.gpus), {g.model for g in rack.gpus.values()}, args.strict)
         jobs = fitted.jobs
         left = dict(imported.left_out)
@@ -338,11 +396,18 @@ def _workload(args, rack):
     }
 
 
-def _net(args, rack):
+def _net(args, rack, demo: dict | None = None, demo_path: Path | None = None):
     mode = args.net or ("emulation" if args.case else "rack")
+    if args.efficiency is not None and not 0 < args.efficiency <= 1:
+        raise ValueError(f"--efficiency is a fraction of the line rate in (0, 1], e.g. 0.9, not {args.efficiency:g}")
+    if args.step_latency_us is not None and not 0 <= args.step_latency_us < float("inf"):
+        raise ValueError(f"--step-latency-us is in rack microseconds, 0 or more, not {args.step_latency_us:g}")
     if mode == "emulation":
-        cal = calibration.from_record(calibration.load_record(_in_checkout(args.calibration)))
-        net, source = cal.net(rack), cal.source
+        if demo is None:
+            raise ValueError(f"--net emulation needs a make demo record of the {rack.spec.emulation.fabric} fabric "
+                             f"under {bundled.RECORDS}/ (none found), or --calibration FILE")
+        cal = calibration.from_record(demo)
+        net, source = cal.net(rack), f"{cal.source}; record {demo_path.stem if demo_path else '?'}"
     else:
         net, source = calibration.RACK, "assumed for a real rack"
     if args.efficiency is not None or args.step_latency_us is not None:
@@ -369,7 +434,20 @@ def _net(args, rack):
     }
 
 
-def _against_emulation(args, record: dict) -> str:
+def _checked_by(demo: dict, path: Path | None) -> str:
+    """What checks the simulator against this record (tests/unit/test_sim_fidelity.py), in a few words."""
+    from simulator import fidelity, modelhash
+
+    if path is not None and path.name == records.DROPTAIL.name:
+        return (f"the record the held sharing was chosen on; the fidelity test checks each point within "
+                f"{100 * fidelity.TOLERANCE:g} %, not out of sample")
+    if demo.get("model_hash") == modelhash.model_hash():
+        return (f"made with the simulator's current model; the fidelity test checks each point within "
+                f"{100 * fidelity.RECORD_TOLERANCE:g} %")
+    return "made with an earlier model of the simulator: no test checks the current model against it"
+
+
+def _against_emulation(args, record: dict, demo: dict | None, demo_path: Path | None) -> str:
     """The job of concern per policy, and the demo's emulated figures beside the simulated ones when recorded."""
     from simulator import fidelity
 
@@ -377,13 +455,14 @@ def _against_emulation(args, record: dict) -> str:
     for name, p in record["policies"].items():
         job = p["jobs"][0]
         lines.append(f"| {name} | {job['switches']} | {job['mean_iteration_s']:.3f} s | {job['jct_s']:.1f} s |")
-    demo = calibration.load_record(_in_checkout(args.calibration))
     if demo is None:
-        lines += ["", f"({args.calibration} is absent: run `make demo` to compare with the emulation.)"]
+        lines += ["", "(no make demo record to compare with: run `make demo`.)"]
     else:
         rows, cal = fidelity.compare(demo, args.case, args.sharing)  # --sharing: a what-if against the emulation
         record["fidelity"] = [vars(r) | {"error": r.error} for r in rows]
-        lines += ["", fidelity.table(rows, cal)]
+        record["fidelity_record"] = demo_path.stem if demo_path else None
+        lines += ["", f"Record `{demo_path.stem if demo_path else '?'}` ({demo.get('fabric') or 'droptail'} "
+                  f"fabric): {_checked_by(demo, demo_path)}.", fidelity.table(rows, cal)]
     return "\n".join(lines)
 
 
@@ -417,8 +496,10 @@ def main(args) -> int:
     t0 = time.monotonic()
     try:
         rack = _rack(args)
-        jobs, wmeta = _workload(args, rack)
-        net, nmeta = _net(args, rack)
+        uses_record = args.case or args.net == "emulation" or args.calibration is not None
+        demo_path, demo = _calibration(args, rack) if uses_record else (None, None)
+        jobs, wmeta = _workload(args, rack, demo)
+        net, nmeta = _net(args, rack, demo, demo_path)
         table = engine.policies(args.defrag_interval)
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         unknown = [n for n in names if n not in table]
@@ -434,6 +515,7 @@ def main(args) -> int:
         if bad or not recoveries:
             raise ValueError(f"--failures: unknown {', '.join(bad) or '(none given)'} "
                              f"(known: none, {', '.join(failures.RECOVERIES)})")
+        check_failure_flags(args)
         fails = failures.Failures(
             "swap", args.server_mtbf_h * 3600, args.repair_h * 3600, args.swap_s, args.restart_s, args.checkpoint_s,
             args.seed)
@@ -456,6 +538,11 @@ def main(args) -> int:
     except (ValueError, RackError, workloads.TraceError, OSError, RuntimeError) as e:
         print(f"optirack simulate: error: {e}", file=sys.stderr)
         return 2
+    if wmeta.get("left_out"):  # said on the console too, not only in summary.md
+        left = ", ".join(f"{why}: {n}" for why, n in wmeta["left_out"].items())
+        first = f" (first: {wmeta['skipped'][0]})" if wmeta.get("skipped") else ""
+        print(f"optirack simulate: {args.trace}: jobs left out, {left}{first}; --strict refuses such a trace instead",
+              file=sys.stderr)
     options = engine.Options(
         net,
         Limits(),
@@ -498,7 +585,7 @@ def main(args) -> int:
         record["seeds"] = _over_seeds(args, rack, chosen, options, record)
     extra = ""
     if args.case:
-        extra = _against_emulation(args, record)
+        extra = _against_emulation(args, record, demo, demo_path)
     files = report.write(args.out, record, extra, study, args.detail)
     if not args.no_plots:
         from simulator import plots

@@ -35,10 +35,12 @@ def size_class(gpus: int) -> str:
 
 def alone_s(j: JobResult) -> float:
     """The job's run time alone: its iterations at its iteration time alone where it was first
-    placed (no queueing, no dark window, no other traffic); a replayed job's recorded duration."""
+    placed (no queueing, no dark window, no other traffic); a replayed job's recorded duration. A job stopped early
+    (--case's job beside, stopped when the job of concern ends) counts the iterations it did, so that its slowdown,
+    like every job's, is at least 1 (less only by the rounding of a partial iteration)."""
     if j.alone_run_s:
         return j.alone_run_s
-    return j.iterations * j.alone_iteration_s
+    return (j.done if j.stopped else j.iterations) * j.alone_iteration_s
 
 
 def slowdown(j: JobResult) -> float:

@@ -73,12 +73,13 @@ def of_current_model(records: list[Record]) -> list[Record]:
     return [r for r in records if r.full and r.model_hash == now]
 
 
-def load(directory: Path = RECORDS) -> list[Record]:
+def load(directory: Path = RECORDS, tracked_only: bool = True) -> list[Record]:
     """Every committed record in `directory` (in a git work tree, the ones git tracks: a demo's new record counts
     once it is committed, so a `make test` after a `make demo` reads what the repository holds), oldest first; a
-    file that is not one is an error naming it."""
+    file that is not one is an error naming it. `tracked_only=False`: every file, git or not (the copy `pip install`
+    makes, which may lie untracked inside some work tree)."""
     out = []
-    tracked = committed(directory) if directory.is_dir() else None
+    tracked = committed(directory) if directory.is_dir() and tracked_only else None
     for path in sorted(directory.glob("*.json")):
         if tracked is not None and path.name not in tracked:
             continue

@@ -66,6 +66,11 @@ def _pct(x: float) -> str:
     return "-" if x != x else f"{x:+.1f} %"
 
 
+def _share(x: float, digits: int) -> str:
+    """A share in percent; '-' where it is not defined (no steady window: every job arrived at once, as in --case)."""
+    return "-" if x != x else f"{100 * x:.{digits}f} %"
+
+
 def _x(x: float) -> str:
     return "-" if x != x else f"{x:.2f}"
 
@@ -89,8 +94,8 @@ def field_table(record: dict) -> str:
             f"| {name} | {_s(j['mean'])} / {_s(j['p50'])} / {_s(j['p95'])} / {_s(j['p99'])} "
             f"| {_x(sl['mean'])} / {_x(sl['p50'])} / {_x(sl['p95'])} / {_x(sl['p99'])} "
             f"| {_s(q['mean'])} / {_s(q['p95'])} | {_s(s['makespan_s'])} "
-            f"| {100 * st['held']:.1f} % / {100 * st['computing']:.1f} % "
-            f"| {100 * f.get('mean_reachable', float('nan')):.0f} % | {vs} |"
+            f"| {_share(st['held'], 1)} / {_share(st['computing'], 1)} "
+            f"| {_share(f.get('mean_reachable', float('nan')), 0)} | {vs} |"
         )
     return "\n".join(rows)
 

@@ -126,6 +126,9 @@ def grid(args) -> list[Task]:
         raise ValueError(f"--failures: unknown {', '.join(bad)} (known: none, {', '.join(failure.RECOVERIES)})")
     shape = dict(server_mtbf_h=args.server_mtbf_h, repair_h=args.repair_h, swap_s=args.swap_s,
                  restart_s=args.restart_s, checkpoint_s=args.checkpoint_s)
+    from simulator.cli import check_failure_flags
+
+    check_failure_flags(args)  # in the unit each flag is given in
     failure.Failures("swap", args.server_mtbf_h * 3600, args.repair_h * 3600, args.swap_s, args.restart_s,
                       args.checkpoint_s).check()  # refuse a bad setting, naming its flag
     if args.seeds < 1:
@@ -270,7 +273,7 @@ def add_parser(sub) -> None:
         "sweep", help="run a study grid of simulations (policies x schedulers x failures x loads x seeds) on Dask",
         description="Simulate every combination of placement policy, scheduler, failure recovery, offered load and "
                     "seed on a generated rack, in parallel on Dask's distributed scheduler (a local cluster, or "
-                    "--scheduler ADDRESS), and write the study table (means, 95 %% intervals over the seeds) and "
+                    "--scheduler ADDRESS), and write the study table (means, 95 % intervals over the seeds) and "
                     "its plots to --out.",
         epilog="Example: optirack sweep --gpus 256 --jobs 300 --policies fixed,regroup --schedulers fifo,backfill "
                "--loads 0.5,0.7,0.9 --seeds 3 --out sweep-256")

@@ -36,7 +36,7 @@ T = TypeVar("T", bound=Hashable)
 LAS_THRESHOLDS: tuple[float, ...] = (3600.0, 36_000.0)
 """GPU-seconds of attained service at which a job drops to the next level (one GPU-hour, ten). Tiresias' evaluation
 uses two levels whose threshold it tunes per trace; these are this project's assumptions, documented in
-docs/simulator.md."""
+docs/simulator.md#schedulers."""
 
 
 class Outcome(enum.Enum):

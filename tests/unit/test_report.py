@@ -117,10 +117,14 @@ def test_the_headline_shows_the_current_model_s_records_once_there_are_any(tmp_p
 
     old = json.loads(records.LOSSLESS_FIRST.read_text())
     (tmp_path / "20260101T000000Z-abcdef0.json").write_text(json.dumps(old))
-    assert report.headline(records.load(tmp_path)).count("\n| `20260101T000000Z-abcdef0`") == 2
+    assert report.headline(records.load(tmp_path)).count("\n| 1 (lossless): `20260101T000000Z-abcdef0`") == 2
     (tmp_path / "20270101T000000Z-1234567.json").write_text(json.dumps({**old, "model_hash": modelhash.model_hash()}))
     table = report.headline(records.load(tmp_path))
-    assert table.count("\n| `20270101T000000Z-1234567`") == 2 and "20260101T000000Z-abcdef0" not in table
+    assert table.count("\n| 1 (lossless): `20270101T000000Z-1234567`") == 2 and "20260101T000000Z-abcdef0" not in table
+    # one row per case however many records: a second record of the current model widens the ranges, adds no row
+    (tmp_path / "20270102T000000Z-1234567.json").write_text(json.dumps({**old, "model_hash": modelhash.model_hash()}))
+    table = report.headline(records.load(tmp_path))
+    assert table.count("\n| 2 (lossless): `20270101T000000Z-1234567` … `20270102T000000Z-1234567`") == 2
     assert "20260101T000000Z-abcdef0" in report.cases(records.load(tmp_path))  # still listed with every record
 
 

@@ -218,6 +218,11 @@ def test_simulate_records_the_sharing_of_its_net_and_the_option_overrides_it(tmp
         "emulation": ["--net", "emulation"],
         "rack-held": ["--sharing", "held"],
         "emulation-maxmin": ["--net", "emulation", "--sharing", "maxmin"],
+        # --net emulation takes the sharing of its record's fabric: the newest lossless record (max-min) by default,
+        # held on the droptail record
+        "emulation-droptail": ["--net", "emulation", "--calibration", "20261123T132449Z-8c2fd57"],
+        "emulation-droptail-maxmin": ["--net", "emulation", "--calibration", "20261123T132449Z-8c2fd57",
+                                      "--sharing", "maxmin"],
     }.items():
         out = tmp_path / name
         assert (
@@ -246,7 +251,8 @@ def test_simulate_records_the_sharing_of_its_net_and_the_option_overrides_it(tmp
         net = json.loads((out / "results.json").read_text())["net"]
         got[name] = net["sharing"]
         assert ("held shares" if net["sharing"] == "held" else "max-min sharing") in net["description"]
-    assert got == {"rack": "maxmin", "emulation": "held", "rack-held": "held", "emulation-maxmin": "maxmin"}
+    assert got == {"rack": "maxmin", "emulation": "maxmin", "rack-held": "held", "emulation-maxmin": "maxmin",
+                   "emulation-droptail": "held", "emulation-droptail-maxmin": "maxmin"}
 
 
 def test_the_progress_bar_draws_on_a_terminal_and_keeps_quiet_elsewhere():

@@ -87,7 +87,8 @@ def _args(tmp_path, *more):
     ("--seeds", "0", "--seeds must be at least 1"),
     ("--gpus", "20", "--gpus 20 is not a multiple"),
     ("--failures", "none,meteor", "--failures: unknown meteor"),
-    ("--swap-s", "-1", "--swap-s must be 0 or more"),
+    ("--swap-s", "-1", "--swap-s is in seconds and must be 0 or more, not -1"),
+    ("--server-mtbf-h", "-1", "--server-mtbf-h is in hours and must be positive, not -1"),
 ])
 def test_bad_settings_exit_2_naming_what_is_wrong_and_write_nothing(tmp_path, capsys, flag, value, message):
     out = tmp_path / "nothing"
