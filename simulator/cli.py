@@ -18,7 +18,7 @@ from controller import bundled
 from controller.core import admission
 from controller.core.rack import RackError
 from profiles import WORKLOADS, compute_seconds
-from simulator import calibration, engine, failures, models, racks, records, report, traces, workloads
+from simulator import calibration, engine, failures, models, neighbours, racks, records, report, traces, workloads
 from simulator.interference import Limits
 from simulator.network import GBPS, SHARINGS
 from simulator.study import run_all
@@ -161,7 +161,8 @@ def add_parser(sub) -> None:
         "--policies",
         default="fixed,regroup,defrag,timeshift",
         help="which to compare (%(default)s); baselines: ideal (a non-blocking electrical fabric, the upper "
-        "bound), static (the static oversubscribed electrical fabric: the cabling never changes, as fixed)",
+        "bound), static (the static oversubscribed electrical fabric: the cabling never changes, as fixed); the "
+        "neighbours (docs/neighbour-*.md): oddl, panama, switchml, topoopt, sipml",
     )
     pol.add_argument(
         "--schedulers",
@@ -256,6 +257,7 @@ def add_parser(sub) -> None:
         default=10.0,
         help="controller time per reconfiguration besides switching (%(default)s; make bench measures it)",
     )
+    neighbours.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument(
         "--out", type=Path, required=True, help="folder for summary.md, results.json, jobs.csv (see --detail) and plots"
@@ -520,6 +522,7 @@ def main(args) -> int:
             "swap", args.server_mtbf_h * 3600, args.repair_h * 3600, args.swap_s, args.restart_s, args.checkpoint_s,
             args.seed)
         fails.check()
+        nparams = neighbours.from_args(args)
         if recoveries != ["none"] and (args.case or args.durations == "replayed"):
             raise ValueError("--failures: not modelled with --case or --durations replayed (jobs off the network)")
         chosen = [engine.with_recovery(engine.with_scheduler(table[n], s), f)
@@ -552,6 +555,7 @@ def main(args) -> int:
         args.nvlink_gbps,
         args.durations,
         fails if recoveries != ["none"] else None,
+        nparams,
     )
     study = run_all(rack, jobs, chosen, options, quiet=args.quiet, workers=args.workers or None)
     meta = {
@@ -578,6 +582,7 @@ def main(args) -> int:
             "baseline": args.baseline,
             "nvlink_gbps": args.nvlink_gbps,
             "seeds": args.seeds,
+            "neighbours": vars(nparams),
         },
     }
     record = report.build(study, meta, args.baseline)

@@ -1,0 +1,111 @@
+"""The neighbours' mechanisms (simulator/neighbours.py) on small cases worked by hand: ODDL's 2-D WSS grid and a
+4-node ring step's circuit set-up, an aggregation tree's streams per link (PANAMA at every switch, SwitchML-like at
+the root only), and what each does to an iteration in the engine."""
+from __future__ import annotations
+
+import pytest
+
+from profiles import WORKLOADS, compute_seconds
+from simulator import neighbours
+from simulator.engine import Options, Run, policies
+from simulator.network import GBPS
+from simulator.racks import RackOptions, generate
+from simulator.workloads import JobSpec
+
+EFF, LAT = Options().net.efficiency, Options().net.step_latency_s
+
+
+DEFAULT = neighbours.Params()
+
+
+def one(rack, policy, job, params=DEFAULT):
+    out = Run(rack, [job], policies(300.0)[policy], Options(neighbours=params)).run()
+    return out.jobs[0]
+
+
+def test_oddl_grid_sizes_as_the_paper():
+    assert neighbours.oddl_wss(1024) == (64, 32)  # 64 WSSs of 32 ports
+    assert neighbours.oddl_wss(4096) == (128, 64)  # 128 of 64
+    assert neighbours.oddl_side(4) == 2 and neighbours.oddl_side(5) == 3
+
+
+def test_oddl_hops_on_a_2x2_grid():
+    # nodes 0 (0,0), 1 (0,1), 2 (1,0), 3 (1,1)
+    assert neighbours.oddl_hops(0, 1, 2) == 1  # same row
+    assert neighbours.oddl_hops(0, 2, 2) == 1  # same column
+    assert neighbours.oddl_hops(1, 2, 2) == 2  # neither: relayed
+    assert neighbours.oddl_hops(3, 0, 2) == 2
+
+
+def test_oddl_four_node_ring_step():
+    """Ring 0->1->2->3->0 on 2x2: flows 1->2 and 3->0 need two circuits, so a step waits 2 x (switch + control)."""
+    p = neighbours.Params(oddl_switch_s=10.5e-9, oddl_control_s=1e-6)
+    assert neighbours.oddl_step_setup_s([0, 1, 2, 3], 2, p) == pytest.approx(2 * 1.0105e-6)
+    assert neighbours.oddl_step_setup_s([0, 1, 3, 2], 2, p) == pytest.approx(1.0105e-6)  # around the square
+
+
+def test_oddl_iteration_in_the_engine():
+    """4 GPUs, ResNet50, 10 iterations: each of the 6 steps moves S/4 at the NIC's rate and sets up its circuits
+    (2 hops: rank order g1..g4 is 0,1,2,3); the one-tier electrical switch (ideal) has no set-up."""
+    rack = generate(RackOptions(4, gpus_per_switch=4, gpus_per_server=1, oversubscription=1,
+                                models=(("V100", 1.0),), spare=1.0))
+    p = neighbours.Params(oddl_switch_s=1e-3, oddl_control_s=0.0)  # ms switching, to see it
+    job = JobSpec("a", 0.0, 4, "resnet50", 10)
+    s = WORKLOADS["resnet50"].gradient_bytes
+    step = s / 4 / (100 * GBPS * EFF) + LAT
+    compute = compute_seconds("resnet50", "V100")
+    electrical = one(rack, "ideal", job)
+    oddl = one(rack, "oddl", job, p)
+    assert oddl.placement == ("g1", "g2", "g3", "g4")
+    assert electrical.end_s - electrical.start_s == pytest.approx(10 * (compute + 6 * step))
+    assert oddl.end_s - oddl.start_s == pytest.approx(10 * (compute + 6 * (step + 2e-3)))
+
+
+def _route(a, b):
+    """Two-tier: switch x's uplink is 'x^', its downlink from the core 'x_'."""
+    return (f"{a}^", f"{b}_")
+
+
+def test_aggregation_tree_streams_per_link():
+    """Three switches a (root), b, c. At every switch (PANAMA): each link of the tree one stream. At the root only
+    (SwitchML-like): b's and c's streams both cross the core's link down to a, and both results come back up."""
+    assert neighbours.tree_links(["a", "b", "c"], _route, root_only=False) == {
+        "b^": 1, "a_": 1, "a^": 1, "b_": 1, "c^": 1, "c_": 1}
+    assert neighbours.tree_links(["a", "b", "c"], _route, root_only=True) == {
+        "b^": 1, "a_": 2, "a^": 2, "b_": 1, "c^": 1, "c_": 1}
+    assert neighbours.tree_links(["a"], _route, root_only=True) == {}
+
+
+def test_aggregation_halves_the_bytes_and_the_root_link_limits_a_single_tree():
+    """12 GPUs on 3 switches, uplinks at one NIC's rate. Ring: 22 steps of S/12 at the NIC rate (one flow per
+    uplink). PANAMA: each GPU sends S once (one step, one stream per link). SwitchML-like: the root's core link
+    carries 2 streams, so S at half an uplink's rate."""
+    rack = generate(RackOptions(12, gpus_per_switch=4, gpus_per_server=1, oversubscription=4,
+                                models=(("V100", 1.0),), spare=1.0))
+    job = JobSpec("a", 0.0, 12, "resnet50", 10, names=tuple(rack.gpus))
+    s, rate = WORKLOADS["resnet50"].gradient_bytes, 100 * GBPS * EFF
+    compute = compute_seconds("resnet50", "V100")
+    ring, panama, single = (one(rack, p, job) for p in ("regroup", "panama", "switchml"))
+    assert ring.switches == panama.switches == single.switches == 3
+    assert ring.end_s - ring.start_s == pytest.approx(10 * (compute + 22 * (s / 12 / rate + LAT)))
+    assert panama.end_s - panama.start_s == pytest.approx(10 * (compute + s / rate + LAT))
+    assert single.end_s - single.start_s == pytest.approx(10 * (compute + s / (rate / 2) + LAT))
+
+
+def test_topoopt_and_sipml_rates():
+    rack = generate(RackOptions(4, gpus_per_switch=4, gpus_per_server=1, oversubscription=1,
+                                models=(("V100", 1.0),), spare=1.0))
+    job = JobSpec("a", 0.0, 4, "resnet50", 10)
+    s, compute = WORKLOADS["resnet50"].gradient_bytes, compute_seconds("resnet50", "V100")
+    p = neighbours.Params(topoopt_degree=4, sipml_gbps=1000.0, sipml_setup_s=1e-4)
+    topo = one(rack, "topoopt", job, p)
+    assert topo.end_s - topo.start_s == pytest.approx(10 * (compute + 6 * (s / 4 / (400 * GBPS * EFF) + LAT)))
+    sip = one(rack, "sipml", job, p)
+    assert sip.end_s - sip.start_s == pytest.approx(10 * (compute + 6 * (s / 4 / (1000 * GBPS * EFF) + LAT + 1e-4)))
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(ValueError, match="topoopt degree"):
+        neighbours.Params(topoopt_degree=0).check()
+    with pytest.raises(ValueError, match="oddl_switch_s"):
+        neighbours.Params(oddl_switch_s=-1.0).check()
