@@ -502,7 +502,7 @@ def main(args) -> int:
         demo_path, demo = _calibration(args, rack) if uses_record else (None, None)
         jobs, wmeta = _workload(args, rack, demo)
         net, nmeta = _net(args, rack, demo, demo_path)
-        table = engine.policies(args.defrag_interval)
+        table = {**engine.policies(args.defrag_interval), **neighbours.policies(neighbours.from_args(args))}
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         unknown = [n for n in names if n not in table]
         if unknown or not names:
@@ -522,7 +522,6 @@ def main(args) -> int:
             "swap", args.server_mtbf_h * 3600, args.repair_h * 3600, args.swap_s, args.restart_s, args.checkpoint_s,
             args.seed)
         fails.check()
-        nparams = neighbours.from_args(args)
         if recoveries != ["none"] and (args.case or args.durations == "replayed"):
             raise ValueError("--failures: not modelled with --case or --durations replayed (jobs off the network)")
         chosen = [engine.with_recovery(engine.with_scheduler(table[n], s), f)
@@ -555,7 +554,6 @@ def main(args) -> int:
         args.nvlink_gbps,
         args.durations,
         fails if recoveries != ["none"] else None,
-        nparams,
     )
     study = run_all(rack, jobs, chosen, options, quiet=args.quiet, workers=args.workers or None)
     meta = {
@@ -582,7 +580,7 @@ def main(args) -> int:
             "baseline": args.baseline,
             "nvlink_gbps": args.nvlink_gbps,
             "seeds": args.seeds,
-            "neighbours": vars(nparams),
+            "neighbours": vars(neighbours.from_args(args)),
         },
     }
     record = report.build(study, meta, args.baseline)

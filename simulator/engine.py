@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from controller.core import admission
 from controller.core.circuits import CircuitDiff
 from controller.core.rack import Rack
-from simulator import models, neighbours
+from simulator import models
 from simulator.adapter import Placer, Unplaceable
 from simulator.detail import RingState
 from simulator.failures import RECOVERIES, FailureClock, Failures, checkpointed
@@ -40,8 +40,6 @@ class Policy:
     ideal: bool = False  # a non-blocking electrical fabric: only the NICs limit a ring (the upper bound)
     scheduler: str = "fifo"  # the admission policy of controller.core.admission
     recovery: str = ""  # with failures (Options.failures): swap | checkpoint | scratch; "" none
-    fabric: str = ""  # a neighbour's fabric instead of the rack's (simulator/neighbours.py): oddl | topoopt | sipml
-    collective: str = "ring"  # ring | ina (PANAMA) | ina-single (SwitchML-like)
 
 
 def with_scheduler(policy: Policy, scheduler: str) -> Policy:
@@ -80,12 +78,6 @@ def policies(defrag_s: float) -> dict[str, Policy]:
         Policy("timeshift", "regroup", timeshift=True, label="regroup + time shifting of rings that share"),
         Policy("ideal", "fixed", label="ideal non-blocking fabric (upper bound)", ideal=True),
         Policy("static", "fixed", label="static oversubscribed fabric (no OCS; as fixed)"),
-        Policy("oddl", "fixed", label="ODDL: all-optical 2-D WSS, a circuit per flow", fabric="oddl"),
-        Policy("panama", "regroup", label="regroup + in-network aggregation (PANAMA)", collective="ina"),
-        Policy("switchml", "regroup", label="regroup + single-tree aggregation (SwitchML-like)",
-               collective="ina-single"),
-        Policy("topoopt", "fixed", label="TopoOpt-like: per-job topology, parallel rings", fabric="topoopt"),
-        Policy("sipml", "fixed", label="SiP-ML-like: all-optical, Tbit/s per GPU", fabric="sipml"),
     )}
 
 
@@ -99,7 +91,6 @@ class Options:
     nvlink_gbps: float = 0.0  # a server's GPUs as an NVLink domain at this rate per GPU (0: through their NICs)
     durations: str = "derived"  # jobs given by duration: "derived" iterations or "replayed" as is (workloads.py)
     failures: Failures | None = None  # server failures and how jobs recover (simulator/failures.py); None: none
-    neighbours: neighbours.Params = neighbours.Params()  # the neighbours' fabrics and collectives
 
     def coarse(self, rack: Rack) -> bool:
         return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
@@ -226,7 +217,6 @@ class Run:
             if j.stops_with:
                 self.stoppers.setdefault(j.stops_with, []).append(i)
         self.servers = {s.name: [g.name for g in s.gpus] for s in rack.spec.servers}
-        self.node = {g: i for i, g in enumerate(rack.gpus)}  # a GPU's node number on a neighbour's fabric (ODDL)
         self.clock = FailureClock(options.failures, sorted(self.servers)) if options.failures else None
 
     def push(self, t: float, kind: int, key: int = -1, data: object = None) -> None:
@@ -310,8 +300,6 @@ class Run:
             self._fail(t, key, "could not be placed on the rack with no other job on it")
             return admission.Outcome.REFUSED
         ready = self._reconfigure(t, p.diff)
-        if self.policy.fabric == "topoopt" and job.gpus > 1:  # its own topology: one OCS change, set once
-            ready += max(o.bulk_time_ms for o in self.rack.ocs.values()) / 1000 + self.o.control_overhead_s
         r = self.results[key]
         again = key in self.resume
         if not again:
@@ -366,16 +354,8 @@ class Run:
         computes = c.compute_s
         net = ring_net(self.fabric, gpus, self.placer.switch_of(gpus), self.o.nvlink_gbps * GBPS)
         links = {} if self.policy.ideal else net.links  # non-blocking: no link between switches limits it
-        ring = Ring(key, max(computes), statistics.fmean(computes), len(gpus), c.gradient_bytes,
+        return Ring(key, max(computes), statistics.fmean(computes), len(gpus), c.gradient_bytes,
                     net.cap * self.o.net.efficiency, links, self.coarse)
-        pol = self.policy
-        if pol.fabric or pol.collective != "ring":
-            where = self.placer.switch_of(gpus)
-            ring, _ = neighbours.adapt(
-                ring, pol.fabric, pol.collective, self.o.neighbours, net.cap, self.o.net.efficiency,
-                nodes=[self.node[g] for g in gpus], side=neighbours.oddl_side(len(self.node)),
-                switches=list(dict.fromkeys(where[g] for g in gpus)), route=self.fabric.route)
-        return ring
 
     def _shift(self, t: float, ring: Ring) -> tuple[float, float, float]:
         """The delay that interleaves a new ring with the rings it shares links with: those running

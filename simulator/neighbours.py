@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from controller.core.circuits import CircuitDiff
+from simulator.engine import Policy, Run
 from simulator.rings import Ring
 
 FABRICS = {"oddl": "ODDL: 2-D WSS all-optical, a circuit per flow",
@@ -105,23 +107,102 @@ def tree_links(switches: Sequence[str], route, root_only: bool) -> dict[int, int
     return links
 
 
-def adapt(ring: Ring, fabric: str, collective: str, p: Params, nic_bps: float, efficiency: float,
-          nodes: Sequence[int] = (), side: int = 1, switches: Sequence[str] = (), route=None) -> tuple[Ring, float]:
-    """The job's ring as the neighbour runs it, and the set-up time before its first iteration."""
+@dataclass
+class TreeRing(Ring):
+    """A job's all-reduce as another collective: `phase_steps` steps of `phase_bytes` on each of its flows."""
+
+    phase_steps: int = 1
+    phase_bytes: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return self.phase_steps if self.n > 1 else 0
+
+    @property
+    def step_bytes(self) -> float:
+        return self.phase_bytes
+
+
+def adapt(ring: Ring, fabric: str, collective: str, p: Params, efficiency: float, nodes: Sequence[int] = (),
+          side: int = 1, switches: Sequence[str] = (), route=None) -> Ring:
+    """The job's ring as the neighbour runs it."""
     if ring.n < 2:
-        return ring, 0.0
-    if fabric == "oddl":
+        return ring
+    if fabric == "oddl":  # every step's circuits set up before it moves (folded into the compute phase: exact
+        # for a ring alone on its links, as every ODDL ring is; the GPUs are not counted as computing meanwhile)
         setup = oddl_step_setup_s(nodes, side, p)
-        return replace(ring, links={}, compute_s=ring.compute_s + ring.steps * setup), 0.0
+        return replace(ring, links={}, compute_s=ring.compute_s + ring.steps * setup)
     if fabric == "topoopt":
-        return replace(ring, links={}, cap=ring.cap * p.topoopt_degree), 0.0
+        return replace(ring, links={}, cap=ring.cap * p.topoopt_degree)
     if fabric == "sipml":
         cap = p.sipml_gbps * 1e9 / 8 * efficiency
-        return replace(ring, links={}, cap=cap, compute_s=ring.compute_s + ring.steps * p.sipml_setup_s), 0.0
+        return replace(ring, links={}, cap=cap, compute_s=ring.compute_s + ring.steps * p.sipml_setup_s)
     if collective in ("ina", "ina-single"):
         links = tree_links(switches, route, collective == "ina-single")
-        return replace(ring, links=links, phase_steps=1, phase_bytes=ring.gradient_bytes), 0.0
-    return ring, 0.0
+        # one step: each GPU streams its gradient up while the sums stream down (full duplex)
+        return TreeRing(ring.key, ring.compute_s, ring.busy_s, ring.n, ring.gradient_bytes, ring.cap, links,
+                        ring.coarse, phase_steps=1, phase_bytes=ring.gradient_bytes)
+    return ring
+
+
+# --- policies and the run --------------------------------------------------------------------
+@dataclass(frozen=True)
+class NeighbourPolicy(Policy):
+    fabric: str = ""  # oddl | topoopt | sipml ("" the rack's)
+    collective: str = "ring"  # ring | ina | ina-single
+    params: Params = field(default_factory=Params)
+
+
+def policies(p: Params | None = None) -> dict[str, NeighbourPolicy]:
+    """The neighbours as policies of `optirack simulate --policies` (beside engine.policies)."""
+    p = p or Params()
+    return {q.name: q for q in (
+        NeighbourPolicy("oddl", "fixed", label="ODDL: all-optical 2-D WSS, a circuit per flow", fabric="oddl",
+                        params=p),
+        NeighbourPolicy("panama", "regroup", label="regroup + in-network aggregation (PANAMA)", collective="ina",
+                        params=p),
+        NeighbourPolicy("switchml", "regroup", label="regroup + single-tree aggregation (SwitchML-like)",
+                        collective="ina-single", params=p),
+        NeighbourPolicy("topoopt", "fixed", label="TopoOpt-like: per-job topology, parallel rings",
+                        fabric="topoopt", params=p),
+        NeighbourPolicy("sipml", "fixed", label="SiP-ML-like: all-optical, Tbit/s per GPU", fabric="sipml",
+                        params=p),
+    )}
+
+
+class NeighbourRun(Run):
+    """The engine's run with a neighbour's fabric or collective (simulator/engine.py is the model of record
+    for the paper's cases, simulator/modelhash.py: the neighbours live beside it, not in it)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.node = {g: i for i, g in enumerate(self.rack.gpus)}  # a GPU's node on ODDL's grid
+        self.side = oddl_side(len(self.node))
+        self._one_shot = False
+
+    def _attempt(self, t, key):
+        self._one_shot = self.policy.fabric == "topoopt" and self.jobs[key].gpus > 1
+        return super()._attempt(t, key)
+
+    def _reconfigure(self, t: float, diff: CircuitDiff) -> float:
+        ready = super()._reconfigure(t, diff)
+        if self._one_shot:  # TopoOpt-like: the job's own topology, one OCS change when it is placed
+            self._one_shot = False
+            ready += max(o.bulk_time_ms for o in self.rack.ocs.values()) / 1000 + self.o.control_overhead_s
+        return ready
+
+    def _ring(self, key: int) -> Ring:
+        ring = super()._ring(key)
+        pol = self.policy
+        gpus = self.placer.gpus[self.jobs[key].id]
+        where = self.placer.switch_of(gpus)
+        return adapt(ring, pol.fabric, pol.collective, pol.params, self.o.net.efficiency,
+                     nodes=[self.node[g] for g in gpus], side=self.side,
+                     switches=list(dict.fromkeys(where[g] for g in gpus)), route=self.fabric.route)
+
+
+def run_class(policy: Policy) -> type[Run]:
+    return NeighbourRun if isinstance(policy, NeighbourPolicy) else Run
 
 
 # --- the CLI's flags (optirack simulate) --------------------------------------------------------

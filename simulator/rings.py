@@ -22,17 +22,14 @@ class Ring:
     # coarse: the all-reduce is stepped through as one phase of 2(n-1) steps, the ring keeping its
     # share of each link through its per-step latency (fine where the latency is small beside a step)
     coarse: bool = False
-    # another collective (simulator/neighbours.py): this many steps of phase_bytes each (0: the ring's)
-    phase_steps: int = 0
-    phase_bytes: float = 0.0
 
     @property
     def steps(self) -> int:
-        return (self.phase_steps or 2 * (self.n - 1)) if self.n > 1 else 0
+        return 2 * (self.n - 1)
 
     @property
     def step_bytes(self) -> float:
-        return self.phase_bytes if self.phase_steps else self.gradient_bytes / self.n
+        return self.gradient_bytes / self.n
 
 
 def alone_rate(ring: Ring, capacity: list[float]) -> float:
