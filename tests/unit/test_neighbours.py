@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from profiles import WORKLOADS, compute_seconds
-from simulator import neighbours, report, sharing
+from simulator import neighbours, report, sharing, shortflows
 from simulator.engine import Options, policies
 from simulator.network import GBPS
 from simulator.racks import RackOptions, generate
@@ -133,3 +133,19 @@ def test_why_shifting_saves_nothing():
     text = report.timeshift_why(ts)
     assert "1 of 2 were placed before" in text and "fit every link" in text
     assert "held" in report.timeshift_why({**ts, "held": True})
+
+
+def test_short_flow_hops_worked_by_hand():
+    fab = shortflows.Fabric(rtt_s=10e-6, ecn_bytes=30e3, window_bytes=128e3, buffer_bytes=2e6, short_bytes=7e3)
+    rate = 100e9
+    assert shortflows.hop_delay(fab, rate, []) == 0.0
+    assert shortflows.hop_delay(fab, rate, ["fill", "ecn"]) == pytest.approx(2e6 * 8 / rate)  # TCP fills the buffer
+    assert shortflows.hop_delay(fab, rate, ["ecn", "ecn"]) == pytest.approx(30e3 * 8 / rate)  # one threshold
+    assert shortflows.hop_delay(fab, rate, ["window", "window"]) == pytest.approx(256e3 * 8 / rate)
+    # two hops: an idle one, then one with a SwitchML-like stream: 10 us + 128 kB queued + 7 kB at half the rate
+    hops = [(rate, []), (rate, ["window"])]
+    assert shortflows.fct(fab, hops) == pytest.approx(10e-6 + 128e3 * 8 / rate + 7e3 * 8 / (rate / 2))
+    # no aggregation traffic: every short flow takes the round trip and its bytes at the line rate
+    assert shortflows.p99(fab, "ideal", 0.5, samples=200) == pytest.approx(10e-6 + 7e3 * 8 / 100e9)
+    with pytest.raises(ValueError, match="collective"):
+        shortflows.p99(fab, "tree", 0.5)
