@@ -188,7 +188,8 @@ def timeshift_why(ts: dict) -> str:
         why.append(f"for {ts['no_better']} no delay scored better than none (their traffic fills the pauses "
                    "it could move into)")
     if ts.get("shifted"):
-        why.append(f"{ts['shifted']} {'was' if ts['shifted'] == 1 else 'were'} shifted, but the delay of their first iteration cost as much as "
+        were = "was" if ts["shifted"] == 1 else "were"
+        why.append(f"{ts['shifted']} {were} shifted, but the delay of their first iteration cost as much as "
                    "interleaving saved (or later arrivals overlapped them again)")
     return "Shifting saved nothing: " + "; ".join(why) + "."
 

@@ -149,3 +149,17 @@ def test_short_flow_hops_worked_by_hand():
     assert shortflows.p99(fab, "ideal", 0.5, samples=200) == pytest.approx(10e-6 + 7e3 * 8 / 100e9)
     with pytest.raises(ValueError, match="collective"):
         shortflows.p99(fab, "tree", 0.5)
+
+
+def test_report_blocks_read_the_records_and_name_a_missing_one(tmp_path):
+    from scripts import report_neighbours
+    from scripts.report_bench import ReportError
+
+    text = report_neighbours.oddl_table1([])  # the committed record
+    assert "| training time, ODDL | 97.8 min |" in text
+    with pytest.raises(ReportError, match="oddl-table1.json"):
+        report_neighbours.oddl_table1([], results=tmp_path)
+    (tmp_path / "neighbours").mkdir()
+    (tmp_path / "neighbours" / "cassini.json").write_text("{}")
+    with pytest.raises(ReportError, match="no rows"):
+        report_neighbours.cassini([], results=tmp_path)
