@@ -8,6 +8,7 @@ results/neighbours/NAME.json, that scripts/report_neighbours.py turns into the d
     python scripts/neighbours.py panama              # short flows' p99 against aggregation load; collectives
     python scripts/neighbours.py cassini             # the seed's pairs of jobs: unfair sharing, time shifting
     python scripts/neighbours.py headline            # TopoOpt-like and SiP-ML-like against the static fat tree
+    python scripts/neighbours.py lumoscore           # static Clos vs regroup, 4,096 and 16,384 GPUs, LLM-like jobs
 
 Workload runs are `optirack simulate` runs (their commands are in the records), one process each (--workers 1).
 """
@@ -17,6 +18,8 @@ import argparse
 import contextlib
 import io
 import json
+import math
+import random
 import subprocess
 import sys
 import tempfile
@@ -139,8 +142,50 @@ def headline() -> dict:
             "alone_jct_s": alone, "workload": work}
 
 
+LLM_SIZES = {8: .25, 16: .15, 32: .15, 64: .15, 128: .12, 256: .1, 512: .05, 1024: .03}  # assumed: LLM-like
+
+
+def llm_trace(gpus: int, jobs: int, seed: int, load: float = 0.9, model: str = "transformer:7e9") -> list[tuple]:
+    """An LLM-like trace (LumosCore's is not published in what we have): GPUs per job by LLM_SIZES, run times
+    log-uniform in [10 min, 6 h] as iterations of `model` alone (8 A100s of 100 Gbit/s, NVLink 2,400 Gbit/s),
+    Poisson arrivals offering `load` of the rack's GPU-seconds."""
+    from simulator import models
+    from simulator.network import GBPS
+
+    c = models.cost(model, ["A100"] * 8, 8, 2400 * GBPS, 100 * GBPS)
+    iteration = max(c.compute_s) + 2 * 7 / 8 * c.gradient_bytes / (100 * GBPS)
+    rng = random.Random(seed)
+    drawn = [(rng.choices(list(LLM_SIZES), list(LLM_SIZES.values()))[0],
+              math.exp(rng.uniform(math.log(600), math.log(21600)))) for _ in range(jobs)]
+    rate = load * gpus / (sum(g * d for g, d in drawn) / jobs)
+    rows, t = [], 0.0
+    for g, d in drawn:
+        t += rng.expovariate(rate)
+        rows.append((round(t, 1), g, model, max(1, round(d / iteration))))
+    return rows
+
+
+def lumoscore() -> dict:
+    runs = {}
+    for gpus, jobs in ((4096, 600), (16384, 1500)):
+        for fabric, extra in (("16:1", ()), ("32:1", CONTENDED)):
+            trace = _trace(llm_trace(gpus, jobs, seed=7))
+            try:
+                run = simulate(["--gpus", str(gpus), "--trace", str(trace), "--models", "A100", "--nvlink-gbps",
+                                "2400", *extra, "--policies", "static,regroup", "--baseline", "static"])
+            finally:
+                trace.unlink()
+            run["command"] = run["command"].replace(str(trace), f"TRACE (llm_trace({gpus}, {jobs}, seed=7))")
+            runs[f"{gpus} {fabric}"] = run
+    return {"paper": {"jct_mean_change": -34.1, "gpus": 16384,
+                      "source": "LumosCore (Han et al., arXiv 2411.01503): mean JCT against a static Clos, "
+                                "16k-GPU simulation (from the issue and the abstract; not in shared/papers)"},
+            "sizes": LLM_SIZES, "runs": runs}
+
+
 EXPERIMENTS = {"oddl-table1": oddl_table1, "oddl-scale": oddl_scale, "oddl-delay": oddl_delay, "panama": panama,
-               "cassini": cassini, "headline": headline}
+               "cassini": cassini, "headline": headline,
+               "lumoscore": lumoscore}
 
 
 def main(argv: list[str] | None = None) -> int:
