@@ -188,3 +188,25 @@ BLOCKS: dict[str, Callable[[list], str]] = {
     "nb-panama-shortflows": panama_shortflows, "nb-panama-workload": panama_workload, "nb-cassini": cassini,
     "nb-headline": headline, "nb-4096": all_4096,
 }
+
+
+# --- LumosCore ----------------------------------------------------------------------------------
+def lumoscore(_records: list, results: Path = RESULTS) -> str:
+    rec = _load("lumoscore", results)
+    where = "results/neighbours/lumoscore.json"
+    rows = []
+    for key, run in sorted(_get(rec, "runs", where=where).items(), key=lambda kv: (int(kv[0].split()[0]), kv[0])):
+        gpus, fabric = key.split()
+        p = run["policies"]
+        jobs = run["workload"].split(";")[0].rsplit(", ", 1)[-1]
+        rows.append([f"{int(gpus):,}", fabric, f"LLM-like, {jobs}", _s(p["static"]["jct_s"]["mean"]),
+                     _s(p["regroup"]["jct_s"]["mean"]), _pct(p["regroup"]["jct_vs_baseline"]),
+                     f"{p['static']['shared_jobs']} / {p['regroup']['shared_jobs']}"])
+    paper = rec["paper"]
+    return (_rows(["GPUs", "uplinks (GPUs' NICs : uplink)", "trace", "static Clos: JCT mean", "regroup: JCT mean",
+                   "regroup vs static", "jobs sharing a link: static / regroup"], rows)
+            + f"\n\nThe paper: {_pct(paper['jct_mean_change'])} at {paper['gpus']:,} GPUs ({paper['source']}). "
+              f"Made by {_made(rec)}; e.g. `{next(iter(rec['runs'].values()))['command']}`.")
+
+
+BLOCKS["nb-lumoscore"] = lumoscore
