@@ -18,7 +18,19 @@ from controller import bundled
 from controller.core import admission
 from controller.core.rack import RackError
 from profiles import WORKLOADS, compute_seconds
-from simulator import calibration, engine, failures, models, neighbours, racks, records, report, traces, workloads
+from simulator import (
+    calibration,
+    engine,
+    failures,
+    lingjun,
+    models,
+    neighbours,
+    racks,
+    records,
+    report,
+    traces,
+    workloads,
+)
 from simulator.interference import Limits
 from simulator.network import GBPS, SHARINGS
 from simulator.study import run_all
@@ -117,7 +129,8 @@ def add_parser(sub) -> None:
         default="auto",
         help="philly: msr-fiddle/philly-traces' cluster_job_log (JSON); helios: HeliosData's or Acme's "
         "cluster_log.csv; pai: Alibaba PAI 2020's pai_task_table.csv (pai_job_table.csv beside it gives "
-        "submit times); auto: by the file's name and first line (%(default)s)",
+        "submit times); lingjun: Alibaba's Lingjun 2023 folder (job.csv, worker.csv, topo.csv: its rack too, and "
+        "each job on the GPUs it ran on); auto: by the file's name and first line (%(default)s)",
     )
     work.add_argument(
         "--trace-model",
@@ -297,6 +310,9 @@ def check_failure_flags(args) -> None:
 def _rack(args):
     if args.rack and args.gpus:
         raise ValueError("give --rack or --gpus, not both")
+    if args.trace and not args.rack and args.gpus is None and (args.trace_format == "lingjun" or (
+            args.trace_format == "auto" and traces.detect(Path(args.trace)) == "lingjun")):  # its rack: its topo.csv
+        return lingjun.rack(args.trace, args.nic_gbps, args.oversubscription)
     if args.gpus is not None:
         if args.ocs_ports < 0 or args.ocs_ports == 1:
             raise ValueError(f"--ocs-ports must be at least 2, not {args.ocs_ports}")
@@ -502,6 +518,11 @@ def main(args) -> int:
         demo_path, demo = _calibration(args, rack) if uses_record else (None, None)
         jobs, wmeta = _workload(args, rack, demo)
         net, nmeta = _net(args, rack, demo, demo_path)
+        if wmeta.get("format") == "lingjun":  # recorded run times as iterations where each job ran
+            jobs = lingjun.with_iterations(jobs, rack, net, args.nvlink_gbps)
+            kept = [part for part in wmeta["description"].split("; ") if " jobs by duration: " not in part]
+            wmeta["description"] = "; ".join(kept) + "; run times as iterations alone on the recorded GPUs (fixed " \
+                "replays them)"
         table = {**engine.policies(args.defrag_interval), **neighbours.policies(neighbours.from_args(args))}
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
         unknown = [n for n in names if n not in table]

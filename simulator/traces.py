@@ -17,6 +17,9 @@ Formats (the column names are those the trace projects publish):
   GPUs the sum over tasks of inst_num x plan_gpu / 100 with each instance's fraction of a GPU
   rounded up to a whole GPU, its GPU type its tasks' (V100M32 read as V100; MISC as any).
 
+- lingjun: alibaba/alibaba-lingjun-dataset-2023, a folder of job.csv, worker.csv and topo.csv; its jobs name the
+  GPUs they ran on, on the rack simulator/lingjun.py builds from topo.csv (its docstring).
+
 Arrivals are made relative to the trace's first. A trace gives no model: every job runs `model`.
 """
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 from profiles import GPU_MODELS
 from simulator.workloads import JobSpec, TraceError, check_duration, read_text
 
-FORMATS = ("csv", "philly", "helios", "pai")
+FORMATS = ("csv", "philly", "helios", "pai", "lingjun")
 PAI_TASK = ("job_name", "task_name", "inst_num", "status", "start_time", "end_time", "plan_cpu", "plan_mem",
             "plan_gpu", "gpu_type")
 PAI_JOB = ("job_name", "inst_id", "user", "status", "start_time", "end_time")
@@ -51,6 +54,8 @@ class Imported:
 def detect(path: Path) -> str:
     """The format of a trace file by its name and first bytes."""
     name = path.name.lower()
+    if path.is_dir():
+        return "lingjun"  # a folder: the Lingjun trace's tables (simulator/lingjun.py)
     if name.endswith(".json") or name == "cluster_job_log":
         return "philly"
     if name.startswith("pai_task_table"):
@@ -227,4 +232,8 @@ def load(path: str | Path, fmt: str = "auto", model: str = "resnet50", job_table
         return helios(path, model)
     if fmt == "pai":
         return pai(path, model, Path(job_table) if job_table else None)
+    if fmt == "lingjun":
+        from simulator import lingjun
+
+        return lingjun.load(path, model)
     raise TraceError(f"--trace-format: unknown {fmt!r} (known: auto, {', '.join(FORMATS)})")
