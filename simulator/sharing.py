@@ -9,7 +9,7 @@ state the shares settle into).
 
 The seed's table (Ghobadi's slides, "Unfairness doesn't always help") gives, per group of jobs, each
 job's speed-up from unfair sharing; `PAIRS` holds those groups and figures, `job()` our profile of each
-model (simulator/README: the compute phase from its forward FLOPs relative to VGG16's measured profile,
+model (the compute phase from its forward FLOPs relative to VGG16's measured profile,
 the traffic from its parameters, where our profiles do not have it).
 """
 from __future__ import annotations
