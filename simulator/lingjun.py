@@ -91,10 +91,9 @@ def rack(folder: str | Path, nic_gbps: float = 100.0, oversubscription: float = 
     return parse_rack(spec, f"<Lingjun trace {folder}>")
 
 
-def load(folder: str | Path, model: str = "resnet50", gpus_per_host: int = GPUS_PER_HOST):
-    """The trace's jobs, each naming the GPUs it ran on (simulator.traces.Imported)."""
-    from simulator.traces import Imported
-
+def load(folder: str | Path, model: str = "resnet50", gpus_per_host: int = GPUS_PER_HOST) \
+        -> tuple[list[JobSpec], Counter]:
+    """The trace's jobs, each naming the GPUs it ran on, and the jobs left out by reason."""
     folder = Path(folder)
     if not folder.is_dir():
         raise TraceError(f"{folder}: the Lingjun trace is a folder of {', '.join(FILES)}")
@@ -146,7 +145,7 @@ def load(folder: str | Path, model: str = "resnet50", gpus_per_host: int = GPUS_
         jobs.append(JobSpec(f"j{i + 1}", arrival - first, len(names), model, 0, names=tuple(names),
                             duration_s=end - start, label=name, source=f"{folder / 'job.csv'}:{no}"))
     jobs.sort(key=lambda j: (j.arrival_s, j.id))
-    return Imported(jobs, left, "lingjun")
+    return jobs, left
 
 
 def with_iterations(jobs: list[JobSpec], rack: Rack, net, nvlink_gbps: float = 0.0) -> list[JobSpec]:

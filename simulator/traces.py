@@ -235,5 +235,5 @@ def load(path: str | Path, fmt: str = "auto", model: str = "resnet50", job_table
     if fmt == "lingjun":
         from simulator import lingjun
 
-        return lingjun.load(path, model)
+        return Imported(*lingjun.load(path, model), "lingjun")
     raise TraceError(f"--trace-format: unknown {fmt!r} (known: auto, {', '.join(FORMATS)})")
