@@ -163,3 +163,18 @@ def test_report_blocks_read_the_records_and_name_a_missing_one(tmp_path):
     (tmp_path / "neighbours" / "cassini.json").write_text("{}")
     with pytest.raises(ReportError, match="no rows"):
         report_neighbours.cassini([], results=tmp_path)
+
+
+def test_simulate_runs_the_neighbours_beside_regroup_with_plots(tmp_path):
+    from simulator.cli import standalone
+
+    out = tmp_path / "sim"
+    assert standalone(["simulate", "--gpus", "64", "--gpus-per-switch", "16", "--jobs", "30", "--policies",
+                       "regroup,oddl,panama,switchml,topoopt,sipml,timeshift", "--quiet", "--workers", "1",
+                       "--out", str(out)]) == 0
+    assert (out / "overview.png").stat().st_size > 0
+    summary = (out / "summary.md").read_text()
+    assert "ODDL: all-optical 2-D WSS" in summary and "in-network aggregation (PANAMA)" in summary
+    assert standalone(["simulate", "--gpus", "64", "--gpus-per-switch", "16", "--jobs", "3", "--policies", "oddl",
+                       "--topoopt-degree", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
