@@ -125,12 +125,11 @@ def add_parser(sub) -> None:
     )
     work.add_argument(
         "--trace-format",
-        choices=["auto", *traces.FORMATS],
+        choices=["auto", *traces.FORMATS, traces.LINGJUN],
         default="auto",
         help="philly: msr-fiddle/philly-traces' cluster_job_log (JSON); helios: HeliosData's or Acme's "
         "cluster_log.csv; pai: Alibaba PAI 2020's pai_task_table.csv (pai_job_table.csv beside it gives "
-        "submit times); lingjun: Alibaba's Lingjun 2023 folder (job.csv, worker.csv, topo.csv: its rack too, and "
-        "each job on the GPUs it ran on); auto: by the file's name and first line (%(default)s)",
+        "submit times); auto: by the file's name and first line (%(default)s)",
     )
     work.add_argument(
         "--trace-model",
@@ -518,13 +517,14 @@ def main(args) -> int:
         demo_path, demo = _calibration(args, rack) if uses_record else (None, None)
         jobs, wmeta = _workload(args, rack, demo)
         net, nmeta = _net(args, rack, demo, demo_path)
+        table = engine.policies(args.defrag_interval)
+        names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        table.update(neighbours.policies(neighbours.from_args(args)))  # the neighbours' (simulator/neighbours.py)
         if wmeta.get("format") == "lingjun":  # recorded run times as iterations where each job ran
             jobs = lingjun.with_iterations(jobs, rack, net, args.nvlink_gbps)
             kept = [part for part in wmeta["description"].split("; ") if " jobs by duration: " not in part]
             wmeta["description"] = "; ".join(kept) + "; run times as iterations alone on the recorded GPUs (fixed " \
                 "replays them)"
-        table = {**engine.policies(args.defrag_interval), **neighbours.policies(neighbours.from_args(args))}
-        names = [n.strip() for n in args.policies.split(",") if n.strip()]
         unknown = [n for n in names if n not in table]
         if unknown or not names:
             raise ValueError(f"--policies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(table)})")

@@ -36,12 +36,13 @@ from pathlib import Path
 from profiles import GPU_MODELS
 from simulator.workloads import JobSpec, TraceError, check_duration, read_text
 
-FORMATS = ("csv", "philly", "helios", "pai", "lingjun")
+FORMATS = ("csv", "philly", "helios", "pai")
 PAI_TASK = ("job_name", "task_name", "inst_num", "status", "start_time", "end_time", "plan_cpu", "plan_mem",
             "plan_gpu", "gpu_type")
 PAI_JOB = ("job_name", "inst_id", "user", "status", "start_time", "end_time")
 HELIOS_NEEDED = ("job_id", "gpu_num", "submit_time", "duration")
 PAI_TYPES = {"V100M32": "V100"}
+LINGJUN = "lingjun"  # alibaba/alibaba-lingjun-dataset-2023: a folder (simulator/lingjun.py), beside FORMATS
 
 
 @dataclass
@@ -55,7 +56,7 @@ def detect(path: Path) -> str:
     """The format of a trace file by its name and first bytes."""
     name = path.name.lower()
     if path.is_dir():
-        return "lingjun"  # a folder: the Lingjun trace's tables (simulator/lingjun.py)
+        return LINGJUN  # a folder: the Lingjun trace's tables (simulator/lingjun.py)
     if name.endswith(".json") or name == "cluster_job_log":
         return "philly"
     if name.startswith("pai_task_table"):
@@ -224,6 +225,10 @@ def load(path: str | Path, fmt: str = "auto", model: str = "resnet50", job_table
 
     path = Path(path)
     fmt = detect(path) if fmt == "auto" else fmt
+    if fmt == LINGJUN:  # a folder of tables, and its own rack (simulator/lingjun.py)
+        from simulator import lingjun
+
+        return Imported(*lingjun.load(path, model), LINGJUN)
     if fmt == "csv":
         return Imported(read_trace(path), Counter(), "csv")
     if fmt == "philly":
@@ -232,8 +237,4 @@ def load(path: str | Path, fmt: str = "auto", model: str = "resnet50", job_table
         return helios(path, model)
     if fmt == "pai":
         return pai(path, model, Path(job_table) if job_table else None)
-    if fmt == "lingjun":
-        from simulator import lingjun
-
-        return Imported(*lingjun.load(path, model), "lingjun")
     raise TraceError(f"--trace-format: unknown {fmt!r} (known: auto, {', '.join(FORMATS)})")
