@@ -60,6 +60,9 @@ def simulate(args: list[str]) -> dict:
             "slowdown_mean": s["slowdown"]["mean"], "queue_mean_s": s["queue_s"]["mean"],
             "makespan_s": s["makespan_s"], "computing": s["gpu_computing"], "shared_jobs": s["shared_jobs"],
             "jct_vs_baseline": p["against_baseline"].get("jct_s.mean"), "wall_s": s["wall_s"]}
+        if "seeds" in record:  # --seeds: each figure's mean and 95 % interval over the seeds
+            out["policies"][name]["seeds"] = record["seeds"]["policies"][name]
+            out["seeds"] = record["seeds"]["seeds"]
         jobs = p.get("jobs") or []
         if jobs and len(jobs) <= 4:
             out["policies"][name]["jobs"] = [{k: j[k] for k in ("gpus", "start_s", "end_s") if k in j} for j in jobs]
@@ -94,7 +97,7 @@ def oddl_scale() -> dict:
     rows = {}
     for gpus in GROWTH:
         jobs = max(200, gpus // 4)
-        rows[gpus] = simulate(["--gpus", str(gpus), "--jobs", str(jobs), "--seed", "7", *CONTENDED,
+        rows[gpus] = simulate(["--gpus", str(gpus), "--jobs", str(jobs), "--seed", "7", "--seeds", "5", *CONTENDED,
                                "--policies", "static,regroup,oddl", "--baseline", "static"])
     return {"sizes": list(GROWTH), "runs": rows}
 

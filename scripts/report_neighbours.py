@@ -69,17 +69,25 @@ def oddl_table1(_records: list, results: Path = RESULTS) -> str:
 
 def oddl_scale(_records: list, results: Path = RESULTS) -> str:
     rec = _load("oddl-scale", results)
-    rows = []
+    rows, seeds = [], None
     for gpus in _get(rec, "sizes", where="oddl-scale"):
         run = _get(rec, "runs", str(gpus), where="results/neighbours/oddl-scale.json")
         p = run["policies"]
-        rows.append([f"{gpus:,}", run["workload"].split(",")[0], _s(p["static"]["jct_s"]["mean"]),
-                     f"{_s(p['regroup']['jct_s']['mean'])} ({_pct(p['regroup']['jct_vs_baseline'])})",
-                     f"{_s(p['oddl']['jct_s']['mean'])} ({_pct(p['oddl']['jct_vs_baseline'])})",
+        seeds = run.get("seeds")
+
+        def jct(name: str, p=p) -> str:
+            s = p[name].get("seeds")
+            if not s:
+                return _s(p[name]["jct_s"]["mean"])
+            m, vs = s["jct_mean"], s["jct_mean_vs_baseline"]
+            return (f"{_s(m['mean'])} ± {_s(m['ci95'])}" if name == "static" else
+                    f"{_s(m['mean'])} ({_pct(vs['mean'])} ± {vs['ci95']:.1f} %)")
+        rows.append([f"{gpus:,}", run["workload"].split(",")[0], jct("static"), jct("regroup"), jct("oddl"),
                      f"{p['static']['shared_jobs']} / {p['regroup']['shared_jobs']} / {p['oddl']['shared_jobs']}"])
     first = rec["runs"][str(rec["sizes"][0])]["command"]
-    return (_rows(["GPUs", "jobs", "static: JCT mean", "MEMS regroup (vs static)", "ODDL (vs static)",
-                   "jobs sharing a link: static / regroup / ODDL"], rows)
+    over = f"seeds {seeds[0]}–{seeds[-1]}, mean ± 95 % interval" if seeds else "one seed"
+    return (_rows(["GPUs", "jobs", f"static: JCT mean ({over})", "MEMS regroup (vs static)", "ODDL (vs static)",
+                   "jobs sharing a link, first seed: static / regroup / ODDL"], rows)
             + f"\n\nEach size: `{first}` with --gpus and --jobs as given. Made by {_made(rec)}.")
 
 
