@@ -18,7 +18,19 @@ from controller import bundled
 from controller.core import admission
 from controller.core.rack import RackError
 from profiles import WORKLOADS, compute_seconds
-from simulator import calibration, engine, failures, models, racks, records, report, traces, workloads
+from simulator import (
+    calibration,
+    engine,
+    failures,
+    lingjun,
+    models,
+    neighbours,
+    racks,
+    records,
+    report,
+    traces,
+    workloads,
+)
 from simulator.interference import Limits
 from simulator.network import GBPS, SHARINGS
 from simulator.study import run_all
@@ -113,7 +125,7 @@ def add_parser(sub) -> None:
     )
     work.add_argument(
         "--trace-format",
-        choices=["auto", *traces.FORMATS],
+        choices=["auto", *traces.FORMATS, traces.LINGJUN],
         default="auto",
         help="philly: msr-fiddle/philly-traces' cluster_job_log (JSON); helios: HeliosData's or Acme's "
         "cluster_log.csv; pai: Alibaba PAI 2020's pai_task_table.csv (pai_job_table.csv beside it gives "
@@ -161,7 +173,8 @@ def add_parser(sub) -> None:
         "--policies",
         default="fixed,regroup,defrag,timeshift",
         help="which to compare (%(default)s); baselines: ideal (a non-blocking electrical fabric, the upper "
-        "bound), static (the static oversubscribed electrical fabric: the cabling never changes, as fixed)",
+        "bound), static (the static oversubscribed electrical fabric: the cabling never changes, as fixed); the "
+        "neighbours (docs/neighbour-*.md): oddl, panama, switchml, topoopt, sipml",
     )
     pol.add_argument(
         "--schedulers",
@@ -256,6 +269,7 @@ def add_parser(sub) -> None:
         default=10.0,
         help="controller time per reconfiguration besides switching (%(default)s; make bench measures it)",
     )
+    neighbours.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument(
         "--out", type=Path, required=True, help="folder for summary.md, results.json, jobs.csv (see --detail) and plots"
@@ -295,6 +309,9 @@ def check_failure_flags(args) -> None:
 def _rack(args):
     if args.rack and args.gpus:
         raise ValueError("give --rack or --gpus, not both")
+    if args.trace and not args.rack and args.gpus is None and (args.trace_format == "lingjun" or (
+            args.trace_format == "auto" and traces.detect(Path(args.trace)) == "lingjun")):  # its rack: its topo.csv
+        return lingjun.rack(args.trace, args.nic_gbps, args.oversubscription)
     if args.gpus is not None:
         if args.ocs_ports < 0 or args.ocs_ports == 1:
             raise ValueError(f"--ocs-ports must be at least 2, not {args.ocs_ports}")
@@ -502,6 +519,12 @@ def main(args) -> int:
         net, nmeta = _net(args, rack, demo, demo_path)
         table = engine.policies(args.defrag_interval)
         names = [n.strip() for n in args.policies.split(",") if n.strip()]
+        table.update(neighbours.policies(neighbours.from_args(args)))  # the neighbours' (simulator/neighbours.py)
+        if wmeta.get("format") == "lingjun":  # recorded run times as iterations where each job ran
+            jobs = lingjun.with_iterations(jobs, rack, net, args.nvlink_gbps)
+            kept = [part for part in wmeta["description"].split("; ") if " jobs by duration: " not in part]
+            wmeta["description"] = "; ".join(kept) + "; run times as iterations alone on the recorded GPUs (fixed " \
+                "replays them)"
         unknown = [n for n in names if n not in table]
         if unknown or not names:
             raise ValueError(f"--policies: unknown {', '.join(unknown) or '(none given)'} (known: {', '.join(table)})")
@@ -578,6 +601,7 @@ def main(args) -> int:
             "baseline": args.baseline,
             "nvlink_gbps": args.nvlink_gbps,
             "seeds": args.seeds,
+            "neighbours": vars(neighbours.from_args(args)),
         },
     }
     record = report.build(study, meta, args.baseline)

@@ -264,7 +264,13 @@ def timeshift_gain(unshifted: RunResult, shifted: RunResult) -> dict:
         return {"jobs": 0, "placed_differently": differ}
     before = sum(j.jct_s for j, _ in same)
     after = sum(k.jct_s for _, k in same)
-    return {"jobs": len(same), "placed_differently": differ, "jct_unshifted_s": before / len(same),
+    shifted_jobs = [k for _, k in same]
+    return {"shifted": sum(k.shift_s > 0 for k in shifted_jobs),  # why it saved nothing, where it did not
+            "fit": sum(k.score_before >= 1 - 1e-9 for k in shifted_jobs),
+            "first": sum(k.score_before == k.score_after == 0 for k in shifted_jobs),
+            "no_better": sum(0 < k.score_before < 1 - 1e-9 and k.score_after <= k.score_before + 1e-9
+                             for k in shifted_jobs),
+            "jobs": len(same), "placed_differently": differ, "jct_unshifted_s": before / len(same),
             "jct_shifted_s": after / len(same), "saved": 1 - after / before,
             "iteration_unshifted_s": statistics.fmean(j.mean_iteration_s for j, _ in same),
             "iteration_shifted_s": statistics.fmean(k.mean_iteration_s for _, k in same),

@@ -4,7 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 COLORS = {"fixed": "#c0392b", "regroup": "#2471a3", "defrag": "#1e8449", "timeshift": "#b9770e", "ideal": "#555555",
-          "static": "#8e44ad"}
+          "static": "#8e44ad", "oddl": "#16a085", "panama": "#d35400", "switchml": "#a04000", "topoopt": "#117a65",
+          "sipml": "#2e4053"}
+
+
+def _color(name: str) -> str:
+    """A run's colour: its policy's, also for policy+scheduler or policy+recovery runs; grey for any other."""
+    return COLORS.get(name) or COLORS.get(name.split("+")[0]) or "#7f8c8d"
 
 
 def _groups(record: dict, values) -> list[tuple[list[str], object]]:
@@ -102,8 +108,8 @@ def _bars(ax, record: dict) -> None:
     means = [record["policies"][n]["summary"]["jct_s"]["mean"] for n in names]
     queue = [record["policies"][n]["summary"]["queue_s"]["mean"] for n in names]
     xs = range(len(names))
-    ax.bar([x - 0.2 for x in xs], means, 0.4, color=[COLORS.get(n) for n in names], label="mean JCT")
-    ax.bar([x + 0.2 for x in xs], queue, 0.4, color=[COLORS.get(n) for n in names], alpha=0.45, hatch="//",
+    ax.bar([x - 0.2 for x in xs], means, 0.4, color=[_color(n) for n in names], label="mean JCT")
+    ax.bar([x + 0.2 for x in xs], queue, 0.4, color=[_color(n) for n in names], alpha=0.45, hatch="//",
            label="mean queueing delay")
     base = record.get("baseline")
     for x, n in zip(xs, names, strict=True):
@@ -112,7 +118,8 @@ def _bars(ax, record: dict) -> None:
         vs = "baseline" if n == base else f"{change:+.1f} % JCT\\nvs {base}" if change == change else ""
         ax.annotate(f"{vs}\n{s['circuits_changed']:,} circuits\n{s['dark_s']:.1f} s dark", (x, max(means) * 1.02),
                     ha="center", fontsize=6)
-    ax.set_xticks(list(xs), names)
+    many = len(names) > 5  # the neighbours beside ours: slanted names, so they do not overlap
+    ax.set_xticks(list(xs), names, rotation=30 if many else 0, ha="right" if many else "center")
     ax.set_ylabel("seconds")
     ax.set_ylim(0, max(means) * 1.45 if means else 1)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)

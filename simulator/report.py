@@ -59,6 +59,7 @@ def build(study: Study, meta: dict, baseline: str | None = None) -> dict:
     ]
     if "regroup" in study.runs and "timeshift" in study.runs:
         record["timeshift"] = metrics.timeshift_gain(study.runs["regroup"], study.runs["timeshift"])
+        record["timeshift"]["held"] = record.get("net", {}).get("sharing") == "held"
     return record
 
 
@@ -171,6 +172,28 @@ def table(record: dict) -> str:
     return "\n".join(rows)
 
 
+def timeshift_why(ts: dict) -> str:
+    """Why time shifting saved nothing on a run (the jobs' counts of simulator.metrics.timeshift_gain)."""
+    n, why = ts["jobs"], []
+    if ts.get("held"):
+        return ("Shifting saved nothing: shares are held (--sharing held): a computing ring's share stays idle, so "
+                "interleaving frees nothing, and no job is shifted.")
+    if ts.get("first"):
+        why.append(f"{ts['first']} of {n} were placed before the rings they came to share with (the later ones "
+                   "are the ones shifted)")
+    if ts.get("fit"):
+        why.append(f"for {ts['fit']} of {n} the rings' summed peak demand fit every link they shared, so there "
+                   "was no excess to shift away")
+    if ts.get("no_better"):
+        why.append(f"for {ts['no_better']} no delay scored better than none (their traffic fills the pauses "
+                   "it could move into)")
+    if ts.get("shifted"):
+        were = "was" if ts["shifted"] == 1 else "were"
+        why.append(f"{ts['shifted']} {were} shifted, but the delay of their first iteration cost as much as "
+                   "interleaving saved (or later arrivals overlapped them again)")
+    return "Shifting saved nothing: " + "; ".join(why) + "."
+
+
 def timeshift_text(ts: dict) -> str:
     if not ts.get("jobs"):
         return (
@@ -187,6 +210,7 @@ def timeshift_text(ts: dict) -> str:
             if ts["placed_differently"]
             else "."
         )
+        + (" " + timeshift_why(ts) if ts["saved"] <= 0.0005 and "fit" in ts else "")
     )
 
 

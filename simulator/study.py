@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.core.rack import Rack
-from simulator.engine import Options, Policy, Run, RunResult
+from simulator import neighbours
+from simulator.engine import Options, Policy, RunResult
 from simulator.workloads import JobSpec
 
 
@@ -57,7 +58,7 @@ def _one(args, tick: Callable[[int], None] | None = None) -> tuple[str, RunResul
             _COUNTERS[index] = done
 
     t0 = time.monotonic()
-    result = Run(rack, jobs, policy, options, tick).run()
+    result = neighbours.run_class(policy)(rack, jobs, policy, options, tick).run()
     return policy.name, result, time.monotonic() - t0
 
 

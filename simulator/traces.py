@@ -17,6 +17,9 @@ Formats (the column names are those the trace projects publish):
   GPUs the sum over tasks of inst_num x plan_gpu / 100 with each instance's fraction of a GPU
   rounded up to a whole GPU, its GPU type its tasks' (V100M32 read as V100; MISC as any).
 
+- lingjun: alibaba/alibaba-lingjun-dataset-2023, a folder of job.csv, worker.csv and topo.csv; its jobs name the
+  GPUs they ran on, on the rack simulator/lingjun.py builds from topo.csv (its docstring).
+
 Arrivals are made relative to the trace's first. A trace gives no model: every job runs `model`.
 """
 from __future__ import annotations
@@ -39,6 +42,7 @@ PAI_TASK = ("job_name", "task_name", "inst_num", "status", "start_time", "end_ti
 PAI_JOB = ("job_name", "inst_id", "user", "status", "start_time", "end_time")
 HELIOS_NEEDED = ("job_id", "gpu_num", "submit_time", "duration")
 PAI_TYPES = {"V100M32": "V100"}
+LINGJUN = "lingjun"  # alibaba/alibaba-lingjun-dataset-2023: a folder (simulator/lingjun.py), beside FORMATS
 
 
 @dataclass
@@ -51,6 +55,8 @@ class Imported:
 def detect(path: Path) -> str:
     """The format of a trace file by its name and first bytes."""
     name = path.name.lower()
+    if path.is_dir():
+        return LINGJUN  # a folder: the Lingjun trace's tables (simulator/lingjun.py)
     if name.endswith(".json") or name == "cluster_job_log":
         return "philly"
     if name.startswith("pai_task_table"):
@@ -219,6 +225,10 @@ def load(path: str | Path, fmt: str = "auto", model: str = "resnet50", job_table
 
     path = Path(path)
     fmt = detect(path) if fmt == "auto" else fmt
+    if fmt == LINGJUN:  # a folder of tables, and its own rack (simulator/lingjun.py)
+        from simulator import lingjun
+
+        return Imported(*lingjun.load(path, model), LINGJUN)
     if fmt == "csv":
         return Imported(read_trace(path), Counter(), "csv")
     if fmt == "philly":

@@ -1,0 +1,180 @@
+"""The neighbours' mechanisms (simulator/neighbours.py) on small cases worked by hand: ODDL's 2-D WSS grid and a
+4-node ring step's circuit set-up, an aggregation tree's streams per link (PANAMA at every switch, SwitchML-like at
+the root only), and what each does to an iteration in the engine."""
+from __future__ import annotations
+
+import pytest
+
+from profiles import WORKLOADS, compute_seconds
+from simulator import neighbours, report, sharing, shortflows
+from simulator.engine import Options, policies
+from simulator.network import GBPS
+from simulator.racks import RackOptions, generate
+from simulator.workloads import JobSpec
+
+EFF, LAT = Options().net.efficiency, Options().net.step_latency_s
+
+
+DEFAULT = neighbours.Params()
+
+
+def one(rack, policy, job, params=DEFAULT):
+    pol = {**policies(300.0), **neighbours.policies(params)}[policy]
+    return neighbours.run_class(pol)(rack, [job], pol, Options()).run().jobs[0]
+
+
+def test_oddl_grid_sizes_as_the_paper():
+    assert neighbours.oddl_wss(1024) == (64, 32)  # 64 WSSs of 32 ports
+    assert neighbours.oddl_wss(4096) == (128, 64)  # 128 of 64
+    assert neighbours.oddl_side(4) == 2 and neighbours.oddl_side(5) == 3
+
+
+def test_oddl_hops_on_a_2x2_grid():
+    # nodes 0 (0,0), 1 (0,1), 2 (1,0), 3 (1,1)
+    assert neighbours.oddl_hops(0, 1, 2) == 1  # same row
+    assert neighbours.oddl_hops(0, 2, 2) == 1  # same column
+    assert neighbours.oddl_hops(1, 2, 2) == 2  # neither: relayed
+    assert neighbours.oddl_hops(3, 0, 2) == 2
+
+
+def test_oddl_four_node_ring_step():
+    """Ring 0->1->2->3->0 on 2x2: flows 1->2 and 3->0 need two circuits, so a step waits 2 x (switch + control)."""
+    p = neighbours.Params(oddl_switch_s=10.5e-9, oddl_control_s=1e-6)
+    assert neighbours.oddl_step_setup_s([0, 1, 2, 3], 2, p) == pytest.approx(2 * 1.0105e-6)
+    assert neighbours.oddl_step_setup_s([0, 1, 3, 2], 2, p) == pytest.approx(1.0105e-6)  # around the square
+
+
+def test_oddl_iteration_in_the_engine():
+    """4 GPUs, ResNet50, 10 iterations: each of the 6 steps moves S/4 at the NIC's rate and sets up its circuits
+    (2 hops: rank order g1..g4 is 0,1,2,3); the one-tier electrical switch (ideal) has no set-up."""
+    rack = generate(RackOptions(4, gpus_per_switch=4, gpus_per_server=1, oversubscription=1,
+                                models=(("V100", 1.0),), spare=1.0))
+    p = neighbours.Params(oddl_switch_s=1e-3, oddl_control_s=0.0)  # ms switching, to see it
+    job = JobSpec("a", 0.0, 4, "resnet50", 10)
+    s = WORKLOADS["resnet50"].gradient_bytes
+    step = s / 4 / (100 * GBPS * EFF) + LAT
+    compute = compute_seconds("resnet50", "V100")
+    electrical = one(rack, "ideal", job)
+    oddl = one(rack, "oddl", job, p)
+    assert oddl.placement == ("g1", "g2", "g3", "g4")
+    assert electrical.end_s - electrical.start_s == pytest.approx(10 * (compute + 6 * step))
+    assert oddl.end_s - oddl.start_s == pytest.approx(10 * (compute + 6 * (step + 2e-3)))
+
+
+def _route(a, b):
+    """Two-tier: switch x's uplink is 'x^', its downlink from the core 'x_'."""
+    return (f"{a}^", f"{b}_")
+
+
+def test_aggregation_tree_streams_per_link():
+    """Three switches a (root), b, c. At every switch (PANAMA): each link of the tree one stream. At the root only
+    (SwitchML-like): b's and c's streams both cross the core's link down to a, and both results come back up."""
+    assert neighbours.tree_links(["a", "b", "c"], _route, root_only=False) == {
+        "b^": 1, "a_": 1, "a^": 1, "b_": 1, "c^": 1, "c_": 1}
+    assert neighbours.tree_links(["a", "b", "c"], _route, root_only=True) == {
+        "b^": 1, "a_": 2, "a^": 2, "b_": 1, "c^": 1, "c_": 1}
+    assert neighbours.tree_links(["a"], _route, root_only=True) == {}
+
+
+def test_aggregation_halves_the_bytes_and_the_root_link_limits_a_single_tree():
+    """12 GPUs on 3 switches, uplinks at one NIC's rate. Ring: 22 steps of S/12 at the NIC rate (one flow per
+    uplink). PANAMA: each GPU sends S once (one step, one stream per link). SwitchML-like: the root's core link
+    carries 2 streams, so S at half an uplink's rate."""
+    rack = generate(RackOptions(12, gpus_per_switch=4, gpus_per_server=1, oversubscription=4,
+                                models=(("V100", 1.0),), spare=1.0))
+    job = JobSpec("a", 0.0, 12, "resnet50", 10, names=tuple(rack.gpus))
+    s, rate = WORKLOADS["resnet50"].gradient_bytes, 100 * GBPS * EFF
+    compute = compute_seconds("resnet50", "V100")
+    ring, panama, single = (one(rack, p, job) for p in ("regroup", "panama", "switchml"))
+    assert ring.switches == panama.switches == single.switches == 3
+    assert ring.end_s - ring.start_s == pytest.approx(10 * (compute + 22 * (s / 12 / rate + LAT)))
+    assert panama.end_s - panama.start_s == pytest.approx(10 * (compute + s / rate + LAT))
+    assert single.end_s - single.start_s == pytest.approx(10 * (compute + s / (rate / 2) + LAT))
+
+
+def test_topoopt_and_sipml_rates():
+    rack = generate(RackOptions(4, gpus_per_switch=4, gpus_per_server=1, oversubscription=1,
+                                models=(("V100", 1.0),), spare=1.0))
+    job = JobSpec("a", 0.0, 4, "resnet50", 10)
+    s, compute = WORKLOADS["resnet50"].gradient_bytes, compute_seconds("resnet50", "V100")
+    p = neighbours.Params(topoopt_degree=4, sipml_gbps=1000.0, sipml_setup_s=1e-4)
+    topo = one(rack, "topoopt", job, p)
+    assert topo.end_s - topo.start_s == pytest.approx(10 * (compute + 6 * (s / 4 / (400 * GBPS * EFF) + LAT)))
+    sip = one(rack, "sipml", job, p)
+    assert sip.end_s - sip.start_s == pytest.approx(10 * (compute + 6 * (s / 4 / (1000 * GBPS * EFF) + LAT + 1e-4)))
+
+
+def test_bad_parameters_are_refused():
+    with pytest.raises(ValueError, match="topoopt degree"):
+        neighbours.Params(topoopt_degree=0).check()
+    with pytest.raises(ValueError, match="oddl_switch_s"):
+        neighbours.Params(oddl_switch_s=-1.0).check()
+
+
+def test_unfair_sharing_interleaves_two_equal_jobs():
+    """Two jobs of 1 s compute and 1 s of traffic, started together. Fair: both send at half rate (2 s), then
+    compute together: 3 s an iteration. 60/40: the favoured one finishes first and computes while the other
+    sends; they settle into turns, 2 s an iteration (the link always busy, each job's compute hidden)."""
+    jobs = [sharing.Job("a", 1.0, 1.0), sharing.Job("b", 1.0, 1.0)]
+    assert sharing.run(jobs, [1.0, 1.0], iterations=60) == pytest.approx([3.0, 3.0])
+    assert sharing.run(jobs, [0.6, 0.4], iterations=60) == pytest.approx([2.0, 2.0], rel=1e-4)
+    offsets, shifted = sharing.best_offsets(jobs)  # CASSINI: start b 1 s later, fair shares then never meet
+    assert offsets[1] == pytest.approx(1.0, abs=2 / 24) and shifted == pytest.approx([2.0, 2.0], rel=1e-3)
+
+
+def test_why_shifting_saves_nothing():
+    same = [sharing.Job("a", 1.0, 1.0), sharing.Job("b", 1.0, 1.0)]
+    assert sharing.why_no_gain(same, [3.0, 3.0], [2.0, 2.0]) == ""
+    assert "drifts back" in sharing.why_no_gain([sharing.Job("a", 1.0, 1.0), sharing.Job("b", 0.5, 0.2)],
+                                                [2.0, 1.0], [2.0, 1.0])
+    busy = [sharing.Job("a", 0.5, 1.0), sharing.Job("b", 0.5, 1.0)]
+    assert "busy all the time" in sharing.why_no_gain(busy, [2.5, 2.5], [2.5, 2.5])
+    ts = {"jobs": 2, "first": 1, "fit": 1, "no_better": 0, "shifted": 0, "held": False, "saved": 0.0}
+    text = report.timeshift_why(ts)
+    assert "1 of 2 were placed before" in text and "fit every link" in text
+    assert "held" in report.timeshift_why({**ts, "held": True})
+
+
+def test_short_flow_hops_worked_by_hand():
+    fab = shortflows.Fabric(rtt_s=10e-6, ecn_bytes=30e3, window_bytes=128e3, buffer_bytes=2e6, short_bytes=7e3)
+    rate = 100e9
+    assert shortflows.hop_delay(fab, rate, []) == 0.0
+    assert shortflows.hop_delay(fab, rate, ["fill", "ecn"]) == pytest.approx(2e6 * 8 / rate)  # TCP fills the buffer
+    assert shortflows.hop_delay(fab, rate, ["ecn", "ecn"]) == pytest.approx(30e3 * 8 / rate)  # one threshold
+    assert shortflows.hop_delay(fab, rate, ["window", "window"]) == pytest.approx(256e3 * 8 / rate)
+    # two hops: an idle one, then one with a SwitchML-like stream: 10 us + 128 kB queued + 7 kB at half the rate
+    hops = [(rate, []), (rate, ["window"])]
+    assert shortflows.fct(fab, hops) == pytest.approx(10e-6 + 128e3 * 8 / rate + 7e3 * 8 / (rate / 2))
+    # no aggregation traffic: every short flow takes the round trip and its bytes at the line rate
+    assert shortflows.p99(fab, "ideal", 0.5, samples=200) == pytest.approx(10e-6 + 7e3 * 8 / 100e9)
+    with pytest.raises(ValueError, match="collective"):
+        shortflows.p99(fab, "tree", 0.5)
+
+
+def test_report_blocks_read_the_records_and_name_a_missing_one(tmp_path):
+    from scripts import report_neighbours
+    from scripts.report_bench import ReportError
+
+    text = report_neighbours.oddl_table1([])  # the committed record
+    assert "| training time, ODDL | 97.8 min |" in text
+    with pytest.raises(ReportError, match="oddl-table1.json"):
+        report_neighbours.oddl_table1([], results=tmp_path)
+    (tmp_path / "neighbours").mkdir()
+    (tmp_path / "neighbours" / "cassini.json").write_text("{}")
+    with pytest.raises(ReportError, match="no rows"):
+        report_neighbours.cassini([], results=tmp_path)
+
+
+def test_simulate_runs_the_neighbours_beside_regroup_with_plots(tmp_path):
+    from simulator.cli import standalone
+
+    out = tmp_path / "sim"
+    assert standalone(["simulate", "--gpus", "64", "--gpus-per-switch", "16", "--jobs", "30", "--policies",
+                       "regroup,oddl,panama,switchml,topoopt,sipml,timeshift", "--quiet", "--workers", "1",
+                       "--out", str(out)]) == 0
+    assert (out / "overview.png").stat().st_size > 0
+    summary = (out / "summary.md").read_text()
+    assert "ODDL: all-optical 2-D WSS" in summary and "in-network aggregation (PANAMA)" in summary
+    assert standalone(["simulate", "--gpus", "64", "--gpus-per-switch", "16", "--jobs", "3", "--policies", "oddl",
+                       "--topoopt-degree", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
