@@ -229,6 +229,9 @@ def test_report_blocks_read_the_records_and_name_a_missing_one(tmp_path):
     assert "| training time, ODDL | 97.8 min |" in text
     with pytest.raises(ReportError, match="oddl-table1.json"):
         report_neighbours.oddl_table1([], results=tmp_path)
+    assert "MLTCP: " in report_neighbours.why_4096([]) and "Time shifting: " in report_neighbours.why_4096([])
+    with pytest.raises(ReportError, match="summary.md"):
+        report_neighbours.why_4096([], results=tmp_path)
     (tmp_path / "neighbours").mkdir()
     (tmp_path / "neighbours" / "cassini.json").write_text("{}")
     with pytest.raises(ReportError, match="no rows"):
