@@ -191,10 +191,19 @@ def all_4096(_records: list, results: Path = RESULTS) -> str:
                    r[vs].split(",")[0]] for r in rows])
 
 
+def why_4096(_records: list, results: Path = RESULTS) -> str:
+    """The 4,096-GPU run's paragraphs on time shifting and MLTCP against regroup (what each saved, and why not)."""
+    path = results / "simulate-4096-neighbours" / "summary.md"
+    paras = [line for line in read_text(path).splitlines() if line.startswith(("Time shifting:", "MLTCP:"))]
+    if len(paras) != 2:
+        raise ReportError(f"{path}: no paragraphs on time shifting and MLTCP (run it with regroup,timeshift,mltcp)")
+    return "\n\n".join(paras)
+
+
 BLOCKS: dict[str, Callable[[list], str]] = {
     "nb-oddl-table1": oddl_table1, "nb-oddl-scale": oddl_scale, "nb-oddl-delay": oddl_delay,
     "nb-panama-shortflows": panama_shortflows, "nb-panama-workload": panama_workload, "nb-cassini": cassini,
-    "nb-headline": headline, "nb-4096": all_4096,
+    "nb-headline": headline, "nb-4096": all_4096, "nb-4096-why": why_4096,
 }
 
 

@@ -174,7 +174,7 @@ def add_parser(sub) -> None:
         default="fixed,regroup,defrag,timeshift",
         help="which to compare (%(default)s); baselines: ideal (a non-blocking electrical fabric, the upper "
         "bound), static (the static oversubscribed electrical fabric: the cabling never changes, as fixed); the "
-        "neighbours (docs/neighbour-*.md): oddl, panama, switchml, topoopt, sipml",
+        "neighbours (docs/neighbour-*.md): oddl, panama, switchml, topoopt, sipml, mltcp",
     )
     pol.add_argument(
         "--schedulers",
@@ -627,6 +627,8 @@ def main(args) -> int:
         print("\n" + report.seeds_table(record["seeds"]))
     if "timeshift" in record:
         print("\n" + report.timeshift_text(record["timeshift"]))
+    if "mltcp" in record:
+        print("\n" + neighbours.mltcp_text(record["mltcp"]))
     print(f"\nwrote {', '.join(str(f) for f in files)} in {time.monotonic() - t0:.1f} s")
     return 0
 

@@ -20,6 +20,9 @@ this module turns it into what the neighbour's architecture would run:
   every link of the tree carries one stream of the gradient in each direction. The trees over several roots
   that PANAMA balances load with share the same links in a rack with one core; see simulator/shortflows.py
   for where they differ (several spines).
+- sharing `mltcp` (MLTCP, seed 003): regroup's placement, and rings that transfer on a shared link split it by
+  weights that grow with the share of their iteration's bytes sent (simulator/sharing.py: MltcpInterference), so
+  they drift into interleaving; a component of rings too large to step through keeps fair shares.
 - collective `ina-single` (SwitchML-like): one aggregation tree whose only aggregating switch is the root
   (the job's first switch): every other switch's stream crosses the core and the root's downlink, so that
   link carries k-1 streams up and k-1 results back.
@@ -31,8 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from controller.core.circuits import CircuitDiff
-from simulator.engine import Policy, Run
+from simulator import metrics
+from simulator.engine import Policy, Run, RunResult
 from simulator.rings import Ring
+from simulator.sharing import MltcpInterference
 
 FABRICS = {"oddl": "ODDL: 2-D WSS all-optical, a circuit per flow",
            "topoopt": "TopoOpt-like: a per-job topology set once, parallel rings",
@@ -50,6 +55,8 @@ class Params:
     topoopt_degree: int = 4  # NICs per GPU in a TopoOpt-like topology: assumed
     sipml_gbps: float = 4000.0  # per GPU ("multiple terabits per second", seed 004): assumed
     sipml_setup_s: float = 1e-6  # "microsecond reconfiguration latency is close to optimal" (seed 004)
+    mltcp_slope: float = 2.0  # MLTCP: weight 1 + slope x bytes sent (share of the iteration's): assumed
+    mltcp_levels: int = 16  # the share taken in this many steps (each crossing an event): assumed
 
     def check(self) -> None:
         for name in ("oddl_switch_s", "oddl_control_s", "sipml_setup_s"):
@@ -60,6 +67,10 @@ class Params:
             raise ValueError(f"topoopt degree must be at least 1, not {self.topoopt_degree}")
         if not 0 < self.sipml_gbps < math.inf:
             raise ValueError(f"sipml rate must be positive, not {self.sipml_gbps}")
+        if not 0 <= self.mltcp_slope < math.inf:
+            raise ValueError(f"mltcp slope must be a finite number >= 0, not {self.mltcp_slope}")
+        if self.mltcp_levels < 1:
+            raise ValueError(f"mltcp levels must be at least 1, not {self.mltcp_levels}")
 
 
 # --- ODDL's 2-D topology ---------------------------------------------------------------------
@@ -150,6 +161,7 @@ def adapt(ring: Ring, fabric: str, collective: str, p: Params, efficiency: float
 class NeighbourPolicy(Policy):
     fabric: str = ""  # oddl | topoopt | sipml ("" the rack's)
     collective: str = "ring"  # ring | ina | ina-single
+    sharing: str = ""  # mltcp ("" the network's: max-min fair, or held)
     params: Params = field(default_factory=Params)
 
 
@@ -163,6 +175,8 @@ def policies(p: Params | None = None) -> dict[str, NeighbourPolicy]:
                         params=p),
         NeighbourPolicy("switchml", "regroup", label="regroup + single-tree aggregation (SwitchML-like)",
                         collective="ina-single", params=p),
+        NeighbourPolicy("mltcp", "regroup", label="regroup + MLTCP: shares weighted by bytes sent", sharing="mltcp",
+                        params=p),
         NeighbourPolicy("topoopt", "fixed", label="TopoOpt-like: per-job topology, parallel rings",
                         fabric="topoopt", params=p),
         NeighbourPolicy("sipml", "fixed", label="SiP-ML-like: all-optical, Tbit/s per GPU", fabric="sipml",
@@ -179,6 +193,20 @@ class NeighbourRun(Run):
         self.node = {g: i for i, g in enumerate(self.rack.gpus)}  # a GPU's node on ODDL's grid
         self.side = oddl_side(len(self.node))
         self._one_shot = False
+        # MLTCP: its shares where rings transfer together; held shares (--sharing held) stay held, as the network's
+        self.mltcp = None
+        if self.policy.sharing == "mltcp" and not self.inter.held:
+            p = self.policy.params
+            self.inter = self.mltcp = MltcpInterference(self.inter, p.mltcp_slope, p.mltcp_levels)
+
+    def run(self):
+        out = super().run()
+        if self.mltcp is not None:  # which shared rings MLTCP could change, and what bounded them (mltcp_gain)
+            why: dict[str, list[str]] = {"busy": [], "periods": [], "other": []}
+            for k, reason in sorted(self.mltcp.why.items()):
+                why[reason].append(self.jobs[k].id)
+            out.stats["mltcp"] = {**why, "mean_field": sorted(self.jobs[k].id for k in self.mltcp.mean)}
+        return out
 
     def _attempt(self, t, key):
         self._one_shot = self.policy.fabric == "topoopt" and self.jobs[key].gpus > 1
@@ -205,9 +233,63 @@ def run_class(policy: Policy) -> type[Run]:
     return NeighbourRun if isinstance(policy, NeighbourPolicy) else Run
 
 
+# --- MLTCP against regroup: what it saved, and why not -------------------------------------------
+def mltcp_gain(fair: RunResult, mltcp: RunResult) -> dict:
+    """The jobs that shared a link under regroup (fair shares), placed alike under MLTCP: their completion times
+    (as simulator.metrics.timeshift_gain), and for each what bounded MLTCP (the run's stats["mltcp"])."""
+    gain = metrics.timeshift_gain(fair, mltcp)
+    for key in ("shifted", "fit", "first", "no_better"):
+        gain.pop(key, None)
+    stats = mltcp.stats.get("mltcp")
+    gain["held"] = stats is None
+    if stats is None or not gain["jobs"]:
+        return gain
+    ids = set(gain["ids"])
+    for reason in ("busy", "periods", "other", "mean_field"):
+        gain[reason] = len(ids & set(stats[reason]))
+    gain["fit"] = gain["jobs"] - sum(gain[r] for r in ("busy", "periods", "other", "mean_field"))
+    return gain
+
+
+def mltcp_text(g: dict) -> str:
+    """One paragraph: MLTCP's gain over regroup for the jobs that shared, and where it saved nothing, why."""
+    if g.get("held"):
+        return ("MLTCP: not applied: shares are held (--sharing held): a ring keeps its share of a link whatever it "
+                "has sent, so MLTCP ran as regroup.")
+    if not g.get("jobs"):
+        return ("MLTCP: no job shared a link under regroup with the same placement in both runs, so shares never "
+                "mattered.")
+    n = g["jobs"]
+    text = (f"MLTCP: {n} jobs shared an uplink under regroup and were placed alike with MLTCP; their mean completion "
+            f"time went from {g['jct_unshifted_s']:,.1f} s to {g['jct_shifted_s']:,.1f} s "
+            f"(**{abs(100 * g['saved']):.1f} % {'sooner' if g['saved'] >= 0 else 'later'}**; "
+            f"mean iteration {1e3 * g['iteration_unshifted_s']:.1f} ms → "
+            f"{1e3 * g['iteration_shifted_s']:.1f} ms; {g['faster']} of {n} finished sooner).")
+    if g["saved"] > 0.0005:
+        return text
+    why = []
+    if g["fit"]:
+        why.append(f"for {g['fit']} of {n} the rings' summed peak demand fit every link they shared, so no share ever "
+                   "bound them and unequal shares change nothing")
+    if g["busy"]:
+        why.append(f"{g['busy']} shared a link whose traffic, every ring at its pace alone, fills more than all its "
+                   "time (their communication's shares of an iteration sum past 100 %): there is no pause to "
+                   "interleave into, unequal shares only move who waits")
+    if g["periods"]:
+        why.append(f"{g['periods']} shared with rings whose iterations alone differ, so an interleaving does not "
+                   "hold: they drift back into overlap")
+    if g["mean_field"]:
+        why.append(f"{g['mean_field']} were in groups of rings too large to step through (mean field: fair shares, "
+                   "MLTCP not modelled)")
+    if g["other"]:
+        why.append(f"{g['other']} contended and could interleave, but what MLTCP won in later iterations the "
+                   "transient's cost (or the run's end) took back")
+    return text + " MLTCP saved nothing: " + "; ".join(why) + "."
+
+
 # --- the CLI's flags (optirack simulate) --------------------------------------------------------
 def add_arguments(parser) -> None:
-    g = parser.add_argument_group("the neighbours' fabrics (policies oddl, topoopt, sipml, panama, switchml)")
+    g = parser.add_argument_group("the neighbours' fabrics (policies oddl, topoopt, sipml, panama, switchml, mltcp)")
     d = Params()
     g.add_argument("--oddl-switch-ns", type=float, default=d.oddl_switch_s * 1e9,
                    help="ODDL: wavelength switching per circuit, ns (%(default)s, the paper's measured)")
@@ -219,10 +301,13 @@ def add_arguments(parser) -> None:
                    help="SiP-ML-like: Gbit/s per GPU (%(default)s, assumed)")
     g.add_argument("--sipml-setup-us", type=float, default=d.sipml_setup_s * 1e6,
                    help="SiP-ML-like: circuit set-up per ring step, us (%(default)s)")
+    g.add_argument("--mltcp-slope", type=float, default=d.mltcp_slope,
+                   help="MLTCP: a transferring ring's weight is 1 + slope x its iteration's bytes sent, as a share "
+                        "(%(default)s, assumed)")
 
 
 def from_args(args) -> Params:
     p = Params(args.oddl_switch_ns * 1e-9, args.oddl_control_us * 1e-6, args.topoopt_degree, args.sipml_gbps,
-               args.sipml_setup_us * 1e-6)
+               args.sipml_setup_us * 1e-6, args.mltcp_slope)
     p.check()
     return p

@@ -6,7 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
-from simulator import metrics
+from simulator import metrics, neighbours
 from simulator.study import Study
 
 
@@ -60,6 +60,8 @@ def build(study: Study, meta: dict, baseline: str | None = None) -> dict:
     if "regroup" in study.runs and "timeshift" in study.runs:
         record["timeshift"] = metrics.timeshift_gain(study.runs["regroup"], study.runs["timeshift"])
         record["timeshift"]["held"] = record.get("net", {}).get("sharing") == "held"
+    if "regroup" in study.runs and "mltcp" in study.runs:  # MLTCP beside regroup (simulator/neighbours.py)
+        record["mltcp"] = neighbours.mltcp_gain(study.runs["regroup"], study.runs["mltcp"])
     return record
 
 
@@ -247,6 +249,8 @@ def markdown(record: dict, extra: str = "") -> str:
         lines += ["## Over seeds", "", seeds_table(record["seeds"]), ""]
     if "timeshift" in record:
         lines += [timeshift_text(record["timeshift"]), ""]
+    if "mltcp" in record:
+        lines += [neighbours.mltcp_text(record["mltcp"]), ""]
     failed = {
         name: p["summary"]["failed_jobs"] for name, p in record["policies"].items() if p["summary"]["failed_jobs"]
     }

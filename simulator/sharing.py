@@ -17,6 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from profiles import WORKLOADS, compute_seconds
+from simulator.detail import COMPUTE, TRANSFER, Detail
+from simulator.interference import Interference
+from simulator.rings import alone_rate
 
 
 @dataclass(frozen=True)
@@ -128,3 +131,145 @@ def table(iterations: int = 200) -> list[dict]:
                      "compatible": all(f / u >= 1 - 1e-9 for f, u in zip(fair, unfair, strict=True)),
                      "why_no_shift_gain": why_no_gain(jobs, fair, shifted)})
     return rows
+
+
+# --- MLTCP in the cluster engine (the policy `mltcp` of optirack simulate, simulator/neighbours.py) --------------
+# MLTCP scales a flow's aggressiveness by the share of its iteration's bytes it has sent, so the job further into
+# its all-reduce takes more of a shared link, finishes first and computes while the other sends: jobs that share
+# drift into interleaving. Here: while several rings transfer on a link, ring j's rate is weighted max-min with
+# weight 1 + slope x (its iteration's bytes sent, as a share), the share taken in `levels` steps (a staircase, so
+# the rates change only at events: a ring crossing a level is one). The engine's model files (simulator/detail.py,
+# simulator/interference.py) are used as they are: these subclasses only weigh the shares.
+def weighted_max_min(weights: dict[int, float], caps: dict[int, float], uses: dict[int, dict[int, int]],
+                     capacity) -> dict[int, float]:
+    """Progressive filling in proportion to `weights`: every unfrozen ring j moves at weights[j] x level, capped by
+    caps[j]; a link full (its flows x rates at its capacity) freezes its rings."""
+    rates: dict[int, float] = {}
+    remaining = {link: capacity[link] for j in uses for link in uses[j]}
+    active = set(caps)
+    while active:
+        demand: dict[int, float] = {}
+        for j in active:
+            for link, flows in uses.get(j, {}).items():
+                demand[link] = demand.get(link, 0.0) + flows * weights[j]
+        level, tight = min(caps[j] / weights[j] for j in active), None
+        for link, d in demand.items():
+            if remaining[link] / d < level:
+                level, tight = remaining[link] / d, link
+        frozen = {j for j in active if caps[j] / weights[j] <= level * (1 + 1e-12)} if tight is None else \
+            {j for j in active if tight in uses.get(j, {})}
+        for j in frozen:
+            rates[j] = weights[j] * level
+            for link, flows in uses.get(j, {}).items():
+                remaining[link] = max(0.0, remaining[link] - flows * rates[j])
+        active -= frozen
+    return rates
+
+
+class MltcpDetail(Detail):
+    """simulator/detail.py's rings on shared links, the transferring rings weighted by the bytes they have sent."""
+
+    def __init__(self, *args, slope: float, levels: int, **kw):
+        super().__init__(*args, **kw)
+        self.slope, self.levels = slope, levels
+        self._crossing: set[int] = set()  # rings whose next event is a level crossed, not the end of a phase
+
+    def sent(self, key: int) -> float:
+        """The share of its iteration's bytes the ring has sent (0 before its all-reduce)."""
+        s, ring = self.states[key], self.rings[key]
+        if s.phase != TRANSFER or not ring.steps:
+            return 0.0 if s.phase == COMPUTE else (s.step + 1) / ring.steps
+        if ring.coarse:
+            return 1 - s.remaining / ring.steps
+        return (s.step + 1 - s.remaining / ring.step_bytes) / ring.steps
+
+    def level(self, key: int) -> int:
+        return min(self.levels - 1, int(self.sent(key) * self.levels + 1e-9))
+
+    def weight(self, key: int) -> float:
+        return 1 + self.slope * self.level(key) / self.levels
+
+    def _rates(self) -> dict[int, float]:
+        if self._stale:
+            moving = tuple(k for k, s in self.states.items() if s.phase == TRANSFER)
+            levels = tuple(self.level(k) for k in moving)
+            tags = ("mltcp", *((self._tags[k], lv) for k, lv in zip(moving, levels, strict=True)))
+            rates = self._known.get(tags)
+            if rates is None:
+                rates = self._known[tags] = weighted_max_min(
+                    {k: self.weight(k) for k in moving}, {k: self.rings[k].cap for k in moving},
+                    {k: self.rings[k].links for k in moving}, self.capacity)
+            self.rates = rates
+            self._stale = False
+        return self.rates
+
+    def _time_left(self, key: int) -> float:
+        left = super()._time_left(key)
+        self._crossing.discard(key)
+        s, ring = self.states[key], self.rings[key]
+        lv = self.level(key)
+        if s.phase != TRANSFER or lv + 1 >= self.levels:
+            return left
+        to_go = (lv + 1) / self.levels * ring.steps - self.sent(key) * ring.steps  # steps to the next level
+        rate = self._rates()[key]
+        if ring.coarse:
+            dt = to_go * (ring.step_bytes / rate + self.latency)
+        else:
+            dt = to_go * ring.step_bytes / rate
+        if dt < left * (1 - 1e-9):
+            self._crossing.add(key)
+            return dt
+        return left
+
+    def _transition(self, key: int, t: float) -> bool:
+        if key in self._crossing:  # a level crossed: the shares change, the phase goes on
+            self._crossing.discard(key)
+            self._stale = True
+            return False
+        return super()._transition(key, t)
+
+
+class MltcpInterference(Interference):
+    """simulator/interference.py with MLTCP's shares where a component is stepped through. A component too large
+    for that (mean field) keeps fair shares. `why` notes, for each ring stepped through on a link whose summed peak
+    demand exceeded it (where unequal shares can matter), what bounds an interleaving there: "busy" (the link's
+    traffic, every ring at its pace alone, fills more than all its time: no pause to interleave into), "periods"
+    (their iterations alone differ, so no interleaving holds), else "other"; `mean` holds the rings of components
+    solved by mean field."""
+
+    def __init__(self, base: Interference, slope: float, levels: int):
+        super().__init__(base.capacity, base.latency, base.limits, base.force, base.held)
+        self.slope, self.levels = slope, levels
+        self.mean: set[int] = set()
+        self.why: dict[int, str] = {}
+
+    def _solve(self, t, keys, pending) -> None:
+        super()._solve(t, keys, pending)
+        if len(keys) < 2:
+            return
+        if getattr(self.comp[keys[0]], "mode", "mean") != "detail":  # a Block (arrays) is mean field
+            self.mean.update(keys)
+            return
+        demand, load, alone = {}, {}, {k: self.period_alone(self.rings[k]) for k in keys}
+        for k in keys:
+            ring = self.rings[k]
+            duty = 1 - ring.compute_s / alone[k]  # the share of its iteration alone spent communicating
+            for link, flows in ring.links.items():
+                d = flows * alone_rate(ring, self.capacity)
+                demand[link] = demand.get(link, 0.0) + d
+                load[link] = load.get(link, 0.0) + d / self.capacity[link] * duty
+        over = {link for link, d in demand.items() if d > self.capacity[link] * (1 + 1e-9)}
+        for k in keys:
+            mine = over & set(self.rings[k].links)
+            if not mine:
+                continue
+            peers = [alone[j] for j in keys if mine & set(self.rings[j].links)]
+            self.why[k] = "busy" if any(load[link] >= 1 - 1e-9 for link in mine) else \
+                "periods" if max(peers) > min(peers) * 1.01 else "other"
+
+    def _detail(self, comp) -> Detail:
+        if len(self._known) > 20_000:
+            self._known.clear()
+        return MltcpDetail([self.rings[k] for k in comp.keys], self.capacity, self.latency,
+                           {k: s.copy() for k, s in comp.start.items()}, self.held, (self._known, self._tags),
+                           slope=self.slope, levels=self.levels)

@@ -7,9 +7,11 @@ import pytest
 
 from profiles import WORKLOADS, compute_seconds
 from simulator import neighbours, report, sharing, shortflows
+from simulator.detail import Detail, RingState
 from simulator.engine import Options, policies
 from simulator.network import GBPS
 from simulator.racks import RackOptions, generate
+from simulator.rings import Ring
 from simulator.workloads import JobSpec
 
 EFF, LAT = Options().net.efficiency, Options().net.step_latency_s
@@ -109,6 +111,8 @@ def test_bad_parameters_are_refused():
         neighbours.Params(topoopt_degree=0).check()
     with pytest.raises(ValueError, match="oddl_switch_s"):
         neighbours.Params(oddl_switch_s=-1.0).check()
+    with pytest.raises(ValueError, match="mltcp slope"):
+        neighbours.Params(mltcp_slope=float("inf")).check()
 
 
 def test_unfair_sharing_interleaves_two_equal_jobs():
@@ -120,6 +124,72 @@ def test_unfair_sharing_interleaves_two_equal_jobs():
     assert sharing.run(jobs, [0.6, 0.4], iterations=60) == pytest.approx([2.0, 2.0], rel=1e-4)
     offsets, shifted = sharing.best_offsets(jobs)  # CASSINI: start b 1 s later, fair shares then never meet
     assert offsets[1] == pytest.approx(1.0, abs=2 / 24) and shifted == pytest.approx([2.0, 2.0], rel=1e-3)
+
+
+def test_weighted_max_min_by_hand():
+    """One link of 1.0: weights 1 and 3 split it 1/4 and 3/4; capped at 0.5, the heavier one leaves the rest to the
+    other. Ring 2 also on a second link of 0.2 is held there; ring 1 takes what it leaves."""
+    assert sharing.weighted_max_min({1: 1.0, 2: 3.0}, {1: 9.0, 2: 9.0}, {1: {0: 1}, 2: {0: 1}}, [1.0]) == \
+        pytest.approx({1: 0.25, 2: 0.75})
+    assert sharing.weighted_max_min({1: 1.0, 2: 3.0}, {1: 9.0, 2: 0.5}, {1: {0: 1}, 2: {0: 1}}, [1.0]) == \
+        pytest.approx({1: 0.5, 2: 0.5})
+    assert sharing.weighted_max_min({1: 1.0, 2: 3.0}, {1: 9.0, 2: 9.0}, {1: {0: 1}, 2: {0: 1, 1: 1}}, [1.0, 0.2]) == \
+        pytest.approx({1: 0.8, 2: 0.2})
+
+
+def _pair(offset, mltcp, coarse):
+    """Two rings of 2 ranks on one link of 1 byte/s: 1 s compute, 2 steps of 0.5 byte (1 s alone), no latency; the
+    second `offset` s behind. Their iteration times over iterations 40-60."""
+    rings = [Ring(k, 1.0, 1.0, 2, 1.0, 1.0, {0: 1}, coarse) for k in (0, 1)]
+    states = {0: RingState(remaining=1.0), 1: RingState(remaining=1.0 + offset)}
+    d = sharing.MltcpDetail(rings, [1.0], 0.0, states, slope=2.0, levels=16) if mltcp else \
+        Detail(rings, [1.0], 0.0, states)
+    d.run(0.0, 1e9, window={0: 60, 1: 60})
+    return [(s.ends[59] - s.ends[39]) / 20 for s in d.states.values()]
+
+
+@pytest.mark.parametrize("coarse", [True, False])
+def test_mltcp_interleaves_two_identical_jobs_on_one_link(coarse):
+    """Fair, the second 0.1 s behind: the first sends alone 0.1 s, then both at half rate until it is done
+    (1.8 s), the second alone its last 0.1 s: 2.9 s an iteration, the offset held for ever. MLTCP: the one ahead
+    has sent more, so weighs more, finishes sooner and computes while the other sends; the gap grows until they
+    take turns: 2 s an iteration (compute 1 s hidden under the other's 1 s of traffic). Started together they stay
+    together (the fluid model has no noise to break the tie): 3 s, as fair."""
+    assert _pair(0.1, False, coarse) == pytest.approx([2.9, 2.9])
+    assert _pair(0.1, True, coarse) == pytest.approx([2.0, 2.0], rel=1e-6)
+    assert _pair(0.0, True, coarse) == pytest.approx([3.0, 3.0])
+
+
+def test_mltcp_in_the_engine_beside_regroup():
+    """Two ResNet50 rings of 4 on 2 switches (g1,g2,g5,g6 and g3,g4,g7,g8), uplinks at one NIC's rate, the second 1
+    ms later: both cross the same uplinks with one flow each. Fair (regroup): compute c + 2T - 1 ms (T: the all-reduce
+    alone); MLTCP: c + T once interleaved (the mean over 300 iterations, the transient included)."""
+    rack = generate(RackOptions(8, gpus_per_switch=4, gpus_per_server=1, oversubscription=4,
+                                models=(("V100", 1.0),), spare=1.0))
+    jobs = [JobSpec("a", 0.0, 4, "resnet50", 300, names=("g1", "g2", "g5", "g6"), policy="fixed"),
+            JobSpec("b", 1e-3, 4, "resnet50", 300, names=("g3", "g4", "g7", "g8"), policy="fixed")]
+    s, c = WORKLOADS["resnet50"].gradient_bytes, compute_seconds("resnet50", "V100")
+    t = 6 * (s / 4 / (100 * GBPS * EFF) + LAT)
+    table = {**policies(300.0), **neighbours.policies()}
+    fair, mltcp = (neighbours.run_class(table[p])(rack, jobs, table[p], Options()).run() for p in ("regroup", "mltcp"))
+    assert all(j.shared for j in fair.jobs + mltcp.jobs)
+    assert [j.mean_iteration_s for j in fair.jobs] == pytest.approx([c + 2 * t - 1e-3] * 2, rel=5e-3)
+    assert [j.mean_iteration_s for j in mltcp.jobs] == pytest.approx([c + t] * 2, rel=2e-3)
+    assert mltcp.stats["mltcp"]["other"] == ["a", "b"]  # contended, one period, a link with pauses: it could gain
+    gain = neighbours.mltcp_gain(fair, mltcp)
+    assert gain["jobs"] == 2 and gain["saved"] > 0.1 and gain["other"] == 2
+    assert "sooner" in neighbours.mltcp_text(gain) and "saved nothing" not in neighbours.mltcp_text(gain)
+
+
+def test_why_mltcp_saves_nothing():
+    g = {"jobs": 10, "saved": 0.0, "jct_unshifted_s": 241.0, "jct_shifted_s": 241.0, "iteration_unshifted_s": 0.146,
+         "iteration_shifted_s": 0.146, "faster": 5, "fit": 7, "busy": 1, "periods": 2, "other": 0, "mean_field": 0,
+         "held": False}
+    text = neighbours.mltcp_text(g)
+    assert "saved nothing" in text and "7 of 10" in text and "no pause" in text and "drift back" in text
+    assert "mean field" not in text
+    assert "held" in neighbours.mltcp_text({"held": True})
+    assert "0.1 % later" in neighbours.mltcp_text({**g, "saved": -0.001})
 
 
 def test_why_shifting_saves_nothing():
@@ -159,6 +229,9 @@ def test_report_blocks_read_the_records_and_name_a_missing_one(tmp_path):
     assert "| training time, ODDL | 97.8 min |" in text
     with pytest.raises(ReportError, match="oddl-table1.json"):
         report_neighbours.oddl_table1([], results=tmp_path)
+    assert "MLTCP: " in report_neighbours.why_4096([]) and "Time shifting: " in report_neighbours.why_4096([])
+    with pytest.raises(ReportError, match="summary.md"):
+        report_neighbours.why_4096([], results=tmp_path)
     (tmp_path / "neighbours").mkdir()
     (tmp_path / "neighbours" / "cassini.json").write_text("{}")
     with pytest.raises(ReportError, match="no rows"):
@@ -170,11 +243,15 @@ def test_simulate_runs_the_neighbours_beside_regroup_with_plots(tmp_path):
 
     out = tmp_path / "sim"
     assert standalone(["simulate", "--gpus", "64", "--gpus-per-switch", "16", "--jobs", "30", "--policies",
-                       "regroup,oddl,panama,switchml,topoopt,sipml,timeshift", "--quiet", "--workers", "1",
+                       "regroup,oddl,panama,switchml,topoopt,sipml,timeshift,mltcp", "--quiet", "--workers", "1",
                        "--out", str(out)]) == 0
     assert (out / "overview.png").stat().st_size > 0
     summary = (out / "summary.md").read_text()
     assert "ODDL: all-optical 2-D WSS" in summary and "in-network aggregation (PANAMA)" in summary
+    assert "MLTCP: shares weighted by bytes sent" in summary and "\nMLTCP: " in summary  # its row and its paragraph
     assert standalone(["simulate", "--gpus", "64", "--gpus-per-switch", "16", "--jobs", "3", "--policies", "oddl",
                        "--topoopt-degree", "0", "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
+    assert standalone(["simulate", "--gpus", "64", "--gpus-per-switch", "16", "--jobs", "3", "--policies", "mltcp",
+                       "--mltcp-slope", "-1", "--out", str(tmp_path / "bad")]) == 2
     assert not (tmp_path / "bad").exists()
