@@ -9,9 +9,9 @@ vanished. A worker that exited with an error of its own (a peer gone from the ri
 
 The swap: every worker still running is stopped; the checkpoint to go on from is the newest iteration of which a
 copy survives on a GPU still in the job (each rank saves one on its own server and one on a peer's on another
-server: containers/checkpoint.py); spares are chosen for the lost GPUs (of the job's model if it asked for one, of
-the lost GPU's model first, under the job's switch first, then the fastest for its workload; never a GPU of a server
-whose engine is down, nor one just lost) and placed with the survivors by the placement planner, in one circuit
+server: containers/checkpoint.py); spares are chosen for the lost GPUs by the one rule of controller/core/spares.py
+(of the job's model if it asked for one, of the lost GPU's model first, under the job's switch first, then the fastest
+for its workload; never a GPU of a server whose engine is down, nor one just lost) and placed with the survivors by the placement planner, in one circuit
 change (the spares' circuits moved under the job's switch, the lost GPUs' released). Then each rank restarts from
 the checkpoint: the survivors' workers are replaced in their sandboxes (their NICs stay), the spares get new
 containers, and all of them meet at rank 0, a survivor. With no spare free, the job waits at the head of the queue
@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controller.core import placement as policy
+from controller.core import spares as spare_rule
 from controller.core.jobs import Job, transition
 from controller.core.rack import PortRef
 from controller.jobs.steps import LOG, RECONFIG_WAIT, _attempt, _reason
@@ -231,29 +232,9 @@ class Failover:
             occ = self.book.occ(current, exclude=job.id, down=self.containers.down_servers())
             down = set(self.containers.down_servers())
             taken = set(self.book.busy_gpus()) | set(lost) | set(survivors)
-            switch = set(job.switches)
-            where = current.gpu_locations(rack)
-            free = [
-                g for g in rack.gpus
-                if g not in taken and rack.server_of[g] not in down and (model is None or rack.gpus[g].model == model)
-            ]
-            if len(free) < len(lost):
-                raise policy.NoRoomNow(
-                    f"{len(lost)} spare GPU(s){f' of model {model}' if model else ''} needed, {len(free)} free"
-                )
-            spares: dict[str, str] = {}
-            for g in lost:  # each lost GPU: its model first, under the job's switch first, then the fastest
-                want = rack.gpus[g].model
-                best = min(
-                    (c for c in free if c not in spares.values()),
-                    key=lambda c: (
-                        rack.gpus[c].model != want,
-                        (where.get(c) or (None,))[0] not in switch,
-                        policy.seconds_per_iteration(workload, rack.gpus[c].model),
-                        c,
-                    ),
-                )
-                spares[g] = best
+            free = [g for g in rack.gpus if g not in taken and rack.server_of[g] not in down]
+            where = {g: at[0] for g, at in current.gpu_locations(rack).items() if at}
+            spares = spare_rule.choose(rack, list(lost), free, workload, job.switches, where, model)
             gpus = tuple(survivors + list(spares.values()))
             p = policy.plan(occ, policy.Request(gpus, "regroup", model, workload))
             decided.update(plan=p, spares=spares, gpus=gpus, planning_s=self.state.clock() - t0)
