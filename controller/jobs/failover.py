@@ -11,8 +11,9 @@ The swap: every worker still running is stopped; the checkpoint to go on from is
 copy survives on a GPU still in the job (each rank saves one on its own server and one on a peer's on another
 server: containers/checkpoint.py); spares are chosen for the lost GPUs by the one rule of controller/core/spares.py
 (of the job's model if it asked for one, of the lost GPU's model first, under the job's switch first, then the fastest
-for its workload; never a GPU of a server whose engine is down, nor one just lost) and placed with the survivors by the placement planner, in one circuit
-change (the spares' circuits moved under the job's switch, the lost GPUs' released). Then each rank restarts from
+for its workload; never a GPU of a server whose engine is down, nor one just lost) and placed with the survivors by
+the placement planner, in one circuit change (the spares' circuits moved under the job's switch, the lost GPUs'
+released). Then each rank restarts from
 the checkpoint: the survivors' workers are replaced in their sandboxes (their NICs stay), the spares get new
 containers, and all of them meet at rank 0, a survivor. With no spare free, the job waits at the head of the queue
 (no queued job starts before it) and goes on when GPUs free up. The lost GPUs are no longer the job's: a dead
