@@ -49,6 +49,12 @@ OPTS = [
         help="for tests of reconciliation only: every job's thread stops once its circuits and containers are in "
         "place, its state left 'configuring', as if the controller died there",
     ),
+    cfg.BoolOpt(
+        "fault-hold-recovering",
+        default=False,
+        help="for tests of recovery only: a recovering job's recovery stops once its spares are swapped in (recorded), "
+        "its state left 'recovering', as if the controller died there",
+    ),
     cfg.StrOpt(
         "worker-image",
         default=f"optirack-worker:{os.environ.get('OPTIRACK_IMAGE_TAG', 'latest')}",

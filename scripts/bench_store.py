@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: what one save of the controller's state costs with 10 and with 10,000 recorded jobs.
 
-The save is the controller's own (PlacementApp.save of a job that changed: the circuit map, that
+The save is the controller's own (the job book's save of a job that changed: the circuit map, that
 job and the active jobs, one SQLite transaction, fsync'd). The finished jobs are written first
 and are not timed. Prints min/median/max per size and fails (exit 1) if the median at the
 largest size is more than twice the median at the smallest.
@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 from controller.apps.context import Optirack
-from controller.apps.placement import PlacementApp
 from controller.core.jobs import Job
 from controller.core.rack import load_rack
 
@@ -70,7 +69,7 @@ def finished_job(i: int, now: float) -> Job:
 def measure(jobs: int, saves: int, rack) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="optirack-bench-store-") as tmp:
         ctx = Optirack(rack=rack, state_dir=Path(tmp), containers=NoContainers())
-        placement = PlacementApp(optirack=ctx).service
+        placement = ctx.jobs  # the job service the wiring built (its threads not started: only saves are timed)
         now = time.time()
         history = [finished_job(i, now) for i in range(1, jobs + 1)]
         ctx.store.save(jobs=[j.to_state() for j in history])  # the recorded history (not timed)

@@ -131,6 +131,10 @@ class Job:
     image: str | None = None  # the worker image the job ran (repo@digest where a registry serves it)
     attempt: int = 0  # how many times its ranks were restarted from a checkpoint
     recoveries: list[dict] = field(default_factory=list)  # each swap: what was lost, why, the spares, the times
+    # The recovery under way while `recovering` (controller/jobs/failover.py): its step (detected, assessed, swapped),
+    # the signs, the GPUs lost, the spares, the attempt; persisted, so that a restarted controller carries it on. Not
+    # shown (to_json): once the job runs again it is one of `recoveries`.
+    recovery: dict | None = None
 
     @property
     def active(self) -> bool:
@@ -184,7 +188,7 @@ class Job:
     def summary(self) -> dict:
         its = self.iterations()
         total = self.request.get("workload", {}).get("iterations")
-        d = {k: v for k, v in asdict(self).items() if k not in ("reports", "logs")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("reports", "logs", "recovery")}
         d.update(
             iterations_done=len(its),
             iterations_total=total,

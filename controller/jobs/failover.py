@@ -9,14 +9,21 @@ vanished. A worker that exited with an error of its own (a peer gone from the ri
 
 The swap: every worker still running is stopped; the checkpoint to go on from is the newest iteration of which a
 copy survives on a GPU still in the job (each rank saves one on its own server and one on a peer's on another
-server: containers/checkpoint.py); spares are chosen for the lost GPUs (of the job's model if it asked for one, of
-the lost GPU's model first, under the job's switch first, then the fastest for its workload; never a GPU of a server
-whose engine is down, nor one just lost) and placed with the survivors by the placement planner, in one circuit
-change (the spares' circuits moved under the job's switch, the lost GPUs' released). Then each rank restarts from
+server: containers/checkpoint.py); spares are chosen for the lost GPUs by the one rule of controller/core/spares.py
+(of the job's model if it asked for one, of the lost GPU's model first, under the job's switch first, then the fastest
+for its workload; never a GPU of a server whose engine is down, nor one just lost) and placed with the survivors by
+the placement planner, in one circuit change (the spares' circuits moved under the job's switch, the lost GPUs'
+released). Then each rank restarts from
 the checkpoint: the survivors' workers are replaced in their sandboxes (their NICs stay), the spares get new
 containers, and all of them meet at rank 0, a survivor. With no spare free, the job waits at the head of the queue
 (no queued job starts before it) and goes on when GPUs free up. The lost GPUs are no longer the job's: a dead
 server's come back free when its engine answers again (its stale containers are swept then).
+
+Recovery is state, not memory: the job's persisted record holds the recovery under way (`job.recovery`: its step,
+detected -> assessed -> swapped, the signs, the GPUs lost, the survivors, the spares, the attempt), saved at each
+step, and every step can be done again. A controller killed while a job is `recovering` carries the recovery on from
+the record after its restart (recovery.py calls `resume`); once the job runs again the record is one of its
+`recoveries`.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from controller.core import placement as policy
+from controller.core import spares as spare_rule
 from controller.core.jobs import Job, transition
 from controller.core.rack import PortRef
 from controller.jobs.steps import LOG, RECONFIG_WAIT, _attempt, _reason
@@ -35,33 +43,33 @@ MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many reco
 
 
 class Failover:
-    def __init__(self, book, state, changes, containers, workers, lifecycle, runtime, drain: Callable[[], None]):
+    def __init__(
+        self, book, state, changes, containers, workers, lifecycle, runtime, drain: Callable[[], None],
+        hold_at: str | None = None,
+    ):  # fmt: skip
         self.book, self.state, self.changes, self.containers, self.workers, self.lifecycle, self.rt = (
             book, state, changes, containers, workers, lifecycle, runtime
         )  # fmt: skip
         self.drain = drain  # start queued jobs (queue.Queue.drain)
-        # the signs of a loss gathered per job, jobs gathering them, when the first came, OCS ports whose link is down
-        self._losing: dict[str, dict] = {}
-        self._collecting: set[str] = set()
-        self._detected: dict[str, float] = {}
-        self._links_down: set[str] = set()
+        self.hold_at = hold_at  # a fault hook for tests: recoveries stop once at this step ("swapped": _hold)
+        self._collecting: set[str] = set()  # jobs gathering the signs of one fault (SETTLE s)
+        self._links_down: set[str] = set()  # OCS ports whose link is down (observed, not the job's)
 
     # --- detection -------------------------------------------------------------------------
     def lost(self, job: Job, gpu: str, why: str, swap: bool) -> bool:
         """A worker of `job` is gone (`swap`: its GPU is lost). Starts the recovery on the first sign; returns
         False when the job is not recovered (it was not running, or it used up its recoveries)."""
         if job.state == "recovering" and job.id in self._collecting:
-            self._losing[job.id].setdefault(gpu, (why, swap))
+            job.recovery["signs"].setdefault(gpu, [why, swap])
             return True
         if job.state != "running":
             return False
         if len(job.recoveries) >= MAX_RECOVERIES:
             LOG.error("%s: %s, after %d recoveries: not recovering it again", job.id, why, len(job.recoveries))
             return False
-        self._losing[job.id] = {gpu: (why, swap)}
         self._collecting.add(job.id)
-        self._detected[job.id] = self.state.clock()
-        transition(job, "recovering", reason=why)
+        recovery = {"step": "detected", "detected_at": self.state.clock(), "signs": {gpu: [why, swap]}}
+        transition(job, "recovering", reason=why, recovery=recovery)
         LOG.warning("%s recovering: %s", job.id, why)
         _attempt(job, "saving the job", self.book.save)
         self.rt.spawn(self._recover_job, job)
@@ -94,22 +102,36 @@ class Failover:
                 LOG.exception("watching the servers of running jobs")
 
     # --- the recovery ----------------------------------------------------------------------
-    def _recover_job(self, job: Job) -> None:
-        """The job's recovery thread: which GPUs are lost, the checkpoint, the swap, the restart."""
+    def resume(self, job: Job) -> None:
+        """After a restart, a job found `recovering`: its recovery goes on from the step its record says (the thread
+        that calls this is the job's recovery thread)."""
+        step = (job.recovery or {}).get("step", "detected")
+        LOG.warning("%s: recovering at the restart (step %s): carrying the recovery on", job.id, step)
+        self._recover_job(job, resumed=True)
+
+    def _recover_job(self, job: Job, resumed: bool = False) -> None:
+        """The job's recovery thread: which GPUs are lost, the checkpoint, the swap, the restart. Each step is
+        recorded in the job's persisted `recovery` (detected -> assessed -> swapped), and each can be done again: a
+        controller restarted in the middle carries the recovery on from the record (`resume`)."""
         try:
-            self.rt.sleep(SETTLE)
-            self._collecting.discard(job.id)
-            losing = self._losing.pop(job.id, {})
-            rec = self._assess(job, losing)
+            if not resumed:
+                self.rt.sleep(SETTLE)
+                self._collecting.discard(job.id)
+            self._hold(job, "detected")
+            rec = job.recovery or {}
+            if rec.get("step", "detected") == "detected":
+                rec = job.recovery = self._assess(job, rec)
+                self.book.save()
+                self._hold(job, "assessed")
             self._stop_old_attempt(job, rec)
-            while True:
+            while rec["step"] != "swapped":
                 if job.state != "recovering":
                     return  # stopped meanwhile
                 try:
                     self._swap(job, rec)
-                    break
                 except policy.NoRoomNow as e:
                     self._wait_for_spares(job, rec, str(e))
+            self._hold(job, "swapped")
             if job.id in self.book.awaiting:  # it held the queue back: with its spares taken, the others may go
                 self.book.awaiting.discard(job.id)
                 _attempt(job, "starting queued jobs", self.drain)
@@ -125,7 +147,18 @@ class Failover:
             return
         self.lifecycle.watch(job)
 
-    def _assess(self, job: Job, losing: dict[str, tuple[str, bool]]) -> dict:
+    def _hold(self, job: Job, step: str) -> None:
+        """The fault hook (--optirack-fault-hold-recovering, for tests): the recovery thread stops here, its step
+        recorded and the job `recovering`, as if the controller died there."""
+        if self.hold_at == step:
+            LOG.warning("%s: recovery held at step %s by the fault hook", job.id, step)
+            while True:
+                self.rt.sleep(3600)
+
+    def _assess(self, job: Job, detected: dict) -> dict:
+        """Which GPUs are lost, from the signs gathered (`detected`: the recovery's record so far) and the engines and
+        links now; the recovery's record from here on (step "assessed")."""
+        losing = {g: tuple(sign) for g, sign in detected.get("signs", {}).items()}
         rack = self.state.rack
         servers = sorted({rack.server_of[g] for g in job.gpus})
         down = {s for s in servers if not self.containers.engines.ping(s)}
@@ -143,9 +176,10 @@ class Failover:
             default=0,
         )
         return {
+            "step": "assessed",
             "attempt": job.attempt + 1,
             "reason": first,
-            "detected_at": self._detected.pop(job.id, self.state.clock()),
+            "detected_at": detected.get("detected_at", self.state.clock()),
             "lost": {g: lost[g] for g in job.gpus if g in lost},
             "errors": {g: why for g, (why, swap) in losing.items() if not swap},
             "servers_down": sorted(down),
@@ -157,7 +191,7 @@ class Failover:
         """Stop every worker of the attempt that broke and wait for the threads following those on live servers
         (one following a worker of a server that does not answer may hang: it ends on its own, and being of an old
         attempt, changes nothing)."""
-        job.attempt += 1
+        job.attempt = rec["attempt"]  # again after a restart: the same attempt
         alive = [g for g in job.gpus if self.state.rack.server_of[g] not in rec["servers_down"]]
         self.workers.kill_on(job, alive)
         threads = dict(zip(job.gpus, self.book.threads.pop(job.id, []), strict=False))
@@ -189,7 +223,7 @@ class Failover:
         job.gpus = survivors  # the lost GPUs are no longer the job's
         decided: dict = {}
         if not lost:
-            rec.update(spares={}, planning_s=0.0, event=None)
+            rec.update(spares={}, planning_s=0.0, event=None, step="swapped")
             return
         model = job.request.get("gpu_model")
         workload = job.request["workload"].get("model", "vgg16")
@@ -199,29 +233,9 @@ class Failover:
             occ = self.book.occ(current, exclude=job.id, down=self.containers.down_servers())
             down = set(self.containers.down_servers())
             taken = set(self.book.busy_gpus()) | set(lost) | set(survivors)
-            switch = set(job.switches)
-            where = current.gpu_locations(rack)
-            free = [
-                g for g in rack.gpus
-                if g not in taken and rack.server_of[g] not in down and (model is None or rack.gpus[g].model == model)
-            ]
-            if len(free) < len(lost):
-                raise policy.NoRoomNow(
-                    f"{len(lost)} spare GPU(s){f' of model {model}' if model else ''} needed, {len(free)} free"
-                )
-            spares: dict[str, str] = {}
-            for g in lost:  # each lost GPU: its model first, under the job's switch first, then the fastest
-                want = rack.gpus[g].model
-                best = min(
-                    (c for c in free if c not in spares.values()),
-                    key=lambda c: (
-                        rack.gpus[c].model != want,
-                        (where.get(c) or (None,))[0] not in switch,
-                        policy.seconds_per_iteration(workload, rack.gpus[c].model),
-                        c,
-                    ),
-                )
-                spares[g] = best
+            free = [g for g in rack.gpus if g not in taken and rack.server_of[g] not in down]
+            where = {g: at[0] for g, at in current.gpu_locations(rack).items() if at}
+            spares = spare_rule.choose(rack, list(lost), free, workload, job.switches, where, model)
             gpus = tuple(survivors + list(spares.values()))
             p = policy.plan(occ, policy.Request(gpus, "regroup", model, workload))
             decided.update(plan=p, spares=spares, gpus=gpus, planning_s=self.state.clock() - t0)
@@ -246,6 +260,7 @@ class Failover:
             ocs_s=self.state.clock() - t0 - decided["planning_s"],
             event=ev.id if ev is not None else None,
             switches=list(p.switches),
+            step="swapped",
         )
         self.book.save()
 
@@ -289,10 +304,10 @@ class Failover:
             running_at=now,
             gpus=list(job.gpus),
         )
-        del rec["old_gpus"]
+        del rec["old_gpus"], rec["step"]
         job.recoveries.append(rec)
         swapped = ", ".join(f"{a} -> {b}" for a, b in rec["spares"].items()) or "none swapped"
         job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}"
-        transition(job, "running", reason=None)
+        transition(job, "running", reason=None, recovery=None)
         self.book.save()
         LOG.info("%s running again (%s) from iteration %d, %d redone", job.id, swapped, k, rec["iterations_redone"])

@@ -102,7 +102,7 @@ class Lifecycle:
         _attempt(job, "removing the containers", self.workers.remove, job)
         _attempt(job, "removing the checkpoints", self.workers.remove_volumes, job)
         self.book.stopping.discard(job.id)  # its GPUs are free now
-        transition(job, state, reason=reason, ended_at=self.state.clock())
+        transition(job, state, reason=reason, ended_at=self.state.clock(), recovery=None)
         _attempt(job, "saving the job", self.book.save, job)
         _attempt(job, "starting queued jobs", self.freed)  # its GPUs are free
 

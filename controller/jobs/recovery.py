@@ -2,7 +2,8 @@
 be by comparing its record with what the engines and the OCS hold. A job found `running` whose workers are all there
 is followed again (else it fails, naming the missing ones); one found `configuring` is carried on to `running` if
 its circuits and containers match its plan, else undone (its placement's circuits put back, its containers removed,
-failed with the reason); one found `pending` fails (it held nothing yet); a `queued` one keeps its place. When a
+failed with the reason); one found `recovering` has its recovery carried on from the step its record says, once the
+OCS are back (failover.py); one found `pending` fails (it held nothing yet); a `queued` one keeps its place. When a
 server's engine comes back, what is left there of ended jobs is removed and the queue is tried again.
 """
 
@@ -20,7 +21,7 @@ DEVICES_WAIT = 60.0  # seconds a restarted controller waits for the OCS before i
 class Recovery:
     def __init__(
         self, book, state, containers, workers, lifecycle, runtime, engine_poll: float,
-        wait_for_devices: Callable[[float], bool], drain: Callable[[], None],
+        wait_for_devices: Callable[[float], bool], drain: Callable[[], None], resume: Callable[[Job], None],
     ):  # fmt: skip
         self.book, self.state, self.containers, self.workers, self.lifecycle, self.rt = (
             book, state, containers, workers, lifecycle, runtime
@@ -28,6 +29,7 @@ class Recovery:
         self.engine_poll = engine_poll
         self.wait_for_devices = wait_for_devices  # queue.Queue.wait_for_devices
         self.drain = drain  # start queued jobs (queue.Queue.drain)
+        self.resume = resume  # carry a recovery on (failover.Failover.resume)
 
     # --- after a restart --------------------------------------------------------------------
     def found(self) -> list[tuple[Job, str]]:
@@ -38,7 +40,8 @@ class Recovery:
 
     def recover(self, found: list[tuple[Job, str]]) -> None:
         """After a restart: follow running jobs whose workers are all still there, on every engine;
-        fail the others; then remove what is left of jobs that are over."""
+        fail the others; then remove what is left of jobs that are over, and carry on the recoveries under way."""
+        recovering = []
         for job, state in found:
             if job.state != state:
                 continue
@@ -52,10 +55,20 @@ class Recovery:
                 self.lifecycle.fail(job, f"the workers of {missing} went away while the controller was down", None)
             elif job.state == "configuring":
                 self._reconcile_configuring(job)
+            elif job.state == "recovering":
+                recovering.append(job)  # after the sweep: it must not take the containers the recovery starts
             elif job.state in ACTIVE:
                 self.lifecycle.fail(job, f"the controller restarted while the job was {job.state}", None)
         for server in self.state.rack.servers:
             self.sweep(server)
+        for job in recovering:
+            self.rt.spawn(self._resume, job)
+
+    def _resume(self, job: Job) -> None:
+        if not self.wait_for_devices(DEVICES_WAIT):
+            LOG.error("%s: the OCS are not back after %.0f s; recovering without them", job.id, DEVICES_WAIT)
+        if job.state == "recovering":
+            self.resume(job)
 
     def _reconcile_configuring(self, job: Job) -> None:
         """Carry the job on if what the devices hold is its plan: its circuits in the map, a worker per GPU on the

@@ -48,7 +48,16 @@ from controller.jobs.workers import Workers
 
 
 class JobService:
-    def __init__(self, state, changes, containers, runtime: Runtime, engine_poll: float, hold_configuring=False):
+    def __init__(
+        self,
+        state,
+        changes,
+        containers,
+        runtime: Runtime,
+        engine_poll: float,
+        hold_configuring: bool = False,
+        hold_recovering: str | None = None,
+    ):
         self.state, self.rt = state, runtime
         self.book = book = JobBook(state)
         self.workers = workers = Workers(state.rack, containers, runtime)
@@ -64,7 +73,9 @@ class JobService:
             hold_configuring=hold_configuring,
         )
         self.queue = Queue(book, state, changes, containers, runtime, run=self.lifecycle.run)
-        self.failover = Failover(book, state, changes, containers, workers, self.lifecycle, runtime, self.queue.drain)
+        self.failover = Failover(
+            book, state, changes, containers, workers, self.lifecycle, runtime, self.queue.drain, hold_recovering
+        )
         self.recovery = Recovery(
             book,
             state,
@@ -75,6 +86,7 @@ class JobService:
             engine_poll,
             wait_for_devices=self.queue.wait_for_devices,
             drain=self.queue.drain,
+            resume=self.failover.resume,
         )
         self.regrouper = Regroup(book, state, changes, self.queue.drain)
 

@@ -81,6 +81,36 @@ def test_a_worker_killed_mid_job(fragmented):
         assert ns.has_link(RACK.interface(gpu), netns_of(RACK.server_of[gpu])), f"the NIC of {gpu} is not home"
 
 
+def test_a_controller_killed_while_a_job_recovers(bed):
+    """kill -9 of the controller while a job is `recovering` (held, by the fault hook, once its spare is swapped in
+    and recorded): the new controller carries the recovery on from the job's record, and the job ends done with
+    both attempts in it."""
+    client = bed.restart("--optirack-fault-hold-recovering")
+    job = client.post(
+        "/jobs",
+        {"gpus": ["gpu1", "gpu2"], "policy": "fixed", "checkpoint_every": 3,
+         "workload": {"iterations": 40, "compute_seconds": 0.05}},
+    )["job"]
+    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 4, 120, "the job to iterate")
+    engine_client(RACK, RACK.server_of["gpu2"], 30).containers.get(f"optirack-{job['id']}-gpu2").kill()
+
+    def held() -> bool:
+        j = client.get(f"/jobs/{job['id']}")["job"]
+        return j["state"] == "recovering" and "gpu2" not in j["gpus"] and len(j["gpus"]) == 2
+
+    wait_for(held, 60, "the spare swapped in and the recovery held")
+    bed.controller.kill()
+    client = bed.restart()
+    done = _ended(client, job["id"])
+    assert done["state"] == "done" and done["iterations_done"] == 40, (done["state"], done["reason"])
+    (rec,) = done["recoveries"]
+    assert rec["attempt"] == done["attempt"] == 1 and set(rec["lost"]) == {"gpu2"}, rec
+    assert rec["spares"]["gpu2"] in done["gpus"] and rec["resumed_from"] >= 3, rec
+    ranks = client.get(f"/jobs/{job['id']}")["job"]["ranks"]
+    assert {r["attempt"] for r in ranks["gpu1"]} == {0, 1}  # the survivor's reports: before and after the restart
+    assert our_containers() == {}, "containers left on some engine"
+
+
 def test_a_nic_that_cannot_be_handed_over(fragmented):
     client = fragmented
     home, away = netns_of(RACK.server_of["gpu4"]), "gpu4-away"

@@ -298,3 +298,36 @@ def port_status_event(apps, ocs, port: int, down: bool):
                           state=ofp.OFPPS_LINK_DOWN if down else ofp.OFPPS_LIVE, curr=0, advertised=0, supported=0,
                           peer=0, curr_speed=0, max_speed=0)
     deliver(apps, ofp_event.ofp_msg_to_ev(parser.OFPPortStatus(ocs, reason=ofp.OFPPR_MODIFY, desc=desc)))
+
+
+@pytest.mark.parametrize("step", ["detected", "assessed", "swapped"])
+def test_a_controller_restarted_while_a_job_recovers_carries_the_recovery_on(tmp_path, vrt, step):
+    """Recovery is state, not memory: the controller dies at each step of a recovery (held there by the fault hook);
+    the new one finds the job `recovering`, carries its recovery on from the step its record says, and the job ends
+    done, every iteration once, with one recovery: attempt 0 before it, attempt 1 after."""
+    from tests.unit.virtual import VirtualRuntime
+
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    placement.failover.hold_at = step
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"], iterations=30)
+    vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
+    driver.kill_server("srv2")
+    vrt.run(lambda: job.state == "recovering", what="the loss to be seen")
+    vrt.advance(2)  # the recovery reaches the step it is held at
+    assert job.state == "recovering" and job.recovery["step"] == step, job.recovery
+    (saved,) = [j for j in ctx.store.load()["jobs"] if j["id"] == job.id]  # what a new controller will read
+    assert saved["state"] == "recovering" and saved["recovery"]["step"] == step, saved["recovery"]
+    rt2 = VirtualRuntime()  # the controller is killed; a new one starts on the same state and engines
+    ctx2, placement2, _ = make(tmp_path, driver, rt2)
+    again = placement2.get(job.id)
+    rt2.run(finished(placement2, job.id), what="the job to end after the restart")
+    assert again.state == "done", again.reason
+    (rec,) = again.recoveries
+    assert rec["attempt"] == again.attempt == 1 and set(rec["lost"]) == {"gpu2"} and "step" not in rec
+    assert rec["resumed_from"] == 10 and again.recovery is None and "recovery" not in again.to_json()
+    assert {r["attempt"] for rs in again.reports.values() for r in rs if r.get("event") == "iteration"} == {0, 1}
+    assert [i["iteration"] for i in again.iterations()] == list(range(30))
+    assert "gpu2" not in again.gpus and len(again.gpus) == 4 and placement2.busy_gpus() == {}
+    assert {ctx2.circuits.gpu_locations(RACK)[g][0] for g in again.gpus} == set(again.switches)
+    rt2.close()

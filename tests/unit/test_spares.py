@@ -1,0 +1,57 @@
+"""The one rule for spare GPUs (controller/core/spares.py), and the controller's fail-over choosing through it."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.core import spares
+from controller.core.placement import NoRoomNow
+from controller.core.rack import load_rack
+from tests.unit.jobfakes import FakeDriver
+from tests.unit.test_jobs import finished, make, req
+from tests.unit.test_rack import PAPER
+
+RACK = load_rack(PAPER)  # gpu1-gpu4 M40, gpu5-gpu6 Titan V; gpu1,2,5 under as1 and gpu3,4,6 under as2 at the start
+
+
+def test_the_lost_gpus_model_first_then_the_jobs_switch_then_the_fastest_then_the_name():
+    where = {"gpu1": "as1", "gpu2": "as1", "gpu3": "as2", "gpu4": "as2", "gpu5": "as1", "gpu6": "as2"}
+    assert spares.choose(RACK, ["gpu1"], ["gpu3", "gpu4", "gpu5", "gpu6"], "vgg16", ["as1"], where) == {"gpu1": "gpu3"}
+    assert spares.choose(RACK, ["gpu1"], ["gpu5", "gpu6"], "vgg16", ["as2"], where) == {"gpu1": "gpu6"}  # switch
+    assert spares.choose(RACK, ["gpu5"], ["gpu1", "gpu6"], "vgg16", ["as1"], where) == {"gpu5": "gpu6"}  # model
+    # the same model under no switch of the job: the faster of the others is not taken over the lost GPU's model
+    assert spares.choose(RACK, ["gpu1"], ["gpu4", "gpu5"], "vgg16", ["as1"], {"gpu5": "as1"}) == {"gpu1": "gpu4"}
+    two = spares.choose(RACK, ["gpu1", "gpu2"], ["gpu3", "gpu4", "gpu5"], "vgg16", ["as1"], where)
+    assert two == {"gpu1": "gpu3", "gpu2": "gpu4"}  # each spare once, in rank order
+
+
+def test_a_job_of_one_model_takes_only_that_model_and_too_few_is_no_room_now():
+    where: dict = {}
+    assert spares.choose(RACK, ["gpu1"], ["gpu5", "gpu4"], "vgg16", [], where, model="M40") == {"gpu1": "gpu4"}
+    with pytest.raises(NoRoomNow, match=r"^2 spare GPU\(s\) of model M40 needed, 1 free$"):
+        spares.choose(RACK, ["gpu1", "gpu2"], ["gpu4", "gpu5", "gpu6"], "vgg16", [], where, model="M40")
+    with pytest.raises(NoRoomNow, match=r"^1 spare GPU\(s\) needed, 0 free$"):
+        spares.choose(RACK, ["gpu1"], [], "vgg16", [], where)
+
+
+def spy(monkeypatch) -> list:
+    calls, real = [], spares.choose
+
+    def choose(rack, lost, *args, **kwargs):
+        out = real(rack, lost, *args, **kwargs)
+        calls.append((list(lost), out))
+        return out
+
+    monkeypatch.setattr(spares, "choose", choose)
+    return calls
+
+
+def test_the_controller_chooses_its_spares_through_the_core_rule(tmp_path, vrt, monkeypatch):
+    calls = spy(monkeypatch)
+    driver = FakeDriver(pace=1.0)
+    _, jobs, _ = make(tmp_path, driver, vrt)
+    job = jobs.submit(req(gpus=["gpu1", "gpu2"], workload={"iterations": 12}, checkpoint_every=3))
+    vrt.run(lambda: len(job.iterations()) >= 4, what="4 iterations")
+    driver.kill_server("srv2")
+    vrt.run(finished(jobs, job.id), what="the job to end")
+    assert job.state == "done" and calls == [(["gpu2"], job.recoveries[0]["spares"])], (job.reason, calls)
