@@ -13,8 +13,8 @@ from controller.bundled import DEFAULT_RACK
 from controller.core.rack import RackError, load_rack
 from emulation import engines, ovs, servers
 from emulation.netns import has_link
-from emulation.slurm import SlurmError
 from emulation.rack import CONTAINER_LABEL, RackConflict, RackState, build, down, end_shells, up
+from emulation.slurm import SlurmError
 
 
 def _need_root() -> None:
@@ -34,7 +34,7 @@ def _cmd_up(args) -> int:
         state = up_bare(rack, args.controller, wait_connected=args.wait)
     else:
         state = up(rack, args.controller, wait_connected=args.wait, with_slurm=args.slurm,
-                   slurm_hook=args.slurm_hook if args.slurm else None)
+                   slurm_hook=_hook(args, rack.source) if args.slurm else None)
     connected = [b for b in state.bridges if ovs.controller_connected(b)]
     print(
         f"rack {state.name} is up in {state.up_seconds:.1f} s: {len(state.bridges)} bridges, "
@@ -51,6 +51,21 @@ def _default_hook() -> str | None:
     """The PrologSlurmctld/EpilogSlurmctld program installed beside this one."""
     path = Path(sys.argv[0]).resolve().parent / "optirack-slurm-hook"
     return str(path) if path.exists() else shutil.which("optirack-slurm-hook")
+
+
+def _hook(args, rack_file: str):
+    from emulation.slurm import Hook
+
+    if not args.slurm_hook or args.slurm_hook == "none":
+        return None
+    return Hook(args.slurm_hook, str(Path(rack_file).resolve()), args.controller_url, args.token_file)
+
+
+def _slurm_options(sp) -> None:
+    sp.add_argument("--slurm-hook", default=_default_hook(), help="the PrologSlurmctld/EpilogSlurmctld program "
+                    "(default: optirack-slurm-hook beside this command; 'none' for no hooks)")
+    sp.add_argument("--controller-url", help="the controller's REST URL the hooks call (default http://127.0.0.1:8080)")
+    sp.add_argument("--token-file", help="its token (default /var/lib/optirack/token)")
 
 
 def _cmd_slurm(args) -> int:
@@ -73,7 +88,7 @@ def _cmd_slurm(args) -> int:
     if state is None or state.status != "up":
         print("error: no rack is up (make rack-up)", file=sys.stderr)
         return 1
-    slurm.start(load_rack(state.rack_file), args.hook, log=print)
+    slurm.start(load_rack(state.rack_file), _hook(args, state.rack_file), log=print)
     return 0
 
 
@@ -252,13 +267,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.add_argument("--slurm", action="store_true",
                     help="also start Slurm on it: munged and slurmctld here, one slurmd in each server (docs/slurm.md)")
-    sp.add_argument("--slurm-hook", default=_default_hook(), help="the PrologSlurmctld/EpilogSlurmctld program "
-                    "(default: optirack-slurm-hook beside this command; 'none' for no hooks)")
+    _slurm_options(sp)
     sp.set_defaults(func=_cmd_up)
     sp = sub.add_parser("slurm", help="start Slurm on the rack that is up, stop it, or show it (docs/slurm.md)")
     sp.add_argument("action", choices=["start", "stop", "status"])
-    sp.add_argument("--hook", default=_default_hook(), help="the PrologSlurmctld/EpilogSlurmctld program "
-                    "(default: optirack-slurm-hook beside this command; 'none' for no hooks)")
+    _slurm_options(sp)
     sp.set_defaults(func=_cmd_slurm)
     sp = sub.add_parser("down", help="remove everything the rack made (safe to repeat)")
     sp.add_argument(

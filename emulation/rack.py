@@ -163,7 +163,7 @@ def end_shells(net) -> None:
 
 
 def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5.0, with_slurm: bool = False,
-       slurm_hook: str | None = None) -> RackState:
+       slurm_hook: slurm.Hook | None = None) -> RackState:
     """Build the rack, pin it in the kernel, end Mininet's shells, and return its state; with Slurm
     (emulation/slurm.py) on it if asked, its slurmctld hooks running `slurm_hook`."""
     t0 = time.monotonic()

@@ -13,12 +13,14 @@ device file per GPU (a GPU given by count alone registers as 0 and the node goes
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
 import stat
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from controller.core.circuits import CircuitMap
@@ -49,21 +51,37 @@ def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.Comple
     return proc
 
 
-def hook_scripts(hook: str | None) -> tuple[str | None, str | None]:
+@dataclass(frozen=True)
+class Hook:
+    """The PrologSlurmctld/EpilogSlurmctld program and what it is told: the rack file, the controller."""
+
+    program: str
+    rack_file: str
+    url: str | None = None
+    token_file: str | None = None
+
+    def argv(self, kind: str) -> list[str]:
+        out = [self.program, kind, "--rack", self.rack_file, "--topology", str(LAYOUT.topology)]
+        out += ["--url", self.url] if self.url else []
+        return out + (["--token-file", self.token_file] if self.token_file else [])
+
+
+def hook_scripts(hook: Hook | None) -> tuple[str | None, str | None]:
     """PrologSlurmctld and EpilogSlurmctld: small scripts that run `hook prolog|epilog` (Slurm runs
-    a program by path, without arguments)."""
-    if not hook or hook == "none":
+    a program by path, without arguments, in an environment of its own)."""
+    if hook is None:
         return None, None
     paths = []
     for kind in ("prolog", "epilog"):
         path = LAYOUT.root / f"{kind}-slurmctld"
-        path.write_text(f"#!/bin/sh\nexec {hook} {kind}\n")
+        path.write_text(f"#!/bin/sh\nexport SLURM_CONF={shlex.quote(str(LAYOUT.conf))}\n"
+                        f"exec {shlex.join(hook.argv(kind))}\n")
         path.chmod(0o755)
         paths.append(str(path))
     return paths[0], paths[1]
 
 
-def write_files(rack: Rack, hook: str | None = None, circuits: CircuitMap | None = None) -> None:
+def write_files(rack: Rack, hook: Hook | None = None, circuits: CircuitMap | None = None) -> None:
     """slurm.conf, gres.conf, topology.conf and the GPUs' device files, for the rack as it is up."""
     LAYOUT.root.mkdir(parents=True, exist_ok=True)
     LAYOUT.state.mkdir(parents=True, exist_ok=True)
@@ -126,17 +144,43 @@ def start_slurmd(server: str) -> None:
         'hostname "$1" && exec slurmd -f "$2" -N "$1"', "sh", server, str(LAYOUT.conf))
 
 
+def _forward_rule() -> list[str]:
+    """Servers talk to each other over the management bridge (srun in a batch script reaches the
+    other nodes' slurmd, and they call back); with bridge netfilter on, Docker's FORWARD policy
+    (DROP) would drop that, so the bridge forwards to itself, by a rule labelled as ours."""
+    chain = "DOCKER-USER" if subprocess.run(["iptables", "-S", "DOCKER-USER"], capture_output=True).returncode == 0 \
+        else "FORWARD"
+    return [chain, "-i", engines.BRIDGE, "-o", engines.BRIDGE, "-m", "comment", "--comment", "optirack-slurm",
+            "-j", "ACCEPT"]
+
+
+def allow_forwarding() -> None:
+    rule = _forward_rule()
+    if subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode != 0:
+        run("iptables", "-I", *rule)
+
+
+def remove_forwarding() -> int:
+    removed = 0
+    for chain in ("DOCKER-USER", "FORWARD"):
+        rule = [chain, *_forward_rule()[1:]]
+        while subprocess.run(["iptables", "-D", *rule], capture_output=True).returncode == 0:
+            removed += 1
+    return removed
+
+
 def node_states() -> dict[str, str]:
     out = run("sinfo", "--noheader", "--Node", "--format=%N %T", check=False).stdout
     return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
 
 
-def start(rack: Rack, hook: str | None = None, log=print) -> float:
+def start(rack: Rack, hook: Hook | None = None, log=print) -> float:
     """munged, slurmctld and every slurmd; returns seconds until every node is idle."""
     t0 = time.monotonic()
     if LAYOUT.root.exists():
         stop(quiet=True)
     write_files(rack, hook)
+    allow_forwarding()
     start_munge()
     slurmdb.start(LAYOUT, socket.gethostname().split(".")[0], run, _wait, _pid)
     run("slurmctld", "-f", str(LAYOUT.conf))
@@ -222,6 +266,7 @@ def stop(quiet: bool = False, servers: list[str] | None = None, log=print) -> di
     the tree. Safe to repeat, and after a crash."""
     removed = {"jobs": 0, "daemons": 0, "steps": 0}
     if not LAYOUT.root.exists():
+        removed["firewall rules"] = remove_forwarding()
         return removed
     if _pid(LAYOUT.ctld_pid, "slurmctld"):
         jobs = run("squeue", "--noheader", "--format=%i", check=False).stdout.split()
@@ -229,7 +274,8 @@ def stop(quiet: bool = False, servers: list[str] | None = None, log=print) -> di
             run("scancel", *jobs, check=False)
             removed["jobs"] = len(jobs)
             deadline = time.monotonic() + STOP_TIMEOUT
-            while time.monotonic() < deadline and run("squeue", "--noheader", "--format=%i", check=False).stdout.strip():
+            while time.monotonic() < deadline and run("squeue", "--noheader", "--format=%i",
+                                                      check=False).stdout.strip():
                 time.sleep(0.2)
     pids = daemon_pids()
     slurmds = [p for n, p in pids.items() if n.startswith("slurmd")]
@@ -245,6 +291,7 @@ def stop(quiet: bool = False, servers: list[str] | None = None, log=print) -> di
     for name in ("slurmctld", "slurmdbd", "mariadbd", "munged"):  # each after what uses it
         _end([pids[name]] if name in pids else [], STOP_TIMEOUT)
     removed["daemons"], removed["steps"] = len(pids), len(steps)
+    removed["firewall rules"] = remove_forwarding()
     shutil.rmtree(LAYOUT.root, ignore_errors=True)
     if not quiet:
         log("  Slurm stopped: " + (", ".join(f"{n} {k}" for k, n in removed.items() if n) or "nothing was running"))

@@ -90,7 +90,7 @@ def rows(path: Path, text: str):
     missing = [n for n in NEEDED if n not in names]
     if missing:
         raise TraceError(f"{path}: line {header_no + 1}: not sacct --parsable2 output: the header lacks "
-                         f"{', '.join(missing)} (run sacct --parsable2 --format JobID,Submit,Start,End,State,AllocTRES)")
+                         f"{', '.join(missing)} (sacct --parsable2 --format JobID,Submit,Start,End,State,AllocTRES)")
     if "AllocTRES" not in names and "AllocGRES" not in names and "ReqGRES" not in names:
         raise TraceError(f"{path}: line {header_no + 1}: the header names no AllocTRES (or AllocGRES) field: "
                          "the jobs' GPUs are not in this dump")

@@ -145,6 +145,7 @@ def slurm_conf(rack: Rack, layout: Layout, ctld_host: str, ctld_addr: str, node_
             f"AccountingStorageHost={ctld_host}",
             f"AccountingStoragePort={dbd_port}",
             f"AccountingStoragePass={layout.munge_socket}",  # for slurmdbd: the munge socket, as AuthInfo is
+            "AccountingStoreFlags=job_comment",  # sacct --format Comment: what the hooks wrote
             "AccountingStorageTRES=" + ",".join([f"gres/{GPU_GRES}"] + [f"gres/{GPU_GRES}:{t}" for t in types]),
         ]
     else:

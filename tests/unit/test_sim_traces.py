@@ -293,6 +293,7 @@ def test_two_rings_sharing_one_uplink_match_the_hand_computed_max_min_rate(shari
 
 
 SACCT = DATA / "sacct_parsable2.txt"
+PAPER_RACK = str(Path(__file__).resolve().parents[2] / "topologies" / "paper-testbed.yaml")
 
 
 def test_a_sacct_dump_imports_jobs_not_steps_with_their_gres_types():
@@ -308,7 +309,8 @@ def test_a_sacct_dump_imports_jobs_not_steps_with_their_gres_types():
 
 def test_simulate_replays_a_sacct_dump(tmp_path):
     out = tmp_path / "sim"
-    assert cli(["simulate", "--trace", str(SACCT), "--trace-format", "sacct", "--out", str(out), "--quiet",
+    assert cli(["simulate", "--rack", PAPER_RACK, "--trace", str(SACCT), "--trace-format", "sacct", "--out", str(out),
+                "--quiet",
                 "--no-plots", "--policies", "fixed,regroup", "--workers", "1"]) == 0
     workload = json.loads((out / "results.json").read_text())["workload"]
     assert workload["format"] == "sacct" and workload["jobs"] == 4
@@ -317,7 +319,8 @@ def test_simulate_replays_a_sacct_dump(tmp_path):
 @pytest.mark.parametrize(
     "line, message",
     [
-        ("108|eve|2026-11-20T10:00:00|yesterday|2026-11-20T11:00:00|COMPLETED|gres/gpu=2", "line 3: Start: 'yesterday'"),
+        ("108|eve|2026-11-20T10:00:00|yesterday|2026-11-20T11:00:00|COMPLETED|gres/gpu=2",
+         "line 3: Start: 'yesterday'"),
         ("108|eve|2026-11-20T10:00:00|2026-11-20T10:00:00|COMPLETED|gres/gpu=2", "line 3: 6 fields, expected 7"),
         ("108|eve|2026-11-20T10:00:00|2026-11-20T10:00:00|2026-11-20T11:00:00|COMPLETED|gres/gpu=two",
          "line 3: AllocTRES: 'two' is not a whole number of GPUs"),
@@ -327,7 +330,8 @@ def test_a_sacct_dump_with_a_bad_line_exits_2_naming_the_line(tmp_path, capsys, 
     dump = tmp_path / "sacct.txt"
     dump.write_text("\n".join(SACCT.read_text().splitlines()[:2] + [line]) + "\n")
     out = tmp_path / "sim"
-    assert cli(["simulate", "--trace", str(dump), "--trace-format", "sacct", "--out", str(out), "--quiet",
+    assert cli(["simulate", "--rack", PAPER_RACK, "--trace", str(dump), "--trace-format", "sacct", "--out", str(out),
+                "--quiet",
                 "--no-plots"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{dump}: {message}" in err
