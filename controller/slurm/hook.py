@@ -90,8 +90,10 @@ def prolog(args, client: Client, rack, job: str) -> int:
 
 
 def epilog(args, client: Client, rack, job: str) -> int:
+    shown = scontrol("show", "job", job)
+    state = next((f.split("=", 1)[1] for f in shown.stdout.split() if f.startswith("JobState=")), "")
     try:
-        client.post(f"/slurm/jobs/{job}/end", {"state": os.environ.get("SLURM_JOB_STATE", "")})
+        client.post(f"/slurm/jobs/{job}/end", {"state": state})
     except ApiError as e:
         if e.status != 404:  # 404: the prolog never reached the controller; nothing is held
             print(f"optirack-slurm-hook: job {job}: circuits not released: {e}", file=sys.stderr)
