@@ -16,6 +16,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from controller.client import ApiError, Client, find_token
@@ -89,9 +90,28 @@ def prolog(args, client: Client, rack, job: str) -> int:
     return 0
 
 
-def epilog(args, client: Client, rack, job: str) -> int:
+def final_state(job: str) -> str:
+    """How the job ended, as Slurm says it. While the epilog runs, scontrol says COMPLETING; the
+    accounting record (sacct) has the end state a moment after; failing both, the exit code."""
     shown = scontrol("show", "job", job)
     state = next((f.split("=", 1)[1] for f in shown.stdout.split() if f.startswith("JobState=")), "")
+    if state and state != "COMPLETING":
+        return state
+    reason = next((f.split("=", 1)[1] for f in shown.stdout.split() if f.startswith("Reason=")), "")
+    for _ in range(5):
+        proc = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State", "-j", job], capture_output=True, text=True,
+                              timeout=10)
+        done = proc.stdout.strip().splitlines()
+        if proc.returncode == 0 and done and done[-1] not in ("RUNNING", "PENDING", "REQUEUED", ""):
+            return done[-1]
+        time.sleep(0.1)
+    if reason == "TimeLimit":
+        return "TIMEOUT"
+    return "COMPLETED" if os.environ.get("SLURM_JOB_EXIT_CODE2", "0:0") == "0:0" else "FAILED"
+
+
+def epilog(args, client: Client, rack, job: str) -> int:
+    state = final_state(job)
     try:
         client.post(f"/slurm/jobs/{job}/end", {"state": state})
     except ApiError as e:
