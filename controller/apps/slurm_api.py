@@ -2,6 +2,8 @@
 Slurm allocated to be regrouped, the EpilogSlurmctld says the job ended. GET /jobs lists them."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 from ryu.app.wsgi import route
 
@@ -22,6 +24,7 @@ class SlurmJobBody(BaseModel):
     user: str = Field("", max_length=64)
     gpus: list[str] = Field(..., min_length=1, max_length=4096)
     hold: bool = Field(False, description="no switch can take every GPU: 409 instead of running fragmented")
+    policy: Literal["regroup", "fixed"] = Field("regroup", description="fixed: hold the GPUs where they are")
 
 
 class SlurmEndBody(BaseModel):
@@ -44,7 +47,7 @@ class SlurmApi(OptirackController):
         if len(set(body.gpus)) != len(body.gpus):
             raise ApiError(400, "a GPU is named twice", "gpus")
         try:
-            job = self.slurm.begin(body.slurm_job, body.user, body.gpus, body.hold)
+            job = self.slurm.begin(body.slurm_job, body.user, body.gpus, body.hold, body.policy)
         except InvalidRequest as e:
             raise ApiError(400, str(e), "gpus") from None
         resp = json_response({"job": job.to_json(), "note": job.note}, 201)

@@ -27,6 +27,7 @@ from controller.slurm.conf import topology_conf
 
 TIMEOUT_S = 20.0  # the controller's regroup is a dark window of tens of ms; PrologEpilogTimeout is 60 s
 HOLD_WORD = "optirack:hold"  # in a job's --comment: wait until it can be regrouped rather than run fragmented
+FIXED_WORD = "optirack:fixed"  # in a job's --comment: keep its GPUs where they are (hold them, no circuit change)
 
 
 def scontrol(*args: str) -> subprocess.CompletedProcess:
@@ -35,8 +36,8 @@ def scontrol(*args: str) -> subprocess.CompletedProcess:
 
 def set_comment(job: str, note: str, old: str = "") -> None:
     """The job's comment: our note first, then what the user had written (minus an older note of ours)."""
-    kept = old.split(" | ", 1)[1] if old.startswith("optirack:") and " | " in old else (
-        "" if old.startswith("optirack:") and old != HOLD_WORD else old)
+    kept = old.split(" | ", 1)[1] if old.startswith("optirack: ") and " | " in old else (
+        "" if old.startswith("optirack: ") else old)
     text = note + (f" | {kept}" if kept else "")
     proc = scontrol("update", f"JobId={job}", f"Comment={text}")
     if proc.returncode != 0:
@@ -72,7 +73,7 @@ def prolog(args, client: Client, rack, job: str) -> int:
         return 0  # no GPU of the rack: nothing to wire
     hold = args.fragmented == "hold" or HOLD_WORD in alloc.comment
     body = {"slurm_job": job, "user": os.environ.get("SLURM_JOB_USER") or alloc.user, "gpus": alloc.gpus,
-            "hold": hold}
+            "hold": hold, "policy": "fixed" if FIXED_WORD in alloc.comment else "regroup"}
     try:
         job_view = client.post("/slurm/jobs", body)
     except ApiError as e:

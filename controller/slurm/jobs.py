@@ -26,8 +26,9 @@ class SlurmJobs:
     def __init__(self, service):
         self.svc = service  # controller.jobs.service.JobService
 
-    def begin(self, slurm_job: str, user: str, gpus: list[str], hold: bool) -> Job:
-        """Regroup `gpus` under one switch (circuits and flows, confirmed) and hold them for the job.
+    def begin(self, slurm_job: str, user: str, gpus: list[str], hold: bool, policy_name: str = "regroup") -> Job:
+        """Regroup `gpus` under one switch (circuits and flows, confirmed) and hold them for the job
+        (policy `fixed`: hold them where they are, as the paper's job beside does).
         No switch can take them all: placed as they are (fragmented) and the note says so, or, with
         `hold`, Conflict and nothing changes. Raises policy.InvalidRequest for GPUs not of this rack,
         Conflict if one is held or the Slurm job is already placed."""
@@ -35,7 +36,7 @@ class SlurmJobs:
         jid = job_id(slurm_job)
         if jid in svc.jobs and svc.jobs[jid].active:
             raise Conflict(f"Slurm job {slurm_job} is already placed ({jid})")
-        request = JobRequest(name=f"slurm {slurm_job}", gpus=gpus, policy="regroup", queue=False).model_dump()
+        request = JobRequest(name=f"slurm {slurm_job}", gpus=gpus, policy=policy_name, queue=False).model_dump()
         request["slurm"] = {"job": slurm_job, "user": user}
         job = Job(id=jid, request=request, created_at=svc.ctx.clock())
         fragmented = ""
@@ -44,7 +45,7 @@ class SlurmJobs:
                 p = policy.plan(svc.occ(), svc._request(job))
             except policy.NoRoomNow as e:  # a GPU held (by a job of ours, or one Slurm did not end with us)
                 raise Conflict(f"cannot place Slurm job {slurm_job}: {e}") from None
-            if len(p.switches) > 1:  # the policy spreads what no single switch can take
+            if len(p.switches) > 1 and policy_name == "regroup":  # it spreads what no single switch can take
                 if hold:
                     raise Conflict(f"cannot regroup Slurm job {slurm_job}'s GPUs under one switch now: {p.note}")
                 fragmented = p.note
@@ -66,7 +67,9 @@ class SlurmJobs:
             svc._fail(job, _reason(e), placed.get("diff"), e)
             raise Conflict(f"Slurm job {slurm_job} could not be placed: {job.reason}") from None
         where = ", ".join(job.switches)
-        if fragmented:
+        if policy_name == "fixed":
+            job.note = f"{', '.join(job.gpus)} kept where they are (fixed), under {where}"
+        elif fragmented:
             job.note = f"runs fragmented over {where}: no switch has a free downlink for every GPU ({fragmented})"
         elif job.switches and not job.events:
             job.note = f"{', '.join(job.gpus)} under {where} already (no circuit change)"

@@ -123,8 +123,11 @@ def test_rest_contract_of_slurm_jobs(tmp_path, vrt):
     assert status == 201 and body["job"]["id"] == "slurm-5" and body["job"]["state"] == "running"
     assert len(body["job"]["switches"]) == 1 and body["note"]
     assert post("/slurm/jobs", {"slurm_job": "5", "gpus": ["gpu2"]})[0] == 409  # already placed
+    status, body = post("/slurm/jobs", {"slurm_job": "6", "gpus": ["gpu5", "gpu6"], "policy": "fixed"})
+    assert status == 201 and body["job"]["switches"] == ["as1", "as2"] and not body["job"]["events"]
+    assert post("/slurm/jobs", {"slurm_job": "7", "gpus": ["gpu2"], "policy": "spread"})[0] == 400
     jobs = Request.blank("/api/v1/jobs").get_response(wsgi)
-    assert [j["request"]["slurm"]["user"] for j in json.loads(jobs.body)["jobs"]] == ["alice"]
+    assert [j["request"]["slurm"]["user"] for j in json.loads(jobs.body)["jobs"]] == ["alice", ""]
     status, body = post("/slurm/jobs/5/end", {"state": "COMPLETED"})
     assert status == 200 and body["job"]["state"] == "done"
-    assert post("/slurm/jobs/6/end", {})[0] == 404
+    assert post("/slurm/jobs/8/end", {})[0] == 404
