@@ -59,9 +59,11 @@ class Hook:
     rack_file: str
     url: str | None = None
     token_file: str | None = None
+    topology: bool = True  # rewrite topology.conf after a circuit change (and have Slurm reload it)
 
     def argv(self, kind: str) -> list[str]:
-        out = [self.program, kind, "--rack", self.rack_file, "--topology", str(LAYOUT.topology)]
+        out = [self.program, kind, "--rack", self.rack_file]
+        out += ["--topology", str(LAYOUT.topology)] if self.topology else []
         out += ["--url", self.url] if self.url else []
         return out + (["--token-file", self.token_file] if self.token_file else [])
 
@@ -81,7 +83,8 @@ def hook_scripts(hook: Hook | None) -> tuple[str | None, str | None]:
     return paths[0], paths[1]
 
 
-def write_files(rack: Rack, hook: Hook | None = None, circuits: CircuitMap | None = None) -> None:
+def write_files(rack: Rack, hook: Hook | None = None, circuits: CircuitMap | None = None,
+                topology: bool = True) -> None:
     """slurm.conf, gres.conf, topology.conf and the GPUs' device files, for the rack as it is up."""
     LAYOUT.root.mkdir(parents=True, exist_ok=True)
     LAYOUT.state.mkdir(parents=True, exist_ok=True)
@@ -92,7 +95,7 @@ def write_files(rack: Rack, hook: Hook | None = None, circuits: CircuitMap | Non
         raise SlurmError(f"servers {', '.join(missing)} have no address on the management network (a tcp:// engine)")
     LAYOUT.conf.write_text(conf.slurm_conf(rack, LAYOUT, socket.gethostname().split(".")[0],
                                            engines.bridge_ip(rack), addrs, prolog=prolog, epilog=epilog,
-                                           dbd_port=slurmdb.DBD_PORT))
+                                           dbd_port=slurmdb.DBD_PORT, topology=topology))
     LAYOUT.gres.write_text(conf.gres_conf(rack, LAYOUT))
     LAYOUT.topology.write_text(conf.topology_conf(rack, circuits or CircuitMap.initial(rack)))
     minor = 0
@@ -174,12 +177,13 @@ def node_states() -> dict[str, str]:
     return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
 
 
-def start(rack: Rack, hook: Hook | None = None, log=print) -> float:
-    """munged, slurmctld and every slurmd; returns seconds until every node is idle."""
+def start(rack: Rack, hook: Hook | None = None, log=print, topology: bool = True) -> float:
+    """munged, MariaDB, slurmdbd, slurmctld and every slurmd; returns seconds until every node is idle.
+    `topology`: Slurm's tree plugin on topology.conf (else no topology plugin)."""
     t0 = time.monotonic()
     if LAYOUT.root.exists():
         stop(quiet=True)
-    write_files(rack, hook)
+    write_files(rack, hook, topology=topology)
     allow_forwarding()
     start_munge()
     slurmdb.start(LAYOUT, socket.gethostname().split(".")[0], run, _wait, _pid)
