@@ -78,15 +78,16 @@ def node_gres(rack: Rack, server: str) -> str:
     return ",".join(f"{GPU_GRES}:{t}:{n}" for t, n in counts.items())
 
 
-def gres_conf(rack: Rack, layout: Layout) -> str:
+def gres_conf(rack: Rack, layout: Layout | None = None) -> str:
     """One line per GPU: its node, its type and its device file, in index order, so that Slurm's
-    GRES index on a node (what `scontrol show job -d` prints as IDX) is the GPU's `index`."""
+    GRES index on a node (what `scontrol show job -d` prints as IDX) is the GPU's `index`. The
+    device files: the emulated GPUs' stand-ins under `layout`, else a lab's /dev/nvidiaN."""
     lines = ["# Written by optirack from the rack file " + rack.source + "; do not edit by hand.",
              "AutoDetect=off"]
     for s in rack.spec.servers:
         for g in sorted(s.gpus, key=lambda g: g.index):
             lines.append(f"NodeName={s.name} Name={GPU_GRES} Type={gres_type(g.model)} "
-                         f"File={layout.device(s.name, g.index)}")
+                         f"File={layout.device(s.name, g.index) if layout else f'/dev/nvidia{g.index}'}")
     return "\n".join(lines) + "\n"
 
 
@@ -218,3 +219,35 @@ def topology_conf(rack: Rack, circuits: CircuitMap) -> str:
         used.append("unwired")
     lines.append(f"SwitchName={TOP_SWITCH} Switches={','.join(used)}")
     return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m controller.slurm.conf RACK nodes|gres|topology`: the lines a lab merges into its own files."""
+    import argparse
+    import sys
+
+    from controller.core.rack import RackError, load_rack
+
+    p = argparse.ArgumentParser(prog="python -m controller.slurm.conf", description=main.__doc__)
+    p.add_argument("rack", help="the rack file")
+    p.add_argument("what", choices=["nodes", "gres", "topology"],
+                   help="nodes: NodeName lines for slurm.conf; gres: gres.conf; topology: topology.conf from the "
+                   "rack file's circuits")
+    args = p.parse_args(argv)
+    try:
+        rack = load_rack(args.rack)
+    except RackError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.what == "nodes":
+        for s in rack.spec.servers:
+            print(f"NodeName={s.name} Gres={node_gres(rack, s.name)}")
+    elif args.what == "gres":
+        print(gres_conf(rack), end="")
+    else:
+        print(topology_conf(rack, CircuitMap.initial(rack)), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -52,6 +52,14 @@ def test_gres_conf_lists_each_gpu_with_its_device_file_in_index_order():
     ]
     assert len(lines) == len(RACK.gpus)
     assert conf.gpu_at(RACK, "srv3", 1) == "gpu6" and conf.gpu_at(RACK, "srv2", 1) is None
+    assert "NodeName=srv3 Name=gpu Type=titanv File=/dev/nvidia1" in conf.gres_conf(RACK)  # a lab's devices
+
+
+def test_a_lab_gets_its_lines_from_the_command_and_a_bad_rack_file_exits_2(capsys, tmp_path):
+    assert conf.main([str(ROOT / "topologies" / "paper-testbed.yaml"), "nodes"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "NodeName=srv1 Gres=gpu:m40:1,gpu:titanv:1"
+    assert conf.main([str(tmp_path / "none.yaml"), "gres"]) == 2
+    assert "none.yaml" in capsys.readouterr().err
 
 
 def test_the_tree_follows_the_live_circuits():
