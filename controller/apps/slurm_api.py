@@ -1,4 +1,4 @@
-"""REST for jobs Slurm scheduled (controller/slurm/jobs.py): the PrologSlurmctld asks for the GPUs
+"""REST for jobs Slurm scheduled (controller/jobs/external.py): the PrologSlurmctld asks for the GPUs
 Slurm allocated to be regrouped, the EpilogSlurmctld says the job ended. GET /jobs lists them."""
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from ryu.app.wsgi import route
 from controller.apps.http import PREFIX, ApiError, OptirackController, api, json_response, path_text, read_json
 from controller.core.placement import InvalidRequest
 from controller.jobs.errors import UnknownJob
-from controller.slurm.jobs import SlurmJobs
 
 SLURM_JOB = {"slurm_job": r"[^/]+"}
 SLURM_ID = r"^[0-9]+([_+][0-9]+)?$"  # 12, an array task 12_3, a heterogeneous component 12+1
@@ -35,10 +34,10 @@ class SlurmEndBody(BaseModel):
 class SlurmApi(OptirackController):
 
     @property
-    def slurm(self) -> SlurmJobs:
-        if self.ctx.placement is None:
+    def jobs(self):
+        if self.ctx.jobs is None:
             raise ApiError(503, "the placement app is not loaded (controller.apps.placement)")
-        return SlurmJobs(self.ctx.placement)
+        return self.ctx.jobs
 
     @route("slurm_jobs", PREFIX + "/slurm/jobs", methods=["POST"])
     @api(mutation=True)
@@ -47,7 +46,7 @@ class SlurmApi(OptirackController):
         if len(set(body.gpus)) != len(body.gpus):
             raise ApiError(400, "a GPU is named twice", "gpus")
         try:
-            job = self.slurm.begin(body.slurm_job, body.user, body.gpus, body.hold, body.policy)
+            job = self.jobs.begin_external("slurm", body.slurm_job, body.user, body.gpus, body.hold, body.policy)
         except InvalidRequest as e:
             raise ApiError(400, str(e), "gpus") from None
         resp = json_response({"job": job.to_json(), "note": job.note}, 201)
@@ -59,7 +58,7 @@ class SlurmApi(OptirackController):
     def end(self, req, slurm_job, **_):
         body = read_json(req, SlurmEndBody) if req.body.strip() else SlurmEndBody()
         try:
-            job = self.slurm.end(slurm_job, body.state)
+            job = self.jobs.end_external("slurm", slurm_job, body.state)
         except UnknownJob:
             raise ApiError(404, f"no job of Slurm job {path_text(slurm_job)!r}", "slurm_job") from None
         return json_response({"job": job.to_json()})

@@ -85,9 +85,9 @@ def test_sbatch_jobs_are_regrouped_before_their_first_iteration_and_released_aft
     start = CircuitMap.initial(rack).gpu_locations(rack)
     assert {start[g][0] for g in mine["four"]["gpus"]} == {"as1", "as2"}
     for name, job in mine.items():
-        slurm_id = job["request"]["slurm"]["job"]
+        slurm_id = job["request"]["external"]["job"]
         assert job["state"] == "done" and len(job["switches"]) == 1, (name, job)
-        assert job["request"]["slurm"]["user"] == "root" and job["request"]["slurm"]["state"] == "COMPLETED"
+        assert job["request"]["external"]["user"] == "root" and job["request"]["external"]["state"] == "COMPLETED"
         # before the batch script ran, the OCS bridge already held the job's GPUs under its one switch
         flows = (tmp_path / f"{slurm_id}.flows").read_text()
         assert _switches_on_flows(rack, flows, job["gpus"]) == set(job["switches"]), flows
@@ -130,7 +130,7 @@ def test_scancel_releases_the_circuits_at_once(bed, slurm, tmp_path):
     ended = wait_for(lambda: bed.client.get(f"/jobs/{ours}")["job"]["ended_at"], 10, f"{ours} to be released")
     assert ended <= left + 2.0
     record = bed.client.get(f"/jobs/{ours}")["job"]
-    assert record["state"] == "stopped" and record["request"]["slurm"]["state"].startswith("CANCELLED"), record
+    assert record["state"] == "stopped" and record["request"]["external"]["state"].startswith("CANCELLED"), record
     assert _leftovers(bed.rack) == []
 
 
