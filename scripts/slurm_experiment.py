@@ -4,9 +4,9 @@
   switches) beside the 2-GPU job (the Titan Vs, kept where they are with --comment optirack:fixed); fragmented:
   Slurm without optirack's hooks; regrouped: with them. The 4-GPU job's completion (first iteration's start to
   the last one's end, in rack seconds) and the saving, over repeats.
-- `--topology-mix`: the same mix of sbatch jobs (GPUs by count, `--gpus N`, held for a few seconds), all
-  submitted at once, with the hooks, once with topology.conf (the tree from the live circuits, reloaded after
-  each change) and once without a topology plugin: circuit changes and dark-window seconds of each.
+- `--topology-mix`: the same mix of sbatch jobs (GPUs by count, or one GPU on each of two nodes; held for a few
+  seconds), all submitted at once, with the hooks, once with topology.conf (the tree from the live circuits,
+  reloaded after each change) and once without a topology plugin: circuit changes and dark-window seconds of each.
 
 Prints the figures and writes a record under results/slurm/ (never overwriting one).
 """
@@ -28,8 +28,12 @@ from scripts.records import ROOT, utc_stamp, versions, write_new
 PAPER = ROOT / "topologies" / "paper-testbed.yaml"
 TRAIN = ROOT / "scripts" / "slurm" / "train.sbatch"
 BIN = Path(sys.executable).parent
-# (GPUs, seconds held): the topology mix, submitted at once in this order
-MIX = [(2, 3), (3, 4), (1, 2), (2, 3), (4, 4), (1, 2), (3, 3), (2, 2), (2, 3), (1, 2)]
+# (sbatch's resource options, seconds held): the topology mix, submitted at once in this order. Jobs by GPU count,
+# and jobs of one GPU on each of two nodes while srv1 is taken: the lowest-numbered free nodes are then srv2 (as1)
+# and srv3 (as2), while as2's leaf alone has two free nodes (srv3, srv4).
+ONE_EACH = ("-N2", "--ntasks-per-node=1", "--gres=gpu:1")
+MIX = [(("-N1", "--gres=gpu:2"), 14), (ONE_EACH, 3), (("--gpus=1",), 2), (ONE_EACH, 3), (("--gpus=2",), 3),
+       (("--gpus=3",), 3), (ONE_EACH, 2), (("--gpus=1",), 2), (("--gpus=4",), 3), (ONE_EACH, 2)]
 
 
 def log(msg: str) -> None:
@@ -107,7 +111,7 @@ def mix_once(tb: Testbed, workdir: Path, topology: bool) -> dict:
     tb.client.put("/ocs/circuits", {"circuits": [[str(a), str(b)] for a, b in tb.rack.spec.circuits]})
     start_slurm(tb, hooks=True, topology=topology)
     t0 = time.time()
-    jobs = [sbatch(workdir, f"--gpus={n}", wrap=f"sleep {s}") for n, s in MIX]
+    jobs = [sbatch(workdir, *args, wrap=f"sleep {s}") for args, s in MIX]
     wait_for(lambda: not (set(jobs) & queued()), 600, "the mix to end", interval=0.5)
     time.sleep(1)  # the last epilog
     ours = {f"slurm-{j}" for j in jobs}
@@ -128,7 +132,7 @@ def topology_mix(tb: Testbed, workdir: Path) -> dict:
             f"{r['regroups']} circuit changes of jobs ({r['circuit_changes']} circuits), "
             f"{r['dark_window_s']:.3f} s dark, makespan {r['makespan_s']:.0f} s")
         runs.append(r)
-    return {"mix": MIX, "runs": runs}
+    return {"mix": [[" ".join(args), s] for args, s in MIX], "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
