@@ -22,14 +22,22 @@ TRAIN = ROOT / "scripts" / "slurm" / "train.sbatch"
 
 
 @pytest.fixture(scope="module")
-def slurm(testbed):
-    """Slurm started on the shared testbed's rack, its hooks pointed at the testbed's controller; stopped after."""
-    hook = slurmmod.Hook(str(BIN / "optirack-slurm-hook"), str(PAPER), testbed.controller.url,
-                         str(testbed.controller.state_dir / "token"))
-    slurmmod.start(testbed.rack, hook)
-    yield slurmmod
+def _slurm_stopped_after(testbed):
+    yield
     removed = slurmmod.stop()
     assert not slurmmod.LAYOUT.root.exists() and not slurmmod.daemon_pids(), removed
+
+
+@pytest.fixture
+def slurm(bed, _slurm_stopped_after):
+    """Slurm on the shared testbed's rack, its hooks pointed at the testbed's controller: started once, and again
+    if the testbed was rebuilt meanwhile (its rack-down stops Slurm too); stopped after the module."""
+    running = slurmmod.daemon_pids()
+    if "slurmctld" not in running or sum(n.startswith("slurmd ") for n in running) < len(bed.rack.servers):
+        hook = slurmmod.Hook(str(BIN / "optirack-slurm-hook"), str(PAPER), bed.controller.url,
+                             str(bed.controller.state_dir / "token"))
+        slurmmod.start(bed.rack, hook)
+    return slurmmod
 
 
 def run(*cmd: str) -> str:
