@@ -16,6 +16,12 @@ def _job_line(j: dict) -> str:
     reason = f"  ({j['reason']})" if j.get("reason") else ""
     state = f"queued #{j['position']}" if j["state"] == "queued" else j["state"]
     gpus = ",".join(j["gpus"]) or f"({j['request']['gpus']} GPUs)"
+    ext = j["request"].get("external")
+    if ext:  # Slurm runs its ranks: no iterations here; who it is and its circuit changes instead
+        events = ",".join(str(e) for e in j["events"]) or "none"
+        return (f"{j['id']:8s} {state:11s} {gpus:24s} {','.join(j['switches']) or '-':10s} "
+                f"{ext['scheduler'].capitalize()} job {ext['job']} of {ext.get('user') or '?'}, "
+                f"circuit events {events}{reason}")
     return (
         f"{j['id']:8s} {state:11s} {gpus:24s} {','.join(j['switches']) or '-':10s} "
         f"iter {done:>9s} mean {mean}{took}{reason}"

@@ -4,14 +4,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
+from pathlib import Path
 
 from controller.bundled import DEFAULT_RACK
 from controller.core.rack import RackError, load_rack
 from emulation import engines, ovs, servers
 from emulation.netns import has_link
 from emulation.rack import CONTAINER_LABEL, RackConflict, RackState, build, down, end_shells, up
+from emulation.slurm import SlurmError
 
 
 def _need_root() -> None:
@@ -30,7 +33,8 @@ def _cmd_up(args) -> int:
 
         state = up_bare(rack, args.controller, wait_connected=args.wait)
     else:
-        state = up(rack, args.controller, wait_connected=args.wait)
+        state = up(rack, args.controller, wait_connected=args.wait, with_slurm=args.slurm,
+                   slurm_hook=_hook(args, rack.source) if args.slurm else None)
     connected = [b for b in state.bridges if ovs.controller_connected(b)]
     print(
         f"rack {state.name} is up in {state.up_seconds:.1f} s: {len(state.bridges)} bridges, "
@@ -40,6 +44,51 @@ def _cmd_up(args) -> int:
         print(f"  {b:10s} controller {'connected' if b in connected else 'NOT connected'} ({args.controller})")
     if len(connected) < len(state.bridges):
         print("  (bridges connect once a controller listens there: make controller)")
+    return 0
+
+
+def _default_hook() -> str | None:
+    """The PrologSlurmctld/EpilogSlurmctld program installed beside this one."""
+    path = Path(sys.argv[0]).resolve().parent / "optirack-slurm-hook"
+    return str(path) if path.exists() else shutil.which("optirack-slurm-hook")
+
+
+def _hook(args, rack_file: str):
+    from emulation.slurm import Hook
+
+    if not args.slurm_hook or args.slurm_hook == "none":
+        return None
+    return Hook(args.slurm_hook, str(Path(rack_file).resolve()), args.controller_url, args.token_file)
+
+
+def _slurm_options(sp) -> None:
+    sp.add_argument("--slurm-hook", default=_default_hook(), help="the PrologSlurmctld/EpilogSlurmctld program "
+                    "(default: optirack-slurm-hook beside this command; 'none' for no hooks)")
+    sp.add_argument("--controller-url", help="the controller's REST URL the hooks call (default http://127.0.0.1:8080)")
+    sp.add_argument("--token-file", help="its token (default /var/lib/optirack/token)")
+
+
+def _cmd_slurm(args) -> int:
+    """Start Slurm on the rack that is up (stopping one of ours first), stop it, or show it."""
+    from emulation import slurm
+
+    if args.action == "stop":
+        slurm.stop(log=print)
+        return 0
+    if args.action == "status":
+        if not slurm.daemon_pids():
+            print("Slurm is not running on the emulated rack")
+            return 1
+        for name, pid in slurm.daemon_pids().items():
+            print(f"  {name:16s} PID {pid}")
+        print(slurm.run("sinfo", "--Node", "--format=%N %T %G").stdout.rstrip())
+        print(f"SLURM_CONF={slurm.LAYOUT.conf}")
+        return 0
+    state = RackState.load()
+    if state is None or state.status != "up":
+        print("error: no rack is up (make rack-up)", file=sys.stderr)
+        return 1
+    slurm.start(load_rack(state.rack_file), _hook(args, state.rack_file), log=print)
     return 0
 
 
@@ -216,7 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="bridges only, no servers: GPU NICs are patch ports to a stub bridge (for control-plane "
         "benchmarks at hundreds of GPUs, where the full rack takes minutes; carries no traffic)",
     )
+    sp.add_argument("--slurm", action="store_true",
+                    help="also start Slurm on it: munged and slurmctld here, one slurmd in each server (docs/slurm.md)")
+    _slurm_options(sp)
     sp.set_defaults(func=_cmd_up)
+    sp = sub.add_parser("slurm", help="start Slurm on the rack that is up, stop it, or show it (docs/slurm.md)")
+    sp.add_argument("action", choices=["start", "stop", "status"])
+    _slurm_options(sp)
+    sp.set_defaults(func=_cmd_slurm)
     sp = sub.add_parser("down", help="remove everything the rack made (safe to repeat)")
     sp.add_argument(
         "--purge",
@@ -252,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     except RackError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (RackConflict, ovs.CommandError, engines.EngineError) as e:
+    except (RackConflict, ovs.CommandError, engines.EngineError, SlurmError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

@@ -63,8 +63,13 @@ _FLOW = re.compile(r"in_port=\"?(\d+)\"?.*actions=output:\"?(\d+)\"?")
 
 def circuit_flows(bridge: str) -> set[tuple[int, int]]:
     """The OCS bridge's port-to-port flows as (in_port, out_port) pairs."""
+    return flow_pairs(ofctl("dump-flows", bridge))
+
+
+def flow_pairs(dump: str) -> set[tuple[int, int]]:
+    """(in_port, out_port) pairs of port-to-port flows in `ovs-ofctl dump-flows` output."""
     pairs = set()
-    for line in ofctl("dump-flows", bridge).splitlines():
+    for line in dump.splitlines():
         m = _FLOW.search(line)
         if m:
             pairs.add((int(m.group(1)), int(m.group(2))))

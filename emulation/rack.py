@@ -18,7 +18,7 @@ from pathlib import Path
 
 from controller.core.emulated import NETNS_PREFIX, RUN_DIR, STATE_FILE, netns_of, nic_plans
 from controller.core.rack import Rack
-from emulation import engines, nics, ovs, registry
+from emulation import engines, nics, ovs, registry, slurm
 from emulation import netns as ns
 from emulation.topo import RackTopo, check_emulable, downlink_patches, port_mtus
 
@@ -162,8 +162,10 @@ def end_shells(net) -> None:
             shell.wait()
 
 
-def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5.0) -> RackState:
-    """Build the rack, pin it in the kernel, end Mininet's shells, and return its state."""
+def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5.0, with_slurm: bool = False,
+       slurm_hook: slurm.Hook | None = None) -> RackState:
+    """Build the rack, pin it in the kernel, end Mininet's shells, and return its state; with Slurm
+    (emulation/slurm.py) on it if asked, its slurmctld hooks running `slurm_hook`."""
     t0 = time.monotonic()
     check_emulable(rack)  # refuse a bad file before touching a rack that may be up
     if RackState.load() or ovs.rack_bridges():
@@ -179,8 +181,12 @@ def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5
     state.pids = []
     try:
         _start_engines(rack, state)
+        if with_slurm:
+            if not state.engines:
+                raise slurm.SlurmError("Slurm on the emulated rack needs its management network: tcp:// engines")
+            slurm.start(rack, slurm_hook, log=_log)
     except BaseException:
-        _log("rack-up failed while starting the engines: removing what was made")
+        _log("rack-up failed while starting the engines or Slurm: removing what was made")
         down(quiet=True)
         raise
     state.status = "up"
@@ -288,6 +294,7 @@ def down(quiet: bool = False, purge: bool = False) -> dict[str, int]:
     Returns counts of what was removed."""
     state = RackState.load()
     removed = {"containers": 0, "engines": 0, "bridges": 0, "interfaces": 0, "namespaces": 0, "processes": 0}
+    removed["slurm daemons"] = slurm.stop(quiet=quiet, log=_log)["daemons"]  # first: its slurmds run in the servers
     if state:
         removed.update(_stop_engines(state, quiet))
     removed["containers"] += _remove_containers(state.name if state else None, quiet)

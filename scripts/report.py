@@ -12,7 +12,8 @@ job of concern and each case's distance from the paper), sweep (case (a) against
 shares-droptail (the simulator against the droptail record, as `optirack simulate --case` and
 `python -m simulator.evidence` print them). The benchmarks' blocks (reconfig, loopback, step, failover,
 checkpoint-cost, placement, store, observed, rack) are in scripts/report_bench.py, from the records under
-results/bench/ and results/bench-*.json; the simulator's (sim-*) in scripts/report_sim.py, from results/simulate-*/.
+results/bench/ and results/bench-*.json; the simulator's (sim-*) in scripts/report_sim.py, from results/simulate-*/;
+slurm (docs/slurm.md) in scripts/report_slurm.py, from results/slurm/.
 Every results table of the README and docs is in a block.
 
 On an emulated GPU the compute is a wait: what the worker reports as utilization is the compute time over the
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file (python scripts/report.py)
     sys.path.insert(0, str(ROOT))
 
-from scripts import report_bench, report_neighbours, report_sim  # noqa: E402
+from scripts import report_bench, report_neighbours, report_sim, report_slurm  # noqa: E402
 from scripts.report_bench import ReportError, bench_records  # noqa: E402,F401 (the names tests and callers use)
 from simulator import records as rec  # noqa: E402
 from simulator.cases import CASES  # noqa: E402
@@ -290,7 +291,7 @@ BLOCKS: dict[str, Callable[[list[rec.Record]], str]] = {
     "headline": headline, "fidelity-summary": fidelity_summary, "cases": cases, "sweep": sweep,
     "records": records_table,
     "fidelity-droptail": fidelity_droptail, "fidelity-current": fidelity_current, "shares-droptail": shares_droptail,
-    **report_bench.BLOCKS, **report_sim.BLOCKS, **report_neighbours.BLOCKS,
+    **report_bench.BLOCKS, **report_sim.BLOCKS, **report_neighbours.BLOCKS, **report_slurm.BLOCKS,
 }
 
 

@@ -129,7 +129,8 @@ def add_parser(sub) -> None:
         default="auto",
         help="philly: msr-fiddle/philly-traces' cluster_job_log (JSON); helios: HeliosData's or Acme's "
         "cluster_log.csv; pai: Alibaba PAI 2020's pai_task_table.csv (pai_job_table.csv beside it gives "
-        "submit times); auto: by the file's name and first line (%(default)s)",
+        "submit times); sacct: Slurm's sacct --parsable2 with JobID,Submit,Start,End,AllocTRES; "
+        "auto: by the file's name and first line (%(default)s)",
     )
     work.add_argument(
         "--trace-model",

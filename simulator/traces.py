@@ -16,6 +16,8 @@ Formats (the column names are those the trace projects publish):
   (else its first task's), its run time from its first task's start to its last task's end, its
   GPUs the sum over tasks of inst_num x plan_gpu / 100 with each instance's fraction of a GPU
   rounded up to a whole GPU, its GPU type its tasks' (V100M32 read as V100; MISC as any).
+- sacct: what Slurm's `sacct --parsable2` prints (JobID, Submit, Start, End and AllocTRES), a
+  lab's own cluster's history; see simulator/sacct.py.
 
 - lingjun: alibaba/alibaba-lingjun-dataset-2023, a folder of job.csv, worker.csv and topo.csv; its jobs name the
   GPUs they ran on, on the rack simulator/lingjun.py builds from topo.csv (its docstring).
@@ -34,9 +36,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from profiles import GPU_MODELS
+from simulator import sacct
 from simulator.workloads import JobSpec, TraceError, check_duration, read_text
 
-FORMATS = ("csv", "philly", "helios", "pai")
+FORMATS = ("csv", "philly", "helios", "pai", "sacct")
 PAI_TASK = ("job_name", "task_name", "inst_num", "status", "start_time", "end_time", "plan_cpu", "plan_mem",
             "plan_gpu", "gpu_type")
 PAI_JOB = ("job_name", "inst_id", "user", "status", "start_time", "end_time")
@@ -70,6 +73,8 @@ def detect(path: Path) -> str:
     first = head.splitlines()[0] if head else ""
     if "gpu_num" in first and "submit_time" in first:  # Helios' and Acme's job logs
         return "helios"
+    if sacct.is_sacct(first):
+        return "sacct"
     return "csv"
 
 
@@ -237,4 +242,7 @@ def load(path: str | Path, fmt: str = "auto", model: str = "resnet50", job_table
         return helios(path, model)
     if fmt == "pai":
         return pai(path, model, Path(job_table) if job_table else None)
+    if fmt == "sacct":
+        raw, left = sacct.load(path)
+        return _finish(path, raw, left, "sacct", model)
     raise TraceError(f"--trace-format: unknown {fmt!r} (known: auto, {', '.join(FORMATS)})")

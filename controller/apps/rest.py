@@ -43,6 +43,7 @@ from controller.apps.http import (  # noqa: F401 (re-exported: the REST app's na
 )
 from controller.apps.jobs_api import JobsApi
 from controller.apps.metrics import CountedController
+from controller.apps.slurm_api import SlurmApi
 from controller.core.circuits import CircuitMap
 from controller.core.events import ReconfigEvent
 
@@ -173,7 +174,7 @@ class RestApp(app_manager.RyuApp):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.wsgi, self.ctx = kwargs["wsgi"], kwargs["optirack"]
-        for cls in (Api, JobsApi):
+        for cls in (Api, JobsApi, SlurmApi):
             self.wsgi.register(cls, {"optirack": self.ctx})
 
     def start(self):

@@ -34,6 +34,7 @@ from controller.core import placement as policy
 from controller.core import spares as spare_rule
 from controller.core.jobs import Job, transition
 from controller.core.rack import PortRef
+from controller.jobs.external import is_external
 from controller.jobs.steps import LOG, RECONFIG_WAIT, _attempt, _reason
 
 SETTLE = 0.3  # seconds a recovery waits for the other signs of one fault (a server's NICs, its engine, its ranks)
@@ -84,7 +85,7 @@ class Failover:
         self._links_down.add(key)
         gpu = self.state.rack.gpu_at(port)
         for job in list(self.book.jobs.values()):
-            if gpu is not None and gpu in job.gpus and job.state in ("running", "recovering"):
+            if gpu is not None and gpu in job.gpus and job.state in ("running", "recovering") and not is_external(job):
                 self.lost(job, gpu, f"the link of {gpu}'s NIC ({key}) went down", swap=True)
 
     def watch_servers(self) -> None:
@@ -92,7 +93,7 @@ class Failover:
         while True:
             self.rt.sleep(SERVER_POLL)
             try:
-                for job in [j for j in self.book.jobs.values() if j.state == "running"]:
+                for job in [j for j in self.book.jobs.values() if j.state == "running" and not is_external(j)]:
                     for server in sorted({self.state.rack.server_of[g] for g in job.gpus}):
                         if not self.containers.engines.ping(server):
                             why = self.containers.down_servers().get(server)

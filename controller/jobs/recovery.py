@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from controller.core.circuits import CircuitDiff, CircuitError, CircuitMap
 from controller.core.jobs import ACTIVE, Job, transition
+from controller.jobs.external import is_external
 from controller.jobs.steps import LOG
 
 DEVICES_WAIT = 60.0  # seconds a restarted controller waits for the OCS before it undoes a configuring job
@@ -45,6 +46,8 @@ class Recovery:
         for job, state in found:
             if job.state != state:
                 continue
+            if is_external(job):
+                continue  # its ranks are the outside scheduler's, which ends it (external.py)
             if job.state == "running":
                 present = self.workers.present(job)
                 if set(present) == set(job.gpus):

@@ -37,6 +37,7 @@ from controller.core.circuits import CircuitMap
 from controller.core.jobs import Job, JobRequest
 from controller.core.rack import PortRef
 from controller.jobs.book import JobBook
+from controller.jobs.external import External
 from controller.jobs.failover import Failover
 from controller.jobs.lifecycle import Lifecycle
 from controller.jobs.queue import Queue
@@ -89,6 +90,7 @@ class JobService:
             resume=self.failover.resume,
         )
         self.regrouper = Regroup(book, state, changes, self.queue.drain)
+        self.external = External(book, state, changes, self.lifecycle, self.queue.drain)
 
     def start(self) -> None:
         """Its threads: the restart's reconciling, the watches on engines and servers, a queue left from before."""
@@ -115,6 +117,16 @@ class JobService:
     def regroup_all(self, dry_run: bool = False, version: int | None = None) -> dict:
         """Defragment: every running job regrouped in one change (`dry_run`: the plan; `version`: apply that plan)."""
         return self.regrouper.regroup_all(dry_run=dry_run, version=version)
+
+    def begin_external(self, scheduler: str, job_id: str, user: str, gpus: list[str], hold: bool = False,
+                       policy_name: str = "regroup") -> Job:
+        """A job a scheduler outside placed (Slurm's prolog): its GPUs regrouped under one switch and held, no
+        container started (external.py); raises policy.InvalidRequest, Conflict (held, or not regroupable with hold)."""
+        return self.external.begin(scheduler, job_id, user, gpus, hold, policy_name)
+
+    def end_external(self, scheduler: str, job_id: str, state: str) -> Job:
+        """That job ended outside: its GPUs and circuits are released (UnknownJob if it was never placed)."""
+        return self.external.end(scheduler, job_id, state)
 
     def get(self, job_id: str) -> Job:
         """The job (UnknownJob if there is none of that id)."""

@@ -11,6 +11,7 @@ from controller.apps.context import Optirack
 from controller.apps.jobs_api import JobsApi
 from controller.apps.placement import PlacementApp
 from controller.apps.rest import Api, NotFound, _openapi
+from controller.apps.slurm_api import SlurmApi
 from controller.core.rack import load_rack
 from profiles import WORKLOADS
 from tests.unit.fakes import FakeDriver
@@ -18,7 +19,7 @@ from tests.unit.test_rack import PAPER
 
 RACK = load_rack(PAPER)
 DOC = _openapi()
-CONTROLLERS = (Api, JobsApi)  # every REST controller but NotFound; add yours here
+CONTROLLERS = (Api, JobsApi, SlurmApi)  # every REST controller but NotFound; add yours here
 
 
 @pytest.fixture

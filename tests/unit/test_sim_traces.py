@@ -290,3 +290,56 @@ def test_two_rings_sharing_one_uplink_match_the_hand_computed_max_min_rate(shari
         assert job.mean_iteration_s == pytest.approx(by_hand, rel=0.01)
     alone = compute_seconds("vgg16", "V100") + 2 * (n - 1) * (size / n / (2 * rate) + 20e-6)
     assert run.jobs[0].alone_iteration_s == pytest.approx(alone, rel=1e-6)
+
+
+SACCT = DATA / "sacct_parsable2.txt"
+PAPER_RACK = str(Path(__file__).resolve().parents[2] / "topologies" / "paper-testbed.yaml")
+
+
+def test_a_sacct_dump_imports_jobs_not_steps_with_their_gres_types():
+    imported = traces.load(SACCT)
+    assert imported.fmt == "sacct"
+    # 101: 4 M40 for 30 min; 102: 2 Titan V, failed after 20 min (it still held them); 103: scancel after
+    # 5 min, any GPU; 107: a time limit after an hour, two types, so any GPU
+    assert [(j.arrival_s, j.gpus, j.duration_s, j.gpu_model) for j in imported.jobs] == [
+        (0, 4, 1800, "M40"), (600, 2, 1200, "TitanV"), (1200, 1, 300, ""), (3600, 6, 3600, "")]
+    assert imported.left_out == {"no GPU": 1, "never started": 1, "not ended when sacct ran": 1}
+    assert imported.jobs[0].source.endswith("sacct_parsable2.txt:2")
+
+
+def test_simulate_replays_a_sacct_dump(tmp_path):
+    out = tmp_path / "sim"
+    assert cli(["simulate", "--rack", PAPER_RACK, "--trace", str(SACCT), "--trace-format", "sacct", "--out", str(out),
+                "--quiet",
+                "--no-plots", "--policies", "fixed,regroup", "--workers", "1"]) == 0
+    workload = json.loads((out / "results.json").read_text())["workload"]
+    assert workload["format"] == "sacct" and workload["jobs"] == 4
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("108|eve|2026-11-20T10:00:00|yesterday|2026-11-20T11:00:00|COMPLETED|gres/gpu=2",
+         "line 3: Start: 'yesterday'"),
+        ("108|eve|2026-11-20T10:00:00|2026-11-20T10:00:00|COMPLETED|gres/gpu=2", "line 3: 6 fields, expected 7"),
+        ("108|eve|2026-11-20T10:00:00|2026-11-20T10:00:00|2026-11-20T11:00:00|COMPLETED|gres/gpu=two",
+         "line 3: AllocTRES: 'two' is not a whole number of GPUs"),
+    ],
+)
+def test_a_sacct_dump_with_a_bad_line_exits_2_naming_the_line(tmp_path, capsys, line, message):
+    dump = tmp_path / "sacct.txt"
+    dump.write_text("\n".join(SACCT.read_text().splitlines()[:2] + [line]) + "\n")
+    out = tmp_path / "sim"
+    assert cli(["simulate", "--rack", PAPER_RACK, "--trace", str(dump), "--trace-format", "sacct", "--out", str(out),
+                "--quiet",
+                "--no-plots"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{dump}: {message}" in err
+    assert not out.exists()
+
+
+def test_a_file_that_is_not_a_sacct_dump_is_refused_by_its_header(tmp_path):
+    dump = tmp_path / "sacct.txt"
+    dump.write_text("JobID|JobName|Partition|Account|AllocCPUS|State|ExitCode\n1|x|p|a|1|COMPLETED|0:0\n")
+    with pytest.raises(TraceError, match="line 1: not sacct --parsable2 output: the header lacks Submit, Start, End"):
+        traces.load(dump, "sacct")

@@ -253,12 +253,15 @@ function drawJobs() {
     const tr = htmlEl(body, "tr", {"data-job": id, "data-state": j.state});
     const name = htmlEl(tr, "td");
     htmlEl(name, "span", {class: "swatch", style: `background:${jobColor(id)}`});
-    name.appendChild(document.createTextNode(j.name ? `${id} (${j.name})` : id));
+    const ext = j.request && j.request.external;  // a job Slurm scheduled: its id and user, no iterations here
+    const label = ext ? `${id} (${ext.scheduler} job ${ext.job} of ${ext.user || "?"})` : j.name ? `${id} (${j.name})` : id;
+    name.appendChild(document.createTextNode(label));
     const st = htmlEl(tr, "td");
     htmlEl(st, "span", {class: `state state-${j.state}`, title: j.reason || j.note || ""}, j.state);
     htmlEl(tr, "td", {}, (j.gpus || []).join(", "));
     htmlEl(tr, "td", {}, (j.switches || []).join(", "));
-    htmlEl(tr, "td", {}, `${j.iterations_done ?? 0} / ${j.iterations_total ?? "?"}`);
+    htmlEl(tr, "td", {}, ext ? `ranks run by ${ext.scheduler}; circuit events ${(j.events || []).join(", ") || "none"}`
+      : `${j.iterations_done ?? 0} / ${j.iterations_total ?? "?"}`);
     htmlEl(tr, "td", {}, j.mean_iteration_s == null ? "–" : `${fmt(j.mean_iteration_s, 3)} s`);
     htmlEl(tr, "td", {}, j.mean_gpu_util == null ? "–" : `${fmt(100 * j.mean_gpu_util, 0)} %`);
   }

@@ -1,0 +1,302 @@
+"""A real Slurm on the emulated rack: munged and slurmctld on this host, one slurmd per server in
+that server's network namespace under the server's own name, reaching slurmctld over the rack's
+management network (the bridge's address).
+
+Everything lives under one directory (`LAYOUT.root`: configuration, controller state, spools,
+logs, the munge key and socket, the GPUs' stand-in device files), and every daemon writes a PID
+file there; `stop` ends exactly those processes (and the job steps left in the rack's
+namespaces), then removes the tree, so a second start finds nothing to trip on. A slurmd is
+entered with `nsenter --net` and `unshare --uts` (`ip netns exec` remounts /sys and slurmd then
+finds no cgroup filesystem). The GPUs are character devices made with mknod: gres/gpu needs a
+device file per GPU (a GPU given by count alone registers as 0 and the node goes INVALID).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from controller.core.circuits import CircuitMap
+from controller.core.emulated import RUN_DIR, netns_of
+from controller.core.rack import Rack
+from controller.slurm import conf
+from emulation import engines, slurmdb
+
+LAYOUT = conf.Layout(RUN_DIR / "slurm")
+NVIDIA_MAJOR = 195  # the stand-ins carry the major number of NVIDIA's devices; nothing opens them
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+def env() -> dict[str, str]:
+    """The environment Slurm's commands need to find this Slurm (`SLURM_CONF`)."""
+    return {**os.environ, "SLURM_CONF": str(LAYOUT.conf)}
+
+
+def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+    if check and proc.returncode != 0:
+        raise SlurmError(f"{' '.join(cmd)}: {proc.stderr.strip() or proc.stdout.strip() or f'exit {proc.returncode}'}")
+    return proc
+
+
+@dataclass(frozen=True)
+class Hook:
+    """The PrologSlurmctld/EpilogSlurmctld program and what it is told: the rack file, the controller."""
+
+    program: str
+    rack_file: str
+    url: str | None = None
+    token_file: str | None = None
+    topology: bool = True  # rewrite topology.conf after a circuit change (and have Slurm reload it)
+
+    def argv(self, kind: str) -> list[str]:
+        out = [self.program, kind, "--rack", self.rack_file]
+        out += ["--topology", str(LAYOUT.topology)] if self.topology else []
+        out += ["--url", self.url] if self.url else []
+        return out + (["--token-file", self.token_file] if self.token_file else [])
+
+
+def hook_scripts(hook: Hook | None) -> tuple[str | None, str | None]:
+    """PrologSlurmctld and EpilogSlurmctld: small scripts that run `hook prolog|epilog` (Slurm runs
+    a program by path, without arguments, in an environment of its own)."""
+    if hook is None:
+        return None, None
+    paths = []
+    for kind in ("prolog", "epilog"):
+        path = LAYOUT.root / f"{kind}-slurmctld"
+        path.write_text(f"#!/bin/sh\nexport SLURM_CONF={shlex.quote(str(LAYOUT.conf))}\n"
+                        f"exec {shlex.join(hook.argv(kind))}\n")
+        path.chmod(0o755)
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+def write_files(rack: Rack, hook: Hook | None = None, circuits: CircuitMap | None = None,
+                topology: bool = True) -> None:
+    """slurm.conf, gres.conf, topology.conf and the GPUs' device files, for the rack as it is up."""
+    LAYOUT.root.mkdir(parents=True, exist_ok=True)
+    LAYOUT.state.mkdir(parents=True, exist_ok=True)
+    prolog, epilog = hook_scripts(hook)
+    addrs = {s: rack.engine_host(s) for s in rack.servers}
+    missing = [s for s, a in addrs.items() if a is None]
+    if missing:
+        raise SlurmError(f"servers {', '.join(missing)} have no address on the management network (a tcp:// engine)")
+    LAYOUT.conf.write_text(conf.slurm_conf(rack, LAYOUT, socket.gethostname().split(".")[0],
+                                           engines.bridge_ip(rack), addrs, prolog=prolog, epilog=epilog,
+                                           dbd_port=slurmdb.DBD_PORT, topology=topology))
+    LAYOUT.gres.write_text(conf.gres_conf(rack, LAYOUT))
+    LAYOUT.topology.write_text(conf.topology_conf(rack, circuits or CircuitMap.initial(rack)))
+    minor = 0
+    for s in rack.spec.servers:
+        (LAYOUT.node_dir(s.name) / "spool").mkdir(parents=True, exist_ok=True)
+        for g in s.gpus:
+            dev = LAYOUT.device(s.name, g.index)
+            dev.parent.mkdir(parents=True, exist_ok=True)
+            if not dev.exists():
+                os.mknod(dev, stat.S_IFCHR | 0o600, os.makedev(NVIDIA_MAJOR, minor))
+            minor += 1
+
+
+def _pid(path: Path, name: str) -> int | None:
+    """The PID in `path` if that process runs and is `name` (a stale file names nothing)."""
+    try:
+        pid = int(path.read_text().split()[0])
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if os.path.basename(exe).startswith(name) else None
+
+
+def _wait(what: str, ready, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise SlurmError(f"{what} did not come up within {timeout:g} s (logs under {LAYOUT.root})")
+        time.sleep(0.2)
+
+
+def start_munge() -> int:
+    d = LAYOUT.munge_socket.parent
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o755)
+    key = d / "munge.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    run("munged", "--force", f"--socket={LAYOUT.munge_socket}", f"--key-file={key}", f"--pid-file={d / 'munged.pid'}",
+        f"--log-file={d / 'munged.log'}", f"--seed-file={d / 'munged.seed'}")
+    _wait("munged", lambda: _pid(d / "munged.pid", "munged") and LAYOUT.munge_socket.exists(), 10)
+    return _pid(d / "munged.pid", "munged")
+
+
+def start_slurmd(server: str) -> None:
+    """slurmd of one server, in its network namespace and its own UTS namespace named after it."""
+    run("nsenter", f"--net=/run/netns/{netns_of(server)}", "unshare", "--uts", "--", "/bin/sh", "-c",
+        'hostname "$1" && exec slurmd -f "$2" -N "$1"', "sh", server, str(LAYOUT.conf))
+
+
+def _forward_rule() -> list[str]:
+    """Servers talk to each other over the management bridge (srun in a batch script reaches the
+    other nodes' slurmd, and they call back); with bridge netfilter on, Docker's FORWARD policy
+    (DROP) would drop that, so the bridge forwards to itself, by a rule labelled as ours."""
+    chain = "DOCKER-USER" if subprocess.run(["iptables", "-S", "DOCKER-USER"], capture_output=True).returncode == 0 \
+        else "FORWARD"
+    return [chain, "-i", engines.BRIDGE, "-o", engines.BRIDGE, "-m", "comment", "--comment", "optirack-slurm",
+            "-j", "ACCEPT"]
+
+
+def allow_forwarding() -> None:
+    rule = _forward_rule()
+    if subprocess.run(["iptables", "-C", *rule], capture_output=True).returncode != 0:
+        run("iptables", "-I", *rule)
+
+
+def remove_forwarding() -> int:
+    removed = 0
+    for chain in ("DOCKER-USER", "FORWARD"):
+        rule = [chain, *_forward_rule()[1:]]
+        while subprocess.run(["iptables", "-D", *rule], capture_output=True).returncode == 0:
+            removed += 1
+    return removed
+
+
+def node_states() -> dict[str, str]:
+    out = run("sinfo", "--noheader", "--Node", "--format=%N %T", check=False).stdout
+    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
+
+
+def start(rack: Rack, hook: Hook | None = None, log=print, topology: bool = True) -> float:
+    """munged, MariaDB, slurmdbd, slurmctld and every slurmd; returns seconds until every node is idle.
+    `topology`: Slurm's tree plugin on topology.conf (else no topology plugin)."""
+    t0 = time.monotonic()
+    if LAYOUT.root.exists():
+        stop(quiet=True)
+    write_files(rack, hook, topology=topology)
+    allow_forwarding()
+    start_munge()
+    slurmdb.start(LAYOUT, socket.gethostname().split(".")[0], run, _wait, _pid)
+    run("slurmctld", "-f", str(LAYOUT.conf))
+    _wait("slurmctld", lambda: _pid(LAYOUT.ctld_pid, "slurmctld") and run("scontrol", "ping", check=False)
+          .returncode == 0, START_TIMEOUT)
+    for s in rack.servers:
+        start_slurmd(s)
+    _wait("every slurmd", lambda: all(st.rstrip("*") in ("idle", "mixed", "allocated")
+                                      for st in (node_states().get(s, "") for s in rack.servers)), START_TIMEOUT)
+    took = time.monotonic() - t0
+    log(f"  Slurm up in {took:.1f} s: slurmctld on {socket.gethostname().split('.')[0]} "
+        f"({engines.bridge_ip(rack)}), slurmd on {', '.join(rack.servers)}; SLURM_CONF={LAYOUT.conf}")
+    return took
+
+
+def daemon_pids() -> dict[str, int]:
+    """name -> PID of every daemon of ours that runs (by the PID files under LAYOUT.root)."""
+    found = {}
+    nodes = LAYOUT.root / "nodes"
+    for d in sorted(nodes.iterdir()) if nodes.is_dir() else []:
+        pid = _pid(d / "slurmd.pid", "slurmd")
+        if pid:
+            found[f"slurmd {d.name}"] = pid
+    pid = _pid(LAYOUT.ctld_pid, "slurmctld")
+    if pid:
+        found["slurmctld"] = pid
+    found.update(slurmdb.pids(LAYOUT, _pid))
+    pid = _pid(LAYOUT.munge_socket.parent / "munged.pid", "munged")
+    if pid:
+        found["munged"] = pid
+    return found
+
+
+def _steps_in(namespaces: set[int]) -> list[int]:
+    """slurmstepd processes (and what they started) whose network namespace is one of the rack's."""
+    steps, children = [], {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+            if os.path.basename(os.readlink(f"/proc/{entry}/exe")) == "slurmstepd" \
+                    and os.stat(f"/proc/{entry}/ns/net").st_ino in namespaces:
+                steps.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    out, todo = [], list(steps)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def _end(pids: list[int], timeout: float) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and not _zombie(pid):
+            time.sleep(0.05)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def stop(quiet: bool = False, servers: list[str] | None = None, log=print) -> dict[str, int]:
+    """End every job, every daemon of ours and the job steps left in the rack's namespaces; remove
+    the tree. Safe to repeat, and after a crash."""
+    removed = {"jobs": 0, "daemons": 0, "steps": 0}
+    if not LAYOUT.root.exists():
+        removed["firewall rules"] = remove_forwarding()
+        return removed
+    if _pid(LAYOUT.ctld_pid, "slurmctld"):
+        jobs = run("squeue", "--noheader", "--format=%i", check=False).stdout.split()
+        if jobs:
+            run("scancel", *jobs, check=False)
+            removed["jobs"] = len(jobs)
+            deadline = time.monotonic() + STOP_TIMEOUT
+            while time.monotonic() < deadline and run("squeue", "--noheader", "--format=%i",
+                                                      check=False).stdout.strip():
+                time.sleep(0.2)
+    pids = daemon_pids()
+    slurmds = [p for n, p in pids.items() if n.startswith("slurmd")]
+    _end(slurmds, STOP_TIMEOUT)
+    spaces = set()
+    for s in servers if servers is not None else [d.name for d in (LAYOUT.root / "nodes").glob("*")]:
+        try:
+            spaces.add(os.stat(f"/run/netns/{netns_of(s)}").st_ino)
+        except OSError:
+            pass
+    steps = _steps_in(spaces)
+    _end(steps, 5)
+    for name in ("slurmctld", "slurmdbd", "mariadbd", "munged"):  # each after what uses it
+        _end([pids[name]] if name in pids else [], STOP_TIMEOUT)
+    removed["daemons"], removed["steps"] = len(pids), len(steps)
+    removed["firewall rules"] = remove_forwarding()
+    shutil.rmtree(LAYOUT.root, ignore_errors=True)
+    if not quiet:
+        log("  Slurm stopped: " + (", ".join(f"{n} {k}" for k, n in removed.items() if n) or "nothing was running"))
+    return removed
