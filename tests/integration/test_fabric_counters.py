@@ -1,0 +1,40 @@
+"""The drop collector fails closed on the real rack: a drop injected on an emulated port is read as a drop,
+an interface the snapshot cannot read is an error (never zero drops), and the demo's fabric check sees both."""
+from __future__ import annotations
+
+from controller.core.emulated import netns_of, nic_plans
+from emulation import counters
+from emulation import rack as rackmod
+from scripts.demo_checks import fabric_checks
+from tests.integration.helpers import ping, sh
+
+
+def test_a_drop_on_an_emulated_port_and_a_failed_read_reach_the_demos_fabric_check(bed):
+    state = rackmod.RackState.load()
+    namespaces = sorted(state.namespaces.values())
+    src, dst = nic_plans(bed.rack)[0], nic_plans(bed.rack)[1]
+    where = netns_of(src.server)
+    before = counters.snapshot(state.root_intfs, namespaces)
+    assert f"root {state.root_intfs[0]} rx" in before  # every interface read, idle or not
+    sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", src.ifname, "clsact")
+    try:  # every packet leaving the first GPU's NIC is dropped at its egress hook (counted by its qdisc)
+        sh("ip", "netns", "exec", where, "tc", "filter", "add", "dev", src.ifname, "egress", "matchall",
+           "action", "drop")
+        assert not ping(where, dst.ip, count=3, src=src.ifname)
+        after = counters.snapshot(state.root_intfs, namespaces)
+    finally:
+        sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", src.ifname, "clsact")
+    dropped = counters.fabric_record(before, after, [])
+    at_nic = {k: n for k, n in dropped["drops"].items() if k.startswith(f"{where} {src.ifname} qdisc")}
+    assert at_nic and sum(at_nic.values()) >= 3, dropped["drops"]
+    assert len(dropped["drops"]) > len(at_nic)  # the counters that did not grow are kept, as zero
+    # an interface the rack should have and the snapshot cannot find: an error, not an empty reading
+    unread = counters.fabric_record(before, counters.read([*state.root_intfs, "as9-p99"], namespaces), [])
+    assert unread["drops"] == {} and "root as9-p99 rx" in unread["errors"][0]
+    record = {"fabric": bed.rack.spec.emulation.fabric, "calibration": {"runs": []},
+              "runs": [{"tag": "injected drop", "fabric_counters": dropped},
+                       {"tag": "failed read", "fabric_counters": unread}]}
+    got = fabric_checks(record)
+    assert not got["fabric_clean"]
+    assert set(got["fabric_drops"]) == set(at_nic)
+    assert got["fabric_read_errors"] == [f"failed read: {unread['errors'][0]}"]
