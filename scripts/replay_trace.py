@@ -47,6 +47,7 @@ POLICIES = ("fixed", "regroup", "defrag")
 PLACEMENT = {"fixed": "fixed", "regroup": "regroup", "defrag": "regroup"}
 DEFRAG_INTERVAL_S = 30.0  # rack seconds between defragmentation rounds (simulate with --defrag-interval 30)
 ENDED = ("done", "failed", "stopped")
+RACK_UP_TRIES = 3
 JOB_TIMEOUT_S = 600.0  # emulated seconds a replay may run beyond its last arrival, per job of the trace
 
 
@@ -113,7 +114,15 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
     dilation = rack.spec.emulation.time_dilation
     deadline_s = trace[-1]["arrival_s"] * dilation + JOB_TIMEOUT_S * len(trace)
     started = time.time()
-    with Testbed(rack, rack_file, workdir / policy) as tb:
+    for attempt in range(1, RACK_UP_TRIES + 1):  # Mininet's controller check reads the OpenFlow hello as UTF-8 and
+        try:                                     # now and then fails on its bytes: the rack-up is tried again
+            tb = Testbed(rack, rack_file, workdir / f"{policy}-{attempt}").__enter__()
+            break
+        except UnicodeDecodeError as exc:
+            log(f"  {policy}: rack-up failed ({exc}); try {attempt} of {RACK_UP_TRIES}")
+            if attempt == RACK_UP_TRIES:
+                raise
+    try:
         log(f"  {policy}: testbed up in {time.time() - started:.0f} s; submitting {len(trace)} jobs")
         up = time.time()
         first_event = max((e["id"] for e in tb.client.get("/events", limit=1)["events"]), default=0)
@@ -150,6 +159,8 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
         by_id = {e["id"]: e for e in events}
         rows = [job_row(i, trace[i], tb.client.get(f"/jobs/{jid}")["job"], by_id, t0, dilation)
                 for i, jid in enumerate(ids)]
+    finally:
+        tb.__exit__(None, None, None)  # the rack down and the controller stopped, pass or fail
     out = {"policy": policy, "placement": PLACEMENT[policy], "testbed_up_s": up - started, "replay_wall_s": wall,
            "defrag_interval_s": defrag_s if policy == "defrag" else None, "defrag_rounds": rounds,
            "jobs": rows, "events": [{k: e.get(k) for k in ("id", "kind", "job", "requested_at", "removed", "added",
