@@ -8,7 +8,9 @@ same with --spare 1.25 and with --oversubscription 32 --spare 1.5: results/simul
 (256 GPUs, the schedulers: results/simulate-256-schedulers/summary.md), sim-bench (16,384 GPUs, 100,000 jobs, timed:
 results/bench-simulate.json) and sim-failures (server failures at 4,096 and 16,384 GPUs:
 results/simulate-failures-*/summary.md), and sim-readme-run (the droptail-era demo run against the simulator, held
-and max-min: tests/data/demo-readme-run.json through simulator.fidelity), and sim-trace-replay (the trace check:
+and max-min: tests/data/demo-readme-run.json through simulator.fidelity), sim-sweep-gain (regroup's saving over
+fixed by oversubscription, job-size mix and load: results/sweep-gain/runs.csv, simulator/sweepgain.py), and
+sim-trace-replay (the trace check:
 results/replay/*.json of the current model beside the simulator, simulator/tracecheck.py; not yet placed in a page,
 as no replay record is committed).
 
@@ -253,6 +255,18 @@ def sim_readme_run(_records: list, data: Path = README_RUN.parent) -> str:
                   "regrouped: emulated", "simulated"], rows)
 
 
+def sim_sweep_gain(_records: list, results: Path = RESULTS) -> str:
+    """Regroup's saving over fixed by oversubscription, job-size mix and load (results/sweep-gain/runs.csv)."""
+    from simulator import sweepgain
+
+    path = results / "sweep-gain" / "runs.csv"
+    try:
+        rows = list(csv.DictReader(io.StringIO(_read(path))))
+        return sweepgain.table(sweepgain.gains(rows))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportError(f"{path}: not an optirack sweep's runs.csv ({type(e).__name__}: {e})") from None
+
+
 TRACE_RACK = ROOT / "topologies" / "trace16.yaml"
 TRACE = ROOT / "traces" / "trace16.csv"
 
@@ -300,4 +314,5 @@ BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-seeds": sim_seeds, "sim-timeshift": sim_timeshift, "sim-4096": sim_4096,
     "sim-4096-variants": sim_4096_variants, "sim-schedulers": sim_schedulers, "sim-bench": sim_bench,
     "sim-failures": sim_failures, "sim-readme-run": sim_readme_run, "sim-trace-replay": sim_trace_replay,
+    "sim-sweep-gain": sim_sweep_gain,
 }

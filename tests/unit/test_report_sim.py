@@ -217,3 +217,16 @@ def test_trace_replay_of_a_record_that_is_not_one_is_an_error_naming_it(tmp_path
     path = _write(tmp_path / "replay" / "20261127T000000Z-abc1234.json", json.dumps({"model_hash": "m1"}))
     with pytest.raises(ReportError, match=re.escape(str(path)) + ": not a trace replay record"):
         report_sim.sim_trace_replay([], tmp_path, model_hash="m1")
+
+
+def test_sweep_gain_pairs_each_seed_and_gives_mean_min_and_max(tmp_path):
+    head = "policy,seed,load,mix,oversubscription,jct_mean_s\n"
+    rows = ["fixed,1,0.9,field,32,100", "regroup,1,0.9,field,32,80", "fixed,2,0.9,field,32,200",
+            "regroup,2,0.9,field,32,190", "fixed,1,0.9,field,4,100", "regroup,1,0.9,field,4,101"]
+    _write(tmp_path / "sweep-gain" / "runs.csv", head + "\n".join(rows) + "\n")
+    assert report_sim.sim_sweep_gain([], tmp_path).splitlines() == [
+        "| load | job sizes | 4:1 | 32:1 |", "| --- | --- | --- | --- |",
+        "| 0.9 | field | -1.0 % (-1.0 to -1.0) | +12.5 % (+5.0 to +20.0) |"]
+    _write(tmp_path / "sweep-gain" / "runs.csv", head + "fixed,1,0.9,field,32,100\n")
+    with pytest.raises(ReportError, match="not an optirack sweep's runs.csv"):
+        report_sim.sim_sweep_gain([], tmp_path)
