@@ -25,14 +25,16 @@ def test_a_drop_on_an_emulated_port_and_a_failed_read_reach_the_demos_fabric_che
     sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", src.ifname, "root", "handle", "77:", "tbf",
        "rate", "8kbit", "burst", "1600", "limit", "1600")
     try:
-        subprocess.run(["ip", "netns", "exec", where, "ping", "-c", "30", "-i", "0.02", "-s", "1000", "-W", "1",
-                        "-I", src.ifname, dst.ip], capture_output=True, timeout=30)
+        pinged = subprocess.run(["ip", "netns", "exec", where, "ping", "-c", "30", "-i", "0.02", "-s", "1000", "-W",
+                                 "1", "-I", src.ifname, dst.ip], capture_output=True, text=True, timeout=30)
         after = counters.snapshot(state.root_intfs, namespaces)
+        seen = sh("ip", "netns", "exec", where, "tc", "-s", "qdisc", "show", "dev", src.ifname)
     finally:
         sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", src.ifname, "root")
     dropped = counters.fabric_record(before, after, [])
     at_nic = {k: n for k, n in dropped["drops"].items() if k.startswith(f"{where} {src.ifname} qdisc") and n}
-    assert at_nic and sum(at_nic.values()) >= 3, {k: n for k, n in dropped["drops"].items() if n}
+    assert at_nic and sum(at_nic.values()) >= 3, (pinged.stdout[-600:], pinged.stderr[-300:], seen,
+                                                  {k: n for k, n in dropped["drops"].items() if n})
     assert len(dropped["drops"]) > len(at_nic)  # the counters that did not grow are kept, as zero
     # an interface the rack should have and the snapshot cannot find: an error, not an empty reading
     unread = counters.fabric_record(before, counters.read([*state.root_intfs, "as9-p99"], namespaces), [])
