@@ -22,6 +22,10 @@ def test_a_drop_on_an_emulated_port_and_a_failed_read_reach_the_demos_fabric_che
     assert "noqueue" in sh("ip", "netns", "exec", where, "tc", "qdisc", "show", "dev", src.ifname)
     # the first GPU's NIC sends through a token bucket of 1 kB/s and a queue of 1,600 bytes (htb, tbf, pfifo and u32
     # are what the kernels we target have: emulation/shaping.py): pings of 1 kB every 20 ms overflow it
+    # a permanent neighbour entry for the target, so the pings leave without waiting for an ARP reply (the idle
+    # rack's NICs have no route installed between them)
+    sh("ip", "netns", "exec", where, "ip", "neigh", "replace", dst.ip, "lladdr", dst.mac, "dev", src.ifname,
+       "nud", "permanent")
     sh("ip", "netns", "exec", where, "tc", "qdisc", "add", "dev", src.ifname, "root", "handle", "77:", "tbf",
        "rate", "8kbit", "burst", "1600", "limit", "1600")
     try:
@@ -31,6 +35,7 @@ def test_a_drop_on_an_emulated_port_and_a_failed_read_reach_the_demos_fabric_che
         seen = sh("ip", "netns", "exec", where, "tc", "-s", "qdisc", "show", "dev", src.ifname)
     finally:
         sh("ip", "netns", "exec", where, "tc", "qdisc", "del", "dev", src.ifname, "root")
+        sh("ip", "netns", "exec", where, "ip", "neigh", "del", dst.ip, "dev", src.ifname, check=False)
     dropped = counters.fabric_record(before, after, [])
     at_nic = {k: n for k, n in dropped["drops"].items() if k.startswith(f"{where} {src.ifname} qdisc") and n}
     assert at_nic and sum(at_nic.values()) >= 3, (pinged.stdout[-600:], pinged.stderr[-300:], seen,
