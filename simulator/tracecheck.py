@@ -165,3 +165,45 @@ def table(comparisons: list[tuple[str, dict[str, dict]]]) -> str:
                 f"| {c['circuit_changes_emulated']} / {c['circuit_changes_simulated']} "
                 f"| {'yes' if not bad else 'NO: ' + '; '.join(bad)} |")
     return "\n".join(rows)
+
+
+def start_delays(run: dict) -> list[float]:
+    """Each replayed job's time from its start (GPUs granted) to its first iteration, rack seconds: the
+    containers' start, which the simulator does not model."""
+    return [j["first_iteration_s"] - j["start_s"] for j in run["jobs"] if j.get("first_iteration_s") is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m simulator.tracecheck RECORD...`: each replay record beside the simulator, and each policy's start
+    delays (start to first iteration)."""
+    import argparse
+    import json
+    import sys
+
+    from simulator.workloads import read_trace
+
+    ap = argparse.ArgumentParser(prog="python -m simulator.tracecheck", description=main.__doc__.splitlines()[0])
+    ap.add_argument("records", nargs="+", type=Path, help="results/replay/*.json (scripts/replay_trace.py)")
+    ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parents[1] / "traces" / "trace16.csv")
+    args = ap.parse_args(argv)
+    root = Path(__file__).resolve().parents[1]
+    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+             for j in sorted(read_trace(args.trace), key=lambda j: j.arrival_s)]
+    out = []
+    for path in args.records:
+        try:
+            record = json.loads(path.read_text())
+            out.append((path.stem, compare_record(record, trace, root / record["rack_file"])))
+        except (OSError, KeyError, ValueError) as e:
+            print(f"tracecheck: {path}: {e}", file=sys.stderr)
+            return 2
+        for policy, run in record["policies"].items():
+            d = start_delays(run)
+            print(f"{path.stem} {policy}: start to first iteration {statistics.median(d):.1f} rack s (median; "
+                  f"{min(d):.1f}-{max(d):.1f}) over {len(d)} jobs")
+    print(table(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

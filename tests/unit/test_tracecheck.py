@@ -90,3 +90,11 @@ def test_the_replay_refuses_bad_input_before_touching_the_rack(capsys):
     assert rt.main(["--jobs", "0"]) == 2
     assert rt.main(["--trace", "/nonexistent.csv"]) == 2
     assert "replay_trace:" in capsys.readouterr().err
+
+
+def test_start_delays_are_each_jobs_start_to_first_iteration_and_the_cli_refuses_a_bad_record(tmp_path, capsys):
+    run = {"jobs": [{"start_s": 1.0, "first_iteration_s": 6.0}, {"start_s": 2.0, "first_iteration_s": None}]}
+    assert tc.start_delays(run) == [5.0]
+    bad = tmp_path / "r.json"
+    bad.write_text("{}")
+    assert tc.main([str(bad)]) == 2 and "tracecheck:" in capsys.readouterr().err
