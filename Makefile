@@ -69,6 +69,7 @@ bench: setup
 	$(PY) scripts/bench_simulate.py --runs 1  # 16,384 GPUs x 100,000 jobs once (about 6 min); --runs 3 for the docs figure
 	$(PY) scripts/bench_loopback.py
 	$(PY) scripts/bench_failover.py
+	$(PY) scripts/replay_trace.py  # the trace check: traces/trace16.csv on topologies/trace16.yaml, fixed, regroup, defrag; writes results/replay/
 
 # Every results table of README.md and docs/*.md, from the committed records (--check: compare only).
 report:

@@ -10,6 +10,13 @@ shows its uplink queue's. Read here, for the rack's interfaces only:
 - the host's per-CPU backlog drops (veth and every other device): /proc/net/softnet_stat.
 And, by `TcpSampler`, each container namespace's TcpRetransSegs and TcpOutSegs (from a process of
 its sandbox, polled while it lives: the last reading before the namespace goes).
+
+It fails closed: "zero drops" means read, and zero. A read that fails (a tool that exits non-zero, output
+that does not parse, a file that cannot be read) raises `ReadError`, never returns an empty reading; a
+snapshot lacks none of the interfaces and namespaces it was asked for (`snapshot(expect=...)`); and
+`drops_between` keeps every counter, grown or not, so a record shows what was read.
+`fabric_record` turns two snapshots (or the error that stopped one) into a run's record, the error
+among its problems, never as an empty set of drops.
 """
 
 from __future__ import annotations
@@ -24,16 +31,32 @@ from pathlib import Path
 from controller.core.emulated import NETNS_PREFIX
 
 
-def _run(*cmd: str) -> str:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    return proc.stdout if proc.returncode == 0 else ""
+class ReadError(RuntimeError):
+    """A counter could not be read: the drops it holds are unknown, not zero."""
+
+
+def _run(*cmd: str, strict: bool = True) -> str:
+    """The command's output; a command that fails raises ReadError (`strict=False`: returns "", for
+    samplers that tolerate a missed reading, emulation/shares.py)."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        if strict:
+            raise ReadError(f"`{' '.join(cmd)}` could not run: {exc}") from exc
+        return ""
+    if proc.returncode != 0:
+        if strict:
+            raise ReadError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {proc.stderr.strip()[:200]}")
+        return ""
+    return proc.stdout
 
 
 def _json(*cmd: str) -> list:
+    text = _run(*cmd)
     try:
-        return json.loads(_run(*cmd) or "[]")
-    except ValueError:
-        return []
+        return json.loads(text or "[]")
+    except ValueError as exc:
+        raise ReadError(f"`{' '.join(cmd)}` printed no JSON: {text[:100]!r}") from exc
 
 
 def _namespaces() -> list[str | None]:
@@ -133,18 +156,61 @@ def ovs_socket_drops() -> dict[str, int]:
 
 def softnet_drops() -> dict[str, int]:
     """'softnet cpuN' -> packets the CPU's backlog dropped so far (second column, hex)."""
-    lines = Path("/proc/net/softnet_stat").read_text().split("\n")
+    try:
+        lines = Path("/proc/net/softnet_stat").read_text().split("\n")
+    except OSError as exc:
+        raise ReadError(f"/proc/net/softnet_stat: {exc}") from exc
     return {f"softnet cpu{i}": int(line.split()[1], 16) for i, line in enumerate(lines) if line.strip()}
 
 
-def snapshot(root_intfs: list[str]) -> dict[str, int]:
+def snapshot(root_intfs: list[str], namespaces: list[str] = ()) -> dict[str, int]:
+    """Every drop counter of the rack's interfaces (`root_intfs`, in the root namespace) and of every
+    server namespace; raises ReadError where a read fails or where an interface of `root_intfs` or a
+    namespace of `namespaces` is missing from what was read."""
     intfs = set(root_intfs)
-    return {**queue_drops(intfs), **link_drops(intfs), **ovs_socket_drops(), **softnet_drops()}
+    out = {**queue_drops(intfs), **link_drops(intfs), **ovs_socket_drops(), **softnet_drops()}
+    missing = missing_from(out, root_intfs, namespaces)
+    if missing:
+        raise ReadError(f"the snapshot lacks {', '.join(missing[:5])}" + (f" and {len(missing) - 5} more"
+                                                                          if len(missing) > 5 else ""))
+    return out
+
+
+def missing_from(snap: dict[str, int], root_intfs: list[str], namespaces: list[str] = ()) -> list[str]:
+    """What a snapshot should hold and does not: each root interface's receive and transmit drops, a
+    counter of each namespace, the host's softnet counters."""
+    keys = set(snap)
+    out = [f"root {dev} {way}" for dev in root_intfs for way in ("rx", "tx") if f"root {dev} {way}" not in keys]
+    out += [f"namespace {n}" for n in namespaces if not any(k.startswith(f"{n} ") for k in keys)]
+    if not any(k.startswith("softnet ") for k in keys):
+        out.append("softnet counters")
+    return out
 
 
 def drops_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """The counters that grew from `before` to `after` (a counter new in `after` counts from 0)."""
-    return {k: v - before.get(k, 0) for k, v in sorted(after.items()) if v > before.get(k, 0)}
+    """Every counter of `after` with what it grew since `before`, zero included: a counter new in
+    `after` counts from 0, as does one that went down (its interface was made again)."""
+    return {k: v - before.get(k, 0) if v >= before.get(k, 0) else v for k, v in sorted(after.items())}
+
+
+def fabric_record(before: dict[str, int] | str, after: dict[str, int] | str, tcp: list[dict],
+                  dark: list[tuple[float, float]] = ()) -> dict:
+    """A run's fabric counters from its two snapshots, each a reading or the ReadError text that stopped
+    it: {drops, errors, tcp, problems}. With an error the drops are unknown: `drops` empty, `errors`
+    naming why, and the error among `problems`."""
+    errors = [f"before the run: {s}" for s in (before,) if isinstance(s, str)]
+    errors += [f"after the run: {s}" for s in (after,) if isinstance(s, str)]
+    drops = {} if errors else drops_between(before, after)
+    dark_retransmissions(tcp, list(dark))
+    return {"drops": drops, "errors": errors, "tcp": tcp, "problems": verdict(drops, tcp, errors)}
+
+
+def read(root_intfs: list[str], namespaces: list[str] = ()) -> dict[str, int] | str:
+    """A snapshot, or the text of the ReadError that stopped it."""
+    try:
+        return snapshot(root_intfs, namespaces)
+    except ReadError as exc:
+        return str(exc)
 
 
 TCP_EXT = ("TCPTimeouts", "TCPLossProbes", "TCPSpuriousRTOs", "TCPSackRecovery", "TCPRenoRecovery",
@@ -252,10 +318,11 @@ def dark_retransmissions(tcp: list[dict], dark: list[tuple[float, float]], margi
         t["retrans_dark"] = extra
 
 
-def verdict(drops: dict[str, int], tcp: list[dict]) -> list[str]:
-    """What is wrong with a run: each counter that dropped, each namespace that retransmitted too much
-    outside the OCS dark windows (`retrans_dark`, counted apart)."""
-    bad = [f"{n} packets dropped at {where}" for where, n in drops.items()]
+def verdict(drops: dict[str, int], tcp: list[dict], errors: list[str] = ()) -> list[str]:
+    """What is wrong with a run: each counter that could not be read (`errors`), each counter that dropped,
+    each namespace that retransmitted too much outside the OCS dark windows (`retrans_dark`, counted apart)."""
+    bad = [f"drop counters not read: {e}" for e in errors]
+    bad += [f"{n} packets dropped at {where}" for where, n in drops.items() if n]
     for t in tcp:  # a NIC in a container: dropped since it was made (it is made for the container)
         bad += [f"{n} packets dropped at {where} (in the container of {'+'.join(t['nics'])})"
                 for where, n in t.get("nic_drops", {}).items() if n]

@@ -1,11 +1,11 @@
 """The paper experiment's figures over repeats, its self-checks and what it prints of them (scripts/paper_experiment.py
 runs the experiment; this is the pure part: a record in, figures and verdicts out).
 
-A case's figure is the median over the repeats with its spread; the checks say whether the answer holds (every
-figure keeps its sign over the repeats, the sweep's savings grow as the uplink slows, no figure spreads more than
-MAX_SPREAD_PP), whether the fabric dropped nothing and retransmitted little, and whether the flows crossing an uplink
-got their max-min shares; `passed` is all of them. A repeat much slower than the others of its policy is named with
-where its time went (`disturbed`).
+A case's figure is the median over the repeats with its spread; the checks say whether the answer holds
+(regrouping costs no figure time beyond its repeats' noise, the sweep's savings grow as the uplink slows, no figure
+spreads more than MAX_SPREAD_PP), whether the fabric dropped nothing and retransmitted little, and whether the flows
+crossing an uplink got their max-min shares; `passed` is all of them. A repeat much slower than the others of its
+policy is named with where its time went (`disturbed`).
 """
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ PAPER = {  # Yan et al., OFC 2022, section 3
 # iteration time (utilization: busy-fraction), not a GPU's busy counter as the paper measured.
 COMPUTE_FRACTION = "compute fraction of an iteration (emulated GPU)"
 MAX_SPREAD_PP = 10.0  # what the issue asks of every figure's spread over the repeats
-# A saving whose median is closer to zero than this has no sign to keep: the repeats of one figure differ by up to
-# 6.5 pp on this host (the 1:1 sweep point of the lossless records of 2026-11-25, where regrouping saves 1-3 %, one
-# repeat of record 20261125T123312Z-5b115b9 -0.7 %). Such a figure is listed (checks.signs_unjudged), not judged.
-SIGN_FLOOR_PP = 5.0
+# Regrouping must not cost time beyond the noise its own repeats show: a figure fails when regrouping made the job
+# slower (median saving below zero) by more than the figure's spread over its repeats (max - min of the savings,
+# in pp). One-sided, so it can fail where a regroup saves little (the 1:1 sweep point); it replaced a two-sided
+# "signs kept" check that judged only medians at least 5 pp from zero, under which a regroup costing up to 5 %
+# at NIC:uplink 1:1 passed every check.
 
 
 # --- figures over repeats (pure) -----------------------------------------------------------
@@ -90,21 +91,26 @@ def disturbed(pairs: list[tuple[dict, dict]]) -> list[dict]:
     return out
 
 
+def regroup_cost(p: dict) -> dict:
+    """What regrouping cost one figure against the noise of its repeats: {cost_pp, noise_pp, within_noise}, cost
+    the median saving's negative (a saving is no cost), noise the savings' spread over the repeats."""
+    cost = max(0.0, -100 * p["saving"]["median"])
+    noise = 100 * (max(p["saving"]["values"]) - min(p["saving"]["values"]))
+    return {"cost_pp": cost, "noise_pp": noise, "within_noise": cost <= noise}
+
+
 def checks(points: list[dict], sweep: list[dict]) -> dict:
-    """Does the answer hold: every figure keeps its sign over the repeats (a figure whose median saving is within
-    SIGN_FLOOR_PP of zero has none to keep: listed, not judged), the sweep's savings grow with k, and no figure's
-    spread is above MAX_SPREAD_PP?"""
-    judged, unjudged = [], []
-    for p in points + sweep:
-        (judged if abs(100 * p["saving"]["median"]) >= SIGN_FLOOR_PP else unjudged).append(p["name"])
-    signs = all(min(p["saving"]["values"]) > 0 or max(p["saving"]["values"]) < 0
-                for p in points + sweep if p["name"] in judged)
+    """Does the answer hold: regrouping costs no figure time beyond the noise its own repeats show (one-sided:
+    `regroup_costly` names each figure that fails), the sweep's savings grow with k, and no figure's spread is
+    above MAX_SPREAD_PP?"""
+    costly = [f"{p['name']}: regrouping cost {c['cost_pp']:.1f} % > {c['noise_pp']:.1f} pp spread of its repeats"
+              for p in points + sweep if not (c := regroup_cost(p))["within_noise"]]
     medians = [p["saving"]["median"] for p in sorted(sweep, key=lambda p: p["nic_to_uplink"])]
     monotonic = all(b > a for a, b in zip(medians, medians[1:], strict=False))
     worst = max((p["saving"]["spread_pp"] for p in points + sweep), default=0.0)
     out = {
-        "signs_kept": signs,
-        "signs_unjudged": unjudged,
+        "regroup_within_noise": not costly,
+        "regroup_costly": costly,
         "sweep_monotonic": monotonic,
         "max_spread_pp": worst,
         "spread_ok": worst <= MAX_SPREAD_PP,
@@ -128,14 +134,21 @@ def fabric_checks(record: dict) -> dict:
         out: dict[str, int] = {}
         for c in runs:
             for where, n in c.get("fabric_counters", {}).get("drops", {}).items():
-                out[where] = out.get(where, 0) + n
+                if n:
+                    out[where] = out.get(where, 0) + n
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+    # a run whose counters could not be read has no drop figure: an error, never counted as zero
+    errors = [f"calibration {i + 1}: {e}" for i, c in enumerate(record["calibration"]["runs"])
+              for e in c.get("fabric_counters", {}).get("errors", [])]
+    errors += [f"{r['tag']}: {e}" for r in record["runs"] for e in r.get("fabric_counters", {}).get("errors", [])]
 
     shares = [f"{r['tag']}: {p}" for r in record["runs"]
               for p in r.get("fabric_counters", {}).get("share_problems", [])]
     per_run = [(r["tag"], r.get("fabric_counters", {}).get("uplink_shares") or {"flows": {}}) for r in record["runs"]]
     unjudged = [f"{tag}: {k}" for tag, s in per_run for k in sharecheck.unjudged_flows(s)]
-    return {"fabric": record.get("fabric"), "fabric_clean": not problems, "fabric_problems": problems,
+    return {"fabric": record.get("fabric"), "fabric_clean": not problems and not errors, "fabric_problems": problems,
+            "fabric_read_errors": errors,
             "uplink_shares_maxmin": not shares, "uplink_share_problems": shares,
             "uplink_flows_judged": sum(len(s["flows"]) for _, s in per_run) - len(unjudged),
             "uplink_flows_unjudged": unjudged,
@@ -143,10 +156,11 @@ def fabric_checks(record: dict) -> dict:
 
 
 def passed(record: dict) -> bool:
-    """Every self-check of the record: signs kept, spread, the sweep (if any), a clean fabric and max-min
-    shares of the uplinks."""
+    """Every self-check of the record: regrouping costs nothing beyond noise (records made before that check:
+    signs kept), spread, the sweep (if any), a clean fabric and max-min shares of the uplinks."""
     c = record["checks"]
-    return bool(c["signs_kept"] and c["spread_ok"] and (c["sweep_monotonic"] or not record["sweep"])
+    return bool(c.get("regroup_within_noise", c.get("signs_kept")) and c["spread_ok"]
+                and (c["sweep_monotonic"] or not record["sweep"])
                 and c.get("fabric_clean", True) and c.get("uplink_shares_maxmin", True))
 
 
@@ -203,10 +217,8 @@ def calibration_text(record: dict) -> str:
 def checks_text(record: dict) -> str:
     c = record["checks"]
     lines = [
-        f"- every figure keeps its sign over the {record['settings']['repeats']} repeats: "
-        f"{'yes' if c['signs_kept'] else 'NO'}" + (
-            f" (not judged, median saving within {SIGN_FLOOR_PP:g} pp of zero: {', '.join(c['signs_unjudged'])})"
-            if c.get("signs_unjudged") else ""),
+        f"- regrouping costs no figure time beyond the spread of its {record['settings']['repeats']} repeats: "
+        f"{'yes' if c['regroup_within_noise'] else 'NO'}" + "".join(f"\n  - {x}" for x in c["regroup_costly"]),
         f"- largest spread of a figure: {c['max_spread_pp']:.1f} pp (at most {MAX_SPREAD_PP:g}: "
         f"{'yes' if c['spread_ok'] else 'NO'})",
     ]
@@ -235,7 +247,10 @@ def checks_text(record: dict) -> str:
         lines += [f"  - {n} packets dropped at {where} in the jobs' runs" for where, n in list(drops.items())[:10]]
         lines += [f"  - {n} packets dropped at {where} in the calibrations"
                   for where, n in list(c.get("fabric_calibration_drops", {}).items())[:3]]
-        others = [p for p in c["fabric_problems"] if "packets dropped at" not in p]
+        errors = c.get("fabric_read_errors", [])
+        lines += [f"  - ERROR, drop counters not read (unknown, not zero): {e}" for e in errors[:10]]
+        others = [p for p in c["fabric_problems"]
+                  if "packets dropped at" not in p and "drop counters not read" not in p]
         lines += [f"  - {p}" for p in others[:10]]
         if len(drops) + len(others) > 20:
             lines.append(f"  - ... and {len(drops) + len(others) - 20} more (in the record, checks.fabric_problems)")

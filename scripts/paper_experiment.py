@@ -45,7 +45,6 @@ from scripts.demo_checks import (  # noqa: F401 (the names tests and callers tak
     COMPUTE_FRACTION,
     MAX_SPREAD_PP,
     PAPER,
-    SIGN_FLOOR_PP,
     calibration_text,
     checks,
     checks_text,
@@ -91,17 +90,18 @@ def fabric_counted(tb: Testbed, rings: list[list[str]], what, *args):
     rack = tb.rack
     uplinks = {w.name: {u.port for u in w.uplinks} for w in rack.spec.switches if w.uplinks}
     capacity = min(rack.spec.emulation.mbps(u.rate_gbps) for w in rack.spec.switches for u in w.uplinks) * 1e6
-    before = counters.snapshot(tb.state.root_intfs)
+    namespaces = sorted(tb.state.namespaces.values())
+    before = counters.read(tb.state.root_intfs, namespaces)  # a failed read is kept as its error
     TCP.take()  # forget namespaces of earlier runs
     with sharecheck.UplinkSampler(uplinks) as sampler:
         result = what(*args)
     spans = result.pop("_all_reduces", None) if isinstance(result, dict) else None
     dark = result.pop("_dark", []) if isinstance(result, dict) else []
-    drops = counters.drops_between(before, counters.snapshot(tb.state.root_intfs))
-    tcp = TCP.take()
-    counters.dark_retransmissions(tcp, dark)
-    fabric = {"fabric": rack.spec.emulation.fabric, "drops": drops, "tcp": tcp, "ocs_dark_windows": dark,
-              "problems": counters.verdict(drops, tcp)}
+    after = counters.read(tb.state.root_intfs, namespaces)
+    fabric = {"fabric": rack.spec.emulation.fabric, **counters.fabric_record(before, after, TCP.take(), dark),
+              "ocs_dark_windows": dark}
+    for error in fabric["errors"]:
+        log(f"    COUNTERS NOT READ: {error}")
     if rings:
         ips = [{rack.addresses[g][0] for g in ring} for ring in rings]
         fabric["uplink_shares"] = sharecheck.uplink_shares(sampler.samples, capacity, ips, spans)

@@ -220,7 +220,9 @@ def records_table(records: list[rec.Record]) -> str:
         ran = (f"cases {', '.join(sorted(_points(r)))}, {s.get('repeats')} repeats of {s.get('iterations')} "
                f"iterations" + (f", sweep 1:{', 1:'.join(f'{k:g}' for k in s['sweep'])}" if s.get("sweep") else ""))
         c = d.get("checks", {})
-        checks = [("signs kept", c.get("signs_kept")), (f"spread ≤ 10 pp ({c.get('max_spread_pp', 0):.1f})",
+        first = (("regroup costs nothing beyond noise", c["regroup_within_noise"]) if "regroup_within_noise" in c
+                 else ("signs kept", c.get("signs_kept")))  # records made before the one-sided check
+        checks = [first, (f"spread ≤ 10 pp ({c.get('max_spread_pp', 0):.1f})",
                                                          c.get("spread_ok"))]
         if d.get("sweep"):
             checks.append(("sweep monotonic", c.get("sweep_monotonic")))

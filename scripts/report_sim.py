@@ -8,7 +8,11 @@ same with --spare 1.25 and with --oversubscription 32 --spare 1.5: results/simul
 (256 GPUs, the schedulers: results/simulate-256-schedulers/summary.md), sim-bench (16,384 GPUs, 100,000 jobs, timed:
 results/bench-simulate.json) and sim-failures (server failures at 4,096 and 16,384 GPUs:
 results/simulate-failures-*/summary.md), and sim-readme-run (the droptail-era demo run against the simulator, held
-and max-min: tests/data/demo-readme-run.json through simulator.fidelity).
+and max-min: tests/data/demo-readme-run.json through simulator.fidelity), sim-sweep-gain (regroup's saving over
+fixed by oversubscription, job-size mix and load: results/sweep-gain/runs.csv, simulator/sweepgain.py), and
+sim_trace_replay (the trace check:
+results/replay/*.json of the current model beside the simulator, simulator/tracecheck.py; not yet one of BLOCKS nor
+placed in a page, as no replay record is committed: it joins BLOCKS as sim-trace-replay with the first records).
 
 Most records are the summary.md `optirack simulate` writes (its results.json, with every job's row, is too large to
 commit at these sizes), so a block reads the tables of that file by their headers and takes its figures as the
@@ -251,8 +255,64 @@ def sim_readme_run(_records: list, data: Path = README_RUN.parent) -> str:
                   "regrouped: emulated", "simulated"], rows)
 
 
+def sim_sweep_gain(_records: list, results: Path = RESULTS) -> str:
+    """Regroup's saving over fixed by oversubscription, job-size mix and load (results/sweep-gain/runs.csv)."""
+    from simulator import sweepgain
+
+    path = results / "sweep-gain" / "runs.csv"
+    try:
+        rows = list(csv.DictReader(io.StringIO(_read(path))))
+        return sweepgain.table(sweepgain.gains(rows))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportError(f"{path}: not an optirack sweep's runs.csv ({type(e).__name__}: {e})") from None
+
+
+TRACE_RACK = ROOT / "topologies" / "trace16.yaml"
+TRACE = ROOT / "traces" / "trace16.csv"
+
+
+def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | None = None) -> str:
+    """The trace check: every replay record of the current model (results/replay/*.json, scripts/replay_trace.py)
+    beside the simulator's run of the same jobs on the same rack file (simulator/tracecheck.py), a row per
+    record and policy, then the three jobs furthest off in each."""
+    from simulator import modelhash, tracecheck
+    from simulator.workloads import read_trace
+
+    folder = results / "replay"
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not paths:
+        raise ReportError(f"{folder}/*.json: cannot read the record: no trace replay record (make one with "
+                          "scripts/replay_trace.py, under the rack lock)")
+    current = model_hash or modelhash.model_hash()
+    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+             for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
+    comparisons, skipped = [], []
+    for path in paths:
+        try:
+            record = json.loads(_read(path))
+            if record.get("model_hash") != current:
+                skipped.append(path.stem)
+                continue
+            comparisons.append((path.stem, tracecheck.compare_record(record, trace, ROOT / record["rack_file"])))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"{path}: not a trace replay record ({type(e).__name__}: {e})") from None
+    if not comparisons:
+        raise ReportError(f"{folder}: no trace replay record of the current model ({current[:12]}); "
+                          f"made with another: {', '.join(skipped)}")
+    lines = [tracecheck.table(comparisons), ""]
+    for name, by_policy in comparisons:
+        for policy, c in by_policy.items():
+            worst = ", ".join(f"j{j['index'] + 1} {j['jct_emulated_s']:.1f} → {j['jct_simulated_s']:.1f} s "
+                              f"({100 * j['error']:+.1f} %)" for j in c["largest_errors"])
+            lines.append(f"- `{name}`, {policy}: furthest off {worst}")
+    if skipped:
+        lines.append(f"- not compared (made with another model): {', '.join(skipped)}")
+    return "\n".join(lines)
+
+
 BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-seeds": sim_seeds, "sim-timeshift": sim_timeshift, "sim-4096": sim_4096,
     "sim-4096-variants": sim_4096_variants, "sim-schedulers": sim_schedulers, "sim-bench": sim_bench,
-    "sim-failures": sim_failures, "sim-readme-run": sim_readme_run,
+    "sim-failures": sim_failures, "sim-readme-run": sim_readme_run, "sim-sweep-gain": sim_sweep_gain,
+    # "sim-trace-replay": sim_trace_replay joins once replay records are committed (make report runs every block)
 }

@@ -32,6 +32,10 @@ FIGURES = {  # name in the table -> (summary key, sub key, label)
     "goodput": ("goodput", None, "goodput"),
 }
 PERCENT = ("steady_held", "steady_computing", "goodput")
+# Job-size mixes (`--mixes`): GPUs per job, 2^k, with their weights. field: the synthetic jobs' own
+# (simulator/workloads.py SIZE_WEIGHTS, 1-128 GPUs); small: jobs of at most 8 GPUs, which fit under one switch;
+# large: jobs of 16-128 GPUs, which span switches unless regrouped.
+MIXES = {"field": None, "small": {1: 0.3, 2: 0.3, 4: 0.25, 8: 0.15}, "large": {16: 0.4, 32: 0.3, 64: 0.2, 128: 0.1}}
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Task:
     swap_s: float = failure.SWAP_S
     restart_s: float = failure.RESTART_S
     checkpoint_s: float = failure.CHECKPOINT_S
+    mix: str = "field"  # the job-size mix (MIXES)
 
     def failure_model(self) -> failure.Failures | None:
         if self.failures == "none":
@@ -70,7 +75,8 @@ def run_task(task: Task) -> dict:
 
     rack = _rack(task)
     per = {m: _typical_iteration(rack, m) for m in WORKLOADS}
-    jobs = workloads.synthetic(task.jobs, task.seed, len(rack.gpus), per, task.load)
+    jobs = mixed_jobs(task, len(rack.gpus), per) if MIXES[task.mix] else \
+        workloads.synthetic(task.jobs, task.seed, len(rack.gpus), per, task.load)
     policy = engine.with_recovery(engine.with_scheduler(engine.policies(task.defrag_interval)[task.policy],
                                                         task.scheduler), task.failures)
     t0 = time.monotonic()
@@ -83,6 +89,30 @@ def run_task(task: Task) -> dict:
     row["server_failures"], row["interruptions"] = result.failures, sum(j.interruptions for j in result.jobs)
     row["wall_s"] = s["wall_s"]
     return row
+
+
+def mixed_jobs(task: Task, rack_gpus: int, iteration_s: dict[str, float]) -> list:
+    """Synthetic jobs drawn as simulator.workloads.synthetic draws them (one seeded generator: size, model,
+    log-uniform iterations; Poisson arrivals offering `task.load`), with the sizes of the mix `task.mix`."""
+    import math
+    import random
+
+    from simulator import workloads
+
+    mix = {n: w for n, w in MIXES[task.mix].items() if n <= rack_gpus}
+    if not mix:
+        raise ValueError(f"--mixes: {task.mix} has no job size within the rack's {rack_gpus} GPUs")
+    rng = random.Random(task.seed)
+    models, model_weights = zip(*workloads.MODEL_WEIGHTS, strict=True)
+    lo, hi = map(math.log, workloads.ITERATIONS)
+    drawn = [(rng.choices(list(mix), list(mix.values()))[0], rng.choices(models, model_weights)[0],
+              max(1, round(math.exp(rng.uniform(lo, hi))))) for _ in range(task.jobs)]
+    rate = task.load * rack_gpus / (sum(n * it * iteration_s[m] for n, m, it in drawn) / task.jobs)
+    t, out = 0.0, []
+    for i, (n, model, iterations) in enumerate(drawn):
+        out.append(workloads.JobSpec(f"j{i + 1}", round(t, 6), n, model, iterations))
+        t += rng.expovariate(rate)
+    return out
 
 
 _RACKS: dict = {}  # per worker process: racks built, by shape
@@ -138,12 +168,24 @@ def grid(args) -> list[Task]:
     from simulator import racks
 
     racks.parse_models(args.models)
-    racks.generate(racks.RackOptions(args.gpus, args.gpus_per_switch, args.gpus_per_server, args.oversubscription,
-                                     models=racks.parse_models(args.models), spare=args.spare))  # refuse a bad shape
+    oversubs = [args.oversubscription]
+    if getattr(args, "oversubscriptions", None):
+        try:
+            oversubs = [float(t) for t in _names(args.oversubscriptions, "--oversubscriptions")]
+        except ValueError as e:
+            raise ValueError(f"--oversubscriptions: {e}") from None
+    mixes = _names(getattr(args, "mixes", None) or "field", "--mixes")
+    bad = [m for m in mixes if m not in MIXES]
+    if bad:
+        raise ValueError(f"--mixes: unknown {', '.join(bad)} (known: {', '.join(MIXES)})")
+    for o in oversubs:
+        racks.generate(racks.RackOptions(args.gpus, args.gpus_per_switch, args.gpus_per_server, o,
+                                         models=racks.parse_models(args.models), spare=args.spare))  # a bad shape
     seeds = range(args.seed, args.seed + args.seeds)
-    return [Task(args.gpus, args.gpus_per_switch, args.gpus_per_server, args.oversubscription, args.spare,
-                 args.models, args.jobs, p, s, load, seed, args.defrag_interval, f, **shape)
-            for p, s, f, load, seed in itertools.product(policies, schedulers, recoveries, loads, seeds)]
+    return [Task(args.gpus, args.gpus_per_switch, args.gpus_per_server, o, args.spare,
+                 args.models, args.jobs, p, s, load, seed, args.defrag_interval, f, **shape, mix=m)
+            for o, m, p, s, f, load, seed in itertools.product(oversubs, mixes, policies, schedulers, recoveries,
+                                                               loads, seeds)]
 
 
 def _names(text: str, flag: str) -> list[str]:
@@ -186,13 +228,15 @@ def study(rows: list[dict]) -> list[dict]:
     """Per run (policy+scheduler+recovery) and load: each figure's mean and 95 % interval over the seeds."""
     from simulator import metrics
 
-    groups: dict[tuple[str, str, str, str, float], list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["run"], r["policy"], r["scheduler"], r["failures"], r["load"]), []).append(r)
+        key = (r["run"], r["policy"], r["scheduler"], r["failures"], r["load"], r.get("oversubscription"),
+               r.get("mix", "field"))
+        groups.setdefault(key, []).append(r)
     out = []
-    for (run, policy, scheduler, recovery, load), rs in groups.items():
+    for (run, policy, scheduler, recovery, load, oversub, mix), rs in groups.items():
         row = {"run": run, "policy": policy, "scheduler": scheduler, "failures": recovery, "load": load,
-               "seeds": len(rs)}
+               "oversubscription": oversub, "mix": mix, "seeds": len(rs)}
         for name in FIGURES:
             iv = metrics.interval([r[name] for r in rs])
             row[name], row[name + "_ci95"] = iv["mean"], iv["ci95"]
@@ -207,16 +251,19 @@ def _fmt(x: float, pct: bool) -> str:
 
 
 def markdown(table: list[dict], meta: dict) -> str:
+    axes = [k for k in ("oversubscription", "mix") if len({r.get(k) for r in table}) > 1]  # shown where they vary
     lines = [f"# optirack sweep: {meta['tasks']} runs", "", meta["description"], "",
              "Each cell: the mean over the seeds ± the half-width of its 95 % interval (Student's t).", "",
-             "| run | load | " + " | ".join(label for _, _, label in FIGURES.values()) + " |",
-             "| --- | --- |" + " --- |" * len(FIGURES)]
+             "| run | " + "".join(f"{k} | " for k in axes) + "load | "
+             + " | ".join(label for _, _, label in FIGURES.values()) + " |",
+             "| --- | --- |" + " --- |" * (len(FIGURES) + len(axes))]
     for r in table:
         cells = []
         for name in FIGURES:
             pct = name in PERCENT
             cells.append(f"{_fmt(r[name], pct)} ± {_fmt(r[name + '_ci95'], pct)}")
-        lines.append(f"| {r['run']} | {r['load']:g} | " + " | ".join(cells) + " |")
+        lines.append(f"| {r['run']} | " + "".join(f"{r[k]:g} | " if isinstance(r[k], float) else f"{r[k]} | "
+                                                  for k in axes) + f"{r['load']:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -299,6 +346,10 @@ def add_parser(sub) -> None:
                    help="checkpoint, scratch: seconds from placed again to iterating (%(default)s)")
     p.add_argument("--checkpoint-s", type=float, default=failure.CHECKPOINT_S,
                    help="failures: seconds of running between checkpoints (%(default)s)")
+    p.add_argument("--oversubscriptions", metavar="LIST",
+                   help="an axis of uplink oversubscriptions, e.g. 1,4,16 (replaces --oversubscription)")
+    p.add_argument("--mixes", default="field",
+                   help=f"an axis of job-size mixes, of {', '.join(MIXES)} (%(default)s; simulator/sweep.py MIXES)")
     p.add_argument("--loads", default="0.5,0.7,0.9", help="offered loads (%(default)s)")
     p.add_argument("--seed", type=int, default=1, help="first seed (%(default)s)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per cell: --seed ... --seed+N-1 (%(default)s)")
@@ -342,7 +393,8 @@ def main(args) -> int:
         "command": "optirack sweep " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["sweep"] else "optirack sweep",
         "tasks": len(tasks),
         "description": f"{args.gpus} GPUs ({args.gpus_per_switch} per switch, oversubscription "
-                       f"{args.oversubscription:g}, models {args.models}), {args.jobs} synthetic jobs per run; "
+                       f"{args.oversubscriptions or format(args.oversubscription, 'g')}, models {args.models}), "
+                       f"{args.jobs} synthetic jobs per run (job sizes: {args.mixes}); "
                        f"policies {args.policies}; schedulers {args.schedulers}; failures {args.failures}"
                        + (f" (a server fails every {args.server_mtbf_h:g} h)" if args.failures != "none" else "")
                        + f"; loads {args.loads}; seeds "

@@ -33,24 +33,43 @@ def test_checks_catch_a_sign_flip_a_non_monotonic_sweep_and_a_wide_spread():
     flip = point("case b", "b", 6, 16, [(_run(100), _run(70)), (_run(100), _run(105)), (_run(100), _run(80))])
     sweep = [point(f"k{k}", "a", k, 100 / k, [(_run(100), _run(100 - s))] * 3) for k, s in ((1, 20), (2, 40), (4, 30))]
     c = checks([steady, flip], sweep)
-    assert not c["signs_kept"] and not c["sweep_monotonic"]
+    assert c["regroup_within_noise"] and not c["sweep_monotonic"]  # the flip: a -5 % repeat within 35 pp of noise
+    costly = point("case b", "b", 6, 16, [(_run(100), _run(112)), (_run(100), _run(110)), (_run(100), _run(111))])
+    c = checks([steady, costly], sweep)
+    assert not c["regroup_within_noise"] and c["regroup_costly"][0].startswith("case b: regrouping cost 11.0 %")
     wide = point("case a", "a", 6, 16, [(_run(100), _run(30)), (_run(100), _run(45))])
     c = checks([wide], [])
     assert c["max_spread_pp"] == pytest.approx(15) and not c["spread_ok"]
     good = checks([steady], sorted(sweep[:2], key=lambda p: p["nic_to_uplink"]))
-    assert good["signs_kept"] and good["sweep_monotonic"] and good["spread_ok"]
+    assert good["regroup_within_noise"] and good["sweep_monotonic"] and good["spread_ok"]
     assert good["case_a_saving_pp_vs_paper"] == pytest.approx(70 - 73.2)
 
 
-def test_a_saving_within_the_noise_floor_has_no_sign_to_keep():
-    """Savings of 5 %, -1 % and 2 % (median 2 %, within SIGN_FLOOR_PP of zero) are listed, not judged; the same flip
-    around a median of 20 % fails."""
-    small = point("k1", "a", 1, 100, [(_run(100), _run(95)), (_run(100), _run(101)), (_run(100), _run(98))])
-    c = checks([], [small])
-    assert c["signs_kept"] and c["signs_unjudged"] == ["k1"]
-    large = point("k2", "a", 2, 50, [(_run(100), _run(80)), (_run(100), _run(101)), (_run(100), _run(78))])
-    c = checks([], [large])
-    assert not c["signs_kept"] and c["signs_unjudged"] == []
+def test_a_regroup_that_costs_time_beyond_its_repeats_noise_at_1_to_1_fails():
+    """The one-sided check fails where the old sign check (medians within 5 pp of zero unjudged) passed: a 1:1 point
+    where regrouping costs 3-5 % in every repeat (spread 2 pp); a cost within the repeats' spread passes."""
+    costly = point("sweep 1:1", "a", 1, 100, [(_run(100), _run(103)), (_run(100), _run(105)), (_run(100), _run(104))])
+    c = checks([], [costly])
+    assert not c["regroup_within_noise"]
+    assert c["regroup_costly"] == ["sweep 1:1: regrouping cost 4.0 % > 2.0 pp spread of its repeats"]
+    record = {"settings": {"repeats": 3}, "sweep": [costly], "points": [],
+              "checks": {**c, "spread_ok": True, "sweep_monotonic": True}}
+    assert not pe.passed(record)
+    assert "NO\n  - sweep 1:1: regrouping cost 4.0 %" in pe.checks_text(record)
+    noisy = point("sweep 1:1", "a", 1, 100, [(_run(100), _run(95)), (_run(100), _run(101)), (_run(100), _run(102))])
+    assert checks([], [noisy])["regroup_within_noise"]  # median cost 1 %, spread 7 pp: noise
+
+
+def _committed_records() -> list:
+    from pathlib import Path
+    return sorted((Path(__file__).resolve().parents[2] / "results" / "records").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", _committed_records(), ids=lambda p: p.stem)
+def test_todays_committed_records_pass_the_one_sided_check(path):
+    record = json.loads(path.read_text())
+    c = checks(record["points"], record["sweep"])
+    assert c["regroup_within_noise"], c["regroup_costly"]
 
 
 def test_rack_variants_change_only_the_uplinks_or_the_rate_scale():

@@ -75,10 +75,69 @@ def test_only_the_lossless_fabric_locks_each_flows_window():
     assert "lock" not in route_window("droptail") and "64" in route_window("droptail")
 
 
-def test_drops_between_reads_only_counters_that_grew():
-    before = {"root as1-p7 qdisc 20:": 3, "root ocs1-p1 tx": 0}
-    after = {"root as1-p7 qdisc 20:": 10, "root ocs1-p1 tx": 0, "ovs packet socket 9": 2}
-    assert counters.drops_between(before, after) == {"ovs packet socket 9": 2, "root as1-p7 qdisc 20:": 7}
+def test_drops_between_keeps_every_counter_read_grown_or_not():
+    before = {"root as1-p7 qdisc 20:": 3, "root ocs1-p1 tx": 0, "root as1-p2 rx": 9}
+    after = {"root as1-p7 qdisc 20:": 10, "root ocs1-p1 tx": 0, "ovs packet socket 9": 2, "root as1-p2 rx": 4}
+    assert counters.drops_between(before, after) == {"ovs packet socket 9": 2, "root as1-p2 rx": 4,
+                                                     "root as1-p7 qdisc 20:": 7, "root ocs1-p1 tx": 0}
+    # a counter read as zero is no drop
+    assert counters.verdict({"root ocs1-p1 tx": 0}, []) == []
+
+
+def _failing(fail: str):
+    """A subprocess.run whose command `fail` exits 1, the others print nothing to read."""
+    import subprocess
+
+    def run(cmd, **kw):
+        if cmd[0] == fail:
+            return subprocess.CompletedProcess(cmd, 1, "", "Cannot open netlink socket")
+        return subprocess.CompletedProcess(cmd, 0, "[]" if "-j" in cmd else "", "")
+    return run
+
+
+def test_a_failed_read_is_an_error_not_an_empty_reading(monkeypatch):
+    monkeypatch.setattr(counters.subprocess, "run", _failing("tc"))
+    with pytest.raises(counters.ReadError, match="tc.*failed.*netlink"):
+        counters.queue_drops({"as1-p7"})
+    assert "tc" in counters.read(["as1-p7"])  # read() hands back the error's text
+
+
+def test_output_that_does_not_parse_is_an_error(monkeypatch):
+    import subprocess
+    monkeypatch.setattr(counters.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "not json", ""))
+    with pytest.raises(counters.ReadError, match="no JSON"):
+        counters.link_drops(set())
+
+
+def test_a_snapshot_must_hold_every_interface_and_namespace_it_should():
+    snap = {"root as1-p7 rx": 0, "root as1-p7 tx": 0, "optirack-s1 lo rx": 0, "softnet cpu0": 0}
+    assert counters.missing_from(snap, ["as1-p7"], ["optirack-s1"]) == []
+    assert counters.missing_from(snap, ["as1-p7", "as1-p8"], ["optirack-s1", "optirack-s2"]) == [
+        "root as1-p8 rx", "root as1-p8 tx", "namespace optirack-s2"]
+    assert counters.missing_from({}, [], []) == ["softnet counters"]
+
+
+def test_the_demos_fabric_check_sees_a_failed_read_as_an_error_and_a_drop_as_a_drop(monkeypatch):
+    before = {"root as1-p7 rx": 0, "root as1-p7 tx": 0, "softnet cpu0": 0}
+    dropped = counters.fabric_record(before, {**before, "root as1-p7 tx": 5}, [])
+    assert dropped["errors"] == [] and dropped["problems"] == ["5 packets dropped at root as1-p7 tx"]
+    monkeypatch.setattr(counters.subprocess, "run", _failing("ip"))
+    unread = counters.fabric_record(before, counters.read(["as1-p7"]), [])
+    assert unread["drops"] == {} and len(unread["errors"]) == 1 and "after the run" in unread["errors"][0]
+    assert unread["problems"][0].startswith("drop counters not read: after the run")
+    record = {"fabric": "lossless", "calibration": {"runs": [{"fabric_counters": {"problems": []}}]},
+              "runs": [{"tag": "case a fragmented #1", "fabric_counters": dropped},
+                       {"tag": "case a regrouped #1", "fabric_counters": unread}], "sweep": []}
+    got = fabric_checks(record)
+    assert not got["fabric_clean"]
+    assert got["fabric_drops"] == {"root as1-p7 tx": 5}  # the drop, as a drop
+    assert got["fabric_read_errors"] == [f"case a regrouped #1: {unread['errors'][0]}"]  # the failed read, as an error
+    record["checks"] = {"signs_kept": True, "spread_ok": True, "sweep_monotonic": False, **got}
+    assert not passed(record)
+    record["runs"] = record["runs"][1:]  # the failed read alone: no drop counted, and still not clean
+    record["checks"].update(fabric_checks(record))
+    assert record["checks"]["fabric_drops"] == {} and not passed(record)
 
 
 def test_verdict_names_the_port_and_the_job_that_retransmitted():

@@ -89,9 +89,26 @@ def _args(tmp_path, *more):
     ("--failures", "none,meteor", "--failures: unknown meteor"),
     ("--swap-s", "-1", "--swap-s is in seconds and must be 0 or more, not -1"),
     ("--server-mtbf-h", "-1", "--server-mtbf-h is in hours and must be positive, not -1"),
+    ("--mixes", "small,huge", "--mixes: unknown huge"),
+    ("--oversubscriptions", "4,abc", "--oversubscriptions:"),
 ])
 def test_bad_settings_exit_2_naming_what_is_wrong_and_write_nothing(tmp_path, capsys, flag, value, message):
     out = tmp_path / "nothing"
     assert cli(["sweep", *GRID, flag, value, "--out", str(out)]) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_oversubscription_and_job_size_mix_are_axes_and_a_mix_draws_only_its_sizes(tmp_path):
+    tasks = sweep.grid(_args(tmp_path, "--oversubscriptions", "2,4", "--mixes", "small,field"))
+    assert len(tasks) == 2 * 2 * 2 * 2 * 3 * 3  # oversubscriptions x mixes x policies x schedulers x loads x seeds
+    assert {(t.oversubscription, t.mix) for t in tasks} == {(2.0, "small"), (2.0, "field"), (4.0, "small"),
+                                                            (4.0, "field")}
+    small = next(t for t in tasks if t.mix == "small")
+    jobs = sweep.mixed_jobs(small, 16, {"vgg16": 1.0, "resnet50": 0.5})
+    assert len(jobs) == 12 and {j.gpus for j in jobs} <= set(sweep.MIXES["small"])
+    assert [j.arrival_s for j in jobs] == sorted(j.arrival_s for j in jobs)
+    large = next(t for t in tasks if t.mix == "field")
+    from dataclasses import replace
+    with pytest.raises(ValueError, match="no job size within the rack's 8 GPUs"):
+        sweep.mixed_jobs(replace(large, mix="large"), 8, {"vgg16": 1.0, "resnet50": 0.5})

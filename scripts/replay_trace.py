@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Replay a trace on the emulated rack: every job submitted through the REST API at its arrival time, under
+each placement policy, and every job's submit, start, end, placement, circuit changes and iterations recorded
+(the emulated side of the simulator's trace check, issue 35; scripts/trace_compare.py sets it beside the
+simulator's run of the same trace on the same rack file).
+
+    python scripts/replay_trace.py                        # traces/trace16.csv on topologies/trace16.yaml
+    python scripts/replay_trace.py --jobs 5 --policies fixed --no-record   # a short slice
+
+For each policy a fresh testbed (controller + rack, the rack file's cabling) is brought up, the trace's jobs are
+submitted at their arrival times (rack seconds x the rack's time dilation, from the first submission) with
+`queue: true`, and the replay waits until every job has ended; then the rack is taken down. `fixed` and `regroup`
+are the jobs' placement policies; `defrag` submits with `regroup` and posts `POST /regroup` every
+`--defrag-interval` rack seconds while jobs run, as the simulator's defrag policy does. Each job saves no
+checkpoint (K beyond its last iteration), as the demo's jobs. Times in the record are rack seconds from the
+first submission.
+
+Needs root (it brings the rack up); run it under `flock /tmp/optirack-rack.lock`. Writes a new record
+`results/replay/<UTC start>-<commit>.json` (never overwriting one; `--no-record`: none) and, with
+`--json PATH`, the same record to PATH.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a file: the project's packages from this checkout
+    sys.path.insert(0, str(ROOT))
+
+from controller.client import ApiError  # noqa: E402
+from controller.core.rack import RackError, load_rack  # noqa: E402
+from scripts import records  # noqa: E402
+from simulator import modelhash  # noqa: E402
+from simulator import records as simrecords  # noqa: E402
+from simulator.workloads import TraceError, read_trace  # noqa: E402
+
+RACK_FILE = ROOT / "topologies" / "trace16.yaml"
+TRACE_FILE = ROOT / "traces" / "trace16.csv"
+POLICIES = ("fixed", "regroup", "defrag")
+PLACEMENT = {"fixed": "fixed", "regroup": "regroup", "defrag": "regroup"}
+DEFRAG_INTERVAL_S = 30.0  # rack seconds between defragmentation rounds (simulate with --defrag-interval 30)
+ENDED = ("done", "failed", "stopped")
+RACK_UP_TRIES = 3
+JOB_TIMEOUT_S = 600.0  # emulated seconds a replay may run beyond its last arrival, per job of the trace
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- pure parts (unit-tested) ---------------------------------------------------------------------------------
+def request(index: int, job: dict, policy: str) -> dict:
+    """The REST body that submits the trace's job `index` (0-based) under `policy`."""
+    return {"name": f"trace j{index + 1}", "gpus": job["gpus"], "policy": PLACEMENT[policy],
+            "workload": {"model": job["model"], "iterations": job["iterations"]},
+            "checkpoint_every": job["iterations"], "queue": True}  # no save within the job, as the demo's
+
+
+def due(trace: list[dict], submitted: int, elapsed_s: float, dilation: float) -> list[int]:
+    """Indices of the jobs not yet submitted whose arrival (rack s) has come at `elapsed_s` emulated seconds."""
+    return [i for i in range(submitted, len(trace)) if trace[i]["arrival_s"] * dilation <= elapsed_s]
+
+
+def changes(event: dict) -> int:
+    """Circuits one reconfiguration changed: removed plus added (the simulator's count)."""
+    return len(event.get("removed") or []) + len(event.get("added") or [])
+
+
+def job_row(index: int, spec: dict, job: dict, events: dict[int, dict], t0: float, dilation: float) -> dict:
+    """One job of the replay: what the trace asked, what the controller did, times in rack s from `t0`."""
+    def rack_s(t: float | None) -> float | None:
+        return None if t is None else (t - t0) / dilation
+
+    its = job.get("iteration_log") or []
+    first = min((it["t_start"] for it in its), default=None)
+    iters = [it["iter_s"] for it in its]
+    return {
+        "index": index, "id": job["id"], "gpus_asked": spec["gpus"], "model": spec["model"],
+        "iterations": spec["iterations"], "arrival_s": spec["arrival_s"], "state": job["state"],
+        "reason": job.get("reason"), "submit_s": rack_s(job.get("created_at")),
+        "start_s": rack_s(job.get("started_at")),
+        "first_iteration_s": rack_s(first), "end_s": rack_s(job.get("ended_at")), "gpus": job.get("gpus") or [],
+        "switches": job.get("switches") or [], "circuits": job.get("circuits") or [],
+        "events": list(job.get("events") or []),
+        "circuit_changes": sum(changes(events[e]) for e in job.get("events") or [] if e in events),
+        "iterations_done": job.get("iterations_done"),
+        "mean_iteration_s": statistics.mean(iters) / dilation if iters else None,
+        "note": job.get("note"),
+    }
+
+
+def summary(rows: list[dict], events: list[dict]) -> dict:
+    done = [r for r in rows if r["state"] == "done"]
+    return {"jobs": len(rows), "done": len(done),
+            "makespan_s": max((r["end_s"] for r in rows if r["end_s"] is not None), default=None),
+            "mean_jct_s": statistics.mean(r["end_s"] - r["submit_s"] for r in done) if done else None,
+            "mean_queue_s": statistics.mean(r["start_s"] - r["submit_s"] for r in done) if done else None,
+            "circuit_changes": sum(changes(e) for e in events)}
+
+
+# --- on the rack ----------------------------------------------------------------------------------------------
+def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, workdir: Path) -> dict:
+    """One policy's replay on a fresh testbed; the testbed is taken down, pass or fail."""
+    from emulation.harness import Testbed
+
+    rack = load_rack(rack_file)
+    dilation = rack.spec.emulation.time_dilation
+    deadline_s = trace[-1]["arrival_s"] * dilation + JOB_TIMEOUT_S * len(trace)
+    started = time.time()
+    for attempt in range(1, RACK_UP_TRIES + 1):  # Mininet's controller check reads the OpenFlow hello as UTF-8 and
+        try:                                     # now and then fails on its bytes: the rack-up is tried again
+            tb = Testbed(rack, rack_file, workdir / f"{policy}-{attempt}").__enter__()
+            break
+        except UnicodeDecodeError as exc:
+            log(f"  {policy}: rack-up failed ({exc}); try {attempt} of {RACK_UP_TRIES}")
+            if attempt == RACK_UP_TRIES:
+                raise
+    try:
+        log(f"  {policy}: testbed up in {time.time() - started:.0f} s; submitting {len(trace)} jobs")
+        up = time.time()
+        first_event = max((e["id"] for e in tb.client.get("/events", limit=1)["events"]), default=0)
+        ids: list[str] = []
+        rounds: list[dict] = []
+        t0 = time.time()
+        next_round = defrag_s * dilation if policy == "defrag" else float("inf")
+        last_report = 0.0
+        while True:
+            elapsed = time.time() - t0
+            for i in due(trace, len(ids), elapsed, dilation):
+                ids.append(tb.client.post("/jobs", request(i, trace[i], policy))["job"]["id"])
+            states = {j["id"]: j["state"] for j in tb.client.get("/jobs", limit=1000)["jobs"] if j["id"] in ids}
+            running = [i for i in ids if states.get(i) not in ENDED]
+            if elapsed >= next_round:
+                next_round += defrag_s * dilation
+                if running:
+                    try:
+                        r = tb.client.post("/regroup")
+                        rounds.append({"at_s": elapsed / dilation, "moved": len(r.get("jobs_moved", [])),
+                                       "circuits_changed": r.get("circuits_changed", 0)})
+                    except ApiError as exc:  # another reconfiguration under way: this round is skipped
+                        rounds.append({"at_s": elapsed / dilation, "skipped": str(exc)})
+            if len(ids) == len(trace) and not running:
+                break
+            if elapsed > deadline_s:
+                raise TimeoutError(f"{policy}: {len(running)} jobs still running after {elapsed:.0f} s")
+            if elapsed - last_report > 30:
+                last_report = elapsed
+                log(f"  {policy}: {elapsed:.0f} s, {len(ids)}/{len(trace)} submitted, {len(running)} not ended")
+            time.sleep(0.5)
+        wall = time.time() - t0
+        events = [e for e in tb.client.get("/events", limit=1000)["events"] if e["id"] > first_event]
+        by_id = {e["id"]: e for e in events}
+        rows = [job_row(i, trace[i], tb.client.get(f"/jobs/{jid}")["job"], by_id, t0, dilation)
+                for i, jid in enumerate(ids)]
+    finally:
+        tb.__exit__(None, None, None)  # the rack down and the controller stopped, pass or fail
+    out = {"policy": policy, "placement": PLACEMENT[policy], "testbed_up_s": up - started, "replay_wall_s": wall,
+           "defrag_interval_s": defrag_s if policy == "defrag" else None, "defrag_rounds": rounds,
+           "jobs": rows, "events": [{k: e.get(k) for k in ("id", "kind", "job", "requested_at", "removed", "added",
+                                                          "status")} for e in events]}
+    out["summary"] = summary(rows, events)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="replay_trace.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--rack", type=Path, default=RACK_FILE, help="rack file (%(default)s)")
+    ap.add_argument("--trace", type=Path, default=TRACE_FILE, help="CSV trace (%(default)s)")
+    ap.add_argument("--jobs", type=int, help="replay only the first N jobs of the trace")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, of %(default)s")
+    ap.add_argument("--defrag-interval", type=float, default=DEFRAG_INTERVAL_S,
+                    help="defrag: rack seconds between rounds (%(default)s)")
+    ap.add_argument("--results", type=Path, default=ROOT / "results", help="the record goes to DIR/replay/")
+    ap.add_argument("--no-record", action="store_true", help="write no record under --results")
+    ap.add_argument("--json", type=Path, metavar="PATH", help="also write the record to PATH")
+    args = ap.parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    try:
+        bad = [p for p in policies if p not in POLICIES]
+        if bad or not policies:
+            raise ValueError(f"--policies: unknown {', '.join(bad) or '(none)'} (choose from {', '.join(POLICIES)})")
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs must be at least 1, not {args.jobs}")
+        if not args.defrag_interval > 0:
+            raise ValueError(f"--defrag-interval must be positive, not {args.defrag_interval}")
+        rack = load_rack(args.rack)
+        specs = read_trace(args.trace)
+    except (ValueError, RackError, TraceError, OSError) as exc:
+        print(f"replay_trace: {exc}", file=sys.stderr)
+        return 2
+    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+             for j in sorted(specs, key=lambda j: j.arrival_s)][: args.jobs]
+    too_big = [i + 1 for i, j in enumerate(trace) if j["gpus"] > len(rack.gpus)]
+    if too_big:
+        print(f"replay_trace: jobs {too_big} ask for more GPUs than the rack's {len(rack.gpus)}", file=sys.stderr)
+        return 2
+    commit, dirty = records.git_state()
+    started_utc = records.utc_stamp()
+    record = {"kind": "trace replay", "started_utc": started_utc, "model_hash": modelhash.model_hash(),
+              "rack_file": str(args.rack.resolve().relative_to(ROOT)) if args.rack.resolve().is_relative_to(ROOT)
+              else str(args.rack), "rack_sha256": hashlib.sha256(args.rack.read_bytes()).hexdigest(),
+              "trace_file": str(args.trace), "trace_sha256": hashlib.sha256(args.trace.read_bytes()).hexdigest(),
+              "jobs_replayed": len(trace), "time_dilation": rack.spec.emulation.time_dilation,
+              "versions": records.versions(full=True), "policies": {}}
+    t = time.time()
+    with tempfile.TemporaryDirectory(prefix="optirack-replay-") as tmp:
+        for policy in policies:
+            log(f"replaying {len(trace)} jobs under {policy}")
+            record["policies"][policy] = replay(args.rack, trace, policy, args.defrag_interval, Path(tmp))
+            s = record["policies"][policy]["summary"]
+            log(f"  {policy}: {s['done']}/{s['jobs']} done, makespan {s['makespan_s']:.1f} rack s, "
+                f"{s['circuit_changes']} circuit changes, replay {record['policies'][policy]['replay_wall_s']:.0f} s")
+    record["wall_s"] = time.time() - t
+    if modelhash.model_hash() != record["model_hash"]:
+        record["model_hash_at_start"], record["model_hash"] = record["model_hash"], None
+    text = json.dumps(record, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n")
+        log(f"wrote {args.json}")
+    if not args.no_record:
+        path = records.write_new(args.results / "replay" / f"{simrecords.stem(started_utc, commit, bool(dirty))}.json",
+                                 record)
+        log(f"wrote {path}")
+    for policy, run in record["policies"].items():
+        s = run["summary"]
+        print(f"{policy}: {s['done']}/{s['jobs']} jobs done, makespan {s['makespan_s']:.1f} rack s, mean JCT "
+              f"{s['mean_jct_s'] or float('nan'):.1f} s, mean queueing {s['mean_queue_s'] or float('nan'):.1f} s, "
+              f"{s['circuit_changes']} circuit changes, {run['replay_wall_s']:.0f} s to replay")
+    return 0 if all(r["summary"]["done"] == r["summary"]["jobs"] for r in record["policies"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The simulator against a trace replayed on the emulated rack (issue 35): the same trace on the same rack file,
+job by job, under each policy.
+
+scripts/replay_trace.py records the emulated side (every job's submit, start, end, placement and circuit
+changes); `simulate` runs the same jobs through the simulator's engine on the same rack file, with the network
+calibrated to the emulation (`calibration_for`: the newest current-model `make demo` record's, whose fabric is
+the replay's); `compare` sets the two side by side, all in rack seconds:
+- per-job completion time (end - arrival): median and p90 of |simulated / emulated - 1|;
+- queueing delay (GPUs granted - arrival): the mean of each, and the median of the per-job differences;
+- makespan (the last job's end): the relative error;
+- the order in which jobs start (GPUs granted): the same list, or the pairs of jobs the two order differently;
+- circuit changes: removed plus added circuits over the run, each side.
+`checks` holds a comparison to the issue's bounds (median |error| <= 10 %, p90 <= 20 %, makespan within 5 %, the
+same start order); `table` renders comparisons for `make report`.
+
+Pure but for `simulate` (which runs the engine); the comparison is unit-tested on synthetic rows.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+MEDIAN_BOUND = 0.10
+P90_BOUND = 0.20
+MAKESPAN_BOUND = 0.05
+START_TIE_S = 1e-6  # simulated starts closer than this are one instant: ordered by trace index
+
+
+def p90(values: list[float]) -> float:
+    """The 90th percentile, linear between the closest ranks (statistics.quantiles' inclusive method)."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
+
+
+def start_order(rows: list[dict], key: str = "start_s") -> list[int]:
+    """Trace indices by start time (ties within START_TIE_S by index)."""
+    rows = sorted(rows, key=lambda r: (r[key], r["index"]))
+    out, last = [], None
+    group: list[int] = []
+    for r in rows:
+        if last is not None and r[key] - last > START_TIE_S:
+            out += sorted(group)
+            group = []
+        group.append(r["index"])
+        last = r[key]
+    return out + sorted(group)
+
+
+def discordant(a: list[int], b: list[int]) -> list[tuple[int, int]]:
+    """The pairs of jobs (trace indices, 0-based) that order `a` and order `b` put the other way round."""
+    pos = {j: i for i, j in enumerate(b)}
+    return [(x, y) for i, x in enumerate(a) for y in a[i + 1:] if pos[x] > pos[y]]
+
+
+def compare(emulated: list[dict], simulated: list[dict], emulated_changes: int, simulated_changes: int) -> dict:
+    """One policy: rows of both sides, each {index, arrival_s, start_s (GPUs granted), end_s}, rack seconds
+    from the first arrival. Every emulated job must have ended `done` (a row with end_s None is an error)."""
+    if sorted(r["index"] for r in emulated) != sorted(r["index"] for r in simulated):
+        raise ValueError("the emulated and simulated runs hold different jobs")
+    unfinished = [r["index"] + 1 for r in emulated + simulated if r.get("end_s") is None]
+    if unfinished:
+        raise ValueError(f"jobs {sorted(set(unfinished))} have no end: a replay or simulation that did not finish")
+    sim = {r["index"]: r for r in simulated}
+    jobs = []
+    for e in sorted(emulated, key=lambda r: r["index"]):
+        s = sim[e["index"]]
+        jct_e, jct_s = e["end_s"] - e["arrival_s"], s["end_s"] - s["arrival_s"]
+        jobs.append({"index": e["index"], "jct_emulated_s": jct_e, "jct_simulated_s": jct_s,
+                     "error": jct_s / jct_e - 1, "queue_emulated_s": e["start_s"] - e["arrival_s"],
+                     "queue_simulated_s": s["start_s"] - s["arrival_s"]})
+    errors = [abs(j["error"]) for j in jobs]
+    mk_e, mk_s = max(r["end_s"] for r in emulated), max(r["end_s"] for r in simulated)
+    order_e, order_s = start_order(emulated), start_order(simulated)
+    return {
+        "jobs": jobs,
+        "jct_error_median": statistics.median(errors),
+        "jct_error_p90": p90(errors),
+        "queue_emulated_mean_s": statistics.mean(j["queue_emulated_s"] for j in jobs),
+        "queue_simulated_mean_s": statistics.mean(j["queue_simulated_s"] for j in jobs),
+        "queue_difference_median_s": statistics.median(j["queue_simulated_s"] - j["queue_emulated_s"] for j in jobs),
+        "makespan_emulated_s": mk_e, "makespan_simulated_s": mk_s, "makespan_error": mk_s / mk_e - 1,
+        "start_order_emulated": order_e, "start_order_simulated": order_s,
+        "start_order_same": order_e == order_s, "start_order_discordant": discordant(order_e, order_s),
+        "circuit_changes_emulated": emulated_changes, "circuit_changes_simulated": simulated_changes,
+        "largest_errors": sorted(jobs, key=lambda j: -abs(j["error"]))[:3],
+    }
+
+
+def checks(c: dict) -> list[str]:
+    """What a comparison fails of the issue's bounds (empty: it passes)."""
+    out = []
+    if c["jct_error_median"] > MEDIAN_BOUND:
+        out.append(f"median |error| of completion time {100 * c['jct_error_median']:.1f} % > {100 * MEDIAN_BOUND:g} %")
+    if c["jct_error_p90"] > P90_BOUND:
+        out.append(f"p90 |error| of completion time {100 * c['jct_error_p90']:.1f} % > {100 * P90_BOUND:g} %")
+    if abs(c["makespan_error"]) > MAKESPAN_BOUND:
+        out.append(f"makespan {100 * c['makespan_error']:+.1f} % (bound ±{100 * MAKESPAN_BOUND:g} %)")
+    if not c["start_order_same"]:
+        out.append(f"start order differs: {len(c['start_order_discordant'])} pairs of jobs the other way round")
+    return out
+
+
+def emulated_rows(run: dict) -> list[dict]:
+    """A replay record's policy run (scripts/replay_trace.py) as comparison rows: submit is the arrival, the
+    controller's start (GPUs granted) the start, its end the end (None unless the job ended done)."""
+    return [{"index": j["index"], "arrival_s": j["submit_s"], "start_s": j["start_s"],
+             "end_s": j["end_s"] if j["state"] == "done" else None} for j in run["jobs"]]
+
+
+# --- the simulated side -----------------------------------------------------------------------------------------
+def calibration_for(fabric: str = "lossless"):
+    """The network calibration of the newest committed `make demo` record of the current model on `fabric`
+    (its measured ring efficiency and the fabric's sharing), or the provisional one if there is none."""
+    from simulator import calibration, records
+
+    recs = [r for r in records.of_current_model(records.load()) if (r.data.get("fabric") or "droptail") == fabric]
+    return calibration.from_record(recs[-1].data if recs else {"fabric": fabric}), (recs[-1].name if recs else None)
+
+
+def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float) -> tuple[list[dict], int]:
+    """The trace's jobs (dicts of arrival_s, gpus, model, iterations; trace order) through the engine on
+    `rack_file` under `policy`: (comparison rows, circuits changed)."""
+    from controller.core.rack import load_rack
+    from simulator.engine import Options, Run, policies
+    from simulator.workloads import JobSpec
+
+    rack = load_rack(rack_file)
+    cal, _ = calibration_for(rack.spec.emulation.fabric)
+    jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
+    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=cal.net(rack), step_model="exact")).run()
+    by_id = {j.id: j for j in out.jobs}
+    rows = []
+    for i, spec in enumerate(jobs):
+        r = by_id[spec.id]
+        rows.append({"index": i, "arrival_s": r.arrival_s, "start_s": r.placed_s,
+                     "end_s": r.end_s if r.end_s >= 0 and not r.failed else None})
+    return rows, out.circuits_changed
+
+
+def compare_record(record: dict, trace: list[dict], rack_file: Path) -> dict[str, dict]:
+    """Every policy of a replay record beside the simulator's run of the same jobs."""
+    out = {}
+    for policy, run in record["policies"].items():
+        jobs = trace[: record["jobs_replayed"]]
+        sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0)
+        out[policy] = compare(emulated_rows(run), sim, run["summary"]["circuit_changes"], changes)
+    return out
+
+
+def table(comparisons: list[tuple[str, dict[str, dict]]]) -> str:
+    """A row per (record, policy): the comparison's figures and what it fails."""
+    rows = ["| record | policy | completion time: median / p90 of \\|error\\| | queueing, mean: emulated → simulated "
+            "| makespan: emulated → simulated | same start order | circuit changes: emulated / simulated | "
+            "within the bounds |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, by_policy in comparisons:
+        for policy, c in by_policy.items():
+            bad = checks(c)
+            order = "yes" if c["start_order_same"] else f"no ({len(c['start_order_discordant'])} pairs)"
+            rows.append(
+                f"| `{name}` | {policy} | {100 * c['jct_error_median']:.1f} % / {100 * c['jct_error_p90']:.1f} % "
+                f"| {c['queue_emulated_mean_s']:.1f} → {c['queue_simulated_mean_s']:.1f} s "
+                f"| {c['makespan_emulated_s']:.1f} → {c['makespan_simulated_s']:.1f} s "
+                f"({100 * c['makespan_error']:+.1f} %) | {order} "
+                f"| {c['circuit_changes_emulated']} / {c['circuit_changes_simulated']} "
+                f"| {'yes' if not bad else 'NO: ' + '; '.join(bad)} |")
+    return "\n".join(rows)
+
+
+def start_delays(run: dict) -> list[float]:
+    """Each replayed job's time from its start (GPUs granted) to its first iteration, rack seconds: the
+    containers' start, which the simulator does not model."""
+    return [j["first_iteration_s"] - j["start_s"] for j in run["jobs"] if j.get("first_iteration_s") is not None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m simulator.tracecheck RECORD...`: each replay record beside the simulator, and each policy's start
+    delays (start to first iteration)."""
+    import argparse
+    import json
+    import sys
+
+    from simulator.workloads import read_trace
+
+    ap = argparse.ArgumentParser(prog="python -m simulator.tracecheck", description=main.__doc__.splitlines()[0])
+    ap.add_argument("records", nargs="+", type=Path, help="results/replay/*.json (scripts/replay_trace.py)")
+    ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parents[1] / "traces" / "trace16.csv")
+    args = ap.parse_args(argv)
+    root = Path(__file__).resolve().parents[1]
+    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+             for j in sorted(read_trace(args.trace), key=lambda j: j.arrival_s)]
+    out = []
+    for path in args.records:
+        try:
+            record = json.loads(path.read_text())
+            out.append((path.stem, compare_record(record, trace, root / record["rack_file"])))
+        except (OSError, KeyError, ValueError) as e:
+            print(f"tracecheck: {path}: {e}", file=sys.stderr)
+            return 2
+        for policy, run in record["policies"].items():
+            d = start_delays(run)
+            print(f"{path.stem} {policy}: start to first iteration {statistics.median(d):.1f} rack s (median; "
+                  f"{min(d):.1f}-{max(d):.1f}) over {len(d)} jobs")
+    print(table(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

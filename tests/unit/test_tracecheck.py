@@ -1,0 +1,100 @@
+"""The trace check's comparison (simulator/tracecheck.py) and the replay's pure parts (scripts/replay_trace.py),
+on synthetic rows and records."""
+from __future__ import annotations
+
+import pytest
+
+from scripts import replay_trace as rt
+from simulator import tracecheck as tc
+
+
+def _rows(ends: list[float], starts: list[float] | None = None) -> list[dict]:
+    starts = starts or [0.0] * len(ends)
+    return [{"index": i, "arrival_s": 0.0, "start_s": s, "end_s": e} for i, (s, e) in enumerate(zip(starts, ends,
+                                                                                                   strict=True))]
+
+
+def test_a_simulation_within_the_bounds_passes():
+    emulated = _rows([10, 20, 30, 40, 50, 60, 70, 80, 90, 100], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+    simulated = _rows([10.5, 19, 31, 40, 52, 60, 70, 79, 91, 101], [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+    c = tc.compare(emulated, simulated, 12, 10)
+    assert c["jct_error_median"] == pytest.approx(0.0125, abs=1e-3)
+    assert c["makespan_error"] == pytest.approx(0.01)
+    assert c["start_order_same"] and c["circuit_changes_emulated"] == 12
+    assert tc.checks(c) == []
+
+
+def test_each_bound_can_fail():
+    emulated = _rows([10.0] * 10, list(range(10)))
+    slow = _rows([12.0] * 9 + [20.0], list(range(10)))  # every job 20 % slow, one 100 %
+    bad = tc.checks(tc.compare(emulated, slow, 0, 0))
+    assert any(b.startswith("median |error|") for b in bad) and any(b.startswith("p90") for b in bad)
+    assert any(b.startswith("makespan +100.0 %") for b in bad)
+    tail = _rows([10.0] * 8 + [13.0, 13.0], list(range(10)))  # two jobs of ten 30 % off: only the p90 fails
+    bad = tc.checks(tc.compare(emulated, tail, 0, 0))
+    assert [b.split()[0] for b in bad] == ["p90", "makespan"]
+    swapped = _rows([10.0] * 10, [1, 0, 2, 3, 4, 5, 6, 7, 8, 9])
+    c = tc.compare(emulated, swapped, 0, 0)
+    assert not c["start_order_same"] and c["start_order_discordant"] == [(0, 1)]
+    assert tc.checks(c) == ["start order differs: 1 pairs of jobs the other way round"]
+
+
+def test_ties_in_start_are_ordered_by_the_trace_and_p90_interpolates():
+    rows = [{"index": 2, "start_s": 5.0}, {"index": 0, "start_s": 5.0}, {"index": 1, "start_s": 1.0}]
+    assert tc.start_order(rows) == [1, 0, 2]
+    assert tc.p90([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0]) == pytest.approx(9.0)
+
+
+def test_a_job_that_did_not_end_or_a_missing_job_is_an_error():
+    with pytest.raises(ValueError, match="jobs \\[2\\] have no end"):
+        tc.compare(_rows([10.0, None]), _rows([10.0, 11.0]), 0, 0)
+    with pytest.raises(ValueError, match="different jobs"):
+        tc.compare(_rows([10.0]), _rows([10.0, 11.0]), 0, 0)
+
+
+def test_a_replayed_policy_becomes_comparison_rows_and_a_failed_job_has_no_end():
+    run = {"jobs": [{"index": 0, "submit_s": 0.1, "start_s": 0.2, "end_s": 9.0, "state": "done"},
+                    {"index": 1, "submit_s": 1.0, "start_s": 2.0, "end_s": 3.0, "state": "failed"}]}
+    assert tc.emulated_rows(run) == [{"index": 0, "arrival_s": 0.1, "start_s": 0.2, "end_s": 9.0},
+                                     {"index": 1, "arrival_s": 1.0, "start_s": 2.0, "end_s": None}]
+
+
+def test_the_table_says_what_a_comparison_fails():
+    c = tc.compare(_rows([10.0] * 10, list(range(10))), _rows([10.2] * 10, list(range(10))), 4, 6)
+    text = tc.table([("20261127T000000Z-abc1234", {"regroup": c})])
+    assert "| `20261127T000000Z-abc1234` | regroup | 2.0 % / 2.0 % |" in text and "| 4 / 6 | yes |" in text
+
+
+def test_the_replay_submits_each_job_when_its_arrival_comes():
+    trace = [{"arrival_s": 0.0}, {"arrival_s": 5.0}, {"arrival_s": 5.0}, {"arrival_s": 20.0}]
+    assert rt.due(trace, 0, 0.0, 2.0) == [0]
+    assert rt.due(trace, 1, 9.9, 2.0) == []
+    assert rt.due(trace, 1, 10.0, 2.0) == [1, 2]  # rack seconds x the time dilation
+    body = rt.request(3, {"gpus": 4, "model": "vgg16", "iterations": 50}, "defrag")
+    assert body == {"name": "trace j4", "gpus": 4, "policy": "regroup", "checkpoint_every": 50, "queue": True,
+                    "workload": {"model": "vgg16", "iterations": 50}}
+
+
+def test_a_replayed_jobs_row_counts_its_circuit_changes_in_rack_seconds():
+    job = {"id": "job-3", "state": "done", "created_at": 100.0, "started_at": 104.0, "ended_at": 140.0,
+           "gpus": ["gpu1", "gpu5"], "switches": ["as1"], "circuits": [], "events": [7, 9], "iterations_done": 2,
+           "iteration_log": [{"t_start": 106.0, "iter_s": 2.0}, {"t_start": 108.0, "iter_s": 4.0}]}
+    events = {7: {"removed": [["ocs1:1", "ocs1:11"]], "added": [["ocs1:1", "ocs1:21"]]}, 9: {"added": [["a", "b"]]}}
+    row = rt.job_row(2, {"gpus": 2, "model": "vgg16", "iterations": 2, "arrival_s": 0.0}, job, events, 100.0, 2.0)
+    assert (row["submit_s"], row["start_s"], row["first_iteration_s"], row["end_s"]) == (0.0, 2.0, 3.0, 20.0)
+    assert row["circuit_changes"] == 3 and row["mean_iteration_s"] == pytest.approx(1.5)
+
+
+def test_the_replay_refuses_bad_input_before_touching_the_rack(capsys):
+    assert rt.main(["--policies", "fixed,bogus"]) == 2
+    assert rt.main(["--jobs", "0"]) == 2
+    assert rt.main(["--trace", "/nonexistent.csv"]) == 2
+    assert "replay_trace:" in capsys.readouterr().err
+
+
+def test_start_delays_are_each_jobs_start_to_first_iteration_and_the_cli_refuses_a_bad_record(tmp_path, capsys):
+    run = {"jobs": [{"start_s": 1.0, "first_iteration_s": 6.0}, {"start_s": 2.0, "first_iteration_s": None}]}
+    assert tc.start_delays(run) == [5.0]
+    bad = tmp_path / "r.json"
+    bad.write_text("{}")
+    assert tc.main([str(bad)]) == 2 and "tracecheck:" in capsys.readouterr().err
