@@ -1,9 +1,8 @@
-"""Faults in a job's life on the emulated rack, where the real parts matter: a worker killed (its GPU
-swapped for a spare, the job going on from its checkpoint), a NIC that cannot be handed over, an OCS
-bridge that refuses flows. Each of the last two ends failed with the reason, its GPUs free, no
-container left on any engine, every NIC home, no event running, and the controller's circuits equal
-to the OCS bridge's flows. (Faults that need a bug or a
-broken engine injected are unit tests: tests/unit/test_faults.py.)"""
+"""Faults in a job's life on the emulated rack, where the real parts matter: a worker killed (its GPU swapped for a
+spare, the job going on from its checkpoint; with no spare of its model, restarted on its own GPU), a NIC that cannot
+be handed over, an OCS bridge that refuses flows. Each of the last two ends failed with the reason, its GPUs free, no
+container left on any engine, every NIC home, no event running, and the controller's circuits equal to the OCS
+bridge's flows. (Faults that need a bug or a broken engine injected are unit tests: tests/unit/test_faults.py.)"""
 from __future__ import annotations
 
 import os
