@@ -6,6 +6,10 @@ port-status handler). Any of them moves the job to `recovering` with the reason;
 SETTLE s for the other signs of the same fault, and decides which GPUs are lost: those on a server whose engine does
 not answer, those whose link is down, and those whose worker died by a signal (killed: `kill -9`, the OOM killer) or
 vanished. A worker that exited with an error of its own (a peer gone from the ring under it) is restarted in place.
+A killed worker is not a dead GPU: one killed on a server whose engine answers and whose link is up, for the first
+time in the job, is its own last spare (controller/core/spares.py: `restartable`, and `choose` with `own`): with no
+free spare of its model it takes its rank again on its own GPU, by the same path (the record's `restarted`); a second
+such death sets the GPU aside as any lost one.
 
 The swap: every worker still running is stopped; the checkpoint to go on from is the newest iteration of which a
 copy survives on a GPU still in the job (each rank saves one on its own server and one on a peer's on another
@@ -57,11 +61,12 @@ class Failover:
         self._links_down: set[str] = set()  # OCS ports whose link is down (observed, not the job's)
 
     # --- detection -------------------------------------------------------------------------
-    def lost(self, job: Job, gpu: str, why: str, swap: bool) -> bool:
-        """A worker of `job` is gone (`swap`: its GPU is lost). Starts the recovery on the first sign; returns
-        False when the job is not recovered (it was not running, or it used up its recoveries)."""
+    def lost(self, job: Job, gpu: str, why: str, swap: bool, killed: bool = False) -> bool:
+        """A worker of `job` is gone (`swap`: its GPU is lost; `killed`: its worker died by a signal). Starts the
+        recovery on the first sign; returns False when the job is not recovered (it was not running, or it used up
+        its recoveries)."""
         if job.state == "recovering" and job.id in self._collecting:
-            job.recovery["signs"].setdefault(gpu, [why, swap])
+            job.recovery["signs"].setdefault(gpu, [why, swap, killed])
             return True
         if job.state != "running":
             return False
@@ -69,7 +74,7 @@ class Failover:
             LOG.error("%s: %s, after %d recoveries: not recovering it again", job.id, why, len(job.recoveries))
             return False
         self._collecting.add(job.id)
-        recovery = {"step": "detected", "detected_at": self.state.clock(), "signs": {gpu: [why, swap]}}
+        recovery = {"step": "detected", "detected_at": self.state.clock(), "signs": {gpu: [why, swap, killed]}}
         transition(job, "recovering", reason=why, recovery=recovery)
         LOG.warning("%s recovering: %s", job.id, why)
         _attempt(job, "saving the job", self.book.save)
@@ -159,11 +164,13 @@ class Failover:
     def _assess(self, job: Job, detected: dict) -> dict:
         """Which GPUs are lost, from the signs gathered (`detected`: the recovery's record so far) and the engines and
         links now; the recovery's record from here on (step "assessed")."""
-        losing = {g: tuple(sign) for g, sign in detected.get("signs", {}).items()}
+        losing = {g: (sign[0], sign[1]) for g, sign in detected.get("signs", {}).items()}
+        killed = [g for g, sign in detected.get("signs", {}).items() if len(sign) > 2 and sign[2]]
         rack = self.state.rack
         servers = sorted({rack.server_of[g] for g in job.gpus})
         down = {s for s in servers if not self.containers.engines.ping(s)}
         lost = {g: why for g, (why, swap) in losing.items() if swap}
+        links_down = [g for g in job.gpus if str(rack.gpu_port(g)) in self._links_down]
         for g in job.gpus:
             s = rack.server_of[g]
             if s in down:
@@ -182,6 +189,10 @@ class Failover:
             "reason": first,
             "detected_at": detected.get("detected_at", self.state.clock()),
             "lost": {g: lost[g] for g in job.gpus if g in lost},
+            "restartable": spare_rule.restartable(
+                [g for g in job.gpus if g in lost], killed, down, links_down, rack.server_of,
+                [g for r in job.recoveries for g in r.get("restarted", {})],
+            ),
             "errors": {g: why for g, (why, swap) in losing.items() if not swap},
             "servers_down": sorted(down),
             "reached": reached,
@@ -219,12 +230,12 @@ class Failover:
 
     def _swap(self, job: Job, rec: dict) -> None:
         """Spares for the lost GPUs and the circuits placing them with the survivors, in one change."""
-        rack, lost = self.state.rack, rec["lost"]
+        rack, lost, own = self.state.rack, rec["lost"], rec.get("restartable", [])
         survivors = [g for g in rec["old_gpus"] if g not in lost]
-        job.gpus = survivors  # the lost GPUs are no longer the job's
+        job.gpus = [g for g in rec["old_gpus"] if g not in lost or g in own]  # the lost GPUs are no longer the job's
         decided: dict = {}
         if not lost:
-            rec.update(spares={}, planning_s=0.0, event=None, step="swapped")
+            rec.update(spares={}, restarted={}, planning_s=0.0, event=None, step="swapped")
             return
         model = job.request.get("gpu_model")
         workload = job.request["workload"].get("model", "vgg16")
@@ -236,8 +247,10 @@ class Failover:
             taken = set(self.book.busy_gpus()) | set(lost) | set(survivors)
             free = [g for g in rack.gpus if g not in taken and rack.server_of[g] not in down]
             where = {g: at[0] for g, at in current.gpu_locations(rack).items() if at}
-            spares = spare_rule.choose(rack, list(lost), free, workload, job.switches, where, model)
-            gpus = tuple(survivors + list(spares.values()))
+            spares = spare_rule.choose(rack, list(lost), free, workload, job.switches, where, model, own=own)
+            # a GPU restarted on itself keeps its rank; spares take the last ones
+            gpus = tuple([g for g in rec["old_gpus"] if g not in lost or spares[g] == g]
+                         + [s for g, s in spares.items() if s != g])
             p = policy.plan(occ, policy.Request(gpus, "regroup", model, workload))
             decided.update(plan=p, spares=spares, gpus=gpus, planning_s=self.state.clock() - t0)
             return p.target(current)
@@ -256,7 +269,8 @@ class Failover:
             job.events.append(ev.id)
         job.circuits = self.book.circuits_of(job)
         rec.update(
-            spares=decided["spares"],
+            spares={g: s for g, s in decided["spares"].items() if s != g},
+            restarted={g: lost[g] for g, s in decided["spares"].items() if s == g},
             planning_s=decided["planning_s"],
             ocs_s=self.state.clock() - t0 - decided["planning_s"],
             event=ev.id if ev is not None else None,
@@ -307,7 +321,8 @@ class Failover:
         )
         del rec["old_gpus"], rec["step"]
         job.recoveries.append(rec)
-        swapped = ", ".join(f"{a} -> {b}" for a, b in rec["spares"].items()) or "none swapped"
+        swapped = ", ".join([f"{a} -> {b}" for a, b in rec["spares"].items()]
+                            + [f"{g} restarted on its own GPU" for g in rec.get("restarted", {})]) or "none swapped"
         job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}"
         transition(job, "running", reason=None, recovery=None)
         self.book.save()

@@ -24,7 +24,7 @@ class Lifecycle:
         containers,
         workers,
         runtime,
-        lost: Callable[[Job, str, str, bool], bool],
+        lost: Callable[..., bool],
         freed: Callable[[], None],
         hold_configuring: bool = False,
     ):
@@ -155,7 +155,7 @@ class Lifecycle:
         """Read one worker's JSON lines as they come (tagged with the job's attempt); record its exit code; a worker
         that failed starts the job's recovery (failover.py), or, if it is not recovered, stops the others."""
         server, attempt = self.state.rack.server_of[gpu], job.attempt
-        swap = False
+        swap = killed = False
         try:
             job.reports.setdefault(gpu, [])
             buf = b""
@@ -170,7 +170,7 @@ class Lifecycle:
                             pass
             code = self.containers.wait(job.id, gpu, server)
             why = f"the worker on {gpu} exited with {code}"
-            swap = code > 128  # killed by a signal (kill -9, the OOM killer): its GPU is not trusted again
+            swap = killed = code > 128  # killed by a signal (kill -9, the OOM killer): its GPU is suspect
         except Exception as e:  # noqa: BLE001 (the container vanished, or its engine went down)
             down = None if self.containers.engines.ping(server) else self.containers.down_servers().get(server)
             why = str(e) if down is None else f"the Docker Engine of server {server} went down ({down})"
@@ -185,7 +185,7 @@ class Lifecycle:
             last = next((r for r in reversed(job.reports.get(gpu, [])) if r.get("event") == "error"), None)
             if last and last.get("error") not in why:
                 why += f": {last['error']}"
-            if not self.lost(job, gpu, why, swap) and job.state == "running":
+            if not self.lost(job, gpu, why, swap, killed=killed) and job.state == "running":
                 LOG.warning("%s: the worker on %s exited with %s; stopping the others", job.id, gpu, code)
                 for other in job.gpus:
                     if other != gpu:

@@ -69,7 +69,7 @@ class JobService:
             containers,
             workers,
             runtime,
-            lost=lambda *a: self.failover.lost(*a),
+            lost=lambda *a, **kw: self.failover.lost(*a, **kw),
             freed=lambda: self.queue.drain(),
             hold_configuring=hold_configuring,
         )

@@ -1,15 +1,19 @@
-"""Faults in a job's life on the emulated rack, where the real parts matter: a worker killed (its GPU
-swapped for a spare, the job going on from its checkpoint), a NIC that cannot be handed over, an OCS
-bridge that refuses flows. Each of the last two ends failed with the reason, its GPUs free, no
-container left on any engine, every NIC home, no event running, and the controller's circuits equal
-to the OCS bridge's flows. (Faults that need a bug or a
-broken engine injected are unit tests: tests/unit/test_faults.py.)"""
+"""Faults in a job's life on the emulated rack, where the real parts matter: a worker killed (its GPU swapped for a
+spare, the job going on from its checkpoint; with no spare of its model, restarted on its own GPU), a NIC that cannot
+be handed over, an OCS bridge that refuses flows. Each of the last two ends failed with the reason, its GPUs free, no
+container left on any engine, every NIC home, no event running, and the controller's circuits equal to the OCS
+bridge's flows. (Faults that need a bug or a broken engine injected are unit tests: tests/unit/test_faults.py.)"""
 from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
 
 import pytest
 
 from controller.core.emulated import netns_of, nic_plans
 from controller.core.rack import load_rack
+from controller.drivers.containers import container_name
 from controller.drivers.engines import engine_client
 from emulation import netns as ns
 from emulation import nics, ovs
@@ -79,6 +83,37 @@ def test_a_worker_killed_mid_job(fragmented):
     assert our_containers() == {}, "containers left on some engine"
     for gpu in RACK.gpus:
         assert ns.has_link(RACK.interface(gpu), netns_of(RACK.server_of[gpu])), f"the NIC of {gpu} is not home"
+
+
+def test_a_killed_worker_with_no_spare_of_its_model_is_restarted_on_its_own_gpu(fragmented):
+    """SIGKILL of the process one worker's container runs, on a job of both Titan V (no spare of its model): its
+    server and link live, so its rank starts again on its own GPU from the checkpoint and the job ends done."""
+    client = fragmented
+    job = client.post(
+        "/jobs",
+        {"gpus": ["gpu5", "gpu6"], "gpu_model": "TitanV", "policy": "fixed", "checkpoint_every": 3,
+         "workload": {"iterations": 30, "compute_seconds": 0.05}},
+    )["job"]
+
+    def saved() -> bool:  # every rank's first checkpoint reported (its copy at the peer made)
+        return all(any(r["event"] == "checkpoint" for r in rs)
+                   for rs in client.get(f"/jobs/{job['id']}")["job"]["checkpoints"].values())
+
+    wait_for(saved, 120, "a checkpoint of every rank")
+    c = engine_client(RACK, RACK.server_of["gpu6"], 30).containers.get(container_name(job["id"], "gpu6"))
+    pid = c.attrs["State"]["Pid"]
+    assert "containers.worker" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    os.kill(pid, signal.SIGKILL)  # the worker's own process, by the PID its engine gives
+    done = _ended(client, job["id"])
+    assert done["state"] == "done" and done["iterations_done"] == 30, (done["state"], done["reason"])
+    (rec,) = done["recoveries"]
+    assert set(rec["restarted"]) == {"gpu6"} and "exited with 137" in rec["restarted"]["gpu6"], rec
+    assert rec["spares"] == {} and done["gpus"] == ["gpu5", "gpu6"] and rec["resumed_from"] >= 3, rec
+    detail = client.get(f"/jobs/{job['id']}")["job"]
+    assert {r["attempt"] for r in detail["ranks"]["gpu6"]} == {0, 1}  # its rank before and after, on gpu6
+    restored = [r["iteration"] for r in detail["checkpoints"]["gpu6"] if r["event"] == "restored"]
+    assert restored == [rec["resumed_from"]], detail["checkpoints"]["gpu6"]
+    assert our_containers() == {}, "containers left on some engine"
 
 
 def test_a_controller_killed_while_a_job_recovers(bed):

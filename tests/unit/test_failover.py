@@ -331,3 +331,49 @@ def test_a_controller_restarted_while_a_job_recovers_carries_the_recovery_on(tmp
     assert "gpu2" not in again.gpus and len(again.gpus) == 4 and placement2.busy_gpus() == {}
     assert {ctx2.circuits.gpu_locations(RACK)[g][0] for g in again.gpus} == set(again.switches)
     rt2.close()
+
+
+def test_a_worker_killed_with_no_spare_of_its_model_free_is_restarted_on_its_own_gpu(tmp_path, vrt):
+    """A killed worker is not a dead GPU: its server lives, its link is up, and no M40 is free: its rank starts again
+    on its own GPU from the checkpoint, by the swap's path (the others restarted too), and the job ends done."""
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"], gpu_model="M40")
+    vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
+    before = list(job.gpus)
+    driver.kill9(job.id, "gpu2", "srv2")
+    vrt.run(lambda: job.state == "recovering", what="the job to recover")
+    vrt.run(finished(placement, job.id), what="the job to end")
+    assert job.state == "done", job.reason
+    (rec,) = job.recoveries
+    assert set(rec["lost"]) == {"gpu2"} and "exited with 137" in rec["lost"]["gpu2"]
+    assert rec["restarted"] == {"gpu2": rec["lost"]["gpu2"]} and rec["spares"] == {}, rec
+    assert job.gpus == before and "waited_from" not in rec  # its rank on its own GPU, nothing waited for
+    assert rec["resumed_from"] == 10 and "gpu2 restarted on its own GPU" in job.note
+    cmd = cmd_of(driver, job, "gpu2")
+    assert cmd[cmd.index("--rank") + 1] == "1" and cmd[cmd.index("--resume-from") + 1] == "10"
+    assert cmd[cmd.index("--restore-from") + 1] == "local"
+    assert [i["iteration"] for i in job.iterations()] == list(range(30))
+
+
+def test_a_gpu_whose_worker_is_killed_twice_is_set_aside(tmp_path, vrt):
+    """The first kill restarts gpu2's rank on gpu2 (the only other M40 is busy); the second sets gpu2 aside: the job
+    waits at the head of the queue for an M40 and takes gpu4 once the other job has given it back."""
+    driver = FakeDriver(pace=PACE)
+    ctx, placement, _ = make(tmp_path, driver, vrt)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3"], iterations=40, gpu_model="M40")
+    other = job_of(placement, ["gpu4"], iterations=1000)
+    vrt.run(lambda: len(job.iterations()) >= 7 and other.state == "running")
+    driver.kill9(job.id, "gpu2", "srv2")
+    vrt.run(lambda: len(job.recoveries) == 1 and job.state == "running", what="the first recovery")
+    assert job.recoveries[0]["restarted"].keys() == {"gpu2"} and job.gpus == ["gpu1", "gpu2", "gpu3"]
+    vrt.run(lambda: len(job.iterations()) >= 17, what="17 iterations")
+    driver.kill9(job.id, "gpu2", "srv2")
+    vrt.run(lambda: "waiting at the head of the queue" in job.note, what="the job to wait for a spare")
+    assert "1 spare GPU(s) of model M40 needed, 0 free" in job.note and "gpu2" not in job.gpus
+    placement.stop(other.id)
+    vrt.run(finished(placement, job.id), what="the job to end")
+    assert job.state == "done", job.reason
+    second = job.recoveries[1]
+    assert second["spares"] == {"gpu2": "gpu4"} and second["restarted"] == {} and "waited_from" in second
+    assert job.gpus == ["gpu1", "gpu3", "gpu4"]

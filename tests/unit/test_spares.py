@@ -55,3 +55,29 @@ def test_the_controller_chooses_its_spares_through_the_core_rule(tmp_path, vrt, 
     driver.kill_server("srv2")
     vrt.run(finished(jobs, job.id), what="the job to end")
     assert job.state == "done" and calls == [(["gpu2"], job.recoveries[0]["spares"])], (job.reason, calls)
+
+
+def test_a_killed_workers_gpu_is_its_own_last_spare_of_its_model():
+    where = {"gpu1": "as1", "gpu2": "as1", "gpu3": "as2", "gpu4": "as2", "gpu5": "as1", "gpu6": "as2"}
+    # a free spare of its model is better than the suspect GPU, even under another switch
+    assert spares.choose(RACK, ["gpu2"], ["gpu4", "gpu5"], "vgg16", ["as1"], where, own=["gpu2"]) == {"gpu2": "gpu4"}
+    # none of its model: itself before a spare of another model, and before waiting for one
+    assert spares.choose(RACK, ["gpu2"], ["gpu5", "gpu6"], "vgg16", ["as1"], where, own=["gpu2"]) == {"gpu2": "gpu2"}
+    assert spares.choose(RACK, ["gpu2"], [], "vgg16", [], where, model="M40", own=["gpu2"]) == {"gpu2": "gpu2"}
+    # the GPU that cannot fall back on itself has the spare, whatever the rank order
+    two = spares.choose(RACK, ["gpu1", "gpu2"], ["gpu4"], "vgg16", ["as1"], where, model="M40", own=["gpu1"])
+    assert two == {"gpu1": "gpu1", "gpu2": "gpu4"} and list(two) == ["gpu1", "gpu2"]
+    with pytest.raises(NoRoomNow, match=r"^1 spare GPU\(s\) of model M40 needed, 0 free$"):
+        spares.choose(RACK, ["gpu1", "gpu2"], ["gpu5"], "vgg16", [], where, model="M40", own=["gpu1"])
+
+
+def test_only_a_first_death_by_a_signal_on_a_live_server_with_its_link_up_is_restartable():
+    server_of = RACK.server_of
+    lost = ["gpu1", "gpu2", "gpu3", "gpu4"]
+    assert spares.restartable(lost, ["gpu2"], [], [], server_of, []) == ["gpu2"]
+    assert spares.restartable(lost, lost, [], [], server_of, []) == lost
+    assert spares.restartable(lost, [], [], [], server_of, []) == []  # vanished or engine gone: not a kill
+    assert spares.restartable(lost, ["gpu2"], [server_of["gpu2"]], [], server_of, []) == []  # its engine is down
+    assert spares.restartable(lost, ["gpu2"], [], ["gpu2"], server_of, []) == []  # its NIC's link is down
+    assert spares.restartable(lost, ["gpu2", "gpu3"], [], [], server_of, ["gpu2"]) == ["gpu3"]  # killed twice
+    assert spares.restartable(["gpu3"], ["gpu2"], [], [], server_of, []) == []  # not lost: nothing to restart
