@@ -69,6 +69,10 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
         cfg.write_text(startup_xml(startup or set()))
     sock = run_dir / "ncxserver.sock"
     sock.unlink(missing_ok=True)
+    try:
+        _reap(int(_pid_file(run_dir, "netconfd").read_text()))  # one of ours that was killed: no zombie left
+    except (OSError, ValueError):
+        pass
     log = open(run_dir / "netconfd.log", "ab")
     proc = subprocess.Popen(
         [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--tcp-direct-port={port}", "--tcp-direct-address=127.0.0.1",
@@ -122,6 +126,7 @@ def stop_pid(run_dir: Path, what: str, name: str, sig: int = signal.SIGTERM, wai
         pid = int(path.read_text())
     except (OSError, ValueError):
         return False
+    _reap(pid)
     ran = _alive(pid, name)
     if ran:
         os.kill(pid, sig)
@@ -134,6 +139,7 @@ def stop_pid(run_dir: Path, what: str, name: str, sig: int = signal.SIGTERM, wai
             while _alive(pid, name) and time.monotonic() < deadline + 2:
                 _reap(pid)
                 time.sleep(0.02)
+        _reap(pid)
     path.unlink(missing_ok=True)
     return ran
 
