@@ -75,8 +75,9 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
         pass
     log = open(run_dir / "netconfd.log", "ab")
     proc = subprocess.Popen(
-        [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--tcp-direct-port={port}", "--tcp-direct-address=127.0.0.1",
-         f"--ncxserver-sockname={sock}", f"--superuser={USER}", "--log-level=warn", "--startup-error=stop"],
+        [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--tcp-direct-port={port}",
+         "--tcp-direct-address=127.0.0.1", f"--ncxserver-sockname={sock}", f"--superuser={USER}", "--log-level=warn",
+         "--startup-error=stop"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         env={**os.environ, "HOME": str(run_dir)},  # yuma keeps a backup of the datastore in $HOME/.yuma
     )
@@ -242,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                            "the agent alone (netconfd already runs)")
         s.add_argument("--port", type=int, default=8830, help="netconfd's TCP port on 127.0.0.1 (default %(default)s)")
         s.add_argument("--bridge", help="make cross-connects on this OVS bridge as flows")
-        s.add_argument("--switching-ms", type=float, default=25.0, help="time to make cross-connects (default %(default)s)")
+        s.add_argument("--switching-ms", type=float, default=25.0,
+                       help="time to make cross-connects (default %(default)s)")
         s.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
         if name == "serve":
             s.add_argument("--run-dir", type=Path, default=Path("/tmp/optirack-netconf-ocs"),

@@ -6,9 +6,9 @@ that refuses or fails rolls every OCS it touched back, by difference, and the ev
 
 It is built by the controller's wiring (controller/apps/context.py) from what it needs: the rack state
 (controller/state.py: circuits and their version, the store, the event log, the lock, the clock), one driver per OCS,
-the packet switches' keeper (`fabric`: add_new, remove_left, sync_quietly), the runtime, and what to do with an OCS whose state is
-unknown after a failed rollback. It is the job service's circuit-change port (controller/jobs/ports.py). Which OCS
-hold our circuits (`synchronised`) is kept here, by the OCS keeper (controller/devices/ocs.py).
+the packet switches' keeper (`fabric`: add_new, remove_left, sync_quietly), the runtime, and what to do with an OCS
+whose state is unknown after a failed rollback. It is the job service's circuit-change port (controller/jobs/ports.py).
+Which OCS hold our circuits (`synchronised`) is kept here, by the OCS keeper (controller/devices/ocs.py).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ import logging
 
 from controller.core.circuits import CircuitError, CircuitMap
 from controller.devices.changes import DEVICE_ERRORS, CircuitChanges, pairs
+from controller.drivers.netconf import NetconfOcs
 from controller.drivers.ocs import OcsDriver, OpenFlowOcs
 from controller.drivers.openflow import OfRpc
-from controller.drivers.netconf import NetconfOcs
 from controller.drivers.tl1 import Tl1Ocs
 
 LOG = logging.getLogger("optirack.ocs")

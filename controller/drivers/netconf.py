@@ -114,8 +114,8 @@ def _refusal(error, ports: str) -> str:
 def _sessions():
     """ncclient's SSH session, and one over yuma123's direct TCP port; both send a message at once (ncclient's own
     loop sends only when it next wakes, every 0.1 s)."""
-    from ncclient.transport.ssh import END_DELIM, MSG_DELIM, SSHSession
     from ncclient.transport.session import NetconfBase
+    from ncclient.transport.ssh import END_DELIM, MSG_DELIM, SSHSession
 
     class Direct(SSHSession):
         def send(self, message):
