@@ -77,7 +77,7 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
     proc = subprocess.Popen(
         [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--tcp-direct-port={port}",
          "--tcp-direct-address=127.0.0.1", f"--ncxserver-sockname={sock}", f"--superuser={USER}", "--log-level=warn",
-         "--startup-error=stop"],
+         "--startup-error=stop", "--access-control=off"],  # any login may change it: the controller's default too
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         env={**os.environ, "HOME": str(run_dir)},  # yuma keeps a backup of the datastore in $HOME/.yuma
     )

@@ -32,7 +32,6 @@ from controller.core.circuits import CircuitMap
 from controller.core.rack import Rack, parse_rack
 from controller.core.rackgen import rack_spec
 from emulation.harness import ROOT, Testbed, free_port
-from emulation.netconf_ocs import USER as NETCONF_USER
 
 try:
     from scripts.stats import add_json_option, write_json
@@ -77,8 +76,7 @@ def _programming(ev: dict) -> tuple[float, float, float]:
 def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path, bare: bool) -> list[dict]:
     rows = []
     t0 = time.monotonic()
-    extra = ["--optirack-netconf-user", NETCONF_USER] if any(o.driver == "netconf" for o in rack.spec.ocs) else []
-    with Testbed(rack, rack_file, workdir, extra, bare=bare) as tb:
+    with Testbed(rack, rack_file, workdir, bare=bare) as tb:
         print(f"  {rack.name}: {len(rack.gpus)} GPUs{' (bare)' if bare else ''} up and synchronised in "
               f"{time.monotonic() - t0:.1f} s", flush=True)
         start = CircuitMap.initial(rack)

@@ -130,3 +130,27 @@ def test_the_server_killed_mid_change_leaves_all_or_nothing_and_is_restored(netc
     assert restore["kind"] == "restore" and restore["status"] == "ok"
     assert _circuits(client) == before
     assert "Traceback" not in ctl.output()
+
+
+def test_the_paper_rack_behind_netconf_follows_the_server_and_rack_down_ends_it(tmp_path):
+    """topologies/paper-netconf.yaml brought up bare (its bridges, no servers): the rack starts netconfd and the
+    agent, a regroup reaches the OCS bridge's flows through them, and rack-down ends both."""
+    from controller.core.emulated import RUN_DIR
+    from controller.core.rack import load_rack
+    from emulation.harness import Testbed
+    from emulation.netconf_ocs import Agent
+    from tests.integration.helpers import ROOT
+
+    rack_file = ROOT / "topologies" / "paper-netconf.yaml"
+    rack = load_rack(rack_file)
+    port = int(rack.spec.ocs[0].address.rsplit(":", 1)[1])
+    run = RUN_DIR / "netconf-ocs1"
+    bridge = Agent(port, "ocs1", 25)
+    with Testbed(rack, rack_file, tmp_path, bare=True) as tb:
+        assert (run / "netconfd.pid").exists() and (run / "agent.pid").exists()
+        starting = {(min(a.port, b.port), max(a.port, b.port)) for a, b in rack.spec.circuits}
+        assert bridge.read_bridge() == starting
+        tb.client.put("/ocs/circuits", {"circuits": REGROUPED})
+        want = {(int(a.split(":")[1]), int(b.split(":")[1])) for a, b in REGROUPED}
+        wait_for(lambda: bridge.read_bridge() == want, 10, "the agent to make the regroup on the OCS bridge")
+    assert not run.exists() and not netconf_ocs.listening(port)
