@@ -36,17 +36,39 @@ def _outcome(fn, *args):
         return None, e
 
 
-def _wait(thread):
-    result, error = thread.wait()
-    if error is not None:
-        raise error
-    return result
+class _WhenDark:
+    """Runs `work(plan)` in its own thread once `count` OCS have reported their old circuits gone and the plan is
+    ready (whichever comes last); an error goes to `join`."""
+
+    def __init__(self, rt, work, count: int):
+        self.rt, self.work, self.left, self.plan, self.thread = rt, work, count, None, None
+
+    def dark(self) -> None:
+        self.left -= 1
+        self._start()
+
+    def ready(self, plan) -> None:
+        self.plan = plan
+        self._start()
+
+    def _start(self) -> None:
+        if self.left <= 0 and self.plan is not None and self.thread is None:
+            self.thread = self.rt.spawn(_outcome, self.work, self.plan)
+
+    def join(self) -> None:
+        """Wait for the work (run it now if it never started); re-raise its error."""
+        if self.thread is None:
+            self.work(self.plan)
+            return
+        _, error = self.thread.wait()
+        if error is not None:
+            raise error
 
 
-def _join_quietly(thread) -> None:
+def _join_quietly(fabric) -> None:
     """Wait for the switches' programming of a change that failed (its rollback re-programs them)."""
-    if thread is not None:
-        thread.wait()  # an _outcome: never raises
+    if fabric is not None and fabric.thread is not None:
+        fabric.thread.wait()  # an _outcome: never raises
 
 
 class CircuitChanges:
@@ -119,18 +141,19 @@ class CircuitChanges:
         )
         previous, parts = state.circuits, diff.by_ocs()
 
-        def program() -> None:  # timed, so that what ran inside the dark window can be told (bench_reconfig)
+        def program(plan) -> None:  # timed, so that what ran inside the dark window can be told (bench_reconfig)
             ev.fabric_started_at = state.clock()
-            self.fabric.add_new(target)
+            self.fabric.add_new(plan)
             ev.fabric_confirmed_at = state.clock()
 
-        fabric = None
+        fabric = _WhenDark(self.rt, program, len(parts))
         try:
             state.record_event(ev)
-            # The switches' new entries go out at once with the OCS change, so that their programming overlaps the
-            # OCS's teardown and switching time instead of following it; the old entries go after.
-            ocs = self._start_all(parts)  # first: the OCS's teardown goes out before the switches' tables are computed
-            fabric = self.rt.spawn(_outcome, program)
+            # Every OCS starts (its old circuits go dark); meanwhile the switches' new entries are computed and
+            # encoded, so that once every changed circuit is dark they go out at once, each switch in one bundle,
+            # while the OCS switches; the entries of addresses that left go once the OCS confirmed.
+            ocs = self._start_all(parts, fabric.dark)
+            fabric.ready(self.fabric.prepare(target))
             for result in self._wait_all(ocs):
                 ev.switching_time_s = max(ev.switching_time_s, result.switching_time_s)
                 ev.dark_start = min(x for x in (ev.dark_start, result.dark_start) if x is not None)
@@ -139,7 +162,7 @@ class CircuitChanges:
             state.circuits = target
             ev.ocs_confirmed_at = state.clock()
             state.save(events=[ev])  # the new circuits and the event that made them: one transaction
-            _wait(fabric)
+            fabric.join()
             fabric = None
             if self.fabric.remove_left():  # the entries of addresses that left
                 ev.fabric_confirmed_at = state.clock()
@@ -167,10 +190,10 @@ class CircuitChanges:
         finally:
             self.close(ev)
 
-    def _start_all(self, parts) -> list:
+    def _start_all(self, parts, on_dark) -> list:
         """Every OCS of a change at once (their dark windows overlap)."""
         return [
-            self.rt.spawn(_outcome, self.drivers[ocs].apply, pairs(part.remove), pairs(part.add))
+            self.rt.spawn(_outcome, self.drivers[ocs].apply, pairs(part.remove), pairs(part.add), on_dark)
             for ocs, part in parts.items()
         ]
 
