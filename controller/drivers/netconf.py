@@ -261,8 +261,11 @@ class NetconfOcs(OcsDriver):
         self.seen()
         return reply
 
-    def _read(self, operation: str = "get-config", ports: str = "every port") -> set[Pair]:
-        reply = self._call(operation, ports, self._session().get_config, source="running", filter=("subtree", FILTER))
+    def _read(self, operation: str = "get-config", ports: str = "every port", ingress=None) -> set[Pair]:
+        """The running datastore's pairs (only those with these ingress ports, if given: a subtree filter by key)."""
+        where = FILTER if ingress is None else (f'<cross-connects xmlns="{NS}">' + "".join(
+            f"<pair><ingress>{a}</ingress></pair>" for a in sorted(ingress)) + "</cross-connects>")
+        reply = self._call(operation, ports, self._session().get_config, source="running", filter=("subtree", where))
         try:
             return parse_pairs(reply.data_xml)
         except MalformedReply as e:
@@ -292,9 +295,8 @@ class NetconfOcs(OcsDriver):
                 self._quietly(m.unlock, target="candidate")
             switching = self.switching_time_s(len(add))
             self.sleep(max(0.0, switching - (self.clock() - dark_start)))  # what the device promises
-            have = self._read("read-back after commit", ports)
-            touched = {p for pair in remove | add for p in pair}
-            wrong = {pair for pair in have if touched & set(pair)} ^ add
+            have = self._read("read-back after commit", ports, ingress={a for a, _ in remove | add})
+            wrong = have ^ add  # the changed ingress ports hold exactly the new pairs
             if wrong:
                 raise NetconfError(f"OCS {self.spec.name}: after the commit the device holds other cross-connects "
                                    f"at {_ports(wrong)} than were committed")
