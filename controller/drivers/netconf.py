@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+import select
 import socket
 import threading
 from pathlib import Path
@@ -175,6 +176,11 @@ def _sessions():
             sock.sendall(b'<?xml version="1.0" encoding="UTF-8"?>\n<ncx-connect xmlns="http://netconfcentral.org/ns/'
                          b'yuma-ncx" version="1" user="%s" address="%s" magic="%s" transport="ssh" port="%d" />\n%s'
                          % (username.encode(), host.encode(), _NCX_MAGIC.encode(), SSH_PORT, MSG_DELIM))
+            # Our <hello> only once the server's is here: netconfd sends its own when it has taken the
+            # <ncx-connect>, and drops a client <hello> that comes before that (the session then never answers).
+            if not select.select([sock], [], [], timeout)[0]:
+                sock.close()
+                raise TimeoutError(f"no <hello> from {host}:{port} within {timeout:g} s")
             self._host, self._channel, self._transport = host, Channel(sock), Ending(sock)
             self._connected = True
             self._post_connect()
