@@ -31,6 +31,8 @@ OPTS = [
     ),
     cfg.StrOpt("tl1-user", default="admin", help="login for OCS driven by the tl1 driver"),
     cfg.StrOpt("tl1-password", default="", secret=True, help="password for OCS driven by the tl1 driver"),
+    cfg.StrOpt("netconf-user", default="admin", help="login for OCS driven by the netconf driver"),
+    cfg.StrOpt("netconf-password", default="", secret=True, help="password for OCS driven by the netconf driver (SSH)"),
     cfg.StrOpt(
         "nic-home",
         default="emulated",

@@ -15,7 +15,7 @@ import time
 from controller.core.emulated import port_intf
 from controller.core.rack import Rack
 from emulation import ovs
-from emulation.rack import RackConflict, RackState, down
+from emulation.rack import RackConflict, RackState, down, start_netconf
 from emulation.topo import downlink_patches
 
 
@@ -78,6 +78,7 @@ def up_bare(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: floa
     state.save()  # before anything exists, so that `down` can clean up after a failure here
     try:
         ovs.run("ovs-vsctl", "--timeout=120", *bridge_commands(rack, controller))
+        start_netconf(rack, state)
     except BaseException:
         down(quiet=True)
         raise

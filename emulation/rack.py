@@ -41,6 +41,7 @@ class RackState:
     engines: list[dict] = field(default_factory=list)  # EnginePlan fields of the engines started
     registry: str | None = None  # the registry this rack started (ADDR:PORT)
     images: dict[str, str] = field(default_factory=dict)  # image name -> repo@digest the engines hold
+    netconf: dict[str, str] = field(default_factory=dict)  # OCS -> run directory of its emulated NETCONF server
     status: str = "building"
     up_seconds: float = 0.0
 
@@ -180,13 +181,14 @@ def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5
     end_shells(net)  # the rack stays: bridges in OVS, namespaces pinned by name
     state.pids = []
     try:
+        start_netconf(rack, state)
         _start_engines(rack, state)
         if with_slurm:
             if not state.engines:
                 raise slurm.SlurmError("Slurm on the emulated rack needs its management network: tcp:// engines")
             slurm.start(rack, slurm_hook, log=_log)
     except BaseException:
-        _log("rack-up failed while starting the engines or Slurm: removing what was made")
+        _log("rack-up failed while starting the NETCONF OCS, the engines or Slurm: removing what was made")
         down(quiet=True)
         raise
     state.status = "up"
@@ -196,6 +198,41 @@ def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5
     while time.monotonic() < deadline and not all(ovs.controller_connected(b) for b in state.bridges):
         time.sleep(0.2)
     return state
+
+
+def start_netconf(rack: Rack, state: RackState) -> None:
+    """For each OCS the rack file drives by NETCONF: netconfd holding the starting circuits, and the agent that
+    makes the OCS bridge follow it (emulation.netconf_ocs), their PID files in a run directory of the rack's."""
+    from controller.drivers.netconf import parse_address
+    from emulation import netconf_ocs
+
+    for o in rack.spec.ocs:
+        if o.driver != "netconf":
+            continue
+        transport, host, port = parse_address(o.address)
+        if transport != "tcp-ncx" or host not in ("127.0.0.1", "localhost"):
+            raise RackConflict(f"ocs {o.name}: the emulated NETCONF OCS listens on loopback: give it "
+                               f"'address: tcp-ncx://127.0.0.1:PORT' (not {o.address!r})")
+        if netconf_ocs.listening(port):
+            raise RackConflict(f"ocs {o.name}: something already listens on 127.0.0.1:{port}")
+        run = RUN_DIR / f"netconf-{o.name}"
+        state.netconf[o.name] = str(run)
+        state.save()
+        starting = {(min(a.port, b.port), max(a.port, b.port)) for a, b in rack.spec.circuits if a.device == o.name}
+        netconf_ocs.start(run, port, o.name, o.switching_time_ms, startup=starting)
+        _log(f"  {o.name}: NETCONF on 127.0.0.1:{port} (netconfd + agent)")
+
+
+def _stop_netconf(state: RackState) -> int:
+    import shutil
+
+    from emulation import netconf_ocs
+
+    ended = 0
+    for run in state.netconf.values():
+        ended += netconf_ocs.stop(Path(run))
+        shutil.rmtree(run, ignore_errors=True)
+    return ended
 
 
 def _start_engines(rack: Rack, state: RackState) -> None:
@@ -296,6 +333,7 @@ def down(quiet: bool = False, purge: bool = False) -> dict[str, int]:
     removed = {"containers": 0, "engines": 0, "bridges": 0, "interfaces": 0, "namespaces": 0, "processes": 0}
     removed["slurm daemons"] = slurm.stop(quiet=quiet, log=_log)["daemons"]  # first: its slurmds run in the servers
     if state:
+        removed["processes"] += _stop_netconf(state)
         removed.update(_stop_engines(state, quiet))
     removed["containers"] += _remove_containers(state.name if state else None, quiet)
     labelled = ovs.rack_bridges()

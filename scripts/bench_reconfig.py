@@ -29,9 +29,9 @@ from pathlib import Path
 import yaml
 
 from controller.core.circuits import CircuitMap
-from controller.core.rack import Rack, load_rack, parse_rack
+from controller.core.rack import Rack, parse_rack
 from controller.core.rackgen import rack_spec
-from emulation.harness import ROOT, Testbed
+from emulation.harness import ROOT, Testbed, free_port
 
 try:
     from scripts.stats import add_json_option, write_json
@@ -104,6 +104,7 @@ def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path, bare: bool) -
                     )
             row = {
                 "rack": rack.name,
+                "driver": rack.spec.ocs[0].driver,
                 "gpus": len(rack.gpus),
                 "ports": rack.spec.ocs[0].ports,
                 "change": kind,
@@ -159,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="GPUS",
         help="bring racks of this many GPUs or more up bare (default %(default)s)",
     )
+    p.add_argument("--driver", choices=["openflow", "netconf"], default="openflow",
+                   help="how the controller drives the OCS: OpenFlow, or NETCONF to the emulated NETCONF OCS "
+                   "(netconfd and its agent, emulation/netconf_ocs.py) (default %(default)s)")
     add_json_option(p)
     args = p.parse_args(argv)
     try:
@@ -169,30 +173,29 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         print("reconfiguration overhead (start -> flows confirmed, minus the MEMS switching time)", flush=True)
         for n in sizes:
+            path = Path(tmp) / f"gen{n}.yaml"
             if n == 6:
-                path = ROOT / "topologies" / "paper-testbed.yaml"
-                rack = load_rack(path)
+                data = yaml.safe_load((ROOT / "topologies" / "paper-testbed.yaml").read_text())
             else:
-                path = Path(tmp) / f"gen{n}.yaml"
                 big = n >= 256  # 512 GPUs: 512 downlinks, a 1,024-port OCS
-                path.write_text(
-                    yaml.safe_dump(
-                        rack_spec(n, gpus_per_server=8 if big else 4, switches=8, spare=1 if big else 2, name=f"gen{n}")
-                    )
-                )
-                rack = parse_rack(yaml.safe_load(path.read_text()), str(path))
+                data = rack_spec(n, gpus_per_server=8 if big else 4, switches=8, spare=1 if big else 2, name=f"gen{n}")
+            if args.driver == "netconf":
+                for o in data["ocs"]:
+                    o.update(driver="netconf", address=f"tcp-ncx://127.0.0.1:{free_port()}")
+            path.write_text(yaml.safe_dump(data))
+            rack = parse_rack(yaml.safe_load(path.read_text()), str(path))
             rows += bench(rack, path, args.rounds, Path(tmp) / rack.name, bare=n >= args.bare_from)
     print("\nmedians in ms; end to end: REST request -> forwarding confirmed; event: requested_at -> confirmed; "
           "overhead: minus the switching time; programming: the switches' re-programming, and how much of it the "
           "dark window hid")
     print(
-        f"{'rack':8s} {'GPUs':>5s} {'ports':>5s} {'change':13s} {'circuits':>8s} {'switching':>9s} "
+        f"{'rack':8s} {'driver':8s} {'GPUs':>5s} {'ports':>5s} {'change':13s} {'circuits':>8s} {'switching':>9s} "
         f"{'end to end':>10s} {'e2e ovh':>8s} {'event':>7s} {'ev ovh':>7s} {'(min-max)':>13s} "
         f"{'program':>8s} {'in dark':>8s}"
     )
     for r in rows:
         print(
-            f"{r['rack']:8s} {r['gpus']:5d} {r['ports']:5d} {r['change']:13s} {r['circuits']:8d} "
+            f"{r['rack']:8s} {r['driver']:8s} {r['gpus']:5d} {r['ports']:5d} {r['change']:13s} {r['circuits']:8d} "
             f"{r['switching_ms']:9.1f} {r['e2e_median_ms']:10.1f} {r['e2e_overhead_median_ms']:8.1f} "
             f"{r['total_ms_median']:7.1f} {r['median_ms']:7.1f} {r['min_ms']:6.1f}-{r['max_ms']:<6.1f} "
             f"{r['programming_ms_median']:8.1f} {r['programming_in_dark_ms_median']:8.1f}"

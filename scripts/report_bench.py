@@ -64,7 +64,8 @@ def reconfig(_records: list) -> str:
             if "e2e_median_ms" not in r:
                 continue
             e2e = _mmm(r["e2e_min_ms"], r["e2e_median_ms"], r["e2e_max_ms"])
-            rows.append(f"| `{stem}` | {r['gpus']} GPUs{' (bare)' if r.get('bare') else ''} | {r['ports']:,} "
+            driver = ", NETCONF OCS" if r.get("driver") == "netconf" else ""
+            rows.append(f"| `{stem}` | {r['gpus']} GPUs{' (bare)' if r.get('bare') else ''}{driver} | {r['ports']:,} "
                         f"| {r['circuits']} circuit{_s(r['circuits'])} | {e2e} "
                         f"| {r['e2e_overhead_median_ms']:.1f} ms | {_mmm(r['min_ms'], r['median_ms'], r['max_ms'])} "
                         f"| {r['before_event_ms_median']:.1f} ms | {r['programming_ms_median']:.1f} ms "

@@ -10,10 +10,11 @@ LOG_DIR=${OPTIRACK_LOG_DIR:-/var/log/optirack}
 # containernetworking-plugins, busybox-static: the NIC helper image; docker-registry: the emulated
 # rack's registry; openssl: its certificates; slurm*, munge, mariadb-server: Slurm on the emulated
 # rack (emulation/slurm.py runs its own munged, MariaDB and daemons under /run/optirack/slurm; the
-# packages' own services are not used).
+# packages' own services are not used); netconfd, python3-ncclient: the NETCONF OCS (its emulation, its driver).
 PACKAGES=(openvswitch-switch mininet docker.io debootstrap iperf3 ethtool iputils-ping iproute2
           python3-venv python3-dev ca-certificates curl prometheus chromium containernetworking-plugins
-          busybox-static docker-registry openssl slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
+          busybox-static docker-registry openssl slurmctld slurmd slurm-client slurmdbd munge mariadb-server
+          netconfd python3-ncclient)
 CHANGED=0
 
 current_step=""

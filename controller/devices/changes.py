@@ -1,13 +1,14 @@
 """The circuit-change transaction: the one way circuits change. Under the reconfiguration lock it plans from the
-current map, applies the difference on every OCS at once (their dark windows overlap), re-programs the packet
-switches for the target as soon as every changed circuit is dark, and records the event; all or nothing: a device
+current map, applies the difference on every OCS at once (their dark windows overlap) while the packet switches get the
+target's new entries (harmless while the changed circuits are dark), removes the entries that left once the OCS
+confirmed, and records the event; all or nothing: a device
 that refuses or fails rolls every OCS it touched back, by difference, and the event ends failed.
 
 It is built by the controller's wiring (controller/apps/context.py) from what it needs: the rack state
 (controller/state.py: circuits and their version, the store, the event log, the lock, the clock), one driver per OCS,
-the packet switches' keeper (`fabric`: sync, sync_quietly), the runtime, and what to do with an OCS whose state is
-unknown after a failed rollback. It is the job service's circuit-change port (controller/jobs/ports.py). Which OCS
-hold our circuits (`synchronised`) is kept here, by the OCS keeper (controller/devices/ocs.py).
+the packet switches' keeper (`fabric`: add_new, remove_left, sync_quietly), the runtime, and what to do with an OCS
+whose state is unknown after a failed rollback. It is the job service's circuit-change port (controller/jobs/ports.py).
+Which OCS hold our circuits (`synchronised`) is kept here, by the OCS keeper (controller/devices/ocs.py).
 """
 
 from __future__ import annotations
@@ -27,30 +28,47 @@ def pairs(circuits) -> set[tuple[int, int]]:
     return {(a.port, b.port) for a, b in circuits}
 
 
+def _outcome(fn, *args):
+    """(result, None) or (None, the exception): a thread's error goes to whoever waits for it, not to the log."""
+    try:
+        return fn(*args), None
+    except Exception as e:  # noqa: BLE001 (handed to the waiter, which raises it)
+        return None, e
+
+
 class _WhenDark:
-    """Runs `work` in its own thread once `count` OCS have reported their old circuits gone."""
+    """Runs `work(plan)` in its own thread once `count` OCS have reported their old circuits gone and the plan is
+    ready (whichever comes last); an error goes to `join`."""
 
     def __init__(self, rt, work, count: int):
-        self.rt, self.work, self.left, self.thread = rt, work, count, None
+        self.rt, self.work, self.left, self.plan, self.thread = rt, work, count, None, None
 
     def dark(self) -> None:
         self.left -= 1
-        if self.left == 0:
-            self.thread = self.rt.spawn(self.work, raise_error=True)
+        self._start()
+
+    def ready(self, plan) -> None:
+        self.plan = plan
+        self._start()
+
+    def _start(self) -> None:
+        if self.left <= 0 and self.plan is not None and self.thread is None:
+            self.thread = self.rt.spawn(_outcome, self.work, self.plan)
 
     def join(self) -> None:
         """Wait for the work (run it now if it never started); re-raise its error."""
         if self.thread is None:
-            self.work()
-        else:
-            self.thread.wait()
+            self.work(self.plan)
+            return
+        _, error = self.thread.wait()
+        if error is not None:
+            raise error
 
-    def join_quietly(self) -> None:
-        if self.thread is not None:
-            try:
-                self.thread.wait()
-            except DEVICE_ERRORS:
-                pass
+
+def _join_quietly(fabric) -> None:
+    """Wait for the switches' programming of a change that failed (its rollback re-programs them)."""
+    if fabric is not None and fabric.thread is not None:
+        fabric.thread.wait()  # an _outcome: never raises
 
 
 class CircuitChanges:
@@ -123,15 +141,20 @@ class CircuitChanges:
         )
         previous, parts = state.circuits, diff.by_ocs()
 
-        def program() -> None:  # timed, so that what ran inside the dark window can be told (bench_reconfig)
+        def program(plan) -> None:  # timed, so that what ran inside the dark window can be told (bench_reconfig)
             ev.fabric_started_at = state.clock()
-            self.fabric.sync(target)
+            self.fabric.add_new(plan)
             ev.fabric_confirmed_at = state.clock()
 
         fabric = _WhenDark(self.rt, program, len(parts))
         try:
             state.record_event(ev)
-            for result in self._apply_all(parts, fabric):
+            # Every OCS starts (its old circuits go dark); meanwhile the switches' new entries are computed and
+            # encoded, so that once every changed circuit is dark they go out at once, each switch in one bundle,
+            # while the OCS switches; the entries of addresses that left go once the OCS confirmed.
+            ocs = self._start_all(parts, fabric.dark)
+            fabric.ready(self.fabric.prepare(target))
+            for result in self._wait_all(ocs):
                 ev.switching_time_s = max(ev.switching_time_s, result.switching_time_s)
                 ev.dark_start = min(x for x in (ev.dark_start, result.dark_start) if x is not None)
                 if result.dark_end is not None:
@@ -140,6 +163,9 @@ class CircuitChanges:
             ev.ocs_confirmed_at = state.clock()
             state.save(events=[ev])  # the new circuits and the event that made them: one transaction
             fabric.join()
+            fabric = None
+            if self.fabric.remove_left():  # the entries of addresses that left
+                ev.fabric_confirmed_at = state.clock()
             ev.flows_confirmed_at = state.clock()
             ev.status, ev.version = "ok", state.circuits_version
             LOG.info(
@@ -153,35 +179,32 @@ class CircuitChanges:
             )
             return ev
         except DEVICE_ERRORS as e:
+            _join_quietly(fabric)
             self._abandon(ev, str(e), previous, list(diff.by_ocs()))
             raise ReconfigFailed(ev) from None
         except Exception as e:  # a bug: the event still ends, the devices are still put back
             LOG.exception("reconfiguration %d (%s) raised", ev.id, reason)
+            _join_quietly(fabric)
             self._abandon(ev, f"internal error: {type(e).__name__}: {e}", previous, list(diff.by_ocs()))
             raise
         finally:
             self.close(ev)
 
-    def _apply_all(self, parts, fabric: _WhenDark) -> list:
-        """Every OCS of a change at once (their dark windows overlap); the packet switches are re-programmed for the
-        target as soon as every changed circuit is dark, so that their confirmation overlaps the switching time.
-        Raises the first device error, once all ended."""
-        threads = [
-            self.rt.spawn(
-                self.drivers[ocs].apply, pairs(part.remove), pairs(part.add), fabric.dark, raise_error=True
-            )
+    def _start_all(self, parts, on_dark) -> list:
+        """Every OCS of a change at once (their dark windows overlap)."""
+        return [
+            self.rt.spawn(_outcome, self.drivers[ocs].apply, pairs(part.remove), pairs(part.add), on_dark)
             for ocs, part in parts.items()
         ]
-        results, errors = [], []
-        for thread in threads:
-            try:
-                results.append(thread.wait())
-            except Exception as e:  # noqa: BLE001 (re-raised below, after every OCS has ended)
-                errors.append(e)
-        if errors:
-            fabric.join_quietly()
-            raise errors[0]
-        return results
+
+    @staticmethod
+    def _wait_all(threads) -> list:
+        """The OCS changes' results; raises the first device error, once all ended."""
+        outcomes = [thread.wait() for thread in threads]
+        for _, error in outcomes:
+            if error is not None:
+                raise error
+        return [result for result, _ in outcomes]
 
     def close(self, ev: ReconfigEvent) -> None:
         """No event stays "running": one whose thread was interrupted ends failed; every end is recorded."""

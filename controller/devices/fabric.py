@@ -2,7 +2,8 @@
 `controller.core.forwarding` says for the circuit map, confirmed by barrier, resynchronised on reconnect.
 
 No flooding and no learning. The fabric app (controller/apps/fabric.py) hands it the switches that connect and go, and
-the replies; the circuit changes (controller/devices/changes.py) call `sync` inside each change's dark window.
+the replies; each circuit change (controller/devices/changes.py) calls `prepare` while its OCS tears down, `add_new`
+once the changed circuits are dark, and `remove_left` once the OCS confirmed.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class Fabric:
         self.state, self.rt, self.timeout = state, runtime, timeout
         self.rpc = of.OfRpc(self.rt.event)
         self.installed: dict[str, Table] = {}  # confirmed tables of connected switches
+        self._left: dict[str, set[str]] = {}  # addresses add_new kept for remove_left
         self.dps: dict[str, object] = {}
         self._locks = defaultdict(self.rt.lock)
 
@@ -72,8 +74,39 @@ class Fabric:
     def sync(self, circuits=None) -> None:
         """Bring every connected switch to the tables of `circuits` (default: the current map), all
         switches at once, each in one bundle; returns once all confirmed."""
+        self._sync(self.desired(circuits), keep=False)
+
+    def prepare(self, circuits) -> tuple[dict[str, Table], dict]:
+        """What `add_new` sends for `circuits`, computed and encoded now (no I/O): the target tables, and per switch
+        the installed table it was computed against, the table to install and its flow-mods."""
         desired = self.desired(circuits)
-        names = sorted(self.dps)
+        self._left = {name: set(table) - set(desired[name]) for name, table in self.installed.items()}
+        plan = {}
+        for name, table in list(self.installed.items()):
+            want = {**table, **desired[name]}
+            plan[name] = (table, want, table_changes(table, want))
+        return desired, plan
+
+    def add_new(self, prepared) -> None:
+        """Only the entries a change adds or moves (`prepare`'s), every installed one kept, all switches at once, each
+        in one bundle; `remove_left` then removes the entries of addresses that leave. A circuit change sends these
+        once its changed circuits are dark, before the OCS makes the new ones."""
+        desired, plan = prepared
+        self._sync(desired, keep=True, prepared=plan)
+
+    def remove_left(self) -> bool:
+        """After `add_new`: delete the entries of the addresses that left (usually none: every switch has an entry
+        for every NIC with a circuit). True if there were some."""
+        left, self._left = self._left, {}
+        names = sorted(n for n, ips in left.items() if ips and n in self.dps and n in self.installed)
+        if names:
+            kept = {n: {ip: port for ip, port in self.installed[n].items() if ip not in left[n]} for n in names}
+            self._sync({**self.installed, **kept}, keep=False, only=names)
+        return bool(names)
+
+    def _sync(self, desired: dict[str, Table], keep: bool, only: list[str] | None = None,
+              prepared: dict | None = None) -> None:
+        names = sorted(self.dps) if only is None else only
         for name in names:
             self._locks[name].acquire()
         try:
@@ -82,10 +115,14 @@ class Fabric:
                 dp = self.dps.get(name)
                 if dp is None or name not in self.installed:
                     continue  # (re)connecting: its resync installs the full table
-                msgs = table_changes(self.installed[name], desired[name])
+                if prepared and name in prepared and prepared[name][0] is self.installed[name]:
+                    want, msgs = prepared[name][1:]
+                else:  # a switch resynchronised since: against what it holds now
+                    want = {**self.installed[name], **desired[name]} if keep else desired[name]
+                    msgs = table_changes(self.installed[name], want)
                 if msgs:
                     batches.append((dp, msgs, f"forwarding on {name}"))
-                tables[name], ids[name] = desired[name], dp.id
+                tables[name], ids[name] = want, dp.id
             try:
                 if batches:
                     self.rpc.confirm_all(batches, self.timeout)

@@ -10,6 +10,7 @@ import logging
 
 from controller.core.circuits import CircuitError, CircuitMap
 from controller.devices.changes import DEVICE_ERRORS, CircuitChanges, pairs
+from controller.drivers.netconf import NetconfOcs
 from controller.drivers.ocs import OcsDriver, OpenFlowOcs
 from controller.drivers.openflow import OfRpc
 from controller.drivers.tl1 import Tl1Ocs
@@ -28,6 +29,10 @@ class OcsDevices:
                 self.drivers[spec.name] = Tl1Ocs(
                     spec, c.tl1_user, c.tl1_password, lock=self.rt.lock(), sleep=self.rt.sleep
                 )
+            elif spec.driver == "netconf":
+                self.drivers[spec.name] = NetconfOcs(
+                    spec, c.netconf_user, c.netconf_password, lock=self.rt.lock(), sleep=self.rt.sleep
+                )
             else:
                 self.drivers[spec.name] = OpenFlowOcs(spec, self.rpc, c.barrier_timeout, sleep=self.rt.sleep)
         self.changes = CircuitChanges(self.state, self.drivers, fabric, self.rt, self._resynchronise_later)
@@ -36,7 +41,7 @@ class OcsDevices:
         self.keepers: list = []
 
     def start(self) -> None:
-        """Keep every OCS that does not connect to us (TL1) in step, each in a thread of its own."""
+        """Keep every OCS that does not connect to us (TL1, NETCONF) in step, each in a thread of its own."""
         self.keepers = [
             self.rt.spawn(self._keep, name) for name, d in self.drivers.items() if not isinstance(d, OpenFlowOcs)
         ]
@@ -146,7 +151,7 @@ class OcsDevices:
         return True
 
     def _resynchronise_later(self, name: str) -> None:
-        """An OCS whose state is unknown: its keeper (TL1) or a retrier of ours (OpenFlow) restores it."""
+        """An OCS whose state is unknown: its keeper (TL1, NETCONF) or a retrier of ours (OpenFlow) restores it."""
         self.synchronised.discard(name)
         if isinstance(self.drivers[name], OpenFlowOcs):
             self.rt.spawn(self._retry_synchronise, name)

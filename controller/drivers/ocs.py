@@ -1,7 +1,10 @@
 """OCS drivers: one small interface (read circuits, apply a diff, switching time) and the
-emulated OCS over OpenFlow. The TL1 driver for Calient/Polatis-style switches is in `tl1`.
+emulated OCS over OpenFlow. The TL1 driver for Calient/Polatis-style switches is in `tl1`, the
+NETCONF one (Polatis's YANG structure) in `netconf`.
 
-Circuits at this level are port-number pairs ``(a, b)`` with ``a < b`` on one device.
+Circuits at this level are port-number pairs ``(a, b)`` with ``a < b`` on one device: the cross-connect
+objects of the OCP SAI OCS API, whose bulk remove and bulk create `apply` is, in one transaction of the
+device (docs/netconf-ocs.md maps the two and says what a SONiC-OCS driver still needs).
 """
 from __future__ import annotations
 

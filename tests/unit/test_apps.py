@@ -64,13 +64,42 @@ def test_reconfigure_applies_the_diff_with_a_dark_window(rig):
     assert ev.status == "ok" and ev.dark_window_s >= 0.025
     assert ev.requested_at <= ev.dark_start <= ev.dark_end <= ev.ocs_confirmed_at <= ev.flows_confirmed_at
     assert len(ev.removed) == 4 and len(ev.added) == 4
-    # the switches were re-programmed once the circuits were dark, and confirmed before the event's end
-    assert ev.dark_start <= ev.fabric_started_at <= ev.fabric_confirmed_at <= ev.flows_confirmed_at
+    # the switches' new entries went out with the OCS change, not after it; the change ended once they confirmed
+    assert ev.requested_at <= ev.fabric_started_at <= ev.dark_end
+    assert ev.fabric_started_at <= ev.fabric_confirmed_at <= ev.flows_confirmed_at
     assert ev.to_json()["fabric_confirmed_at"] == ev.fabric_confirmed_at
     _check_forwarding(ctx, switches)
     # untouched circuits were not re-sent: only deletes of changed ports and adds of new ones
     touched = {m.match["in_port"] for m in ocs.sent[-20:] if hasattr(m, "match") and "in_port" in m.match}
     assert 1 not in touched and 11 not in touched
+
+
+def test_new_forwarding_goes_out_with_the_ocs_change_and_old_entries_after_it(rig, monkeypatch):
+    """The switches get the target's new entries while the OCS changes (their programming overlaps its switching
+    time); an address that leaves keeps its entry until the OCS confirmed, then loses it."""
+    ctx, apps, _, switches = rig
+    fabric, driver, log = apps[2].fabric, apps[1].drivers["ocs1"], []
+    gone = RACK.addresses["gpu6"][0]  # gpu6's circuit is removed: its address leaves every table
+    target = CircuitMap.parse(RACK, REGROUPED[:5])
+
+    def logged(name, fn):
+        def call(*args, **kwargs):
+            log.append((name, "start"))
+            out = fn(*args, **kwargs)
+            log.append((name, "end", any(gone in t for t in fabric.installed.values())))
+            return out
+        return call
+
+    monkeypatch.setattr(fabric, "add_new", logged("add_new", fabric.add_new))
+    monkeypatch.setattr(fabric, "remove_left", logged("remove_left", fabric.remove_left))
+    monkeypatch.setattr(driver, "apply", logged("ocs", driver.apply))
+    ev = apps[1].changes.reconfigure(target, "circuits", "test")
+    assert ev.status == "ok"
+    assert log.index(("add_new", "start")) < log.index(("ocs", "end", True))  # it started before the OCS confirmed
+    assert ("add_new", "end", True) in log  # the leaving address kept its entry through the OCS change
+    assert log[-2:] == [("remove_left", "start"), ("remove_left", "end", False)]  # and lost it once the OCS confirmed
+    _check_forwarding(ctx, switches)
+    assert all(sw.output(eth_type=0x0800, ipv4_dst=gone) is None for sw in switches.values())
 
 
 def test_reconnected_ocs_is_restored(rig):

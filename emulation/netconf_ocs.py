@@ -1,0 +1,270 @@
+"""An emulated NETCONF OCS: yuma123's netconfd serving optirack's OCS model, and an agent that makes each committed
+change on the emulated rack's OCS bridge.
+
+netconfd (Debian's `netconfd`) keeps the cross-connects (`controller/drivers/yang/optirack-ocs.yang`) in its
+datastores, checks every edit against the model, commits all or nothing, and saves the running datastore to a
+startup file after each commit, as a switch keeps its cross-connects across a restart. It listens on loopback on its
+direct TCP port (the driver's `tcp-ncx://` transport). The agent holds a NETCONF session of its own, subscribed to the
+server's notifications: on each `netconf-config-change` (and on every (re)connect) it reads the running datastore and
+makes the bridge hold exactly those cross-connects, as flows both ways: the changed ports' flows go at once (dark),
+the new ones after the switching time. Without a bridge it only follows the datastore (for tests).
+
+Both run as processes with PID files in a run directory (`start`, `stop`), so that the rack's `down` ends exactly what
+its `up` started. `python -m emulation.netconf_ocs serve` runs both in the foreground, for trying the driver.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from controller.drivers.netconf import FILTER, NS, YANG, connect, parse_pairs
+
+LOG = logging.getLogger("optirack.netconf-ocs")
+USER = "optirack"  # the session user netconfd lets change its datastores (--superuser)
+COOKIE = "0x0c"  # the rack's circuit flows (emulation.rack.CIRCUIT_COOKIE)
+PRIORITY = 100
+NETCONFD = "netconfd"
+
+
+def startup_xml(pairs: set[tuple[int, int]]) -> str:
+    """A startup datastore holding `pairs` (the rack file's starting circuits)."""
+    body = "".join(f"<pair><ingress>{a}</ingress><egress>{b}</egress></pair>" for a, b in sorted(pairs))
+    return (f'<?xml version="1.0" encoding="UTF-8"?>\n<config xmlns="urn:ietf:params:xml:ns:netconf:base:1.0">'
+            f'<cross-connects xmlns="{NS}">{body}</cross-connects></config>\n')
+
+
+# --- processes ---------------------------------------------------------------------------------------------------
+def _pid_file(run_dir: Path, what: str) -> Path:
+    return Path(run_dir) / f"{what}.pid"
+
+
+def _alive(pid: int, name: str) -> bool:
+    """`pid` runs and is the program we started (a PID file may outlive its process, and PIDs are reused)."""
+    try:
+        return name.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None = None, timeout: float = 15) -> int:
+    """Start netconfd on 127.0.0.1:`port` with its files in `run_dir`; `startup` (if not None) replaces what the
+    startup file holds. Returns its PID once it listens."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = run_dir / "startup-cfg.xml"
+    if startup is not None or not cfg.exists():
+        cfg.write_text(startup_xml(startup or set()))
+    sock = run_dir / "ncxserver.sock"
+    sock.unlink(missing_ok=True)
+    try:
+        _reap(int(_pid_file(run_dir, "netconfd").read_text()))  # one of ours that was killed: no zombie left
+    except (OSError, ValueError):
+        pass
+    log = open(run_dir / "netconfd.log", "ab")
+    proc = subprocess.Popen(
+        [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--tcp-direct-port={port}",
+         "--tcp-direct-address=127.0.0.1", f"--ncxserver-sockname={sock}", f"--superuser={USER}", "--log-level=warn",
+         "--startup-error=stop", "--access-control=off"],  # any login may change it: the controller's default too
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        env={**os.environ, "HOME": str(run_dir)},  # yuma keeps a backup of the datastore in $HOME/.yuma
+    )
+    log.close()
+    _pid_file(run_dir, "netconfd").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while not listening(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_pid(run_dir, "netconfd", NETCONFD)
+            tail = (run_dir / "netconfd.log").read_text(errors="replace")[-800:]
+            raise RuntimeError(f"netconfd did not listen on 127.0.0.1:{port} (see {run_dir}/netconfd.log):\n{tail}")
+        time.sleep(0.05)
+    return proc.pid
+
+
+def start_agent(run_dir: Path, port: int, bridge: str | None, switching_ms: float) -> int:
+    run_dir = Path(run_dir)
+    log = open(run_dir / "agent.log", "ab")
+    cmd = [sys.executable, "-m", "emulation.netconf_ocs", "agent", "--port", str(port), "--switching-ms",
+           str(switching_ms), "--ready-file", str(run_dir / "agent.ready")]
+    (run_dir / "agent.ready").unlink(missing_ok=True)
+    proc = subprocess.Popen(cmd + (["--bridge", bridge] if bridge else []), stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    log.close()
+    _pid_file(run_dir, "agent").write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+def start(run_dir: Path, port: int, bridge: str | None, switching_ms: float,
+          startup: set[tuple[int, int]] | None = None, timeout: float = 15) -> None:
+    """netconfd and its agent; returns once the agent has made the bridge hold the datastore's cross-connects."""
+    start_server(run_dir, port, startup, timeout)
+    start_agent(run_dir, port, bridge, switching_ms)
+    deadline = time.monotonic() + timeout
+    while not (Path(run_dir) / "agent.ready").exists():
+        if time.monotonic() > deadline:
+            stop(run_dir)
+            raise RuntimeError(f"the NETCONF OCS agent did not start (see {run_dir}/agent.log)")
+        time.sleep(0.05)
+
+
+def stop_pid(run_dir: Path, what: str, name: str, sig: int = signal.SIGTERM, wait: float = 5) -> bool:
+    """End the process a PID file of ours names (if it is still that program); True if one was running."""
+    path = _pid_file(run_dir, what)
+    try:
+        pid = int(path.read_text())
+    except (OSError, ValueError):
+        return False
+    _reap(pid)
+    ran = _alive(pid, name)
+    if ran:
+        os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while _alive(pid, name) and time.monotonic() < deadline:
+            _reap(pid)
+            time.sleep(0.02)
+        if _alive(pid, name):
+            os.kill(pid, signal.SIGKILL)
+            while _alive(pid, name) and time.monotonic() < deadline + 2:
+                _reap(pid)
+                time.sleep(0.02)
+        _reap(pid)
+    path.unlink(missing_ok=True)
+    return ran
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)  # our own child (tests): no zombie left that still looks alive
+    except ChildProcessError:
+        pass
+
+
+def stop(run_dir: Path) -> int:
+    """End the agent, then netconfd; returns how many were running."""
+    return stop_pid(run_dir, "agent", "emulation.netconf_ocs") + stop_pid(run_dir, "netconfd", NETCONFD)
+
+
+# --- the agent ---------------------------------------------------------------------------------------------------
+class Agent:
+    """Follows the server's running datastore and makes the bridge hold its cross-connects."""
+
+    def __init__(self, port: int, bridge: str | None, switching_ms: float):
+        self.port, self.bridge, self.switching_s = port, bridge, switching_ms / 1000.0
+        self.held: set[tuple[int, int]] | None = None  # what the bridge holds (None: not read yet)
+        self.stopping = threading.Event()
+
+    def _ofctl(self, *args: str, stdin: str | None = None) -> str:
+        return subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", *args], input=stdin, check=True, capture_output=True,
+                              text=True).stdout
+
+    def read_bridge(self) -> set[tuple[int, int]]:
+        if not self.bridge:
+            return set()
+        flows = {}
+        for line in self._ofctl("dump-flows", self.bridge, f"cookie={COOKIE}/-1").splitlines():
+            fields = dict(f.split("=", 1) for f in line.replace(", ", ",").replace(" ", ",").split(",") if "=" in f)
+            if "in_port" in fields and fields.get("actions", "").startswith("output:"):
+                flows[int(fields["in_port"])] = int(fields["actions"].split(":", 1)[1])
+        return {(min(a, b), max(a, b)) for a, b in flows.items() if flows.get(b) == a}
+
+    def make(self, want: set[tuple[int, int]]) -> None:
+        """Dark first (the changed ports' flows go), the switching time, then the new cross-connects' flows."""
+        t0 = time.monotonic()
+        held = self.held if self.held is not None else self.read_bridge()
+        gone, new = held - want, want - held
+        if gone or new:
+            LOG.info("cross-connects: -%d +%d", len(gone), len(new))
+        if self.bridge and (gone or new):
+            ports = sorted({p for pair in gone | new for p in pair})
+            self._ofctl("--bundle", "add-flows", self.bridge, "-",
+                        stdin="".join(f"delete_strict priority={PRIORITY},in_port={p}\n" for p in ports))
+        if new:
+            time.sleep(max(0.0, self.switching_s - (time.monotonic() - t0)))  # the mirrors move
+            if self.bridge:
+                self._ofctl("--bundle", "add-flows", self.bridge, "-", stdin="".join(
+                    f"cookie={COOKIE},priority={PRIORITY},in_port={x},actions=output:{y}\n"
+                    for a, b in sorted(new) for x, y in ((a, b), (b, a))))
+        self.held = want
+
+    def follow(self, ready_file: Path | None = None) -> None:
+        """Until stopped: connect (retrying while the server is down), make the bridge match, then again on every
+        config-change notification."""
+        delay = 0.1
+        while not self.stopping.is_set():
+            try:
+                m = connect("tcp-ncx", "127.0.0.1", self.port, USER, "", 10)
+            except Exception as e:  # noqa: BLE001 (the server is down or starting: try again)
+                LOG.debug("cannot reach netconfd: %s", e)
+                self.stopping.wait(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            delay = 0.1
+            try:
+                m.create_subscription()
+                self.make(self._running(m))
+                if ready_file is not None:
+                    ready_file.touch()
+                while not self.stopping.is_set() and m.connected:
+                    n = m.take_notification(block=True, timeout=0.5)
+                    if n is not None and "netconf-config-change" in n.notification_xml:
+                        self.make(self._running(m))
+            except Exception as e:  # noqa: BLE001 (a lost session: reconnect and read the datastore again)
+                LOG.warning("session to netconfd lost: %s: %s", type(e).__name__, e)
+            finally:
+                try:
+                    m.close_session() if m.connected else None
+                except Exception:  # noqa: BLE001
+                    pass
+
+    @staticmethod
+    def _running(m) -> set[tuple[int, int]]:
+        return parse_pairs(m.get_config(source="running", filter=("subtree", FILTER)).data_xml)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m emulation.netconf_ocs", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name in ("serve", "agent"):
+        s = sub.add_parser(name, help="netconfd and the agent, in the foreground" if name == "serve" else
+                           "the agent alone (netconfd already runs)")
+        s.add_argument("--port", type=int, default=8830, help="netconfd's TCP port on 127.0.0.1 (default %(default)s)")
+        s.add_argument("--bridge", help="make cross-connects on this OVS bridge as flows")
+        s.add_argument("--switching-ms", type=float, default=25.0,
+                       help="time to make cross-connects (default %(default)s)")
+        s.add_argument("--ready-file", type=Path, help=argparse.SUPPRESS)
+        if name == "serve":
+            s.add_argument("--run-dir", type=Path, default=Path("/tmp/optirack-netconf-ocs"),
+                           help="netconfd's files (default %(default)s)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    agent = Agent(args.port, args.bridge, args.switching_ms)
+    signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
+    if args.cmd == "serve":
+        start_server(args.run_dir, args.port)
+        print(f"NETCONF OCS on 127.0.0.1:{args.port} (tcp-ncx), files in {args.run_dir}", flush=True)
+    try:
+        agent.follow(args.ready_file)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if args.cmd == "serve":
+            stop_pid(args.run_dir, "netconfd", NETCONFD)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

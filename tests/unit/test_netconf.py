@@ -1,0 +1,218 @@
+"""The NETCONF driver against canned replies: a loopback server that speaks NETCONF 1.0 framing (after yuma123's
+<ncx-connect>) and answers each RPC from a script, so that the driver's own parsing and ncclient's run for real.
+The real netconfd is in tests/integration/test_netconf.py; the model's validation with pyang is here."""
+from __future__ import annotations
+
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from controller.core.errors import DeviceError, OcsUnavailable
+from controller.core.rack import Ocs
+from controller.drivers.netconf import YANG, NetconfError, NetconfOcs, edit_config, parse_address, parse_pairs
+
+NS = "urn:optirack:yang:optirack-ocs"
+DELIM = b"]]>]]>"
+OK = "<ok/>"
+
+
+def data(*pairs) -> str:
+    body = "".join(f"<pair><ingress>{a}</ingress><egress>{b}</egress></pair>" for a, b in pairs)
+    return f'<data><cross-connects xmlns="{NS}">{body}</cross-connects></data>'
+
+
+def rpc_error(tag: str, message: str, path: str = "") -> str:
+    return (f"<rpc-error><error-type>application</error-type><error-tag>{tag}</error-tag>"
+            f"<error-severity>error</error-severity>{f'<error-path>{path}</error-path>' if path else ''}"
+            f"<error-message>{message}</error-message></rpc-error>")
+
+
+class CannedServer:
+    """Answers RPCs by operation name: `script[op]` is a list of replies used in turn (the last one repeats);
+    a reply is the body of <rpc-reply>, or "DROP" (close the connection), or raw bytes sent as they are."""
+
+    def __init__(self, script: dict[str, list]):
+        self.script, self.seen = script, []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn):
+        buf = b""
+        hello = ('<hello xmlns="urn:ietf:params:xml:ns:netconf:base:1.0"><capabilities><capability>'
+                 'urn:ietf:params:netconf:base:1.0</capability><capability>urn:ietf:params:netconf:capability:'
+                 'candidate:1.0</capability></capabilities><session-id>7</session-id></hello>')
+        conn.sendall(hello.encode() + DELIM)
+        while True:
+            while DELIM not in buf:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                buf += chunk
+            msg, buf = buf.split(DELIM, 1)
+            text = msg.decode()
+            rpc = re.search(r'<(?:\w+:)?rpc\b[^>]*message-id="([^"]+)"[^>]*>\s*<(?:\w+:)?([\w-]+)', text)
+            if rpc is None:
+                continue  # ncx-connect, hello
+            mid, op = rpc.groups()
+            self.seen.append(op)
+            replies = self.script.get(op, [OK])
+            reply = replies.pop(0) if len(replies) > 1 else replies[0]
+            if reply == "DROP":
+                conn.close()
+                return
+            if isinstance(reply, bytes):
+                conn.sendall(reply + DELIM)
+                continue
+            conn.sendall(f'<rpc-reply xmlns="urn:ietf:params:xml:ns:netconf:base:1.0" message-id="{mid}">{reply}'
+                         f"</rpc-reply>".encode() + DELIM)
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.fixture
+def canned():
+    servers = []
+
+    def make(script):
+        servers.append(CannedServer(script))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def driver(port: int, timeout: float = 5.0) -> NetconfOcs:
+    spec = Ocs(name="ocs1", ports=32, dpid=1, switching_time_ms=5, driver="netconf",
+               address=f"tcp-ncx://127.0.0.1:{port}")
+    return NetconfOcs(spec, "optirack", "", timeout=timeout)
+
+
+def test_a_change_is_one_locked_edit_and_commit_and_is_read_back(canned):
+    server = canned({"get-config": [data((1, 11)), data((1, 12), (2, 13))]})
+    d = driver(server.port)
+    assert d.read() == {(1, 11)} and d.connected
+    result = d.apply({(1, 11)}, {(1, 12), (2, 13)})
+    assert server.seen == ["get-config", "lock", "edit-config", "commit", "unlock", "get-config"]
+    assert result.switching_time_s == 0.005 and result.dark_start <= result.dark_end
+
+
+def test_a_refused_commit_names_the_port_and_discards_the_candidate(canned):
+    refused = rpc_error("operation-failed", "egress port in use",
+                        "/ocs:cross-connects/ocs:pair[ocs:ingress='2']/ocs:egress")
+    server = canned({"commit": [refused], "get-config": [data((1, 11))]})
+    d = driver(server.port)
+    with pytest.raises(NetconfError, match=r"commit \(port 2 refused: operation-failed: egress port in use\)"):
+        d.apply(set(), {(2, 13)})
+    assert server.seen == ["lock", "edit-config", "commit", "discard-changes", "unlock"]
+    assert d.read() == {(1, 11)} and d.connected  # the session stays; the device kept what it had
+
+
+def test_a_held_lock_is_refused_before_anything_is_sent(canned):
+    server = canned({"lock": [rpc_error("lock-denied", "lock held by session 3")]})
+    d = driver(server.port)
+    with pytest.raises(NetconfError, match=r"lock of the candidate datastore \(ports 4, 5 refused: lock-denied: "
+                                           r"the candidate datastore is locked by another session"):
+        d.apply(set(), {(4, 5)})
+    assert "edit-config" not in server.seen and "commit" not in server.seen
+
+
+def test_a_malformed_reply_drops_the_session_and_says_what(canned):
+    server = canned({"get-config": [f'<data><cross-connects xmlns="{NS}"><pair><ingress>x</ingress></pair>'
+                                    "</cross-connects></data>"]})
+    d = driver(server.port)
+    with pytest.raises(OcsUnavailable, match=r"malformed reply to get-config \(every port\): a pair without port"):
+        d.read()
+    assert not d.connected and "malformed" in d.status()["error"]
+
+
+def test_a_reply_that_is_not_xml_is_a_malformed_reply(canned):
+    server = canned({"commit": [b"<rpc-reply message-id='x'><ok/>"]})  # cut short: never parses
+    d = driver(server.port, timeout=1.0)
+    with pytest.raises(OcsUnavailable, match=r"commit \(ports 3, 9\)"):
+        d.apply(set(), {(3, 9)})
+    assert not d.connected
+
+
+def test_a_dropped_session_mid_change_is_unavailable_naming_the_operation(canned):
+    server = canned({"commit": ["DROP"]})
+    d = driver(server.port)
+    with pytest.raises(OcsUnavailable, match=r"during commit \(ports 6, 7\)|commit \(ports 6, 7\)"):
+        d.apply(set(), {(6, 7)})
+    assert not d.connected and d.status()["error"]
+
+
+def test_no_device_is_unavailable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(OcsUnavailable, match="cannot reach NETCONF"):
+        driver(port).read()
+
+
+def test_errors_are_device_errors():
+    assert issubclass(NetconfError, DeviceError) and issubclass(OcsUnavailable, DeviceError)
+
+
+def test_edit_config_deletes_creates_and_replaces_in_place():
+    xml = edit_config({(1, 11), (2, 12)}, {(2, 13), (4, 5)})
+    assert '<pair nc:operation="delete"><ingress>1</ingress></pair>' in xml
+    assert '<pair nc:operation="replace"><ingress>2</ingress><egress>13</egress></pair>' in xml
+    assert '<pair nc:operation="create"><ingress>4</ingress><egress>5</egress></pair>' in xml
+    assert xml.count("<ingress>2</ingress>") == 1  # replaced in place, not deleted as well
+
+
+@pytest.mark.parametrize("text, error", [
+    ("<data", "not XML"),
+    (f'<data><cross-connects xmlns="{NS}"><pair><ingress>3</ingress><egress>3</egress></pair>'
+     "</cross-connects></data>", "impossible ports"),
+])
+def test_parse_pairs_refuses_what_is_not_cross_connects(text, error):
+    with pytest.raises(DeviceError, match=error):
+        parse_pairs(text)
+
+
+def test_parse_pairs_reads_pairs_in_either_order():
+    assert parse_pairs(data((11, 1), (2, 13))) == {(1, 11), (2, 13)}
+
+
+@pytest.mark.parametrize("address, expected", [
+    ("ocs.lab", ("ssh", "ocs.lab", 830)),
+    ("ssh://ocs.lab:2830", ("ssh", "ocs.lab", 2830)),
+    ("tcp-ncx://127.0.0.1:8830", ("tcp-ncx", "127.0.0.1", 8830)),
+])
+def test_addresses(address, expected):
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address", ["", "telnet://x:1", "tcp-ncx://127.0.0.1", "ssh://host:port"])
+def test_bad_addresses_say_what_is_wrong(address):
+    with pytest.raises(ValueError, match="NETCONF"):
+        parse_address(address)
+
+
+def test_the_yang_model_validates_with_pyang():
+    pyang = shutil.which("pyang", path=str(__import__("pathlib").Path(sys.executable).parent))
+    assert pyang, "pyang is a dev dependency (setup.cfg): make setup installs it"
+    out = subprocess.run([pyang, "--strict", "-f", "tree", str(YANG)], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert "+--rw pair* [ingress]" in out.stdout and "+--rw egress     port-id" in out.stdout
