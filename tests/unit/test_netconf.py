@@ -41,7 +41,8 @@ class CannedServer:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.conns: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.threads = [threading.Thread(target=self._serve, daemon=True)]
+        self.threads[0].start()
 
     def _serve(self):
         while True:
@@ -50,9 +51,16 @@ class CannedServer:
             except OSError:
                 return
             self.conns.append(conn)
-            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+            self.threads.append(threading.Thread(target=self._session, args=(conn,), daemon=True))
+            self.threads[-1].start()
 
     def _session(self, conn):
+        try:
+            self._converse(conn)
+        except OSError:  # the test closed the connection (close()) or the driver dropped it
+            return
+
+    def _converse(self, conn):
         buf = b""
         hello = ('<hello xmlns="urn:ietf:params:xml:ns:netconf:base:1.0"><capabilities><capability>'
                  'urn:ietf:params:netconf:base:1.0</capability><capability>urn:ietf:params:netconf:capability:'
@@ -83,9 +91,17 @@ class CannedServer:
                          f"</rpc-reply>".encode() + DELIM)
 
     def close(self):
-        self.sock.close()
-        for c in self.conns:
-            c.close()
+        """Stop accepting, end every session (a shutdown wakes a thread blocked in accept or recv, so none is left
+        reading a descriptor that a later test reuses), wait for the threads, then close the sockets."""
+        for s in (self.sock, *self.conns):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # not connected, or already closed by a DROP
+        for t in self.threads:
+            t.join(timeout=5)
+        for s in (self.sock, *self.conns):
+            s.close()
 
 
 @pytest.fixture
