@@ -43,6 +43,7 @@ MODEL_FILES = (
     "controller/core/pools.py",  # GPU pools by model
     "controller/core/rack.py",  # the rack file as the controller reads it
     "controller/core/rackspec.py",  # the rack file's fields
+    "controller/core/spares.py",  # which spare GPUs a recovery takes (the controller's rule, run by the simulator)
     "profiles/__init__.py",  # compute time and gradient bytes of each GPU model and workload
     "simulator/adapter.py",  # which GPUs and circuits a policy gives a job (through controller.core)
     "simulator/calibration.py",  # the calibration constants: loopback step, efficiency, sharing
