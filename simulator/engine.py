@@ -14,8 +14,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from controller.core import admission
+from controller.core import admission, spares
 from controller.core.circuits import CircuitDiff
+from controller.core.placement import NoRoomNow
 from controller.core.rack import Rack
 from simulator import models
 from simulator.adapter import Placer, Unplaceable
@@ -208,6 +209,8 @@ class Run:
         self.stalled: dict[int, RingState] = {}  # a moving job's state while its circuits are dark
         self.run_since: dict[int, tuple[float, float]] = {}  # when it last began iterating, and its progress then
         self.delay: dict[int, tuple[float, float]] = {}  # a restarted job: iterate no earlier than, and after
+        # a job to swap spares into (recovery `swap`): its GPUs and their switches when it was interrupted
+        self.swapping: dict[int, tuple[tuple[str, ...], set[str]]] = {}
         self.restarting: set[int] = set()  # placed again after an interruption, not iterating yet
         self.down: dict[str, float] = {}  # servers being repaired, and when they are back
         self.requeued = 0  # jobs waiting for a repair before they queue again
@@ -287,12 +290,17 @@ class Run:
 
     def _attempt(self, t: float, key: int) -> admission.Outcome:
         job = self.jobs[key]
+        names, policy = job.names, job.policy or self.policy.placement
+        if key in self.swapping:  # its survivors and a spare for each lost GPU, placed as the controller does
+            names, policy = self._swapped(key), "regroup"
         try:
-            p = self.placer.place(job.id, job.gpus, job.names, job.policy or self.policy.placement, job.model,
-                                  job.gpu_model or None)
+            p = None if names is None else self.placer.place(job.id, job.gpus, names, policy, job.model,
+                                                             job.gpu_model or None)
         except Unplaceable as e:  # the controller fails such a job and goes on with the queue
             self._fail(t, key, str(e))
             return admission.Outcome.REFUSED
+        if p is not None:
+            self.swapping.pop(key, None)
         if p is None:
             if self.running or self.pending or self.moving or self.down:
                 return admission.Outcome.WAIT  # it waits for GPUs to free up (or a server's repair)
@@ -325,6 +333,22 @@ class Run:
         self.pending[key] = (ring, ready + r.shift_s)
         self.push(ready + r.shift_s, START, key, self.gen.get(key, 0))
         return admission.Outcome.PLACED
+
+    def _swapped(self, key: int) -> tuple[str, ...] | None:
+        """A swapped job's GPUs: those of its GPUs still free (its survivors), and for each of the others a spare
+        chosen by the controller's own rule (controller.core.spares); None while there are too few spares."""
+        job, (old, switches) = self.jobs[key], self.swapping[key]
+        occ = self.placer.occ
+        free = [g for g in self.rack.gpus if occ.holder[occ.ix.gpu_id[g]] is None]
+        survivors = [g for g in old if g in set(free)]
+        lost = [g for g in old if g not in set(survivors)]
+        where = self.placer.switch_of(self.rack.gpus)
+        try:
+            chosen = spares.choose(self.rack, lost, [g for g in free if g not in set(survivors)], job.model,
+                                   switches, where, job.gpu_model or None)
+        except NoRoomNow:
+            return None
+        return tuple(survivors + [chosen[g] for g in lost])
 
     def _fail(self, t: float, key: int, reason: str) -> None:
         r = self.results[key]
@@ -458,6 +482,8 @@ class Run:
     def _interrupt(self, t: float, key: int) -> None:
         f, r = self.o.failures, self.results[key]
         was_running = key in self.running or key in self.moving
+        held = self.placer.gpus[self.jobs[key].id]
+        switches = self.placer.switches(held)
         progress = self._stop(t, key)
         since_t, since_p = self.run_since.pop(key, (t, progress))
         if f.recovery == "scratch":
@@ -471,6 +497,7 @@ class Run:
         r.redone += lost
         self.resume[key] = RingState(done=int(keep))
         if f.recovery == "swap":
+            self.swapping[key] = (held, switches)
             self.delay[key] = (t + f.swap_s, 0.0)
             self.queue.appendleft(key)
         elif f.recovery == "scratch":

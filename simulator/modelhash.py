@@ -8,10 +8,11 @@ record that chose or changed the model cannot later be counted as checking it.
 The set: every simulator module that `simulator.fidelity` runs (the engine, the ring and sharing models, the
 paper's cases and workloads, the placement adapter), the compute and gradient profiles, and
 simulator/calibration.py, which holds the calibration constants (the loopback step, the efficiencies, the
-sharing of the emulation). Left out: controller/core (the placement and routes the simulator asks of it are
-the controller's own, checked by its tests; the paper's cases name their GPUs) and the report and CLI
-modules, which print figures and predict none. tests/unit/test_model_hash.py checks that no simulator
-module the comparison imports is missing from the set.
+sharing of the emulation), the controller/core modules the simulator runs (placement, routes, admission,
+defragmentation: the controller's own, so a change there changes a prediction too), and simulator/tracecheck.py
+(how the trace check simulates a replayed trace). Left out: the report and CLI modules, which print figures
+and predict none. tests/unit/test_model_hash.py checks that no simulator, profiles or controller/core module
+that the comparisons (simulator.fidelity, simulator.tracecheck) import is missing from the set.
 
 The hash ignores comments, docstrings, blank lines and trailing spaces (a reworded comment is not a new
 model); any other change of a listed file, a file added to or taken from the set, is.
@@ -30,6 +31,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 MODEL_FILES = (
+    # the controller's own placement, routes and admission that the simulator runs (controller/core): a change of
+    # how the controller places a job changes what the simulator predicts
+    "controller/core/admission.py",  # which queued job is admitted next (fifo, backfill, ...)
+    "controller/core/cabling.py",  # which OCS ports a circuit may join
+    "controller/core/circuits.py",  # the circuit map and its diffs (the circuits a placement changes)
+    "controller/core/defrag.py",  # the joint regrouping of running jobs (defrag)
+    "controller/core/forwarding.py",  # the routes between GPUs (which links a ring crosses)
+    "controller/core/occupancy.py",  # which GPUs and downlinks are free
+    "controller/core/placement.py",  # fixed and regroup placement
+    "controller/core/pools.py",  # GPU pools by model
+    "controller/core/rack.py",  # the rack file as the controller reads it
+    "controller/core/rackspec.py",  # the rack file's fields
+    "controller/core/spares.py",  # which spare GPUs a recovery takes (the controller's rule, run by the simulator)
     "profiles/__init__.py",  # compute time and gradient bytes of each GPU model and workload
     "simulator/adapter.py",  # which GPUs and circuits a policy gives a job (through controller.core)
     "simulator/calibration.py",  # the calibration constants: loopback step, efficiency, sharing
@@ -46,6 +60,7 @@ MODEL_FILES = (
     "simulator/network.py",  # link rates, efficiency, step latency, sharing
     "simulator/rings.py",  # a ring's closed-form iteration
     "simulator/timeshift.py",  # delaying a ring's first iteration
+    "simulator/tracecheck.py",  # how the trace check simulates a replayed trace (its calibration and policies)
     "simulator/workloads.py",  # the paper's jobs as simulated jobs
 )
 

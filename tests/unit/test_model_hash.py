@@ -11,12 +11,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_simulator_module_the_comparison_runs_is_in_the_model_set():
-    """A module added to what simulator.fidelity imports must join MODEL_FILES (or the hash would miss a model
-    change); the set names only files that exist."""
-    code = ("import sys, simulator.fidelity; print('\\n'.join(m.__file__ for n, m in list(sys.modules.items()) "
-            "if n.split('.')[0] in ('simulator', 'profiles') and getattr(m, '__file__', None)))")
+    """A module added to what simulator.fidelity or simulator.tracecheck run (the simulator's, the profiles', the
+    controller's core they place with) must join MODEL_FILES (or the hash would miss a model change); the set names
+    only files that exist."""
+    code = ("import sys, simulator.fidelity, simulator.tracecheck, simulator.engine, simulator.workloads, "
+            "controller.core.rack; print('\\n'.join(m.__file__ for n, m in list(sys.modules.items()) "
+            "if (n.split('.')[0] in ('simulator', 'profiles') or n.startswith('controller.core.')) "
+            "and getattr(m, '__file__', None)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     imported = {str(Path(f).resolve().relative_to(ROOT)) for f in out.split()} - {"simulator/__init__.py"}
+    assert any(f.startswith("controller/core/") for f in imported)
     assert imported - set(modelhash.MODEL_FILES) == set()
     assert all((ROOT / f).is_file() for f in modelhash.MODEL_FILES)
 

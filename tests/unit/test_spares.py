@@ -81,3 +81,29 @@ def test_only_a_first_death_by_a_signal_on_a_live_server_with_its_link_up_is_res
     assert spares.restartable(lost, ["gpu2"], [], ["gpu2"], server_of, []) == []  # its NIC's link is down
     assert spares.restartable(lost, ["gpu2", "gpu3"], [], [], server_of, ["gpu2"]) == ["gpu3"]  # killed twice
     assert spares.restartable(["gpu3"], ["gpu2"], [], [], server_of, []) == []  # not lost: nothing to restart
+
+
+def test_the_simulator_chooses_its_spares_through_the_same_rule(monkeypatch):
+    """A job over two servers of a simulated rack loses one of them: its survivors stay, and the spares for the lost
+    GPUs are the rule's."""
+    from simulator.engine import Options, Run, policies, with_recovery
+    from simulator.failures import FailureClock, Failures
+    from simulator.racks import RackOptions, generate
+    from simulator.workloads import JobSpec
+
+    calls = spy(monkeypatch)
+    script = iter([(150.0, "s1")])
+    monkeypatch.setattr(FailureClock, "next", lambda self, t: next(script, (float("inf"), "s1")))
+    rack = generate(RackOptions(32, gpus_per_switch=8, gpus_per_server=4, oversubscription=1,
+                                models=(("V100", 1.0),), spare=1.0))
+    policy = with_recovery(policies(300.0)["fixed"], "swap")
+    f = Failures("swap", repair_s=1000.0, swap_s=10.0, restart_s=60.0, checkpoint_s=100.0)
+    out = Run(rack, [JobSpec("a", 0.0, 8, "resnet50", 3000)], policy, Options(failures=f)).run()
+    (a,) = out.jobs
+    assert out.failures == 1 and a.interruptions == 1 and a.done == 3000
+    on_s1 = [g for g in rack.gpus if rack.server_of[g] == "s1"]
+    ((lost, chosen),) = calls
+    assert sorted(lost) == sorted(on_s1) and set(chosen) == set(lost)  # one spare for each GPU of the dead server
+    assert not set(a.placement) & set(on_s1) and set(chosen.values()) <= set(a.placement)
+    survivors = set(a.placement) - set(chosen.values())
+    assert len(survivors) == 4 and {rack.server_of[g] for g in survivors} == {"s2"}  # the survivors stayed
