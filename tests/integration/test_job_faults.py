@@ -62,16 +62,22 @@ def assert_clean(client, job: dict, reason: str, circuits: list[list[str]] | Non
         assert held == sorted(circuits)
 
 
-def test_a_worker_killed_mid_job(fragmented):
-    """kill -9 of one worker: its GPU is swapped for a spare and every rank goes on from the checkpoint."""
-    client = fragmented
+def _kill_gpu2_of_a_running_job(client, iterations: int) -> dict:
+    """A job on gpu1 and gpu2 (checkpoint every 3), once it has done 4 iterations: gpu2's container killed (kill -9)."""
     job = client.post(
         "/jobs",
         {"gpus": ["gpu1", "gpu2"], "policy": "fixed", "checkpoint_every": 3,
-         "workload": {"iterations": 100000, "compute_seconds": 0.05}},
+         "workload": {"iterations": iterations, "compute_seconds": 0.05}},
     )["job"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 4, 120, "the job to iterate")
     engine_client(RACK, RACK.server_of["gpu2"], 30).containers.get(f"optirack-{job['id']}-gpu2").kill()
+    return job
+
+
+def test_a_worker_killed_mid_job(fragmented):
+    """kill -9 of one worker: its GPU is swapped for a spare and every rank goes on from the checkpoint."""
+    client = fragmented
+    job = _kill_gpu2_of_a_running_job(client, 100000)
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["recoveries"], 60, "the job to recover")
     rec = client.get(f"/jobs/{job['id']}")["job"]["recoveries"][0]
     assert set(rec["lost"]) == {"gpu2"} and "exited with 137" in rec["lost"]["gpu2"] and rec["resumed_from"] >= 3
@@ -121,13 +127,7 @@ def test_a_controller_killed_while_a_job_recovers(bed):
     and recorded): the new controller carries the recovery on from the job's record, and the job ends done with
     both attempts in it."""
     client = bed.restart("--optirack-fault-hold-recovering")
-    job = client.post(
-        "/jobs",
-        {"gpus": ["gpu1", "gpu2"], "policy": "fixed", "checkpoint_every": 3,
-         "workload": {"iterations": 40, "compute_seconds": 0.05}},
-    )["job"]
-    wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 4, 120, "the job to iterate")
-    engine_client(RACK, RACK.server_of["gpu2"], 30).containers.get(f"optirack-{job['id']}-gpu2").kill()
+    job = _kill_gpu2_of_a_running_job(client, 40)
 
     def held() -> bool:
         j = client.get(f"/jobs/{job['id']}")["job"]
