@@ -54,6 +54,7 @@ MODEL_FILES = (
     "simulator/failures.py",  # server failures the engine draws (none in the paper's cases)
     "simulator/fidelity.py",  # how a recorded point is simulated (its rack, start offsets)
     "simulator/interference.py",  # rings that share links: steady state
+    "simulator/lags.py",  # the emulation's admission, container start/end and per-iteration lags (trace check)
     "simulator/maxmin.py",  # max-min fair rates
     "simulator/meanfield.py",  # large components: the mean-field fixed point
     "simulator/models.py",  # transformer workloads

@@ -111,24 +111,35 @@ def emulated_rows(run: dict) -> list[dict]:
 # --- the simulated side -----------------------------------------------------------------------------------------
 def calibration_for(fabric: str = "lossless"):
     """The network calibration of the newest committed `make demo` record of the current model on `fabric`
-    (its measured ring efficiency and the fabric's sharing), or the provisional one if there is none."""
+    (its measured ring efficiency and the fabric's sharing); without one, of the newest committed record on
+    `fabric` of any model (the calibration ring measures the fabric, not the model: a new model's hash has no
+    record until `make demo` runs); the provisional one if there is none."""
     from simulator import calibration, records
 
-    recs = [r for r in records.of_current_model(records.load()) if (r.data.get("fabric") or "droptail") == fabric]
-    return calibration.from_record(recs[-1].data if recs else {"fabric": fabric}), (recs[-1].name if recs else None)
+    every = records.load()
+    for recs in (records.of_current_model(every), [r for r in every if r.full]):
+        recs = [r for r in recs if (r.data.get("fabric") or "droptail") == fabric and r.data.get("calibration")]
+        if recs:
+            return calibration.from_record(recs[-1].data), recs[-1].name
+    return calibration.from_record({"fabric": fabric}), None
 
 
-def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float) -> tuple[list[dict], int]:
+def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, with_lags: bool = True) \
+        -> tuple[list[dict], int]:
     """The trace's jobs (dicts of arrival_s, gpus, model, iterations; trace order) through the engine on
-    `rack_file` under `policy`: (comparison rows, circuits changed)."""
+    `rack_file` under `policy`: (comparison rows, circuits changed). The emulation's lags (simulator/lags.py) are
+    charged unless `with_lags` is false (the model before them, for comparison)."""
     from controller.core.rack import load_rack
+    from simulator import lags
     from simulator.engine import Options, Run, policies
     from simulator.workloads import JobSpec
 
     rack = load_rack(rack_file)
     cal, _ = calibration_for(rack.spec.emulation.fabric)
     jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
-    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=cal.net(rack), step_model="exact")).run()
+    charged = lags.for_rack(rack.spec.emulation.time_dilation) if with_lags else lags.NONE
+    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=cal.net(rack), step_model="exact",
+                                                              lags=charged)).run()
     by_id = {j.id: j for j in out.jobs}
     rows = []
     for i, spec in enumerate(jobs):
@@ -138,12 +149,12 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float) -
     return rows, out.circuits_changed
 
 
-def compare_record(record: dict, trace: list[dict], rack_file: Path) -> dict[str, dict]:
+def compare_record(record: dict, trace: list[dict], rack_file: Path, with_lags: bool = True) -> dict[str, dict]:
     """Every policy of a replay record beside the simulator's run of the same jobs."""
     out = {}
     for policy, run in record["policies"].items():
         jobs = trace[: record["jobs_replayed"]]
-        sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0)
+        sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0, with_lags)
         out[policy] = compare(emulated_rows(run), sim, run["summary"]["circuit_changes"], changes)
     return out
 
@@ -185,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simulator.tracecheck", description=main.__doc__.splitlines()[0])
     ap.add_argument("records", nargs="+", type=Path, help="results/replay/*.json (scripts/replay_trace.py)")
     ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parents[1] / "traces" / "trace16.csv")
+    ap.add_argument("--no-lags", action="store_true",
+                    help="simulate without the emulation's lags (simulator/lags.py): the model before them")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
@@ -193,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.records:
         try:
             record = json.loads(path.read_text())
-            out.append((path.stem, compare_record(record, trace, root / record["rack_file"])))
+            out.append((path.stem, compare_record(record, trace, root / record["rack_file"], not args.no_lags)))
         except (OSError, KeyError, ValueError) as e:
             print(f"tracecheck: {path}: {e}", file=sys.stderr)
             return 2
