@@ -108,6 +108,7 @@ class JobResult:
     iterations: int
     arrival_s: float
     placed_s: float = -1.0  # GPUs granted
+    started_s: float = -1.0  # its containers started (placed_s plus Lags.containers; the controller's started_at)
     start_s: float = -1.0  # first iteration
     end_s: float = -1.0
     placement: tuple[str, ...] = ()
@@ -233,7 +234,7 @@ class Run:
 
     def run(self) -> RunResult:
         for i, j in self.jobs.items():
-            self.push(j.arrival_s + self.o.lags.admit_s, ARRIVE, i)
+            self.push(j.arrival_s, ARRIVE, i)
         if self.policy.defrag_s > 0:
             self.push(self.policy.defrag_s, DEFRAG)
         if self.clock is not None:
@@ -314,13 +315,15 @@ class Run:
             self._fail(t, key, "could not be placed on the rack with no other job on it")
             return admission.Outcome.REFUSED
         ready = self._reconfigure(t, p.diff)
-        if self.o.lags.start_s or self.o.lags.start_per_gpu_s:  # the containers' start: longer with more at once
+        lags, started = self.o.lags, t
+        if lags != NO_LAGS:  # its containers start, then the ring's first iteration: later with more jobs at once
+            started = t + lags.containers(job.gpus)
             self.burst = (t, (self.burst[1] if self.burst[0] == t else 0) + job.gpus)
-            ready += self.o.lags.start_delay(self.burst[1])
+            ready = max(ready, started) + lags.start_delay(self.burst[1])
         r = self.results[key]
         again = key in self.resume
         if not again:
-            r.placed_s = t
+            r.placed_s, r.started_s = t, started
         r.placement, r.switches = p.gpus, len(p.switches)
         self.since[key] = t
         ring = self._ring(key)
@@ -361,7 +364,7 @@ class Run:
 
     def _fail(self, t: float, key: int, reason: str) -> None:
         r = self.results[key]
-        r.failed, r.placed_s, r.start_s, r.end_s = reason, t, t, t
+        r.failed, r.placed_s, r.started_s, r.start_s, r.end_s = reason, t, t, t, t
 
     def _reconfigure(self, t: float, diff: CircuitDiff) -> float:
         """An OCS change: it waits for the previous one (the controller makes one at a time);

@@ -144,7 +144,7 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, w
     rows = []
     for i, spec in enumerate(jobs):
         r = by_id[spec.id]
-        rows.append({"index": i, "arrival_s": r.arrival_s, "start_s": r.placed_s,
+        rows.append({"index": i, "arrival_s": r.arrival_s, "start_s": r.started_s,
                      "end_s": r.end_s if r.end_s >= 0 and not r.failed else None})
     return rows, out.circuits_changed
 
