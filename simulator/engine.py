@@ -129,6 +129,7 @@ class JobResult:
     interruptions: int = 0  # times a server it held failed
     redone: float = 0.0  # iterations lost at interruptions (done again)
     suspended_s: float = 0.0  # time between a preemption and its restart
+    end_lag_s: float = 0.0  # its last iteration's end to its end (Lags.end_s)
 
     @property
     def jct_s(self) -> float:
@@ -140,7 +141,8 @@ class JobResult:
 
     @property
     def mean_iteration_s(self) -> float:
-        return (self.end_s - self.start_s - self.stall_s - self.suspended_s) / self.done if self.done else float("nan")
+        run = self.end_s - self.end_lag_s - self.start_s - self.stall_s - self.suspended_s
+        return run / self.done if self.done else float("nan")
 
 
 @dataclass
@@ -535,7 +537,7 @@ class Run:
         done = 0.0 if key in self.replayed else self.inter.remove(t, key)[1]
         r = self.results[key]
         end = t if stopped else t + self.o.lags.end_s  # its ranks exit and the controller sees it
-        r.end_s, r.shared, r.stopped = end, key in self.inter.shared, stopped
+        r.end_s, r.end_lag_s, r.shared, r.stopped = end, end - t, key in self.inter.shared, stopped
         r.done = done if stopped else float(r.iterations)
         self.running.discard(key)
         free = end + (0.0 if stopped else self.o.lags.release_s)

@@ -57,8 +57,8 @@ CONTAINERS_S = 1.431
 CONTAINERS_PER_GPU_S = 0.039
 # containers started to the first iteration: least squares over the replay's 40 jobs against the GPUs placed at
 # their instant up to and including their own
-START_S = 8.83
-START_PER_GPU_S = 0.24
+START_S = 8.826
+START_PER_GPU_S = 0.239
 # the latest rank's last iteration's end to ended_at: median of the demo records' twelve detailed jobs
 END_S = 0.698
 # ended_at of the latest job to end before a queued job's start to that start, less the containers' part: median

@@ -151,17 +151,20 @@ def main(argv: list[str] | None = None) -> int:
     for policy, run in record["policies"].items():
         jobs = [j for j in run["jobs"] if j["state"] == "done"]
         dj = [x for r in demos for x in demo_jobs(r)]
-        fig = fit(jobs, dj, d)
+        fig = fit(jobs, dj, d, ROOT / record["rack_file"])
         print(f"{args.replay.stem} {policy} ({len(jobs)} jobs) and {len(dj)} detailed demo jobs; emulated s "
               f"(rack s at dilation {d:g}):")
         for k, v in fig.items():
-            print(f"  {k}: {v}")
+            print(f"  {k}: {_fmt(v, d) if isinstance(v, list) else f'{v:.3f} s'}")
         rows = per_iteration(jobs, ROOT / record["rack_file"], False)
         with_lag = per_iteration(jobs, ROOT / record["rack_file"], True)
         print("  after the first iteration, emulated per iteration / simulated alone (median; min-max):")
         for label, pick in (("1 GPU", lambda r: r["gpus"] == 1), ("one switch, 2+ GPUs",
                                                                    lambda r: r["gpus"] > 1 and r["switches"] == 1),
-                            ("2+ switches", lambda r: r["switches"] > 1), ("all", lambda r: True)):
+                            ("2+ switches", lambda r: r["switches"] > 1),
+                            ("resnet50, 2+ GPUs", lambda r: r["gpus"] > 1 and r["model"] == "resnet50"),
+                            ("vgg16, 2+ GPUs", lambda r: r["gpus"] > 1 and r["model"] == "vgg16"),
+                            ("all", lambda r: True)):
             for name, rs in (("without", rows), ("with", with_lag)):
                 q = [r["emulated_s"] / r["simulated_s"] for r in rs if pick(r)]
                 print(f"    {label}, {name} the per-iteration lag: {statistics.median(q):.3f} ({min(q):.3f}-"
@@ -171,49 +174,43 @@ def main(argv: list[str] | None = None) -> int:
 
 def _fmt(values: list[float], d: float) -> str:
     return (f"{statistics.median(values):.3f} s ({statistics.median(values) / d:.3f} rack s; median, "
-            f"{min(values):.3f}-{max(values):.3f}, {len(values)} jobs)")
+            f"{min(values):.3f}-{max(values):.3f}, {len(values)} values)")
 
 
-def fit(jobs: list[dict], demo: list[dict], d: float) -> dict[str, str]:
-    """The lags' figures (emulated s), as text."""
-    per_gpu = d * per_gpu_within(drains(jobs))
-    at_once = ([d * (j["start_s"] - j["submit_s"]) - per_gpu * j["gpus_asked"] for j in jobs
-                if j["start_s"] - j["submit_s"] in admit_replay(jobs)]
-               + [x["admit"] - per_gpu * x["gpus"] for x in demo])
-    containers = statistics.median(at_once)
-    waited = [d * x - containers - per_gpu * j["gpus_asked"] for j, x in release_rows(jobs)]
-    delays = [d * (j["first_iteration_s"] - j["start_s"]) for j in jobs]
-    a, b = line([float(x) for x in bursts(jobs)], delays)
-    ones = [d * (j["end_s"] - j["first_iteration_s"]) / j["iterations"] for j in jobs if j["gpus_asked"] == 1]
+def fit(jobs: list[dict], demo: list[dict], d: float, rack_file: Path) -> dict[str, list[float] | float]:
+    """The lags' figures, emulated s: each a list of measured values (its median is the lag) or a fitted number.
+    `jobs`: a replay's jobs (rack s, dilation `d`); `demo`: demo_jobs of the demo records."""
+    from controller.core.rack import load_rack
     from simulator import models
 
-    end = statistics.median(x["end"] for x in demo) if demo else 0.0
+    rack = load_rack(rack_file)
+    per_gpu = d * per_gpu_within(drains(jobs))
+    free = admit_replay(jobs)
+    at_once = ([d * (j["start_s"] - j["submit_s"]) - per_gpu * j["gpus_asked"] for j in jobs
+                if j["start_s"] - j["submit_s"] in free] + [x["admit"] - per_gpu * x["gpus"] for x in demo])
+    containers = statistics.median(at_once)
+    delays = [d * (j["first_iteration_s"] - j["start_s"]) for j in jobs]
+    a, b = line([float(x) for x in bursts(jobs)], delays)
+    end = statistics.median(x["end"] for x in demo)
     iteration = [d * (j["end_s"] - j["first_iteration_s"]) / j["iterations"] - end / j["iterations"]
-                 - d * models.cost(j["model"], [_gpu_model(j)], 4, 0.0, 1.0).compute_s[0]
+                 - d * models.cost(j["model"], [rack.gpus[j["gpus"][0]].model], 4, 0.0, 1.0).compute_s[0]
                  for j in jobs if j["gpus_asked"] == 1]
-    spread = [max(x["start"]) - min(x["start"]) for x in demo]
     return {
-        "submit to started_at, GPUs free (replay)": _fmt([d * x for x in admit_replay(jobs)], d),
-        "submit to started_at, GPUs free (demo)": _fmt([x["admit"] for x in demo], d) if demo else "-",
-        "containers, per GPU (within a queue drain)": f"{per_gpu:.3f} s over {len(drains(jobs))} drains",
-        "containers, the rest (GPUs free)": _fmt(at_once, d),
-        "start to first iteration": _fmt(delays, d),
-        "start, least squares on GPUs placed at the instant": f"{a:.2f} s + {b:.2f} s per GPU",
-        "start (demo), every rank's first iteration": _fmt([statistics.median(x["start"]) for x in demo], d)
-        + f"; ranks apart at most {1000 * max(spread, default=0):.0f} ms",
-        "end (demo)": _fmt([x["end"] for x in demo], d) if demo else "-",
-        "ended_at to the next start (replay)": _fmt([d * x for x in release(jobs)], d),
-        "release (that less the containers')": _fmt(waited, d),
-        "iteration beyond compute (1-GPU jobs)": _fmt(iteration, d) + f" from {len(ones)} jobs",
+        "submit to started_at, GPUs free (replay)": [d * x for x in free],
+        "submit to started_at, GPUs free (demo)": [x["admit"] for x in demo],
+        "containers per GPU (least squares within the replay's queue drains)": per_gpu,
+        "containers (GPUs free; less the per-GPU part)": at_once,
+        "start to first iteration (replay)": delays,
+        "start: a, least squares on the GPUs placed at the instant": a,
+        "start: b, per GPU placed at the instant": b,
+        "start to every rank's first iteration (demo)": [statistics.median(x["start"]) for x in demo],
+        "ranks' first iterations apart (demo), at most": max(max(x["start"]) - min(x["start"]) for x in demo),
+        "end (demo)": [x["end"] for x in demo],
+        "ended_at to the next start (replay)": [d * x for x in release(jobs)],
+        "release (that less the containers')": [d * x - containers - per_gpu * j["gpus_asked"]
+                                                for j, x in release_rows(jobs)],
+        "iteration beyond compute (replay's 1-GPU jobs)": iteration,
     }
-
-
-def _gpu_model(job: dict) -> str:
-    """The trace rack's GPU model of a 1-GPU job (topologies/trace16.yaml: gpu1-8 V100, gpu9-16 P100)."""
-    from controller.core.rack import load_rack
-
-    rack = load_rack(ROOT / "topologies" / "trace16.yaml")
-    return rack.gpus[job["gpus"][0]].model
 
 
 if __name__ == "__main__":
