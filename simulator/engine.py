@@ -669,7 +669,8 @@ class _View:
         run = self.run
         keys = sorted(run.running | set(run.pending) | run.moving | set(run.releasing))
         return [admission.Running(k, run.jobs[k].gpus, self.now + self.estimate(k), self.attained(k),
-                                  k not in run.moving and k not in run.replayed and k not in run.releasing) for k in keys]
+                                  k not in run.moving and k not in run.replayed and k not in run.releasing)
+                for k in keys]
 
     def preempt(self, key: int) -> None:
         self.run.preempt(self.now, key)

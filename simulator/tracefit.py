@@ -44,7 +44,8 @@ def release_rows(jobs: list[dict]) -> list[tuple[dict, float]]:
     """(job, from the last end before its start to its start, rack s) for the jobs some end preceded."""
     out = []
     for j in jobs:
-        ends = [o["end_s"] for o in jobs if o is not j and j["submit_s"] - RELEASE_WINDOW_S <= o["end_s"] <= j["start_s"]]
+        ends = [o["end_s"] for o in jobs
+                if o is not j and j["submit_s"] - RELEASE_WINDOW_S <= o["end_s"] <= j["start_s"]]
         if ends:
             out.append((j, j["start_s"] - max(ends)))
     return out
@@ -92,7 +93,7 @@ def line(x: list[float], y: list[float]) -> tuple[float, float]:
     """Least squares y = a + b x."""
     mx, my = statistics.fmean(x), statistics.fmean(y)
     sxx = sum((v - mx) ** 2 for v in x)
-    b = sum((u - mx) * (v - my) for u, v in zip(x, y)) / sxx if sxx else 0.0
+    b = sum((u - mx) * (v - my) for u, v in zip(x, y, strict=True)) / sxx if sxx else 0.0
     return my - b * mx, b
 
 
@@ -191,6 +192,8 @@ def fit(jobs: list[dict], demo: list[dict], d: float, rack_file: Path) -> dict[s
     containers = statistics.median(at_once)
     delays = [d * (j["first_iteration_s"] - j["start_s"]) for j in jobs]
     a, b = line([float(x) for x in bursts(jobs)], delays)
+    busy = [float(sum(o["gpus_asked"] for o in jobs
+                      if o is not j and o["first_iteration_s"] <= j["start_s"] < o["end_s"])) for j in jobs]
     end = statistics.median(x["end"] for x in demo)
     iteration = [d * (j["end_s"] - j["first_iteration_s"]) / j["iterations"] - end / j["iterations"]
                  - d * models.cost(j["model"], [rack.gpus[j["gpus"][0]].model], 4, 0.0, 1.0).compute_s[0]
@@ -203,6 +206,7 @@ def fit(jobs: list[dict], demo: list[dict], d: float, rack_file: Path) -> dict[s
         "start to first iteration (replay)": delays,
         "start: a, least squares on the GPUs placed at the instant": a,
         "start: b, per GPU placed at the instant": b,
+        "start: per GPU iterating on the rack at its start (least squares slope)": line(busy, delays)[1],
         "start to every rank's first iteration (demo)": [statistics.median(x["start"]) for x in demo],
         "ranks' first iterations apart (demo), at most": max(max(x["start"]) - min(x["start"]) for x in demo),
         "end (demo)": [x["end"] for x in demo],
