@@ -94,7 +94,7 @@ class Options:
     nvlink_gbps: float = 0.0  # a server's GPUs as an NVLink domain at this rate per GPU (0: through their NICs)
     durations: str = "derived"  # jobs given by duration: "derived" iterations or "replayed" as is (workloads.py)
     failures: Failures | None = None  # server failures and how jobs recover (simulator/failures.py); None: none
-    lags: Lags = NO_LAGS  # the emulation's admission, container start/end and per-iteration lags (simulator/lags.py)
+    lags: Lags = NO_LAGS  # the emulation's container start and end, GPU release and per-iteration lags (lags.py)
 
     def coarse(self, rack: Rack) -> bool:
         return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
