@@ -310,17 +310,32 @@ def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | 
     return "\n".join(lines)
 
 
-def sim_trace_lags(_records: list) -> str:
+def _lag_records(results: Path) -> tuple[Path, dict, list[dict]]:
+    """The replay record and the demo records' detailed jobs the lags were chosen on (simulator/tracefit.py), under
+    `results`."""
+    from simulator import tracefit
+
+    replay = results / tracefit.REPLAY.relative_to(RESULTS)
+    record = json.loads(_read(replay))
+    demo = []
+    for path in (results / p.relative_to(RESULTS) for p in tracefit.DEMO):
+        try:
+            demo += tracefit.demo_jobs(json.loads(_read(path)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"{path}: not a make demo record ({type(e).__name__}: {e})") from None
+    return replay, record, demo
+
+
+def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
     """The emulation's lags (simulator/lags.py) as `python -m simulator.tracefit` measures them on the records they
     were chosen on, beside the constants."""
     from simulator import lags, tracefit
 
+    replay, record, demo = _lag_records(results)
     try:
-        record = json.loads(_read(tracefit.REPLAY))
-        demo = [x for p in tracefit.DEMO for x in tracefit.demo_jobs(json.loads(_read(p)))]
         f = tracefit.fit(record["policies"]["fixed"]["jobs"], demo, record["time_dilation"], ROOT / record["rack_file"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ReportError(f"{tracefit.REPLAY}: not the trace replay record ({type(e).__name__}: {e})") from None
+        raise ReportError(f"{replay}: not the trace replay record ({type(e).__name__}: {e})") from None
 
     def spread(values: list[float], what: str) -> str:
         return f"{min(values):.2f}–{max(values):.2f} s, {len(values)} {what}"
@@ -345,12 +360,12 @@ def sim_trace_lags(_records: list) -> str:
     return "\n".join(out + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows])
 
 
-def sim_trace_insample(_records: list) -> str:
+def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
     """The trace check on the replay record the lags were chosen on (in-sample: no check), without and with them."""
-    from simulator import tracecheck, tracefit
+    from simulator import tracecheck
     from simulator.workloads import read_trace
 
-    record = json.loads(_read(tracefit.REPLAY))
+    replay, record, _ = _lag_records(results)
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
              for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
     _, cal_name = tracecheck.calibration_for("lossless")
@@ -363,7 +378,7 @@ def sim_trace_insample(_records: list) -> str:
                         f"| {c['queue_emulated_mean_s']:.1f} → {c['queue_simulated_mean_s']:.1f} s "
                         f"| {c['makespan_emulated_s']:.1f} → {c['makespan_simulated_s']:.1f} s "
                         f"({100 * c['makespan_error']:+.1f} %) | {order} |")
-    return "\n".join(rows + ["", f"(`{tracefit.REPLAY.stem}`, calibrated by `{cal_name}`.)"])
+    return "\n".join(rows + ["", f"(`{replay.stem}`, calibrated by `{cal_name}`.)"])
 
 
 BLOCKS: dict[str, Callable[[list], str]] = {
