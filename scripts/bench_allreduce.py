@@ -88,6 +88,21 @@ def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: st
     return logs, 100.0 * (delta[3] + delta[4]) / sum(delta)
 
 
+def ring_circuits(rack, switch: str, gpus: list[str]) -> list[list[str]]:
+    """Each GPU of the ring on a downlink of `switch` through the GPU's own OCS (a rack whose GPUs sit on
+    two OCS, as topologies/trace16.yaml, pairs each with a downlink on its OCS)."""
+    free = list(rack.switches[switch].downlinks)
+    circuits = []
+    for g in gpus:
+        port = rack.gpu_port(g)
+        d = next((d for d in free if d.ocs_port.device == port.device), None)
+        if d is None:
+            raise SystemExit(f"bench_allreduce: no free downlink of {switch} on {port.device} for {g}")
+        free.remove(d)
+        circuits.append([str(port), str(d.ocs_port)])
+    return circuits
+
+
 def comm_times(logs: list[list[dict]]) -> list[float]:
     """Each iteration's communication time: its slowest rank's."""
     its = zip(*[[x for x in log if x["event"] == "iteration"] for log in logs], strict=True)
@@ -152,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     rack = load_rack(args.topo)
     gpus = args.gpus.split(",")
     switch = rack.aggregators()[0]
-    downlinks = [d.ocs_port for d in rack.switches[switch].downlinks]
-    circuits = [[str(rack.gpu_port(g)), str(d)] for g, d in zip(gpus, downlinks, strict=False)]
+    circuits = ring_circuits(rack, switch, gpus)
     size = int(args.mbytes * 1e6)
     n = len(gpus)
     line_bps = rack.spec.emulation.mbps(rack.gpus[gpus[0]].nic.rate_gbps) * 1e6
