@@ -7,8 +7,14 @@ calibrated to the emulation (`calibration_for`: the newest current-model `make d
 the replay's); `compare` sets the two side by side, all in rack seconds:
 - per-job completion time (end - arrival): median and p90 of |simulated / emulated - 1|;
 - queueing delay (GPUs granted - arrival): the mean of each, and the median of the per-job differences;
+  "GPUs granted" is the admission (the controller's `admitted_at`, the simulator's placement) where the record has
+  it, else the containers' start (`started_at`; records made before admitted_at was recorded);
 - makespan (the last job's end): the relative error;
-- the order in which jobs start (GPUs granted): the same list, or the pairs of jobs the two order differently;
+- the order in which jobs start (GPUs granted, as above): the same list, or the pairs of jobs the two order
+  differently. The scheduler's order is the admission's: the controller's queue (controller/jobs/queue.py through
+  controller/core/admission.py's `fifo`) admits the jobs of one drain one after the other in queue order, each
+  with its own `admitted_at`, where the simulator places them at one instant (a tie, ordered by trace index, i.e.
+  queue order); their containers may then start in another order, which the containers' start would count;
 - circuit changes: removed plus added circuits over the run, each side.
 `checks` holds a comparison to the issue's bounds (median |error| <= 10 %, p90 <= 20 %, makespan within 5 %, the
 same start order); `table` renders comparisons for `make report`.
@@ -53,26 +59,34 @@ def discordant(a: list[int], b: list[int]) -> list[tuple[int, int]]:
     return [(x, y) for i, x in enumerate(a) for y in a[i + 1:] if pos[x] > pos[y]]
 
 
+def granted_key(emulated: list[dict], simulated: list[dict]) -> str:
+    """The rows' key for "GPUs granted": admit_s where every row of both sides has one, else start_s."""
+    return "admit_s" if all(r.get("admit_s") is not None for r in emulated + simulated) else "start_s"
+
+
 def compare(emulated: list[dict], simulated: list[dict], emulated_changes: int, simulated_changes: int) -> dict:
-    """One policy: rows of both sides, each {index, arrival_s, start_s (GPUs granted), end_s}, rack seconds
-    from the first arrival. Every emulated job must have ended `done` (a row with end_s None is an error)."""
+    """One policy: rows of both sides, each {index, arrival_s, start_s (containers started), end_s} and where
+    known admit_s (GPUs granted), rack seconds from the first arrival. Every emulated job must have ended `done`
+    (a row with end_s None is an error). Queueing and start order are by admit_s where every row has it."""
     if sorted(r["index"] for r in emulated) != sorted(r["index"] for r in simulated):
         raise ValueError("the emulated and simulated runs hold different jobs")
     unfinished = [r["index"] + 1 for r in emulated + simulated if r.get("end_s") is None]
     if unfinished:
         raise ValueError(f"jobs {sorted(set(unfinished))} have no end: a replay or simulation that did not finish")
     sim = {r["index"]: r for r in simulated}
+    key = granted_key(emulated, simulated)
     jobs = []
     for e in sorted(emulated, key=lambda r: r["index"]):
         s = sim[e["index"]]
         jct_e, jct_s = e["end_s"] - e["arrival_s"], s["end_s"] - s["arrival_s"]
         jobs.append({"index": e["index"], "jct_emulated_s": jct_e, "jct_simulated_s": jct_s,
-                     "error": jct_s / jct_e - 1, "queue_emulated_s": e["start_s"] - e["arrival_s"],
-                     "queue_simulated_s": s["start_s"] - s["arrival_s"]})
+                     "error": jct_s / jct_e - 1, "queue_emulated_s": e[key] - e["arrival_s"],
+                     "queue_simulated_s": s[key] - s["arrival_s"]})
     errors = [abs(j["error"]) for j in jobs]
     mk_e, mk_s = max(r["end_s"] for r in emulated), max(r["end_s"] for r in simulated)
-    order_e, order_s = start_order(emulated), start_order(simulated)
+    order_e, order_s = start_order(emulated, key), start_order(simulated, key)
     return {
+        "granted_by": "admission" if key == "admit_s" else "containers started",
         "jobs": jobs,
         "jct_error_median": statistics.median(errors),
         "jct_error_p90": p90(errors),
@@ -103,8 +117,9 @@ def checks(c: dict) -> list[str]:
 
 def emulated_rows(run: dict) -> list[dict]:
     """A replay record's policy run (scripts/replay_trace.py) as comparison rows: submit is the arrival, the
-    controller's start (GPUs granted) the start, its end the end (None unless the job ended done)."""
-    return [{"index": j["index"], "arrival_s": j["submit_s"], "start_s": j["start_s"],
+    controller's admission (admit_s; None in records made before it was recorded) and containers' start the
+    start, its end the end (None unless the job ended done)."""
+    return [{"index": j["index"], "arrival_s": j["submit_s"], "admit_s": j.get("admit_s"), "start_s": j["start_s"],
              "end_s": j["end_s"] if j["state"] == "done" else None} for j in run["jobs"]]
 
 
@@ -144,7 +159,7 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, w
     rows = []
     for i, spec in enumerate(jobs):
         r = by_id[spec.id]
-        rows.append({"index": i, "arrival_s": r.arrival_s, "start_s": r.started_s,
+        rows.append({"index": i, "arrival_s": r.arrival_s, "admit_s": r.placed_s, "start_s": r.started_s,
                      "end_s": r.end_s if r.end_s >= 0 and not r.failed else None})
     return rows, out.circuits_changed
 
