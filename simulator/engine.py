@@ -392,8 +392,10 @@ class Run:
         computes = [s + self.o.lags.iteration_s for s in c.compute_s]
         net = ring_net(self.fabric, gpus, self.placer.switch_of(gpus), self.o.nvlink_gbps * GBPS)
         links = {} if self.policy.ideal else net.links  # non-blocking: no link between switches limits it
+        latency = self.o.net.step_latency(c.gradient_bytes / len(gpus))
         return Ring(key, max(computes), statistics.fmean(computes), len(gpus), c.gradient_bytes,
-                    net.cap * self.o.net.efficiency, links, self.coarse)
+                    net.cap * self.o.net.efficiency, links, self.coarse,
+                    None if latency == self.o.net.step_latency_s else latency)
 
     def _shift(self, t: float, ring: Ring) -> tuple[float, float, float]:
         """The delay that interleaves a new ring with the rings it shares links with: those running
@@ -629,7 +631,8 @@ class _View:
             run = self.run
             c = models.cost(model, [self._common] * n, run.server_gpus, run.o.nvlink_gbps * GBPS, self._nic)
             steps = 2 * (n - 1)
-            comm = steps * (c.gradient_bytes / n / (self._nic * run.o.net.efficiency) + run.o.net.step_latency_s)
+            comm = steps * (c.gradient_bytes / n / (self._nic * run.o.net.efficiency)
+                            + run.o.net.step_latency(c.gradient_bytes / n))
             self._per[model, n] = max(c.compute_s) + comm
         return self._per[model, n]
 
