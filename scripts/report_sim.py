@@ -361,7 +361,8 @@ def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
 
 
 def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
-    """The trace check on the replay record the lags were chosen on (in-sample: no check), without and with them."""
+    """The trace check on the replay record the lags were chosen on (in-sample: no check): without them, with them
+    and one step cost for every chunk (as the lags were chosen), and with them and the small chunks' step."""
     from simulator import tracecheck
     from simulator.workloads import read_trace
 
@@ -371,8 +372,10 @@ def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
     _, cal_name = tracecheck.calibration_for("lossless")
     rows = ["| model | completion time: median / p90 of \\|error\\| | queueing, mean: emulated → simulated "
             "| makespan: emulated → simulated | start order |", "| --- | --- | --- | --- | --- |"]
-    for label, on in (("before (`--no-lags`)", False), ("with the lags", True)):
-        for policy, c in tracecheck.compare_record(record, trace, ROOT / record["rack_file"], on).items():
+    for label, on, one in (("before (`--no-lags --one-step`)", False, True),
+                           ("the lags, one step cost (`--one-step`)", True, True),
+                           ("the lags and the step by chunk", True, False)):
+        for policy, c in tracecheck.compare_record(record, trace, ROOT / record["rack_file"], on, one).items():
             order = "the same" if c["start_order_same"] else f"{len(c['start_order_discordant'])} pairs differ"
             rows.append(f"| {label}, {policy} | {100 * c['jct_error_median']:.1f} % / {100 * c['jct_error_p90']:.1f} % "
                         f"| {c['queue_emulated_mean_s']:.1f} → {c['queue_simulated_mean_s']:.1f} s "

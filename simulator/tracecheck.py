@@ -139,11 +139,14 @@ def calibration_for(fabric: str = "lossless"):
     return calibration.from_record({"fabric": fabric}), None
 
 
-def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, with_lags: bool = True) \
-        -> tuple[list[dict], int]:
+def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, with_lags: bool = True,
+             one_step: bool = False) -> tuple[list[dict], int]:
     """The trace's jobs (dicts of arrival_s, gpus, model, iterations; trace order) through the engine on
     `rack_file` under `policy`: (comparison rows, circuits changed). The emulation's lags (simulator/lags.py) are
-    charged unless `with_lags` is false (the model before them, for comparison)."""
+    charged unless `with_lags` is false (the model before them, for comparison); `one_step`: every ring step costs
+    STEP_S whatever its chunk (the model before the small chunks' step, simulator/calibration.py)."""
+    import dataclasses
+
     from controller.core.rack import load_rack
     from simulator import lags
     from simulator.engine import Options, Run, policies
@@ -153,8 +156,10 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, w
     cal, _ = calibration_for(rack.spec.emulation.fabric)
     jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
     charged = lags.for_rack(rack.spec.emulation.time_dilation) if with_lags else lags.NONE
-    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=cal.net(rack), step_model="exact",
-                                                              lags=charged)).run()
+    net = cal.net(rack)
+    if one_step:
+        net = dataclasses.replace(net, small_step_latency_s=None)
+    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=net, step_model="exact", lags=charged)).run()
     by_id = {j.id: j for j in out.jobs}
     rows = []
     for i, spec in enumerate(jobs):
@@ -164,12 +169,14 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, w
     return rows, out.circuits_changed
 
 
-def compare_record(record: dict, trace: list[dict], rack_file: Path, with_lags: bool = True) -> dict[str, dict]:
-    """Every policy of a replay record beside the simulator's run of the same jobs."""
+def compare_record(record: dict, trace: list[dict], rack_file: Path, with_lags: bool = True,
+                   one_step: bool = False) -> dict[str, dict]:
+    """Every policy of a replay record beside the simulator's run of the same jobs (`with_lags`, `one_step`: as
+    `simulate`'s)."""
     out = {}
     for policy, run in record["policies"].items():
         jobs = trace[: record["jobs_replayed"]]
-        sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0, with_lags)
+        sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0, with_lags, one_step)
         out[policy] = compare(emulated_rows(run), sim, run["summary"]["circuit_changes"], changes)
     return out
 
@@ -213,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parents[1] / "traces" / "trace16.csv")
     ap.add_argument("--no-lags", action="store_true",
                     help="simulate without the emulation's lags (simulator/lags.py): the model before them")
+    ap.add_argument("--one-step", action="store_true",
+                    help="every ring step costs STEP_S whatever its chunk (the model before SMALL_STEP_S)")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
@@ -221,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.records:
         try:
             record = json.loads(path.read_text())
-            out.append((path.stem, compare_record(record, trace, root / record["rack_file"], not args.no_lags)))
+            out.append((path.stem, compare_record(record, trace, root / record["rack_file"], not args.no_lags,
+                                                      args.one_step)))
         except (OSError, KeyError, ValueError) as e:
             print(f"tracecheck: {path}: {e}", file=sys.stderr)
             return 2
