@@ -105,3 +105,19 @@ def test_a_rings_own_step_cost_is_what_every_path_charges_it():
         assert (int(phase[i]), float(remaining[i]), int(step[i]), int(done[i])) == (s.phase, s.remaining, s.step,
                                                                                     s.done)
         assert elapsed_of(s, r, float(period[i]), inter._lat(r)) >= 0
+
+
+def test_the_benchmarks_ring_takes_a_downlink_on_each_gpus_own_ocs_and_refuses_bad_rings(capsys):
+    from scripts import bench_allreduce
+
+    rack = load_rack(ROOT / "topologies" / "trace16.yaml")  # gpu3 and gpu4 sit on ocs2
+    assert bench_allreduce.ring_circuits(rack, "as1", ["gpu1", "gpu2", "gpu3", "gpu4"]) == [
+        ["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"], ["ocs2:1", "ocs2:11"], ["ocs2:2", "ocs2:12"]]
+    with pytest.raises(SystemExit, match="no free downlink of as1 on ocs1 for gpu6"):
+        bench_allreduce.ring_circuits(rack, "as1", ["gpu1", "gpu2", "gpu5", "gpu6"])  # as1 has 3 on ocs1
+    topo = ["--topo", str(ROOT / "topologies" / "trace16.yaml")]
+    for beside in ("gpu5,gpu99", "gpu1,gpu5", "gpu5"):
+        with pytest.raises(SystemExit) as e:
+            bench_allreduce.main([*topo, "--beside", beside])
+        assert e.value.code == 2
+    assert "--gpus/--beside: distinct GPUs of trace16.yaml" in capsys.readouterr().err
