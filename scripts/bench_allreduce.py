@@ -38,20 +38,23 @@ def cpu_times() -> list[int]:
 
 
 def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: str,
-             allreduce: str = "ring") -> tuple[list[list[dict]], float]:
+             allreduce: str = "ring", beside: list[list[str]] = ()) -> tuple[list[list[dict]], float]:
+    """The ring `gpus` (and the rings `beside`, started with it and run alike, their figures not kept): each
+    rank's JSON lines of the first ring, and the host's idle CPU % while they ran."""
     rack = tb.rack
     driver = ContainerDriver(rack, image)
-    master = rack.addresses[gpus[0]][0]
     prefix = rack.spec.network.subnet.prefixlen
     started = []
+    ranks = [(rank, gpu, ring) for ring in [gpus, *beside] for rank, gpu in enumerate(ring)]
     try:
-        for rank, gpu in enumerate(gpus):
+        for rank, gpu, ring in ranks:
+            master = rack.addresses[ring[0]][0]
             g = rack.gpus[gpu]
             cmd = [
                 "--rank",
                 str(rank),
                 "--world-size",
-                str(len(gpus)),
+                str(len(ring)),
                 "--master",
                 master,
                 "--iterations",
@@ -73,19 +76,35 @@ def run_ring(tb: Testbed, gpus: list[str], size: int, iterations: int, image: st
             started.append(gpu)
         cpu0 = cpu_times()
         logs = []
-        for gpu in gpus:
+        for _, gpu, ring in ranks:
             c = driver.client(rack.server_of[gpu]).containers.get(container_name("bench", gpu))
             status = c.wait(timeout=600)
             text = c.logs(stdout=True, stderr=False).decode()
             if status["StatusCode"] != 0:
                 raise RuntimeError(f"worker on {gpu} failed: {c.logs().decode()[-1000:]}")
-            logs.append([json.loads(line) for line in text.splitlines() if line.startswith("{")])
+            if ring is gpus:
+                logs.append([json.loads(line) for line in text.splitlines() if line.startswith("{")])
         cpu1 = cpu_times()
     finally:
         for gpu in started:
             driver.remove("bench", gpu, rack.server_of[gpu])
     delta = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
     return logs, 100.0 * (delta[3] + delta[4]) / sum(delta)
+
+
+def ring_circuits(rack, switch: str, gpus: list[str]) -> list[list[str]]:
+    """Each GPU of the ring on a downlink of `switch` through the GPU's own OCS (a rack whose GPUs sit on
+    two OCS, as topologies/trace16.yaml, pairs each with a downlink on its OCS)."""
+    free = list(rack.switches[switch].downlinks)
+    circuits = []
+    for g in gpus:
+        port = rack.gpu_port(g)
+        d = next((d for d in free if d.ocs_port.device == port.device), None)
+        if d is None:
+            raise SystemExit(f"bench_allreduce: no free downlink of {switch} on {port.device} for {g}")
+        free.remove(d)
+        circuits.append([str(port), str(d.ocs_port)])
+    return circuits
 
 
 def comm_times(logs: list[list[dict]]) -> list[float]:
@@ -134,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topo", type=Path, default=ROOT / "topologies" / "paper-testbed.yaml")
     p.add_argument("--gpus", default="gpu1,gpu2,gpu3,gpu4", help="the ring (default %(default)s)")
+    p.add_argument("--beside", default="", metavar="RINGS",
+                   help="rings run at the same time as the measured one, alike, in the rack file's cabling "
+                        "(e.g. 'gpu5,gpu6,gpu7,gpu8;gpu9,gpu10,gpu11,gpu12'): the step cost on a loaded host")
     p.add_argument("--mbytes", type=float, default=12.8, help="gradient size S in MB (default %(default)s)")
     p.add_argument("--iterations", type=int, default=5)
     p.add_argument("--image", default=WORKER_IMAGE, help="worker image (default %(default)s)")
@@ -151,17 +173,24 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     rack = load_rack(args.topo)
     gpus = args.gpus.split(",")
+    beside = [r.split(",") for r in args.beside.split(";") if r]
+    every = gpus + [g for r in beside for g in r]
+    unknown = sorted(set(every) - set(rack.gpus))
+    if unknown or len(set(every)) != len(every) or any(len(r) < 2 for r in beside):
+        p.error(f"--gpus/--beside: distinct GPUs of {args.topo.name}, rings of 2 or more"
+                + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
     switch = rack.aggregators()[0]
-    downlinks = [d.ocs_port for d in rack.switches[switch].downlinks]
-    circuits = [[str(rack.gpu_port(g)), str(d)] for g, d in zip(gpus, downlinks, strict=False)]
+    circuits = ring_circuits(rack, switch, gpus)
     size = int(args.mbytes * 1e6)
     n = len(gpus)
     line_bps = rack.spec.emulation.mbps(rack.gpus[gpus[0]].nic.rate_gbps) * 1e6
     bound_s = 2 * (n - 1) / n * size * 8 / line_bps
     with tempfile.TemporaryDirectory() as tmp, Testbed(rack, args.topo, Path(tmp)) as tb:
-        tb.client.put("/ocs/circuits", {"circuits": circuits})
+        ours = {p for c in circuits for p in c}  # the ring's GPU ports and downlinks: every other circuit stays
+        kept = [c for c in tb.client.get("/ocs/circuits")["circuits"] if not set(c) & ours]
+        tb.client.put("/ocs/circuits", {"circuits": kept + circuits})
         t0 = time.monotonic()
-        logs, idle = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce)
+        logs, idle = run_ring(tb, gpus, size, args.iterations, args.image, args.allreduce, beside)
         wall = time.monotonic() - t0
         observed = observed_rounds(tb, args, gpus, size, bound_s, Path(tmp)) if args.observed else None
     comm = comm_times(logs)
@@ -171,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     beyond = spread([(c - bound_s) / steps for c in comm], 1000)  # what a step costs beyond its bytes at the line rate
     result = {
         "ring": gpus,
+        "beside": beside,
         "switch": switch,
         "gradient_bytes": size,
         "line_mbps": line_bps / 1e6,

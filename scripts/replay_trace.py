@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Replay a trace on the emulated rack: every job submitted through the REST API at its arrival time, under
-each placement policy, and every job's submit, start, end, placement, circuit changes and iterations recorded
-(the emulated side of the simulator's trace check, issue 35; scripts/trace_compare.py sets it beside the
-simulator's run of the same trace on the same rack file).
+each placement policy, and every job's submit, admission (GPUs granted), start, end, placement, circuit changes
+and iterations recorded (the emulated side of the simulator's trace check, issue 35; scripts/trace_compare.py sets
+it beside the simulator's run of the same trace on the same rack file).
 
     python scripts/replay_trace.py                        # traces/trace16.csv on topologies/trace16.yaml
     python scripts/replay_trace.py --jobs 5 --policies fixed --no-record   # a short slice
@@ -85,7 +85,7 @@ def job_row(index: int, spec: dict, job: dict, events: dict[int, dict], t0: floa
         "index": index, "id": job["id"], "gpus_asked": spec["gpus"], "model": spec["model"],
         "iterations": spec["iterations"], "arrival_s": spec["arrival_s"], "state": job["state"],
         "reason": job.get("reason"), "submit_s": rack_s(job.get("created_at")),
-        "start_s": rack_s(job.get("started_at")),
+        "admit_s": rack_s(job.get("admitted_at")), "start_s": rack_s(job.get("started_at")),
         "first_iteration_s": rack_s(first), "end_s": rack_s(job.get("ended_at")), "gpus": job.get("gpus") or [],
         "switches": job.get("switches") or [], "circuits": job.get("circuits") or [],
         "events": list(job.get("events") or []),

@@ -108,6 +108,28 @@ def step(_records: list) -> str:
     return "\n".join(rows)
 
 
+def step_by_chunk(_records: list) -> str:
+    """bench_allreduce at the chunk sizes the trace rack's jobs send (simulator/calibration.py SMALL_STEP_RECORDS and
+    LARGE_STEP_RECORDS): the step cost by chunk, and the constant the model charges each."""
+    from simulator import calibration as cal
+
+    rows = ["| record | line rate | ring | chunk (S/n) | per step beyond the bound, median (min–max) "
+            "| the model's constant |", "| --- | --- | --- | --- | --- | --- |"]
+    found = []
+    for rel in cal.SMALL_STEP_RECORDS + cal.LARGE_STEP_RECORDS:
+        path = ROOT / rel
+        if not path.exists():
+            raise ReportError(f"{rel}: the step record simulator/calibration.py names is not committed")
+        r = _record(path)["results"]
+        found.append((r["gradient_bytes"] / len(r["ring"]), path.stem, r))
+    for chunk, stem, r in sorted(found, key=lambda x: (x[0], x[2]["line_mbps"])):
+        b = r["step_beyond_bound_ms"]
+        used = cal.SMALL_STEP_S if chunk <= cal.SMALL_CHUNK_BYTES else cal.STEP_S
+        rows.append(f"| `{stem}` | {r['line_mbps']:g} Mbit/s | {len(r['ring'])} ranks | {chunk / 1000:.1f} kB "
+                    f"| {_mmm(b['min'], b['median'], b['max'])} | {1000 * used:.2f} ms |")
+    return "\n".join(rows)
+
+
 # --- fail-over (scripts/bench_failover.py; records at results/bench-failover*.json and -checkpoint-cost*) -------
 RESULTS = ROOT / "results"
 PHASES = (  # (key in a round, what the phase is): from the kill, in order
@@ -299,7 +321,7 @@ def rack(_records: list, directory: Path | None = None) -> str:
 
 
 BLOCKS: dict[str, Callable[[list], str]] = {
-    "reconfig": reconfig, "loopback": loopback, "step": step, "failover": failover,
+    "reconfig": reconfig, "loopback": loopback, "step": step, "step-by-chunk": step_by_chunk, "failover": failover,
     "checkpoint-cost": checkpoint_cost, "placement": placement, "store": store,
     "observed": observed, "rack": rack,
 }

@@ -310,9 +310,84 @@ def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | 
     return "\n".join(lines)
 
 
+def _lag_records(results: Path) -> tuple[Path, dict, list[dict]]:
+    """The replay record and the demo records' detailed jobs the lags were chosen on (simulator/tracefit.py), under
+    `results`."""
+    from simulator import tracefit
+
+    replay = results / tracefit.REPLAY.relative_to(RESULTS)
+    record = json.loads(_read(replay))
+    demo = []
+    for path in (results / p.relative_to(RESULTS) for p in tracefit.DEMO):
+        try:
+            demo += tracefit.demo_jobs(json.loads(_read(path)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"{path}: not a make demo record ({type(e).__name__}: {e})") from None
+    return replay, record, demo
+
+
+def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
+    """The emulation's lags (simulator/lags.py) as `python -m simulator.tracefit` measures them on the records they
+    were chosen on, beside the constants."""
+    from simulator import lags, tracefit
+
+    replay, record, demo = _lag_records(results)
+    try:
+        f = tracefit.fit(record["policies"]["fixed"]["jobs"], demo, record["time_dilation"], ROOT / record["rack_file"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportError(f"{replay}: not the trace replay record ({type(e).__name__}: {e})") from None
+
+    def spread(values: list[float], what: str) -> str:
+        return f"{min(values):.2f}–{max(values):.2f} s, {len(values)} {what}"
+
+    rows = [
+        ("containers", "GPUs granted to the containers started (`started_at`, the start the check compares)",
+         f"{lags.CONTAINERS_S:.3f} s + {lags.CONTAINERS_PER_GPU_S:.3f} s per GPU",
+         spread(f["containers (GPUs free; less the per-GPU part)"], "jobs placed at once (replay and demo)")),
+        ("start", "containers started to the first iteration (torch's import, the ring's rendezvous)",
+         f"{lags.START_S:.3f} s + {lags.START_PER_GPU_S:.3f} s per GPU placed at the same instant",
+         spread(f["start to first iteration (replay)"], "replay jobs") + "; demo "
+         + spread(f["start to every rank's first iteration (demo)"], "jobs")),
+        ("end", "the latest rank's last iteration to `ended_at`", f"{lags.END_S:.3f} s",
+         spread(f["end (demo)"], "demo jobs")),
+        ("release", "`ended_at` to the GPUs free again, before the next queued job's containers",
+         f"{lags.RELEASE_S:.3f} s", spread(f["release (that less the containers')"], "replay jobs")),
+        ("iteration", "each iteration beyond its compute on the loaded host (1-GPU jobs: no all-reduce)",
+         f"{lags.ITERATION_S:.3f} s", spread(f["iteration beyond compute (replay's 1-GPU jobs)"], "jobs")),
+    ]
+    out = ["| lag (simulator/lags.py) | what it is | the constant, emulated s | measured values |",
+           "| --- | --- | --- | --- |"]
+    return "\n".join(out + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows])
+
+
+def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
+    """The trace check on the replay record the lags were chosen on (in-sample: no check): without them, with them
+    and one step cost for every chunk (as the lags were chosen), and with them and the small chunks' step."""
+    from simulator import tracecheck
+    from simulator.workloads import read_trace
+
+    replay, record, _ = _lag_records(results)
+    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+             for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
+    _, cal_name = tracecheck.calibration_for("lossless")
+    rows = ["| model | completion time: median / p90 of \\|error\\| | queueing, mean: emulated → simulated "
+            "| makespan: emulated → simulated | start order |", "| --- | --- | --- | --- | --- |"]
+    for label, on, one in (("before (`--no-lags --one-step`)", False, True),
+                           ("the lags, one step cost (`--one-step`)", True, True),
+                           ("the lags and the step by chunk", True, False)):
+        for policy, c in tracecheck.compare_record(record, trace, ROOT / record["rack_file"], on, one).items():
+            order = "the same" if c["start_order_same"] else f"{len(c['start_order_discordant'])} pairs differ"
+            rows.append(f"| {label}, {policy} | {100 * c['jct_error_median']:.1f} % / {100 * c['jct_error_p90']:.1f} % "
+                        f"| {c['queue_emulated_mean_s']:.1f} → {c['queue_simulated_mean_s']:.1f} s "
+                        f"| {c['makespan_emulated_s']:.1f} → {c['makespan_simulated_s']:.1f} s "
+                        f"({100 * c['makespan_error']:+.1f} %) | {order} |")
+    return "\n".join(rows + ["", f"(`{replay.stem}`, calibrated by `{cal_name}`.)"])
+
+
 BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-seeds": sim_seeds, "sim-timeshift": sim_timeshift, "sim-4096": sim_4096,
     "sim-4096-variants": sim_4096_variants, "sim-schedulers": sim_schedulers, "sim-bench": sim_bench,
     "sim-failures": sim_failures, "sim-readme-run": sim_readme_run, "sim-sweep-gain": sim_sweep_gain,
+    "sim-trace-lags": sim_trace_lags, "sim-trace-insample": sim_trace_insample,
     # "sim-trace-replay": sim_trace_replay joins once replay records are committed (make report runs every block)
 }

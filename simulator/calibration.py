@@ -61,9 +61,12 @@ class Calibration:
     model_sharing: str = EMULATION_SHARING  # the model's for the record's fabric; `sharing` differs in a what-if
 
     def net(self, rack: Rack) -> NetParams:
-        """The emulated rack's network in rack seconds: calibrated efficiency, latency and sharing."""
+        """The emulated rack's network in rack seconds and bytes: calibrated efficiency, latency (a small chunk's
+        step its own, SMALL_STEP_S) and sharing."""
+        em = rack.spec.emulation
         return NetParams(
-            self.efficiency, self.step_latency_emulated_s / rack.spec.emulation.time_dilation, self.sharing
+            self.efficiency, self.step_latency_emulated_s / em.time_dilation, self.sharing,
+            SMALL_STEP_S / em.time_dilation, SMALL_CHUNK_BYTES / (em.rate_scale * em.time_dilation),
         )
 
 
@@ -86,6 +89,36 @@ def efficiency_from_ring(
 # several shaped store-and-forward hops of 9 kB frames at 50 Mbit/s and waits for their first frames to arrive.
 STEP_S = 0.00970
 STEP_RECORD = "results/bench/20261125T113203Z-fe45bd6-bench_allreduce-vgg16-chunk.json"
+# A step whose chunk is small costs far less (issue 35, measured on the trace rack after its replay showed ResNet-50's
+# rings iterating 0.83 of the simulator's time): the same benchmark at the chunks the trace rack's jobs send
+# (`--topo topologies/trace16.yaml`, 25 Mbit/s, and the default rack at 50 Mbit/s; rings of 2 and 4, 60 all-reduces
+# each), SMALL_STEP_RECORDS below. Per step beyond the bytes at the line rate, medians: chunks of 1-25.6 kB
+# (emulated) 0.10-0.72 ms at either rate, chunks of 34.6-138 kB 3.6-13.9 ms (STEP_S's 9.70 among them): a step up
+# between 25.6 kB and 34.6 kB that is a matter of bytes, not of the rate (25.6 kB costs 0.10 ms at 25 Mbit/s, where it
+# takes as long on the wire as 51 kB at 50 Mbit/s, which costs 7.4 ms at 46 kB). Above it the cost shows no trend
+# with the chunk (noisy: each record's min-max spans 2-30 ms), so STEP_S stands for every chunk above. Where the step
+# lies between the two sizes measured is not known: the threshold is the largest chunk measured cheap. Chunks at or
+# under SMALL_CHUNK_BYTES (emulated bytes; rack bytes x rate scale x time dilation) cost SMALL_STEP_S, the median of
+# the five records under it. The demo's rings (VGG16, 138-277 kB at 50 Mbit/s) are all above: its points keep STEP_S.
+SMALL_STEP_S = 0.00029
+SMALL_CHUNK_BYTES = 25_600
+SMALL_STEP_RECORDS = (
+    "results/bench/20261125T113234Z-fe45bd6-bench_allreduce-tiny.json",
+    "results/bench/20261126T171325Z-730bb1c-bench_allreduce-trace16-resnet50-n4.json",
+    "results/bench/20261126T171404Z-730bb1c-bench_allreduce-trace16-resnet50-n2.json",
+    "results/bench/20261126T171420Z-730bb1c-bench_allreduce-trace16-tiny-n4.json",
+    "results/bench/20261126T171742Z-024dfcf-bench_allreduce-paper-chunk26k-n4.json",
+)
+LARGE_STEP_RECORDS = (
+    STEP_RECORD,
+    "results/bench/20261126T171300Z-730bb1c-bench_allreduce-trace16-vgg16-n4.json",
+    "results/bench/20261126T171342Z-730bb1c-bench_allreduce-trace16-vgg16-n2.json",
+    "results/bench/20261126T171632Z-024dfcf-bench_allreduce-trace16-chunk35k-n4.json",
+    "results/bench/20261126T171655Z-024dfcf-bench_allreduce-trace16-chunk46k-n4.json",
+    "results/bench/20261126T171726Z-024dfcf-bench_allreduce-trace16-chunk92k-n2.json",
+    "results/bench/20261126T171800Z-024dfcf-bench_allreduce-paper-chunk69k-n4.json",
+    "results/bench/20261126T171820Z-024dfcf-bench_allreduce-paper-chunk46k-n4.json",
+)
 # docs/emulated-rack.md, "Fidelity of the emulated fabric": ring of 4, 16 MB at 50 Mbit/s, 91.0 % of bound (MTU 1500)
 PROVISIONAL = Calibration(
     efficiency_from_ring(0.910, 4, 16e6, 50e6, STEP_S),

@@ -18,7 +18,7 @@ from simulator.meanfield import solve
 from simulator.rings import Ring
 
 ALMOST_ONE = 1 - 1e-9
-STATIC = ("compute", "steps", "step_bytes", "coarse", "busy", "n", "cap", "target")
+STATIC = ("compute", "steps", "step_bytes", "coarse", "busy", "n", "cap", "target", "latency")
 STATE = ("phase", "remaining", "step", "done", "progress")
 
 
@@ -91,9 +91,11 @@ class Columns:
             setattr(self, name, new)
         self.size = size
 
-    def set_ring(self, ring: Ring, target: int) -> None:
+    def set_ring(self, ring: Ring, target: int, latency: float = 0.0) -> None:
+        """Store `ring` (to do `target` iterations) with its per-step latency `latency`."""
         k = ring.key
         self._fit(k)
+        self.latency[k] = latency
         self.compute[k], self.steps[k], self.step_bytes[k] = ring.compute_s, ring.steps, ring.step_bytes
         self.coarse[k], self.busy[k], self.n[k], self.cap[k] = ring.coarse, ring.busy_s, ring.n, ring.cap
         self.target[k] = target
@@ -173,7 +175,7 @@ class Block:
         i = self._pos[key]
         return self.t0, float(self.p0[i]), float(self.period[i])
 
-    def states(self, p: np.ndarray, period: np.ndarray, latency: float):
+    def states(self, p: np.ndarray, period: np.ndarray, latency: float | np.ndarray):
         """interference.state_of over the block: (phase, remaining, step, done) columns for progress `p`."""
         compute, steps = self.compute, self.steps
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -195,7 +197,7 @@ class Block:
                                                               np.where(moving, rem_moving, rem_gap)))
         return phase, remaining, np.where(computing | coarse, 0.0, k), done
 
-    def progress(self, phase, remaining, step, done, period: np.ndarray, latency: float) -> np.ndarray:
+    def progress(self, phase, remaining, step, done, period: np.ndarray, latency: float | np.ndarray) -> np.ndarray:
         """done + interference.elapsed_of / period, capped below one iteration, over the block."""
         compute, steps = self.compute, self.steps
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -221,7 +223,7 @@ class Block:
         left = self.target - self.p0
         return self.t0 + np.where(left > 0.0, left, 0.0) * self.period
 
-    def mean_field(self, cols: Columns, latency: float, inverse_capacity: np.ndarray) -> np.ndarray:
+    def mean_field(self, cols: Columns, latency: float | np.ndarray, inverse_capacity: np.ndarray) -> np.ndarray:
         """simulator/meanfield.py's fixed point over the block's rings, from and to their duty cycles in `cols`; a
         ring with no steps computes only."""
         talking = self.steps != 0
@@ -230,7 +232,8 @@ class Block:
             return period
         ix, steps = self.ix[talking], self.steps[talking]
         counts, link_of, weight = cols.pairs(ix)
-        new, d = solve(self.compute[talking], steps * self.step_bytes[talking], steps * latency,
+        new, d = solve(self.compute[talking], steps * self.step_bytes[talking],
+                       steps * np.broadcast_to(latency, talking.shape)[talking],
                        1.0 / self.cap[talking], counts, link_of, weight, inverse_capacity, cols.duty[ix])
         cols.duty[ix] = d
         period[talking] = new

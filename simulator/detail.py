@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from simulator.maxmin import max_min
-from simulator.rings import Ring
+from simulator.rings import Ring, latency_of
 
 COMPUTE, TRANSFER, GAP = 0, 1, 2
 
@@ -91,7 +91,9 @@ class Detail:
             return s.remaining
         ring = self.rings[key]
         rate = self._rates()[key]
-        return s.remaining * (ring.step_bytes / rate + self.latency) if ring.coarse else s.remaining / rate
+        if ring.coarse:
+            return s.remaining * (ring.step_bytes / rate + latency_of(ring, self.latency))
+        return s.remaining / rate
 
     def run(
         self,
@@ -132,7 +134,7 @@ class Detail:
             if s.phase != TRANSFER:
                 s.remaining -= dt
             elif self.rings[k].coarse:
-                s.remaining -= dt / (self.rings[k].step_bytes / rates[k] + self.latency)
+                s.remaining -= dt / (self.rings[k].step_bytes / rates[k] + latency_of(self.rings[k], self.latency))
             else:
                 s.remaining -= rates[k] * dt
 
@@ -146,8 +148,8 @@ class Detail:
             self._stale = True
             if ring.coarse:
                 s.step = ring.steps - 1
-            elif self.latency > 0:
-                s.phase, s.remaining = GAP, self.latency
+            elif latency_of(ring, self.latency) > 0:
+                s.phase, s.remaining = GAP, latency_of(ring, self.latency)
                 return False
         if s.phase == COMPUTE and ring.steps:
             s.phase, s.remaining, s.step, self._stale = TRANSFER, ring.step_bytes, 0, True

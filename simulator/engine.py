@@ -23,12 +23,14 @@ from simulator.adapter import Placer, Unplaceable
 from simulator.detail import RingState
 from simulator.failures import RECOVERIES, FailureClock, Failures, checkpointed
 from simulator.interference import Busy, Interference, Limits
+from simulator.lags import NONE as NO_LAGS
+from simulator.lags import Lags
 from simulator.network import GBPS, Fabric, NetParams, ring_net
 from simulator.rings import Ring
 from simulator.timeshift import best_shift
 from simulator.workloads import JobSpec
 
-ARRIVE, START, MOVE, RESUME, DEFRAG, END, FAIL, REPAIR, REQUEUE = range(9)
+ARRIVE, START, MOVE, RESUME, DEFRAG, END, FAIL, REPAIR, REQUEUE, RELEASE = range(10)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Options:
     nvlink_gbps: float = 0.0  # a server's GPUs as an NVLink domain at this rate per GPU (0: through their NICs)
     durations: str = "derived"  # jobs given by duration: "derived" iterations or "replayed" as is (workloads.py)
     failures: Failures | None = None  # server failures and how jobs recover (simulator/failures.py); None: none
+    lags: Lags = NO_LAGS  # the emulation's container start and end, GPU release and per-iteration lags (lags.py)
 
     def coarse(self, rack: Rack) -> bool:
         return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
@@ -105,6 +108,7 @@ class JobResult:
     iterations: int
     arrival_s: float
     placed_s: float = -1.0  # GPUs granted
+    started_s: float = -1.0  # its containers started (placed_s plus Lags.containers; the controller's started_at)
     start_s: float = -1.0  # first iteration
     end_s: float = -1.0
     placement: tuple[str, ...] = ()
@@ -125,6 +129,7 @@ class JobResult:
     interruptions: int = 0  # times a server it held failed
     redone: float = 0.0  # iterations lost at interruptions (done again)
     suspended_s: float = 0.0  # time between a preemption and its restart
+    end_lag_s: float = 0.0  # its last iteration's end to its end (Lags.end_s)
 
     @property
     def jct_s(self) -> float:
@@ -136,7 +141,8 @@ class JobResult:
 
     @property
     def mean_iteration_s(self) -> float:
-        return (self.end_s - self.start_s - self.stall_s - self.suspended_s) / self.done if self.done else float("nan")
+        run = self.end_s - self.end_lag_s - self.start_s - self.stall_s - self.suspended_s
+        return run / self.done if self.done else float("nan")
 
 
 @dataclass
@@ -215,6 +221,8 @@ class Run:
         self.down: dict[str, float] = {}  # servers being repaired, and when they are back
         self.requeued = 0  # jobs waiting for a repair before they queue again
         self.arrived = 0
+        self.releasing: dict[int, float] = {}  # ended, their GPUs not yet free: when they are (Lags.release_s)
+        self.burst = (-1.0, 0)  # the instant of the latest placement, and the GPUs placed at it (Lags.start_delay)
         self.stoppers: dict[str, list[int]] = {}  # job -> the jobs stopped when it ends
         for i, j in self.jobs.items():
             if j.stops_with:
@@ -236,7 +244,8 @@ class Run:
         finished = 0
         handlers = {ARRIVE: self._arrive, START: self._start, MOVE: self._move, RESUME: self._resume,
                     DEFRAG: self._defragment, END: lambda t, key, _: self._finish(t, key),
-                    FAIL: self._server_fails, REPAIR: self._repaired, REQUEUE: self._requeue}
+                    FAIL: self._server_fails, REPAIR: self._repaired, REQUEUE: self._requeue,
+                    RELEASE: lambda t, key, _: self._release(t, key)}
         now = 0.0
         while True:
             if not self.heap or self.heap[0][0] > now:  # events of this instant first: their changes are solved once
@@ -302,16 +311,21 @@ class Run:
         if p is not None:
             self.swapping.pop(key, None)
         if p is None:
-            if self.running or self.pending or self.moving or self.down:
+            if self.running or self.pending or self.moving or self.down or self.releasing:
                 return admission.Outcome.WAIT  # it waits for GPUs to free up (or a server's repair)
             # nothing holds a GPU: no end of a job will make room for it
             self._fail(t, key, "could not be placed on the rack with no other job on it")
             return admission.Outcome.REFUSED
         ready = self._reconfigure(t, p.diff)
+        lags, started = self.o.lags, t
+        if lags != NO_LAGS:  # its containers start, then the ring's first iteration: later with more jobs at once
+            started = t + lags.containers(job.gpus)
+            self.burst = (t, (self.burst[1] if self.burst[0] == t else 0) + job.gpus)
+            ready = max(ready, started) + lags.start_delay(self.burst[1])
         r = self.results[key]
         again = key in self.resume
         if not again:
-            r.placed_s = t
+            r.placed_s, r.started_s = t, started
         r.placement, r.switches = p.gpus, len(p.switches)
         self.since[key] = t
         ring = self._ring(key)
@@ -352,7 +366,7 @@ class Run:
 
     def _fail(self, t: float, key: int, reason: str) -> None:
         r = self.results[key]
-        r.failed, r.placed_s, r.start_s, r.end_s = reason, t, t, t
+        r.failed, r.placed_s, r.started_s, r.start_s, r.end_s = reason, t, t, t, t
 
     def _reconfigure(self, t: float, diff: CircuitDiff) -> float:
         """An OCS change: it waits for the previous one (the controller makes one at a time);
@@ -375,11 +389,13 @@ class Run:
     def _ring(self, key: int) -> Ring:
         gpus = self.placer.gpus[self.jobs[key].id]
         c = self._cost(key, gpus)
-        computes = c.compute_s
+        computes = [s + self.o.lags.iteration_s for s in c.compute_s]
         net = ring_net(self.fabric, gpus, self.placer.switch_of(gpus), self.o.nvlink_gbps * GBPS)
         links = {} if self.policy.ideal else net.links  # non-blocking: no link between switches limits it
+        latency = self.o.net.step_latency(c.gradient_bytes / len(gpus))
         return Ring(key, max(computes), statistics.fmean(computes), len(gpus), c.gradient_bytes,
-                    net.cap * self.o.net.efficiency, links, self.coarse)
+                    net.cap * self.o.net.efficiency, links, self.coarse,
+                    None if latency == self.o.net.step_latency_s else latency)
 
     def _shift(self, t: float, ring: Ring) -> tuple[float, float, float]:
         """The delay that interleaves a new ring with the rings it shares links with: those running
@@ -460,7 +476,7 @@ class Run:
 
     def _work_left(self) -> bool:
         return bool(self.arrived < len(self.jobs) or self.running or self.pending or self.moving or self.queue
-                    or self.requeued)
+                    or self.requeued or self.releasing)
 
     def _server_fails(self, t: float, _, server: str) -> None:
         """A server fails: every job holding one of its GPUs is interrupted, and its GPUs are out until repaired."""
@@ -471,6 +487,7 @@ class Run:
         self.out.failures += 1
         occ = self.placer.occ
         holders = {occ.holder[occ.ix.gpu_id[g]] for g in self.servers[server]} - {None}
+        holders -= {self.jobs[k].id for k in self.releasing}  # ended: only their release is left
         for key in sorted(self.key_of[j] for j in holders):
             self._interrupt(t, key)
         f = self.o.failures
@@ -521,16 +538,29 @@ class Run:
     def _finish(self, t: float, key: int, stopped: bool = False) -> None:
         done = 0.0 if key in self.replayed else self.inter.remove(t, key)[1]
         r = self.results[key]
-        r.end_s, r.shared, r.stopped = t, key in self.inter.shared, stopped
+        end = t if stopped else t + self.o.lags.end_s  # its ranks exit and the controller sees it
+        r.end_s, r.end_lag_s, r.shared, r.stopped = end, end - t, key in self.inter.shared, stopped
         r.done = done if stopped else float(r.iterations)
         self.running.discard(key)
-        self.placer.release(self.jobs[key].id)
-        self.out.held.append((self.since.pop(key, r.placed_s), t, r.gpus))
-        self.run_since.pop(key, None)
+        free = end + (0.0 if stopped else self.o.lags.release_s)
+        if free > t:  # its containers are removed before its GPUs are free
+            self.releasing[key] = free
+            self.push(free, RELEASE, key)
+        else:
+            self._release(t, key, admit=False)
         for k in self.stoppers.get(self.jobs[key].id, ()):
             if k in self.running:
                 self._finish(t, k, stopped=True)
         self._admit(t)
+
+    def _release(self, t: float, key: int, admit: bool = True) -> None:
+        """An ended job's GPUs free again."""
+        self.releasing.pop(key, None)
+        self.placer.release(self.jobs[key].id)
+        self.out.held.append((self.since.pop(key, self.results[key].placed_s), t, self.results[key].gpus))
+        self.run_since.pop(key, None)
+        if admit:
+            self._admit(t)
 
     # --- defragmentation -----------------------------------------------------------------
     def _defragment(self, t: float, *_) -> None:
@@ -601,7 +631,8 @@ class _View:
             run = self.run
             c = models.cost(model, [self._common] * n, run.server_gpus, run.o.nvlink_gbps * GBPS, self._nic)
             steps = 2 * (n - 1)
-            comm = steps * (c.gradient_bytes / n / (self._nic * run.o.net.efficiency) + run.o.net.step_latency_s)
+            comm = steps * (c.gradient_bytes / n / (self._nic * run.o.net.efficiency)
+                            + run.o.net.step_latency(c.gradient_bytes / n))
             self._per[model, n] = max(c.compute_s) + comm
         return self._per[model, n]
 
@@ -617,6 +648,8 @@ class _View:
         """Seconds left to run: a running ring's predicted end, else its length alone less the whole iterations
         done before a preemption."""
         run = self.run
+        if key in run.releasing:
+            return max(0.0, run.releasing[key] - self.now)
         if key in run.running and key not in run.replayed and key in run.inter.finish:
             return max(0.0, run.inter.finish[key] - self.now)
         length = self._length(key)
@@ -637,9 +670,10 @@ class _View:
 
     def running(self) -> list[admission.Running]:
         run = self.run
-        keys = sorted(run.running | set(run.pending) | run.moving)
+        keys = sorted(run.running | set(run.pending) | run.moving | set(run.releasing))
         return [admission.Running(k, run.jobs[k].gpus, self.now + self.estimate(k), self.attained(k),
-                                  k not in run.moving and k not in run.replayed) for k in keys]
+                                  k not in run.moving and k not in run.replayed and k not in run.releasing)
+                for k in keys]
 
     def preempt(self, key: int) -> None:
         self.run.preempt(self.now, key)

@@ -24,7 +24,7 @@ import numpy as np
 from simulator.columns import ALMOST_ONE, Block, Columns, elapsed_of, state_of
 from simulator.detail import Detail, RingState
 from simulator.maxmin import max_min
-from simulator.rings import Ring, alone_rate, iteration_time
+from simulator.rings import Ring, alone_rate, iteration_time, latency_of
 
 _COLUMNS = object()  # a held state kept in Interference.cols, not as a RingState
 
@@ -120,7 +120,7 @@ class Interference:
         """Put a ring on the fabric at `t` (from `state`, or the start of its first iteration)."""
         self._take(t, {k for link in ring.links for k in self.users.get(link, ())})
         self.rings[ring.key], self.targets[ring.key] = ring, iterations
-        self.cols.set_ring(ring, iterations)
+        self.cols.set_ring(ring, iterations, self._lat(ring))
         self._tagged += 1
         self._tags[ring.key] = self._tagged
         for link in ring.links:
@@ -213,9 +213,9 @@ class Interference:
         f_t, f_done, f_period = comp.at(key)
         if t < comp.horizon:
             s = self._replay(comp, t)[key]
-            return s, s.done + min(elapsed_of(s, ring, f_period, self.latency) / f_period, ALMOST_ONE)
+            return s, s.done + min(elapsed_of(s, ring, f_period, self._lat(ring)) / f_period, ALMOST_ONE)
         p = f_done + (t - f_t) / f_period
-        return state_of(p, ring, f_period, self.latency), p
+        return state_of(p, ring, f_period, self._lat(ring)), p
 
     def period(self, key: int) -> float:
         """The ring's current iteration time (measured or predicted)."""
@@ -230,8 +230,12 @@ class Interference:
         self._flush()
         return list(self.comp[key].keys)
 
+    def _lat(self, ring: Ring) -> float:
+        """The ring's per-step latency: its own (`Ring.latency_s`) where set, else the network's."""
+        return latency_of(ring, self.latency)
+
     def _fraction(self, s: RingState, ring: Ring, period: float) -> float:
-        return min(elapsed_of(s, ring, period, self.latency) / period, ALMOST_ONE)
+        return min(elapsed_of(s, ring, period, self._lat(ring)) / period, ALMOST_ONE)
 
     def period_alone(self, ring: Ring) -> float:
         return iteration_time(ring, alone_rate(ring, self.capacity), self.latency)
@@ -265,7 +269,7 @@ class Interference:
             p = comp.p0 + (t - comp.t0) / comp.period
             cols, ix = self.cols, comp.ix
             cols.phase[ix], cols.remaining[ix], cols.step[ix], cols.done[ix] = comp.states(p, comp.period,
-                                                                                          self.latency)
+                                                                                          comp.latency)
             cols.progress[ix] = p
             if t > comp.t0:
                 self.busy.add(comp.t0, t, comp.computed(p))
@@ -277,10 +281,10 @@ class Interference:
                 ring, f = self.rings[k], comp.fluid[k]
                 if replayed is not None:
                     s = replayed[k]
-                    p = s.done + min(elapsed_of(s, ring, f.period, self.latency) / f.period, ALMOST_ONE)
+                    p = s.done + min(elapsed_of(s, ring, f.period, self._lat(ring)) / f.period, ALMOST_ONE)
                 else:
                     p = f.done + (t - f.t) / f.period
-                    s = state_of(p, ring, f.period, self.latency)
+                    s = state_of(p, ring, f.period, self._lat(ring))
                 self._pending[k] = (s, p)
                 if t > comp.t0:
                     computed += max(0.0, p - comp.p0[k]) * ring.busy_s * ring.n  # every rank computes each iteration
@@ -316,8 +320,8 @@ class Interference:
             periods = self._mean_field(keys)
         else:  # detail: start from the alone pace, only to express progress as a fraction
             periods = {k: self.period_alone(self.rings[k]) for k in keys}
-        p0 = {k: states[k].done + min(elapsed_of(states[k], self.rings[k], periods[k], self.latency) / periods[k],
-                                      ALMOST_ONE) for k in keys}
+        p0 = {k: states[k].done + min(elapsed_of(states[k], self.rings[k], periods[k], self._lat(self.rings[k]))
+                                      / periods[k], ALMOST_ONE) for k in keys}
         start = {k: states[k].copy() for k in keys} if mode == "detail" else {}  # only stepping through reads them
         comp = _Comp(keys, mode, t, start, p0)
         comp.fluid = {k: _Fluid(t, p0[k], periods[k]) for k in keys}
@@ -343,10 +347,10 @@ class Interference:
             held = self.periods_held([self.rings[k] for k in keys])
             period = np.array([held[k] for k in keys])
         else:
-            period = block.mean_field(self.cols, self.latency, self._inverse)
+            period = block.mean_field(self.cols, block.latency, self._inverse)
         block.period = period
         block.p0 = block.progress(cols.phase[ix], cols.remaining[ix], cols.step[ix], cols.done[ix], period,
-                                  self.latency)
+                                  block.latency)
         self.comp.update(dict.fromkeys(keys, block))
         self.shared.update(keys)
         self.stats["mean"] += 1
@@ -357,7 +361,7 @@ class Interference:
 
     def _mean_field(self, keys: list[int]) -> dict[int, float]:
         block = Block(keys, 0.0, self.cols)
-        return dict(zip(keys, block.mean_field(self.cols, self.latency, self._inverse).tolist(), strict=True))
+        return dict(zip(keys, block.mean_field(self.cols, block.latency, self._inverse).tolist(), strict=True))
 
     def _predict(self, keys: list[int], when: list[float]) -> None:
         for k, w in zip(keys, when, strict=True):
@@ -386,11 +390,11 @@ class Interference:
             if len(tail) >= 2:
                 period = (tail[-1] - tail[0]) / (len(tail) - 1)
             else:  # too few iterations to measure: the average pace since t0
-                moved = s.done + min(elapsed_of(s, ring, comp.fluid[k].period, self.latency) / comp.fluid[k].period,
+                moved = s.done + min(elapsed_of(s, ring, comp.fluid[k].period, self._lat(ring)) / comp.fluid[k].period,
                                      ALMOST_ONE) - comp.p0[k]
                 period = (out.t - comp.t0) / moved if moved > 0 and out.t > comp.t0 else comp.fluid[k].period
             done = float(self.targets[k]) if k in out.finished else \
-                s.done + min(elapsed_of(s, ring, period, self.latency) / period, ALMOST_ONE)
+                s.done + min(elapsed_of(s, ring, period, self._lat(ring)) / period, ALMOST_ONE)
             comp.fluid[k] = _Fluid(out.t, done, period)
 
     def _replay(self, comp: _Comp, t: float) -> dict[int, RingState]:

@@ -14,7 +14,7 @@ import itertools
 
 import numpy as np
 
-from simulator.rings import Ring
+from simulator.rings import Ring, latency_of
 
 TOLERANCE = 1e-4  # relative change of every iteration time between two rounds
 ROUNDS = 100
@@ -33,7 +33,8 @@ def mean_field(rings: list[Ring], capacity: list[float], latency: float, duty: d
     link_of = np.fromiter(itertools.chain.from_iterable(r.links for r in talking), np.int64, int(counts.sum()))
     weight = np.fromiter(itertools.chain.from_iterable(r.links.values() for r in talking), float, len(link_of))
     period, d = solve(np.array([r.compute_s for r in talking]), np.array([r.steps * r.step_bytes for r in talking]),
-                      np.array([r.steps * latency for r in talking]), np.array([1.0 / r.cap for r in talking]),
+                      np.array([r.steps * latency_of(r, latency) for r in talking]),
+                      np.array([1.0 / r.cap for r in talking]),
                       counts, link_of, weight, 1.0 / np.asarray(capacity, dtype=float),
                       np.array([duty[k] for k in keys]))
     periods.update(zip(keys, period.tolist(), strict=True))

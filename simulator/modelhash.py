@@ -9,7 +9,8 @@ The set: every simulator module that `simulator.fidelity` runs (the engine, the 
 paper's cases and workloads, the placement adapter), the compute and gradient profiles, and
 simulator/calibration.py, which holds the calibration constants (the loopback step, the efficiencies, the
 sharing of the emulation), the controller/core modules the simulator runs (placement, routes, admission,
-defragmentation: the controller's own, so a change there changes a prediction too), and simulator/tracecheck.py
+defragmentation: the controller's own, so a change there changes a prediction too), simulator/lags.py (the
+emulation's lags the trace check charges) and simulator/tracecheck.py
 (how the trace check simulates a replayed trace). Left out: the report and CLI modules, which print figures
 and predict none. tests/unit/test_model_hash.py checks that no simulator, profiles or controller/core module
 that the comparisons (simulator.fidelity, simulator.tracecheck) import is missing from the set.
@@ -54,6 +55,7 @@ MODEL_FILES = (
     "simulator/failures.py",  # server failures the engine draws (none in the paper's cases)
     "simulator/fidelity.py",  # how a recorded point is simulated (its rack, start offsets)
     "simulator/interference.py",  # rings that share links: steady state
+    "simulator/lags.py",  # the emulation's container start and end, GPU release and per-iteration lags (trace check)
     "simulator/maxmin.py",  # max-min fair rates
     "simulator/meanfield.py",  # large components: the mean-field fixed point
     "simulator/models.py",  # transformer workloads

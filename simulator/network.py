@@ -24,6 +24,9 @@ class NetParams:
     efficiency: the fraction of a link's line rate one transfer's payload reaches (protocol
       headers, the transport's own losses); applied to every NIC and uplink.
     step_latency_s: a fixed cost per ring step (software, synchronisation), in rack seconds.
+    small_step_latency_s, small_chunk_bytes: where set, a step whose chunk (S/n, rack bytes) is at most
+      small_chunk_bytes costs small_step_latency_s instead (the emulated fabric's, simulator/calibration.py);
+      None: every step costs step_latency_s.
     sharing: how rings placed on one link share it.
       "maxmin": the rings transferring at the moment share it max-min fairly, and a ring that
         computes or waits leaves its share to the others at once: a lossless fabric whose rate
@@ -36,6 +39,14 @@ class NetParams:
     efficiency: float = 0.95
     step_latency_s: float = 20e-6
     sharing: str = "maxmin"
+    small_step_latency_s: float | None = None
+    small_chunk_bytes: float = 0.0
+
+    def step_latency(self, chunk_bytes: float) -> float:
+        """The fixed cost of a ring step moving `chunk_bytes` (rack bytes) on each flow."""
+        if self.small_step_latency_s is not None and chunk_bytes <= self.small_chunk_bytes:
+            return self.small_step_latency_s
+        return self.step_latency_s
 
     def __post_init__(self):
         if self.sharing not in SHARINGS:
@@ -44,6 +55,9 @@ class NetParams:
             raise ValueError(f"efficiency must be in (0, 1], not {self.efficiency}")
         if self.step_latency_s < 0:
             raise ValueError(f"step_latency_s must be >= 0, not {self.step_latency_s}")
+        small = self.small_step_latency_s
+        if small is not None and not (small >= 0 and self.small_chunk_bytes >= 0):
+            raise ValueError("small_step_latency_s and small_chunk_bytes must be >= 0")
 
 
 class Fabric:

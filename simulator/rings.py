@@ -22,6 +22,9 @@ class Ring:
     # coarse: the all-reduce is stepped through as one phase of 2(n-1) steps, the ring keeping its
     # share of each link through its per-step latency (fine where the latency is small beside a step)
     coarse: bool = False
+    # its fixed cost per ring step (rack seconds); None: the network's (`NetParams.step_latency_s`, as the
+    # engines are given it). Set where the cost depends on the ring's chunk (simulator/calibration.py)
+    latency_s: float | None = None
 
     @property
     def steps(self) -> int:
@@ -40,8 +43,13 @@ def alone_rate(ring: Ring, capacity: list[float]) -> float:
     return rate
 
 
+def latency_of(ring: Ring, default: float) -> float:
+    """The ring's per-step latency: its own where set, else `default` (the network's)."""
+    return default if ring.latency_s is None else ring.latency_s
+
+
 def step_time(ring: Ring, rate: float, latency: float) -> float:
-    return ring.step_bytes / rate + latency
+    return ring.step_bytes / rate + latency_of(ring, latency)
 
 
 def iteration_time(ring: Ring, rate: float, latency: float) -> float:

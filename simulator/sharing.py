@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from profiles import WORKLOADS, compute_seconds
 from simulator.detail import COMPUTE, TRANSFER, Detail
 from simulator.interference import Interference
-from simulator.rings import alone_rate
+from simulator.rings import alone_rate, latency_of
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ class MltcpDetail(Detail):
         to_go = (lv + 1) / self.levels * ring.steps - self.sent(key) * ring.steps  # steps to the next level
         rate = self._rates()[key]
         if ring.coarse:
-            dt = to_go * (ring.step_bytes / rate + self.latency)
+            dt = to_go * (ring.step_bytes / rate + latency_of(ring, self.latency))
         else:
             dt = to_go * ring.step_bytes / rate
         if dt < left * (1 - 1e-9):

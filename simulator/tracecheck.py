@@ -7,8 +7,14 @@ calibrated to the emulation (`calibration_for`: the newest current-model `make d
 the replay's); `compare` sets the two side by side, all in rack seconds:
 - per-job completion time (end - arrival): median and p90 of |simulated / emulated - 1|;
 - queueing delay (GPUs granted - arrival): the mean of each, and the median of the per-job differences;
+  "GPUs granted" is the admission (the controller's `admitted_at`, the simulator's placement) where the record has
+  it, else the containers' start (`started_at`; records made before admitted_at was recorded);
 - makespan (the last job's end): the relative error;
-- the order in which jobs start (GPUs granted): the same list, or the pairs of jobs the two order differently;
+- the order in which jobs start (GPUs granted, as above): the same list, or the pairs of jobs the two order
+  differently. The scheduler's order is the admission's: the controller's queue (controller/jobs/queue.py through
+  controller/core/admission.py's `fifo`) admits the jobs of one drain one after the other in queue order, each
+  with its own `admitted_at`, where the simulator places them at one instant (a tie, ordered by trace index, i.e.
+  queue order); their containers may then start in another order, which the containers' start would count;
 - circuit changes: removed plus added circuits over the run, each side.
 `checks` holds a comparison to the issue's bounds (median |error| <= 10 %, p90 <= 20 %, makespan within 5 %, the
 same start order); `table` renders comparisons for `make report`.
@@ -53,26 +59,34 @@ def discordant(a: list[int], b: list[int]) -> list[tuple[int, int]]:
     return [(x, y) for i, x in enumerate(a) for y in a[i + 1:] if pos[x] > pos[y]]
 
 
+def granted_key(emulated: list[dict], simulated: list[dict]) -> str:
+    """The rows' key for "GPUs granted": admit_s where every row of both sides has one, else start_s."""
+    return "admit_s" if all(r.get("admit_s") is not None for r in emulated + simulated) else "start_s"
+
+
 def compare(emulated: list[dict], simulated: list[dict], emulated_changes: int, simulated_changes: int) -> dict:
-    """One policy: rows of both sides, each {index, arrival_s, start_s (GPUs granted), end_s}, rack seconds
-    from the first arrival. Every emulated job must have ended `done` (a row with end_s None is an error)."""
+    """One policy: rows of both sides, each {index, arrival_s, start_s (containers started), end_s} and where
+    known admit_s (GPUs granted), rack seconds from the first arrival. Every emulated job must have ended `done`
+    (a row with end_s None is an error). Queueing and start order are by admit_s where every row has it."""
     if sorted(r["index"] for r in emulated) != sorted(r["index"] for r in simulated):
         raise ValueError("the emulated and simulated runs hold different jobs")
     unfinished = [r["index"] + 1 for r in emulated + simulated if r.get("end_s") is None]
     if unfinished:
         raise ValueError(f"jobs {sorted(set(unfinished))} have no end: a replay or simulation that did not finish")
     sim = {r["index"]: r for r in simulated}
+    key = granted_key(emulated, simulated)
     jobs = []
     for e in sorted(emulated, key=lambda r: r["index"]):
         s = sim[e["index"]]
         jct_e, jct_s = e["end_s"] - e["arrival_s"], s["end_s"] - s["arrival_s"]
         jobs.append({"index": e["index"], "jct_emulated_s": jct_e, "jct_simulated_s": jct_s,
-                     "error": jct_s / jct_e - 1, "queue_emulated_s": e["start_s"] - e["arrival_s"],
-                     "queue_simulated_s": s["start_s"] - s["arrival_s"]})
+                     "error": jct_s / jct_e - 1, "queue_emulated_s": e[key] - e["arrival_s"],
+                     "queue_simulated_s": s[key] - s["arrival_s"]})
     errors = [abs(j["error"]) for j in jobs]
     mk_e, mk_s = max(r["end_s"] for r in emulated), max(r["end_s"] for r in simulated)
-    order_e, order_s = start_order(emulated), start_order(simulated)
+    order_e, order_s = start_order(emulated, key), start_order(simulated, key)
     return {
+        "granted_by": "admission" if key == "admit_s" else "containers started",
         "jobs": jobs,
         "jct_error_median": statistics.median(errors),
         "jct_error_p90": p90(errors),
@@ -103,47 +117,66 @@ def checks(c: dict) -> list[str]:
 
 def emulated_rows(run: dict) -> list[dict]:
     """A replay record's policy run (scripts/replay_trace.py) as comparison rows: submit is the arrival, the
-    controller's start (GPUs granted) the start, its end the end (None unless the job ended done)."""
-    return [{"index": j["index"], "arrival_s": j["submit_s"], "start_s": j["start_s"],
+    controller's admission (admit_s; None in records made before it was recorded) and containers' start the
+    start, its end the end (None unless the job ended done)."""
+    return [{"index": j["index"], "arrival_s": j["submit_s"], "admit_s": j.get("admit_s"), "start_s": j["start_s"],
              "end_s": j["end_s"] if j["state"] == "done" else None} for j in run["jobs"]]
 
 
 # --- the simulated side -----------------------------------------------------------------------------------------
 def calibration_for(fabric: str = "lossless"):
     """The network calibration of the newest committed `make demo` record of the current model on `fabric`
-    (its measured ring efficiency and the fabric's sharing), or the provisional one if there is none."""
+    (its measured ring efficiency and the fabric's sharing); without one, of the newest committed record on
+    `fabric` of any model (the calibration ring measures the fabric, not the model: a new model's hash has no
+    record until `make demo` runs); the provisional one if there is none."""
     from simulator import calibration, records
 
-    recs = [r for r in records.of_current_model(records.load()) if (r.data.get("fabric") or "droptail") == fabric]
-    return calibration.from_record(recs[-1].data if recs else {"fabric": fabric}), (recs[-1].name if recs else None)
+    every = records.load()
+    for recs in (records.of_current_model(every), [r for r in every if r.full]):
+        recs = [r for r in recs if (r.data.get("fabric") or "droptail") == fabric and r.data.get("calibration")]
+        if recs:
+            return calibration.from_record(recs[-1].data), recs[-1].name
+    return calibration.from_record({"fabric": fabric}), None
 
 
-def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float) -> tuple[list[dict], int]:
+def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, with_lags: bool = True,
+             one_step: bool = False) -> tuple[list[dict], int]:
     """The trace's jobs (dicts of arrival_s, gpus, model, iterations; trace order) through the engine on
-    `rack_file` under `policy`: (comparison rows, circuits changed)."""
+    `rack_file` under `policy`: (comparison rows, circuits changed). The emulation's lags (simulator/lags.py) are
+    charged unless `with_lags` is false (the model before them, for comparison); `one_step`: every ring step costs
+    STEP_S whatever its chunk (the model before the small chunks' step, simulator/calibration.py)."""
+    import dataclasses
+
     from controller.core.rack import load_rack
+    from simulator import lags
     from simulator.engine import Options, Run, policies
     from simulator.workloads import JobSpec
 
     rack = load_rack(rack_file)
     cal, _ = calibration_for(rack.spec.emulation.fabric)
     jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
-    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=cal.net(rack), step_model="exact")).run()
+    charged = lags.for_rack(rack.spec.emulation.time_dilation) if with_lags else lags.NONE
+    net = cal.net(rack)
+    if one_step:
+        net = dataclasses.replace(net, small_step_latency_s=None)
+    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=net, step_model="exact", lags=charged)).run()
     by_id = {j.id: j for j in out.jobs}
     rows = []
     for i, spec in enumerate(jobs):
         r = by_id[spec.id]
-        rows.append({"index": i, "arrival_s": r.arrival_s, "start_s": r.placed_s,
+        rows.append({"index": i, "arrival_s": r.arrival_s, "admit_s": r.placed_s, "start_s": r.started_s,
                      "end_s": r.end_s if r.end_s >= 0 and not r.failed else None})
     return rows, out.circuits_changed
 
 
-def compare_record(record: dict, trace: list[dict], rack_file: Path) -> dict[str, dict]:
-    """Every policy of a replay record beside the simulator's run of the same jobs."""
+def compare_record(record: dict, trace: list[dict], rack_file: Path, with_lags: bool = True,
+                   one_step: bool = False) -> dict[str, dict]:
+    """Every policy of a replay record beside the simulator's run of the same jobs (`with_lags`, `one_step`: as
+    `simulate`'s)."""
     out = {}
     for policy, run in record["policies"].items():
         jobs = trace[: record["jobs_replayed"]]
-        sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0)
+        sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0, with_lags, one_step)
         out[policy] = compare(emulated_rows(run), sim, run["summary"]["circuit_changes"], changes)
     return out
 
@@ -185,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simulator.tracecheck", description=main.__doc__.splitlines()[0])
     ap.add_argument("records", nargs="+", type=Path, help="results/replay/*.json (scripts/replay_trace.py)")
     ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parents[1] / "traces" / "trace16.csv")
+    ap.add_argument("--no-lags", action="store_true",
+                    help="simulate without the emulation's lags (simulator/lags.py): the model before them")
+    ap.add_argument("--one-step", action="store_true",
+                    help="every ring step costs STEP_S whatever its chunk (the model before SMALL_STEP_S)")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
@@ -193,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.records:
         try:
             record = json.loads(path.read_text())
-            out.append((path.stem, compare_record(record, trace, root / record["rack_file"])))
+            out.append((path.stem, compare_record(record, trace, root / record["rack_file"], not args.no_lags,
+                                                      args.one_step)))
         except (OSError, KeyError, ValueError) as e:
             print(f"tracecheck: {path}: {e}", file=sys.stderr)
             return 2

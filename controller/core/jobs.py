@@ -121,6 +121,7 @@ class Job:
     circuits: list[list[str]] = field(default_factory=list)
     note: str = ""
     created_at: float = 0.0
+    admitted_at: float | None = None  # its GPUs granted (placed by the queue: submitted, or a queue drain)
     started_at: float | None = None  # containers started
     ended_at: float | None = None
     events: list[int] = field(default_factory=list)  # reconfiguration event ids

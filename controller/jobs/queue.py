@@ -55,7 +55,9 @@ class Queue:
         return job
 
     def _admit(self, job: Job, p: policy.Plan) -> None:
-        transition(job, "pending", gpus=list(p.gpus), switches=list(p.switches), note=p.note)
+        transition(
+            job, "pending", gpus=list(p.gpus), switches=list(p.switches), note=p.note, admitted_at=self.state.clock()
+        )
         self.book.save()
         LOG.info(
             "%s admitted: %d GPUs %s, policy %s; %s",

@@ -300,3 +300,26 @@ def test_the_service_built_alone_runs_a_job_through_submit_regroup_a_loss_and_st
     assert stopped.state == "stopped" and jobs.busy_gpus() == {}
     assert [c.labels["gpu"] for c in driver.running.values()] == ["gpu2"]  # on the dead server: swept when it is back
     assert jobs.get(job.id) is job and jobs.list(10)[0] == [job]
+
+
+def test_the_queue_records_when_it_granted_each_jobs_gpus(tmp_path, vrt):
+    """admitted_at: at the submission for a job placed at once, at the drain for a queued one (in the queue's order),
+    never for a job still queued; the trace replay compares the scheduler's order by it (simulator/tracecheck.py)."""
+    ctx, placement, _ = make(tmp_path, FakeDriver(block=True), vrt)
+    first = placement.submit(req(gpus=4, gpu_model="M40"))
+    assert first.admitted_at == first.created_at == ctx.clock()
+    vrt.run(lambda: first.state == "running")
+    assert first.admitted_at <= first.started_at
+    vrt.advance(5.0)
+    second = placement.submit(req(gpus=3))
+    third = placement.submit(req(gpus=1))
+    assert second.admitted_at is None and third.admitted_at is None  # queued: nothing granted yet
+    vrt.advance(5.0)
+    stopped_at = ctx.clock()
+    placement.stop(first.id)
+    vrt.run(lambda: second.state == "running" and third.state == "running", what="the queue to drain")
+    assert stopped_at <= second.admitted_at <= third.admitted_at <= third.started_at
+    assert second.admitted_at >= second.created_at + 5.0
+    assert placement.get(third.id).to_json()["admitted_at"] == third.admitted_at
+    for job in (second, third):
+        placement.stop(job.id)

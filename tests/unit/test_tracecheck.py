@@ -55,8 +55,32 @@ def test_a_job_that_did_not_end_or_a_missing_job_is_an_error():
 def test_a_replayed_policy_becomes_comparison_rows_and_a_failed_job_has_no_end():
     run = {"jobs": [{"index": 0, "submit_s": 0.1, "start_s": 0.2, "end_s": 9.0, "state": "done"},
                     {"index": 1, "submit_s": 1.0, "start_s": 2.0, "end_s": 3.0, "state": "failed"}]}
-    assert tc.emulated_rows(run) == [{"index": 0, "arrival_s": 0.1, "start_s": 0.2, "end_s": 9.0},
-                                     {"index": 1, "arrival_s": 1.0, "start_s": 2.0, "end_s": None}]
+    assert tc.emulated_rows(run) == [{"index": 0, "arrival_s": 0.1, "admit_s": None, "start_s": 0.2, "end_s": 9.0},
+                                     {"index": 1, "arrival_s": 1.0, "admit_s": None, "start_s": 2.0, "end_s": None}]
+    run["jobs"][0]["admit_s"] = 0.15
+    assert tc.emulated_rows(run)[0]["admit_s"] == 0.15
+
+
+def test_start_order_and_queueing_are_by_admission_where_every_row_has_it():
+    # one queue drain admits jobs 1 and 2 (in queue order, 10 ms apart); their containers start the other way round
+    emulated = [{"index": 0, "arrival_s": 0.0, "admit_s": 0.0, "start_s": 1.0, "end_s": 10.0},
+                {"index": 1, "arrival_s": 1.0, "admit_s": 10.00, "start_s": 12.5, "end_s": 20.0},
+                {"index": 2, "arrival_s": 2.0, "admit_s": 10.01, "start_s": 11.5, "end_s": 20.0}]
+    # the simulator places both at one instant (a tie: trace order) and starts their containers together
+    simulated = [{"index": 0, "arrival_s": 0.0, "admit_s": 0.0, "start_s": 1.0, "end_s": 10.0},
+                 {"index": 1, "arrival_s": 1.0, "admit_s": 10.0, "start_s": 11.0, "end_s": 20.0},
+                 {"index": 2, "arrival_s": 2.0, "admit_s": 10.0, "start_s": 11.0, "end_s": 20.0}]
+    c = tc.compare(emulated, simulated, 0, 0)
+    assert c["granted_by"] == "admission" and c["start_order_same"] and c["start_order_emulated"] == [0, 1, 2]
+    assert [j["queue_emulated_s"] for j in c["jobs"]] == pytest.approx([0.0, 9.0, 8.01])
+    # a record without admissions (made before the controller recorded them): by the containers' start
+    old = [{k: v for k, v in r.items() if k != "admit_s"} for r in emulated]
+    c = tc.compare(old, simulated, 0, 0)
+    assert c["granted_by"] == "containers started" and c["start_order_discordant"] == [(2, 1)]
+    assert [j["queue_emulated_s"] for j in c["jobs"]] == pytest.approx([1.0, 11.5, 9.5])
+    # the scheduler's order differing is still seen: the simulator admitting job 2 first
+    simulated[2]["admit_s"] = 9.0
+    assert tc.compare(emulated, simulated, 0, 0)["start_order_discordant"] == [(1, 2)]
 
 
 def test_the_table_says_what_a_comparison_fails():
@@ -76,12 +100,14 @@ def test_the_replay_submits_each_job_when_its_arrival_comes():
 
 
 def test_a_replayed_jobs_row_counts_its_circuit_changes_in_rack_seconds():
-    job = {"id": "job-3", "state": "done", "created_at": 100.0, "started_at": 104.0, "ended_at": 140.0,
-           "gpus": ["gpu1", "gpu5"], "switches": ["as1"], "circuits": [], "events": [7, 9], "iterations_done": 2,
+    job = {"id": "job-3", "state": "done", "created_at": 100.0, "admitted_at": 101.0, "started_at": 104.0,
+           "ended_at": 140.0, "gpus": ["gpu1", "gpu5"], "switches": ["as1"], "circuits": [], "events": [7, 9],
+           "iterations_done": 2,
            "iteration_log": [{"t_start": 106.0, "iter_s": 2.0}, {"t_start": 108.0, "iter_s": 4.0}]}
     events = {7: {"removed": [["ocs1:1", "ocs1:11"]], "added": [["ocs1:1", "ocs1:21"]]}, 9: {"added": [["a", "b"]]}}
     row = rt.job_row(2, {"gpus": 2, "model": "vgg16", "iterations": 2, "arrival_s": 0.0}, job, events, 100.0, 2.0)
-    assert (row["submit_s"], row["start_s"], row["first_iteration_s"], row["end_s"]) == (0.0, 2.0, 3.0, 20.0)
+    assert (row["submit_s"], row["admit_s"], row["start_s"], row["first_iteration_s"], row["end_s"]) == \
+        (0.0, 0.5, 2.0, 3.0, 20.0)
     assert row["circuit_changes"] == 3 and row["mean_iteration_s"] == pytest.approx(1.5)
 
 

@@ -1,0 +1,75 @@
+"""What a job spends on the emulated rack besides its iterations: the controller's and the containers' lags.
+
+The replay of a trace (scripts/replay_trace.py) shows, per job, in rack seconds (issue 35; `python -m
+simulator.tracefit` measures each from the committed records):
+- containers: GPUs granted to the job's containers started (the controller's `started_at`, the start the trace
+  check compares): longer by a fraction of a second for each GPU (a container each);
+- start: containers started to the first iteration: torch's import and the ring's rendezvous in each container
+  (every rank's first iteration begins within milliseconds of the others'); longer when several jobs are
+  placed at one instant (their containers start together on the host's two cores);
+- end: the last iteration's end to the job's end (`ended_at`): the ranks' exit and the controller seeing it;
+- release: a job's end to its GPUs free again (its containers removed), when a queued job may be placed;
+- iteration: each iteration's cost beyond its compute and all-reduce on the trace rack's loaded host (up to
+  16 workers on two cores): waking from the emulated compute's sleep, filling and checking the gradient.
+None of these is the rack's: they are the emulation's, as STEP_S (simulator/calibration.py) is. The simulator
+charges them only where it is set against a replay (simulator/tracecheck.py); `Options.lags` defaults to none,
+so every other run (the demo's points, the sweeps, the CLI) predicts what it predicted before.
+
+The constants are emulated seconds (wall clock on the emulating host), as measured; `for_rack` turns them into
+rack seconds by the rack's time dilation. All were chosen on the one fixed-policy replay record
+`results/replay/20261126T145924Z-226abd5.json` and the three `make demo` records of 2026-11-26 15:46-16:12
+(tuning data: none of them checks this model; replay records made after its commit do); tests/unit/
+test_tracefit.py ties each to what `python -m simulator.tracefit` prints for those records.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Lags:
+    """Rack seconds (see the module docstring); all zero: none."""
+    containers_s: float = 0.0  # GPUs granted to its containers started
+    containers_per_gpu_s: float = 0.0  # and for each GPU of the job
+    start_s: float = 0.0  # containers started to the first iteration
+    start_per_gpu_s: float = 0.0  # and for each GPU placed at the same instant (its own and those placed before it)
+    end_s: float = 0.0
+    release_s: float = 0.0
+    iteration_s: float = 0.0
+
+    def containers(self, gpus: int) -> float:
+        """GPUs granted to the containers of a job of `gpus` GPUs started."""
+        return self.containers_s + self.containers_per_gpu_s * gpus
+
+    def start_delay(self, gpus_placed_now: int) -> float:
+        """Containers started to the first iteration, for a job placed with `gpus_placed_now` GPUs (its own among
+        them) placed at the same instant."""
+        return self.start_s + self.start_per_gpu_s * gpus_placed_now
+
+
+NONE = Lags()
+
+# Emulated seconds, as `python -m simulator.tracefit` prints them for the records named above:
+# containers: the slope of started_at on the job's GPUs among jobs placed at one instant (the replay's queue drains,
+# least squares within each drain), and the median of submit to started_at less that slope's part over the jobs
+# placed at once (the replay's two with GPUs free and no end before them, the demo records' twelve detailed jobs)
+CONTAINERS_S = 1.431
+CONTAINERS_PER_GPU_S = 0.039
+# containers started to the first iteration: least squares over the replay's 40 jobs against the GPUs placed at
+# their instant up to and including their own
+START_S = 8.826
+START_PER_GPU_S = 0.239
+# the latest rank's last iteration's end to ended_at: median of the demo records' twelve detailed jobs
+END_S = 0.698
+# ended_at of the latest job to end before a queued job's start to that start, less the containers' part: median
+# over the replay's jobs that waited
+RELEASE_S = 1.334
+# per iteration beyond the profile's compute: median of the replay's eight 1-GPU jobs (no all-reduce), (end - first
+# iteration - END_S) / iterations - compute
+ITERATION_S = 0.023
+
+
+def for_rack(dilation: float) -> Lags:
+    """The emulation's lags in rack seconds for a rack emulated `dilation` times slower."""
+    return Lags(CONTAINERS_S / dilation, CONTAINERS_PER_GPU_S / dilation, START_S / dilation,
+                START_PER_GPU_S / dilation, END_S / dilation, RELEASE_S / dilation, ITERATION_S / dilation)

@@ -1,0 +1,47 @@
+"""The emulation's lags (simulator/lags.py) are what `python -m simulator.tracefit` measures on the committed records
+they were chosen on: a constant edited without its measurement, or a record changed, fails here."""
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from simulator import lags, tracefit
+
+
+@pytest.fixture(scope="module")
+def figures():
+    missing = [p for p in (tracefit.REPLAY, *tracefit.DEMO) if not p.exists()]
+    if missing:
+        pytest.fail(f"the records the lags were chosen on are missing: {', '.join(map(str, missing))}")
+    record = json.loads(tracefit.REPLAY.read_text())
+    jobs = record["policies"]["fixed"]["jobs"]
+    demo = [x for p in tracefit.DEMO for x in tracefit.demo_jobs(json.loads(p.read_text()))]
+    return tracefit.fit(jobs, demo, record["time_dilation"], tracefit.ROOT / record["rack_file"])
+
+
+def test_each_constant_is_its_measurement(figures):
+    med = statistics.median
+    assert lags.CONTAINERS_PER_GPU_S == pytest.approx(figures[
+        "containers per GPU (least squares within the replay's queue drains)"], abs=5e-4)
+    assert lags.CONTAINERS_S == pytest.approx(med(figures["containers (GPUs free; less the per-GPU part)"]), abs=5e-4)
+    assert lags.START_S == pytest.approx(figures["start: a, least squares on the GPUs placed at the instant"],
+                                         abs=5e-3)
+    assert lags.START_PER_GPU_S == pytest.approx(figures["start: b, per GPU placed at the instant"], abs=5e-3)
+    assert lags.END_S == pytest.approx(med(figures["end (demo)"]), abs=5e-4)
+    assert lags.RELEASE_S == pytest.approx(med(figures["release (that less the containers')"]), abs=5e-4)
+    assert lags.ITERATION_S == pytest.approx(med(figures["iteration beyond compute (replay's 1-GPU jobs)"]), abs=5e-4)
+
+
+def test_every_rank_starts_iterating_together(figures):
+    """Why the lags start a job's ranks together: the demo's ranks' first iterations are milliseconds apart."""
+    assert figures["ranks' first iterations apart (demo), at most"] < 0.05
+
+
+def test_the_groups_and_bursts_are_counted_as_the_engine_counts_them():
+    jobs = [{"start_s": s, "gpus_asked": g} for s, g in ((0.0, 2), (0.3, 4), (0.7, 1), (5.0, 3), (5.1, 1))]
+    assert tracefit.bursts(jobs) == [2, 6, 7, 3, 4]
+    assert [len(g) for g in tracefit.drains(jobs)] == [3, 2]
+    a, b = tracefit.line([1.0, 2.0, 3.0], [3.0, 5.0, 7.0])
+    assert (a, b) == pytest.approx((1.0, 2.0))
