@@ -26,10 +26,11 @@ import time
 from pathlib import Path
 
 from controller.drivers.netconf import FILTER, NS, YANG, connect, parse_pairs
+from emulation.ovs import circuit_cookie
 
 LOG = logging.getLogger("optirack.netconf-ocs")
 USER = "optirack"  # the session user netconfd lets change its datastores (--superuser)
-COOKIE = "0x0c"  # the rack's circuit flows (emulation.rack.CIRCUIT_COOKIE)
+COOKIE = "0x0c/0xff"  # the circuit flows, each with its per-port cookie (controller.drivers.openflow.circuit_cookie)
 PRIORITY = 100
 NETCONFD = "netconfd"
 
@@ -174,7 +175,7 @@ class Agent:
         if not self.bridge:
             return set()
         flows = {}
-        for line in self._ofctl("dump-flows", self.bridge, f"cookie={COOKIE}/-1").splitlines():
+        for line in self._ofctl("dump-flows", self.bridge, f"cookie={COOKIE}").splitlines():
             fields = dict(f.split("=", 1) for f in line.replace(", ", ",").replace(" ", ",").split(",") if "=" in f)
             if "in_port" in fields and fields.get("actions", "").startswith("output:"):
                 flows[int(fields["in_port"])] = int(fields["actions"].split(":", 1)[1])
@@ -195,7 +196,7 @@ class Agent:
             time.sleep(max(0.0, self.switching_s - (time.monotonic() - t0)))  # the mirrors move
             if self.bridge:
                 self._ofctl("--bundle", "add-flows", self.bridge, "-", stdin="".join(
-                    f"cookie={COOKIE},priority={PRIORITY},in_port={x},actions=output:{y}\n"
+                    f"cookie={circuit_cookie(x):#x},priority={PRIORITY},in_port={x},actions=output:{y}\n"
                     for a, b in sorted(new) for x, y in ((a, b), (b, a))))
         self.held = want
 
