@@ -57,9 +57,12 @@ def _mmm(lo: float, mid: float, hi: float) -> str:
 def reconfig(_records: list) -> str:
     rows = ["| record | rack | OCS ports | change | end to end: REST request → forwarding confirmed "
             "| less the switching time | the event's overhead (from its start) | before the event starts "
-            "| switch programming | of it inside the dark window |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| switch programming | of it inside the dark window | load average (1 min) at start → end |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for stem, data in bench_records("bench_reconfig"):
+        load = data.get("load_average") or {}
+        seen = [f"{x[0]:.1f}" if x else "?" for x in (load.get("start"), load.get("end"))]
+        load_cell = " → ".join(seen) if load else "unrecorded"
         for r in data["results"]:
             if "e2e_median_ms" not in r:
                 continue
@@ -69,7 +72,7 @@ def reconfig(_records: list) -> str:
                         f"| {r['circuits']} circuit{_s(r['circuits'])} | {e2e} "
                         f"| {r['e2e_overhead_median_ms']:.1f} ms | {_mmm(r['min_ms'], r['median_ms'], r['max_ms'])} "
                         f"| {r['before_event_ms_median']:.1f} ms | {r['programming_ms_median']:.1f} ms "
-                        f"| {r['programming_in_dark_ms_median']:.1f} ms |")
+                        f"| {r['programming_in_dark_ms_median']:.1f} ms | {load_cell} |")
     return "\n".join(rows)
 
 
