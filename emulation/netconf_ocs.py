@@ -70,6 +70,8 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
         cfg.write_text(startup_xml(startup or set()))
     sock = run_dir / "ncxserver.sock"
     sock.unlink(missing_ok=True)
+    yuma = run_dir / "yuma"  # --yuma-home: netconfd writes its transaction id to data/ there, not to ~/.yuma
+    (yuma / "data").mkdir(parents=True, exist_ok=True)
     try:
         _reap(int(_pid_file(run_dir, "netconfd").read_text()))  # one of ours that was killed: no zombie left
     except (OSError, ValueError):
@@ -78,9 +80,10 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
     proc = subprocess.Popen(
         [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--tcp-direct-port={port}",
          "--tcp-direct-address=127.0.0.1", f"--ncxserver-sockname={sock}", f"--superuser={USER}", "--log-level=warn",
-         "--startup-error=stop", "--access-control=off"],  # any login may change it: the controller's default too
+         "--startup-error=stop", "--access-control=off",  # any login may change it: the controller's default too
+         f"--yuma-home={yuma}"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, "HOME": str(run_dir)},  # yuma keeps a backup of the datastore in $HOME/.yuma
+        env={**os.environ, "HOME": str(run_dir)},  # and whatever else yuma keeps under $HOME/.yuma
     )
     log.close()
     _pid_file(run_dir, "netconfd").write_text(f"{proc.pid}\n")
