@@ -26,10 +26,11 @@ import time
 from pathlib import Path
 
 from controller.drivers.netconf import FILTER, NS, YANG, connect, parse_pairs
+from emulation.ovs import circuit_cookie
 
 LOG = logging.getLogger("optirack.netconf-ocs")
 USER = "optirack"  # the session user netconfd lets change its datastores (--superuser)
-COOKIE = "0x0c"  # the rack's circuit flows (emulation.rack.CIRCUIT_COOKIE)
+COOKIE = "0x0c/0xff"  # the circuit flows, each with its per-port cookie (controller.drivers.openflow.circuit_cookie)
 PRIORITY = 100
 NETCONFD = "netconfd"
 
@@ -69,6 +70,8 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
         cfg.write_text(startup_xml(startup or set()))
     sock = run_dir / "ncxserver.sock"
     sock.unlink(missing_ok=True)
+    yuma = run_dir / "yuma"  # --yuma-home: netconfd writes its transaction id to data/ there, not to ~/.yuma
+    (yuma / "data").mkdir(parents=True, exist_ok=True)
     try:
         _reap(int(_pid_file(run_dir, "netconfd").read_text()))  # one of ours that was killed: no zombie left
     except (OSError, ValueError):
@@ -77,9 +80,10 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
     proc = subprocess.Popen(
         [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--tcp-direct-port={port}",
          "--tcp-direct-address=127.0.0.1", f"--ncxserver-sockname={sock}", f"--superuser={USER}", "--log-level=warn",
-         "--startup-error=stop", "--access-control=off"],  # any login may change it: the controller's default too
+         "--startup-error=stop", "--access-control=off",  # any login may change it: the controller's default too
+         f"--yuma-home={yuma}"],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, "HOME": str(run_dir)},  # yuma keeps a backup of the datastore in $HOME/.yuma
+        env={**os.environ, "HOME": str(run_dir)},  # and whatever else yuma keeps under $HOME/.yuma
     )
     log.close()
     _pid_file(run_dir, "netconfd").write_text(f"{proc.pid}\n")
@@ -174,7 +178,7 @@ class Agent:
         if not self.bridge:
             return set()
         flows = {}
-        for line in self._ofctl("dump-flows", self.bridge, f"cookie={COOKIE}/-1").splitlines():
+        for line in self._ofctl("dump-flows", self.bridge, f"cookie={COOKIE}").splitlines():
             fields = dict(f.split("=", 1) for f in line.replace(", ", ",").replace(" ", ",").split(",") if "=" in f)
             if "in_port" in fields and fields.get("actions", "").startswith("output:"):
                 flows[int(fields["in_port"])] = int(fields["actions"].split(":", 1)[1])
@@ -195,7 +199,7 @@ class Agent:
             time.sleep(max(0.0, self.switching_s - (time.monotonic() - t0)))  # the mirrors move
             if self.bridge:
                 self._ofctl("--bundle", "add-flows", self.bridge, "-", stdin="".join(
-                    f"cookie={COOKIE},priority={PRIORITY},in_port={x},actions=output:{y}\n"
+                    f"cookie={circuit_cookie(x):#x},priority={PRIORITY},in_port={x},actions=output:{y}\n"
                     for a, b in sorted(new) for x, y in ((a, b), (b, a))))
         self.held = want
 

@@ -92,3 +92,9 @@ def shaped_mbps(intf: str, netns: str | None = None) -> float | None:
         return None
     unit = {"": 1e-6, "K": 1e-3, "M": 1.0, "G": 1e3}[m.group(2)]
     return float(m.group(1)) * unit
+
+
+def circuit_cookie(port: int) -> int:
+    """The cookie of an emulated OCS's circuit flow out of `port`, as the controller sets it (the OCS tag 0x0c, the
+    in_port above it: controller.drivers.openflow.circuit_cookie; a unit test checks the two agree)."""
+    return 0x0C | port << 8

@@ -23,7 +23,6 @@ from emulation import netns as ns
 from emulation.topo import RackTopo, check_emulable, downlink_patches, port_mtus
 
 CONTAINER_LABEL = "org.optirack.rack"
-CIRCUIT_COOKIE = "0x0c"  # flows the rack itself installs for the starting circuits
 
 
 @dataclass
@@ -143,7 +142,7 @@ def build(rack: Rack, controller: str = "127.0.0.1:6653", log_level: str = "warn
         nics.make(nic, rack)
     for a, b in rack.spec.circuits:
         for x, y in ((a, b), (b, a)):
-            flow = f"cookie={CIRCUIT_COOKIE},priority=100,in_port={x.port},actions=output:{y.port}"
+            flow = f"cookie={ovs.circuit_cookie(x.port):#x},priority=100,in_port={x.port},actions=output:{y.port}"
             ovs.ofctl("add-flow", a.device, flow)
     return net, state
 

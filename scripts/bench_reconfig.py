@@ -160,31 +160,35 @@ def main(argv: list[str] | None = None) -> int:
         metavar="GPUS",
         help="bring racks of this many GPUs or more up bare (default %(default)s)",
     )
-    p.add_argument("--driver", choices=["openflow", "netconf"], default="openflow",
-                   help="how the controller drives the OCS: OpenFlow, or NETCONF to the emulated NETCONF OCS "
-                   "(netconfd and its agent, emulation/netconf_ocs.py) (default %(default)s)")
+    p.add_argument("--driver", default="openflow",
+                   help="how the controller drives the OCS: openflow, or netconf to the emulated NETCONF OCS "
+                   "(netconfd and its agent, emulation/netconf_ocs.py); several, comma-separated, one after the "
+                   "other into one record, e.g. openflow,netconf (default %(default)s)")
     add_json_option(p)
     args = p.parse_args(argv)
     try:
         sizes = [int(x) for x in args.gpus.split(",")]
     except ValueError:
         p.error("--gpus takes comma-separated integers, e.g. 6,64,512")
+    drivers = args.driver.split(",")
+    if not drivers or any(d not in ("openflow", "netconf") for d in drivers):
+        p.error(f"--driver takes openflow and/or netconf, comma-separated (not {args.driver!r})")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         print("reconfiguration overhead (start -> flows confirmed, minus the MEMS switching time)", flush=True)
-        for n in sizes:
+        for driver, n in ((d, n) for d in drivers for n in sizes):
             path = Path(tmp) / f"gen{n}.yaml"
             if n == 6:
                 data = yaml.safe_load((ROOT / "topologies" / "paper-testbed.yaml").read_text())
             else:
                 big = n >= 256  # 512 GPUs: 512 downlinks, a 1,024-port OCS
                 data = rack_spec(n, gpus_per_server=8 if big else 4, switches=8, spare=1 if big else 2, name=f"gen{n}")
-            if args.driver == "netconf":
+            if driver == "netconf":
                 for o in data["ocs"]:
                     o.update(driver="netconf", address=f"tcp-ncx://127.0.0.1:{free_port()}")
             path.write_text(yaml.safe_dump(data))
             rack = parse_rack(yaml.safe_load(path.read_text()), str(path))
-            rows += bench(rack, path, args.rounds, Path(tmp) / rack.name, bare=n >= args.bare_from)
+            rows += bench(rack, path, args.rounds, Path(tmp) / f"{rack.name}-{driver}", bare=n >= args.bare_from)
     print("\nmedians in ms; end to end: REST request -> forwarding confirmed; event: requested_at -> confirmed; "
           "overhead: minus the switching time; programming: the switches' re-programming, and how much of it the "
           "dark window hid")

@@ -57,9 +57,12 @@ def _mmm(lo: float, mid: float, hi: float) -> str:
 def reconfig(_records: list) -> str:
     rows = ["| record | rack | OCS ports | change | end to end: REST request → forwarding confirmed "
             "| less the switching time | the event's overhead (from its start) | before the event starts "
-            "| switch programming | of it inside the dark window |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| switch programming | of it inside the dark window | load average (1 min) at start → end |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for stem, data in bench_records("bench_reconfig"):
+        load = data.get("load_average") or {}
+        seen = [f"{x[0]:.1f}" if x else "?" for x in (load.get("start"), load.get("end"))]
+        load_cell = " → ".join(seen) if load else "unrecorded"
         for r in data["results"]:
             if "e2e_median_ms" not in r:
                 continue
@@ -69,7 +72,7 @@ def reconfig(_records: list) -> str:
                         f"| {r['circuits']} circuit{_s(r['circuits'])} | {e2e} "
                         f"| {r['e2e_overhead_median_ms']:.1f} ms | {_mmm(r['min_ms'], r['median_ms'], r['max_ms'])} "
                         f"| {r['before_event_ms_median']:.1f} ms | {r['programming_ms_median']:.1f} ms "
-                        f"| {r['programming_in_dark_ms_median']:.1f} ms |")
+                        f"| {r['programming_in_dark_ms_median']:.1f} ms | {load_cell} |")
     return "\n".join(rows)
 
 
@@ -320,8 +323,44 @@ def rack(_records: list, directory: Path | None = None) -> str:
     return "\n".join(rows)
 
 
+QUICK = ROOT / "results" / "netconf-quick" / "records"
+
+
+def netconf_quick(_records: list, directory: Path | None = None) -> str:
+    """Quick demos (`make demo ARGS="--quick --results results/netconf-quick"`, case (a) once) on the paper rack
+    with its OCS over OpenFlow and over NETCONF (topologies/paper-netconf.yaml), one row per record, and whether
+    the NETCONF runs' savings fall within the OpenFlow runs' range."""
+    from simulator import records as rec
+
+    found = rec.load(directory or QUICK)
+    if not found:
+        raise ReportError(f"{directory or QUICK}: no committed record")
+    rows = ["| record | commit | OCS driver | fragmented | regrouped | completion time saved (case (a)) |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    savings: dict[str, list[float]] = {"openflow": [], "netconf": []}
+    for r in found:
+        d = r.data
+        driver = "netconf" if any(o.get("driver") == "netconf" for o in d["rack"].get("ocs", [])) else "openflow"
+        p = next(p for p in d["points"] if p["case"] == "a")
+        savings[driver].append(p["saving"]["median"])
+        name = "NETCONF" if driver == "netconf" else "OpenFlow"
+        rows.append(f"| `{r.name}` | {d['versions'].get('optirack')} | {name} "
+                    f"| {p['fixed']['completion_rack_s']:.2f} s | {p['regroup']['completion_rack_s']:.2f} s "
+                    f"| {100 * p['saving']['median']:.1f} % |")
+    of, nc = savings["openflow"], savings["netconf"]
+    if not of or not nc:
+        raise ReportError(f"{directory or QUICK}: needs records of both drivers")
+    lo, hi = min(of), max(of)
+    inside = sum(lo <= s <= hi for s in nc)
+    rows += ["", _prose(f"OpenFlow: {len(of)} run{_s(len(of))}, saved {100 * statistics.median(of):.1f} % at the "
+                        f"median ({100 * lo:.1f}–{100 * hi:.1f} %). NETCONF: {len(nc)} run{_s(len(nc))}, "
+                        f"{100 * statistics.median(nc):.1f} % ({100 * min(nc):.1f}–{100 * max(nc):.1f} %); "
+                        f"{inside} of {len(nc)} within the OpenFlow runs' range.")]
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[list], str]] = {
     "reconfig": reconfig, "loopback": loopback, "step": step, "step-by-chunk": step_by_chunk, "failover": failover,
     "checkpoint-cost": checkpoint_cost, "placement": placement, "store": store,
-    "observed": observed, "rack": rack,
+    "observed": observed, "rack": rack, "netconf-quick": netconf_quick,
 }

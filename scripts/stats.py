@@ -27,6 +27,7 @@ def show(s: dict, unit: str = "", digits: int = 1) -> str:
 
 
 _VERSIONS: dict = {}  # the checkout's state when the benchmark started (add_json_option), not when it wrote
+_LOAD: dict = {}  # the host's load average (1, 5, 15 min) when it started, and when it wrote
 
 
 def _versions() -> dict:
@@ -37,20 +38,31 @@ def _versions() -> dict:
     return versions(full=False)
 
 
+def _load() -> list[float] | None:
+    import os
+
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def add_json_option(parser: argparse.ArgumentParser) -> None:
     _VERSIONS.update(_versions())
+    _LOAD.update(start=_load())
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="also write every figure, with min/median/max and the raw repetitions, to PATH")
 
 
 def write_json(path: Path | None, results) -> None:
     """Write `results` with what produced them: the command, the host, the time, the commit (and whether the
-    checkout differed from it), python and the kernel."""
+    checkout differed from it), python and the kernel, and the host's load average when it started and ended
+    (other work on the host shows in a benchmark's figures)."""
     if path is None:
         return
     record = {"command": [Path(sys.argv[0]).name, *sys.argv[1:]], "host": platform.node(),
               "cpus": _cpus(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "versions": _VERSIONS or _versions(),
-              "results": results}
+              "load_average": {**_LOAD, "end": _load()}, "results": results}
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {path}")
 

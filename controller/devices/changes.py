@@ -153,6 +153,7 @@ class CircuitChanges:
             # encoded, so that once every changed circuit is dark they go out at once, each switch in one bundle,
             # while the OCS switches; the entries of addresses that left go once the OCS confirmed.
             ocs = self._start_all(parts, fabric.dark)
+            self.rt.sleep(0)  # the OCS threads send their teardown first: the plan is computed while the OCS works
             fabric.ready(self.fabric.prepare(target))
             for result in self._wait_all(ocs):
                 ev.switching_time_s = max(ev.switching_time_s, result.switching_time_s)

@@ -86,6 +86,7 @@ class OpenFlowOcs(OcsDriver):
         super().__init__(spec, **kw)
         self.rpc, self.timeout = rpc, timeout
         self.datapath = None  # set by the OCS app while the bridge is connected
+        self._other_cookies: set[int] = set()  # in_ports whose flow read() found without its per-port cookie
 
     @property
     def connected(self) -> bool:
@@ -97,13 +98,18 @@ class OpenFlowOcs(OcsDriver):
         return self.datapath
 
     def read(self) -> set[Pair]:
-        flows = self.rpc.request(self._dp(), of.flow_stats_request(of.OCS_COOKIE), self.timeout, "a flow dump")
-        pairs = set()
+        flows = self.rpc.request(
+            self._dp(), of.flow_stats_request(of.OCS_COOKIE, of.OCS_TAG_MASK), self.timeout, "a flow dump"
+        )
+        pairs, others = set(), set()
         for f in flows:
             in_port = f.match.get("in_port")
             outs = [a.port for i in f.instructions for a in getattr(i, "actions", []) if hasattr(a, "port")]
             if in_port is not None and len(outs) == 1:
                 pairs.add((in_port, outs[0]))
+                if f.cookie != of.circuit_cookie(in_port):
+                    others.add(in_port)
+        self._other_cookies = others  # (a block delete by cookie would miss these: they go one by one)
         self.seen()
         return {(min(a, b), max(a, b)) for a, b in pairs if (b, a) in pairs}
 
@@ -111,7 +117,10 @@ class OpenFlowOcs(OcsDriver):
         dp = self._dp()
         switching = self.switching_time_s(len(add))
         gone = {p for pair in remove for p in pair} | {p for pair in add for p in pair}
-        self.rpc.confirm(dp, [of.circuit_delete(p) for p in sorted(gone)], self.timeout, "removing circuits")
+        odd = gone & self._other_cookies  # by cookie in aligned blocks of ports, a flow of another cookie alone
+        msgs = [of.circuit_delete_block(*b) for b in of.port_blocks(gone - odd)] + [of.circuit_delete(p) for p in odd]
+        self.rpc.confirm(dp, msgs, self.timeout, "removing circuits")
+        self._other_cookies -= gone
         dark_start = self.clock()
         if not add:
             if on_dark is not None:
@@ -129,4 +138,5 @@ class OpenFlowOcs(OcsDriver):
 
     def replace(self, circuits: set[Pair]) -> None:
         self.rpc.confirm(self._dp(), [of.delete_all(), *_both_ways(circuits)], self.timeout, "restoring circuits")
+        self._other_cookies = set()
         self.seen()

@@ -32,7 +32,8 @@ from controller.core.errors import DeviceError
 
 LOG = logging.getLogger("optirack.openflow")
 
-OCS_COOKIE = 0x0C  # circuits
+OCS_COOKIE = 0x0C  # circuits: the cookie's low byte; above it, the flow's in_port (circuit_cookie)
+OCS_TAG_MASK = 0xFF
 FABRIC_COOKIE = 0x0F  # forwarding
 COOKIE_MASK = 0xFFFFFFFFFFFFFFFF
 CIRCUIT_PRIORITY = 100
@@ -76,8 +77,9 @@ def _output(port: int) -> bytes:
     return struct.pack("!HH4x", ofp.OFPIT_APPLY_ACTIONS, 8 + len(action)) + action
 
 
-def _flow(command: int, cookie: int, priority: int, match: bytes, out_port: int | None = None) -> bytes:
-    mask = COOKIE_MASK if command != ofp.OFPFC_ADD else 0
+def _flow(command: int, cookie: int, priority: int, match: bytes, out_port: int | None = None,
+          cookie_mask: int = COOKIE_MASK) -> bytes:
+    mask = cookie_mask if command != ofp.OFPFC_ADD else 0
     body = _FLOW_MOD.pack(cookie, mask, 0, command, 0, 0, priority, ofp.OFP_NO_BUFFER, ofp.OFPP_ANY, ofp.OFPG_ANY, 0)
     return _msg(ofp.OFPT_FLOW_MOD, body + match + (b"" if out_port is None else _output(out_port)))
 
@@ -92,14 +94,46 @@ def _ip_match(eth_type: int, field: int, ip: str) -> bytes:
     )
 
 
+def circuit_cookie(in_port: int) -> int:
+    """A circuit flow's cookie: the OCS tag, and its in_port above it, so that one delete with a cookie mask removes
+    the circuits of an aligned block of ports (`circuit_delete_ports`)."""
+    return OCS_COOKIE | in_port << 8
+
+
 @functools.lru_cache(maxsize=1 << 16)  # a bulk change of 512 circuits sends 2,048; the same ones recur
 def circuit_add(in_port: int, out_port: int) -> bytes:
-    return _flow(ofp.OFPFC_ADD, OCS_COOKIE, CIRCUIT_PRIORITY, _in_port(in_port), out_port)
+    return _flow(ofp.OFPFC_ADD, circuit_cookie(in_port), CIRCUIT_PRIORITY, _in_port(in_port), out_port)
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def circuit_delete(in_port: int) -> bytes:
-    return _flow(ofp.OFPFC_DELETE_STRICT, OCS_COOKIE, CIRCUIT_PRIORITY, _in_port(in_port))
+    """The circuit flow of one in_port, whatever its cookie (strict: by match and priority)."""
+    return _flow(ofp.OFPFC_DELETE_STRICT, OCS_COOKIE, CIRCUIT_PRIORITY, _in_port(in_port), cookie_mask=0)
+
+
+def port_blocks(ports) -> list[tuple[int, int]]:
+    """`ports` as aligned blocks (first port, size: a power of two that divides the first port), each as large as
+    it can be from the lowest port up: ports 1-1024 are 11 blocks (1, 2-3, 4-7, … 512-1023, 1024)."""
+    todo, blocks, i = sorted(set(ports)), [], 0
+    while i < len(todo):
+        start, run = todo[i], 1
+        while i + run < len(todo) and todo[i + run] == start + run:
+            run += 1
+        size = (start & -start) if start else 1 << 31
+        while size > run:
+            size >>= 1
+        blocks.append((start, size))
+        i += size
+    return blocks
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def circuit_delete_block(start: int, size: int) -> bytes:
+    """Every circuit flow (with `circuit_add`'s cookie) whose in_port is in the aligned block start … start+size-1,
+    in one message: a bulk change of 512 circuits on 1,024 ports deletes in 11 (`port_blocks`), not 1,024."""
+    body = _FLOW_MOD.pack(circuit_cookie(start), COOKIE_MASK ^ (size - 1) << 8, 0, ofp.OFPFC_DELETE, 0, 0, 0,
+                          ofp.OFP_NO_BUFFER, ofp.OFPP_ANY, ofp.OFPG_ANY, 0)
+    return _msg(ofp.OFPT_FLOW_MOD, body + _match())
 
 
 @functools.lru_cache(maxsize=1 << 16)  # a fabric re-sync sends thousands; the same ones recur
@@ -156,9 +190,9 @@ def with_xid(msg: bytes, xid: int) -> bytes:
     return msg[:4] + struct.pack("!I", xid) + msg[8:]
 
 
-def flow_stats_request(cookie: int):
+def flow_stats_request(cookie: int, mask: int = COOKIE_MASK):
     return parser.OFPFlowStatsRequest(
-        None, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, COOKIE_MASK, parser.OFPMatch()
+        None, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY, cookie, mask, parser.OFPMatch()
     )
 
 
@@ -286,10 +320,17 @@ class OfRpc:
                 self.wait_staged(b, timeout)
             except SwitchError as e:
                 errors[b.dp.id] = e
-        ready = [b for b in staged if b.dp.id not in errors]
-        for b in ready:
+        committed = []
+        for b in staged:  # every commit sent before any is waited for: the switches apply theirs at once
+            if b.dp.id in errors:
+                continue
             try:
                 self.commit(b)
+                committed.append(b)
+            except SwitchError as e:
+                errors[b.dp.id] = e
+        for b in committed:
+            try:
                 self.wait_committed(b, timeout)
             except SwitchError as e:
                 errors[b.dp.id] = e

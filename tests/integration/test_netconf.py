@@ -76,6 +76,8 @@ def test_a_regroup_is_one_commit_on_the_server(netconf_controller):
     assert ev["status"] == "ok" and ev["dark_window_s"] >= 0.025
     assert device.circuits() == sorted(REGROUPED) == _circuits(client)
     assert "Traceback" not in ctl.output()
+    # netconfd keeps its transaction id in the server's run directory (--yuma-home), not in root's ~/.yuma
+    assert (device.run_dir / "yuma" / "data" / "startup-cfg-txid.txt").read_text().strip().isdigit()
 
 
 def test_a_locked_candidate_refuses_the_change_and_nothing_moves(netconf_controller):

@@ -170,8 +170,10 @@ class FakeSwitch:
             self.flows[(msg.priority, match)] = (msg.cookie, outs[0] if outs else None)
         elif msg.command == ofp.OFPFC_DELETE_STRICT:
             self.flows.pop((msg.priority, match), None)
-        elif msg.command == ofp.OFPFC_DELETE and not match and msg.table_id == ofp.OFPTT_ALL:
-            self.flows.clear()
+        elif msg.command == ofp.OFPFC_DELETE and not match:  # by cookie (a mask of 0: every flow), as OVS does
+            for key, (cookie, _) in list(self.flows.items()):
+                if cookie & msg.cookie_mask == msg.cookie & msg.cookie_mask:
+                    del self.flows[key]
         else:
             raise AssertionError(f"the fake does not model flow-mod command {msg.command}")
 

@@ -115,3 +115,25 @@ def test_rack_shows_the_images_and_the_times_per_record(tmp_path):
 def test_a_block_with_no_committed_record_says_which_benchmark_to_run(tmp_path, block):
     with pytest.raises(ReportError, match="no committed bench_.* record under .* \\(run it with --json\\)"):
         report_bench.BLOCKS[block]([], tmp_path)
+
+
+def _quick(tmp_path: Path, name: str, driver: str, saving: float) -> None:
+    data = json.loads(next(report_bench.QUICK.glob("*.json")).read_text())
+    data["rack"]["ocs"][0]["driver"] = driver
+    data["points"][0]["saving"]["median"] = saving
+    (tmp_path / f"{name}.json").write_text(json.dumps(data))
+
+
+def test_netconf_quick_judges_each_netconf_run_against_the_openflow_runs_range(tmp_path):
+    for i, (driver, saving) in enumerate([("openflow", 0.70), ("netconf", 0.71), ("openflow", 0.73),
+                                          ("netconf", 0.69), ("netconf", 0.73)]):
+        _quick(tmp_path, f"2027010{i}T000000Z-abcdef0", driver, saving)
+    text = report_bench.netconf_quick([], tmp_path)
+    assert text.count("| NETCONF |") == 3 and text.count("| OpenFlow |") == 2
+    assert "(70.0–73.0 %)" in text and "2 of 3 within the OpenFlow runs' range" in " ".join(text.split())
+
+
+def test_netconf_quick_without_both_drivers_says_so(tmp_path):
+    _quick(tmp_path, "20270101T000000Z-abcdef0", "openflow", 0.7)
+    with pytest.raises(ReportError, match="both drivers"):
+        report_bench.netconf_quick([], tmp_path)
