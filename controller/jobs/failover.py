@@ -50,13 +50,14 @@ MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many reco
 class Failover:
     def __init__(
         self, book, state, changes, containers, workers, lifecycle, runtime, drain: Callable[[], None],
-        hold_at: str | None = None,
+        hold_at: str | None = None, keep_survivors: bool = True,
     ):  # fmt: skip
         self.book, self.state, self.changes, self.containers, self.workers, self.lifecycle, self.rt = (
             book, state, changes, containers, workers, lifecycle, runtime
         )  # fmt: skip
         self.drain = drain  # start queued jobs (queue.Queue.drain)
         self.hold_at = hold_at  # a fault hook for tests: recoveries stop once at this step ("swapped": _hold)
+        self.keep_survivors = keep_survivors  # survivors' workers regroup in their processes (False: restarted)
         self._collecting: set[str] = set()  # jobs gathering the signs of one fault (SETTLE s)
         self._links_down: set[str] = set()  # OCS ports whose link is down (observed, not the job's)
 
@@ -129,7 +130,8 @@ class Failover:
                 rec = job.recovery = self._assess(job, rec)
                 self.book.save()
                 self._hold(job, "assessed")
-            self._stop_old_attempt(job, rec)
+            keep = self.keep_survivors and not resumed  # after a controller restart: every rank restarted
+            self._stop_old_attempt(job, rec, keep)
             while rec["step"] != "swapped":
                 if job.state != "recovering":
                     return  # stopped meanwhile
@@ -141,7 +143,7 @@ class Failover:
             if job.id in self.book.awaiting:  # it held the queue back: with its spares taken, the others may go
                 self.book.awaiting.discard(job.id)
                 _attempt(job, "starting queued jobs", self.drain)
-            self._restart(job, rec)
+            kept = self._restart(job, rec, keep)
         except Exception as e:  # noqa: BLE001 (the edge: a job that cannot be recovered fails with the reason)
             self.book.awaiting.discard(job.id)
             if job.state == "recovering":
@@ -151,7 +153,7 @@ class Failover:
             elif not job.active:  # stopped while its containers were starting: what started goes too
                 _attempt(job, "removing the containers", self.workers.remove, job)
             return
-        self.lifecycle.watch(job)
+        self.lifecycle.watch(job, kept)
 
     def _hold(self, job: Job, step: str) -> None:
         """The fault hook (--optirack-fault-hold-recovering, for tests): the recovery thread stops here, its step
@@ -199,12 +201,18 @@ class Failover:
             "old_gpus": list(job.gpus),
         }
 
-    def _stop_old_attempt(self, job: Job, rec: dict) -> None:
-        """Stop every worker of the attempt that broke and wait for the threads following those on live servers
-        (one following a worker of a server that does not answer may hang: it ends on its own, and being of an old
-        attempt, changes nothing)."""
+    def _survivors(self, rec: dict) -> list[str]:
+        """The GPUs whose workers keep their processes: not lost, no error of their own, on a live server."""
+        return [g for g in rec["old_gpus"] if g not in rec["lost"] and g not in rec["errors"]
+                and self.state.rack.server_of[g] not in rec["servers_down"]]
+
+    def _stop_old_attempt(self, job: Job, rec: dict, keep: bool) -> None:
+        """Stop every worker of the attempt that broke (but the survivors, if they are `keep`t) and wait for the
+        threads following those on live servers (one following a worker of a server that does not answer may hang:
+        it ends on its own, and being of an old attempt, changes nothing)."""
         job.attempt = rec["attempt"]  # again after a restart: the same attempt
-        alive = [g for g in job.gpus if self.state.rack.server_of[g] not in rec["servers_down"]]
+        kept = self._survivors(rec) if keep else []
+        alive = [g for g in job.gpus if self.state.rack.server_of[g] not in rec["servers_down"] and g not in kept]
         self.workers.kill_on(job, alive)
         threads = dict(zip(job.gpus, self.book.threads.pop(job.id, []), strict=False))
         self.rt.joinall([t for g, t in threads.items() if g in alive])
@@ -289,8 +297,9 @@ class Failover:
             rec["waited_from"] = self.state.clock()
         self.rt.sleep(WAIT_POLL)
 
-    def _restart(self, job: Job, rec: dict) -> None:
-        """Every rank from the checkpoint: survivors in their sandboxes, spares in new containers."""
+    def _restart(self, job: Job, rec: dict, keep: bool) -> list[str]:
+        """Every rank from the checkpoint: survivors regroup in their processes (`keep`; else restarted in their
+        sandboxes), spares in new containers. The GPUs whose workers kept their processes."""
         rack = self.state.rack
         rec["planned_at"] = self.state.clock()
         old = set(rec["old_gpus"]) - set(job.gpus)
@@ -310,9 +319,13 @@ class Failover:
                     holder = copies[writer][0]
                     restores[g] = (k, rack.addresses[holder][0], writer)
         job.exit_codes = {}
-        self.workers.start(job, restores=restores, reuse=True)
+        told = [g for g in self._survivors(rec) if g in job.gpus] if keep else []
+        kept = [g for g in told if g not in self.workers.regroup(job, told, restores)]
+        self.lifecycle.carry(job, kept)
+        self.workers.start(job, restores=restores, reuse=True, only=[g for g in job.gpus if g not in kept])
         now = self.state.clock()
         rec.update(
+            kept=kept,
             resumed_from=k,
             iterations_redone=max(0, rec["reached"] - k),
             containers_s=now - rec["planned_at"],
@@ -326,4 +339,6 @@ class Failover:
         job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}"
         transition(job, "running", reason=None, recovery=None)
         self.book.save()
-        LOG.info("%s running again (%s) from iteration %d, %d redone", job.id, swapped, k, rec["iterations_redone"])
+        LOG.info("%s running again (%s) from iteration %d, %d redone; %d rank(s) kept their processes", job.id,
+                 swapped, k, rec["iterations_redone"], len(kept))
+        return kept

@@ -58,6 +58,7 @@ class JobService:
         engine_poll: float,
         hold_configuring: bool = False,
         hold_recovering: str | None = None,
+        keep_survivors: bool = True,
     ):
         self.state, self.rt = state, runtime
         self.book = book = JobBook(state)
@@ -75,7 +76,8 @@ class JobService:
         )
         self.queue = Queue(book, state, changes, containers, runtime, run=self.lifecycle.run)
         self.failover = Failover(
-            book, state, changes, containers, workers, self.lifecycle, runtime, self.queue.drain, hold_recovering
+            book, state, changes, containers, workers, self.lifecycle, runtime, self.queue.drain, hold_recovering,
+            keep_survivors,
         )
         self.recovery = Recovery(
             book,

@@ -9,6 +9,11 @@ from controller.drivers.engines import EngineDown
 from controller.jobs.steps import LOG, LOG_LINES, _attempt
 
 
+def master_port(attempt: int) -> int:
+    """Where rank 0 meets the others: a port of each attempt's own (a kept worker may still hold the last one's)."""
+    return 29500 if attempt == 0 else 29600 + attempt
+
+
 class Workers:
     def __init__(self, rack, containers, runtime):
         self.rack, self.containers, self.rt = rack, containers, runtime
@@ -28,6 +33,8 @@ class Workers:
             "--rank", str(rank),
             "--world-size", str(len(job.gpus)),
             "--master", self.rack.addresses[job.gpus[0]][0],
+            "--master-port", str(master_port(job.attempt)),
+            "--attempt", str(job.attempt),
             "--mode", w["mode"],
             "--iterations", str(w["iterations"]),
             "--rate-scale", str(emulation.rate_scale),
@@ -48,9 +55,26 @@ class Workers:
             cmd += ["--resume-from", str(restore[0]), "--restore-from", restore[1], "--restore-writer", restore[2]]
         return cmd
 
-    def start(self, job: Job, restores: dict | None = None, reuse: bool = False) -> None:
-        """One sandbox, NIC and worker per GPU, on each GPU's own server's engine, all at once; the
-        engines are asked first, so a server that is down fails the job at once, naming it. After a loss
+    def regroup(self, job: Job, gpus: list[str], restores: dict) -> list[str]:
+        """Tell the running workers of `gpus` to leave their ring and join the job's new one (its attempt, their
+        ranks in it, the checkpoint to go on from), all at once; the GPUs whose worker could not be told."""
+        failed: list[str] = []
+
+        def one(gpu: str) -> None:
+            rank = job.gpus.index(gpu)
+            try:
+                self.containers.regroup(job.id, gpu, self.rack.server_of[gpu], job.attempt,
+                                        self.command(job, rank, restores.get(gpu)))
+            except Exception as e:  # noqa: BLE001 (it is started anew instead)
+                LOG.warning("%s: the worker on %s cannot regroup (%s); starting it anew", job.id, gpu, e)
+                failed.append(gpu)
+
+        self.rt.joinall([self.rt.spawn(one, g) for g in gpus])
+        return failed
+
+    def start(self, job: Job, restores: dict | None = None, reuse: bool = False, only=None) -> None:
+        """One sandbox, NIC and worker per GPU (of `only`, if given), on each GPU's own server's engine, all at once;
+        the engines are asked first, so a server that is down fails the job at once, naming it. After a loss
         (failover.py): each rank's checkpoint to restore, and the survivors' sandboxes kept (`reuse`)."""
         restores = restores or {}
         rack, prefix = self.rack, self.rack.spec.network.subnet.prefixlen
@@ -84,7 +108,8 @@ class Workers:
                 reuse=reuse,
             )
 
-        threads = [self.rt.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)]
+        threads = [self.rt.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)
+                   if only is None or gpu in only]
         errors = []
         for t in threads:
             try:
