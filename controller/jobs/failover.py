@@ -2,8 +2,9 @@
 
 Detection: a worker's log stream breaks or it exits with an error (lifecycle._follow), the engine of a server under a
 running job stops answering (asked every SERVER_POLL s), or the OCS reports a GPU's port down (the OCS app's
-port-status handler). Any of them moves the job to `recovering` with the reason; its recovery thread then waits
-SETTLE s for the other signs of the same fault, and decides which GPUs are lost: those on a server whose engine does
+port-status handler). Any of them moves the job to `recovering` with the reason; its recovery thread goes on at once
+on a sure sign (a GPU lost), else waits up to SETTLE s for one (`_settle`); other signs of the same fault join it
+until it has decided which GPUs are lost: those on a server whose engine does
 not answer, those whose link is down, and those whose worker died by a signal (killed: `kill -9`, the OOM killer) or
 vanished. A worker that exited with an error of its own (a peer gone from the ring under it) is restarted in place.
 A killed worker is not a dead GPU: one killed on a server whose engine answers and whose link is up, for the first
@@ -41,7 +42,8 @@ from controller.core.rack import PortRef
 from controller.jobs.external import is_external
 from controller.jobs.steps import LOG, RECONFIG_WAIT, _attempt, _reason
 
-SETTLE = 0.3  # seconds a recovery waits for the other signs of one fault (a server's NICs, its engine, its ranks)
+SETTLE = 0.3  # at most this long a recovery waits for a sure sign when its first one is not (a worker's own error)
+SETTLE_POLL = 0.01  # seconds between two looks at the signs meanwhile
 SERVER_POLL = 0.5  # seconds between two pings of the engines under running jobs
 WAIT_POLL = 0.5  # seconds between two tries of a job waiting for spares
 MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many recoveries, with the last reason
@@ -58,7 +60,7 @@ class Failover:
         self.drain = drain  # start queued jobs (queue.Queue.drain)
         self.hold_at = hold_at  # a fault hook for tests: recoveries stop once at this step ("swapped": _hold)
         self.keep_survivors = keep_survivors  # survivors' workers regroup in their processes (False: restarted)
-        self._collecting: set[str] = set()  # jobs gathering the signs of one fault (SETTLE s)
+        self._collecting: set[str] = set()  # jobs gathering the signs of one fault (until it is assessed)
         self._links_down: set[str] = set()  # OCS ports whose link is down (observed, not the job's)
 
     # --- detection -------------------------------------------------------------------------
@@ -122,14 +124,15 @@ class Failover:
         controller restarted in the middle carries the recovery on from the record (`resume`)."""
         try:
             if not resumed:
-                self.rt.sleep(SETTLE)
-                self._collecting.discard(job.id)
+                self._settle(job)
             self._hold(job, "detected")
             rec = job.recovery or {}
             if rec.get("step", "detected") == "detected":
                 rec = job.recovery = self._assess(job, rec)
+                self._collecting.discard(job.id)  # signs until here joined this recovery
                 self.book.save()
                 self._hold(job, "assessed")
+            self._collecting.discard(job.id)
             keep = self.keep_survivors and not resumed  # after a controller restart: every rank restarted
             self._stop_old_attempt(job, rec, keep)
             while rec["step"] != "swapped":
@@ -154,6 +157,15 @@ class Failover:
                 _attempt(job, "removing the containers", self.workers.remove, job)
             return
         self.lifecycle.watch(job, kept)
+
+    def _settle(self, job: Job) -> None:
+        """Go on at once on a sure sign (a GPU lost: its worker killed by a signal, its server's engine gone, its link
+        down); a worker's error of its own may follow another's loss, so wait up to SETTLE s for a sure one. Other
+        signs of the same fault join the recovery until it is assessed (`lost`)."""
+        waited = 0.0
+        while waited < SETTLE and not any(sign[1] for sign in (job.recovery or {}).get("signs", {}).values()):
+            self.rt.sleep(SETTLE_POLL)
+            waited += SETTLE_POLL
 
     def _hold(self, job: Job, step: str) -> None:
         """The fault hook (--optirack-fault-hold-recovering, for tests): the recovery thread stops here, its step
