@@ -372,6 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="first wait this long for --ifname to get its address (in a container, the driver moves it in)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may stall before failing")
+    p.add_argument("--warm", action="store_true",
+                   help="a warm spare: import the framework, then wait for a regroup command giving the rank")
     p.add_argument("--attempt", type=int, default=0, help="the job's attempt this rank belongs to (in every line)")
     p.add_argument("--control-dir", default="/tmp/optirack-control",
                    help="where the controller hands this worker commands (regroup-<attempt>.json: see Control)")
@@ -503,6 +505,15 @@ def main(argv: list[str] | None = None) -> int:
     util = Utilization(torch, args.cuda_device if gpu else None)
     SESSION["attempt"] = args.attempt
     control = Control(args.control_dir)
+    if args.warm:  # a warm spare: started, PyTorch imported, waiting for a rank (its regroup command)
+        emit({"event": "warm", "pid": os.getpid(), "t": time.time()})
+        while (command := control.regroup(-1)) is None:
+            time.sleep(CONTROL_POLL)
+        t0 = time.time()
+        args = build_parser().parse_args(command["argv"])
+        SESSION["attempt"] = args.attempt
+        emit({"event": "handed", "rank": args.rank, "world_size": args.world_size, "pid": os.getpid(),
+              "t_told": t0, "t": time.time()})
     ckpt = Checkpoints(args, args.rank)
     ckpt.serve()  # first: a restarting peer may fetch what this server holds
     while True:

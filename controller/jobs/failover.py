@@ -52,7 +52,7 @@ MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many reco
 class Failover:
     def __init__(
         self, book, state, changes, containers, workers, lifecycle, runtime, drain: Callable[[], None],
-        hold_at: str | None = None, keep_survivors: bool = True,
+        hold_at: str | None = None, keep_survivors: bool = True, warm_up: Callable[[Job], None] = lambda job: None,
     ):  # fmt: skip
         self.book, self.state, self.changes, self.containers, self.workers, self.lifecycle, self.rt = (
             book, state, changes, containers, workers, lifecycle, runtime
@@ -60,6 +60,7 @@ class Failover:
         self.drain = drain  # start queued jobs (queue.Queue.drain)
         self.hold_at = hold_at  # a fault hook for tests: recoveries stop once at this step ("swapped": _hold)
         self.keep_survivors = keep_survivors  # survivors' workers regroup in their processes (False: restarted)
+        self.warm_up = warm_up  # start the warm spares a running job asks for (warm.Warm.fill)
         self._collecting: set[str] = set()  # jobs gathering the signs of one fault (until it is assessed)
         self._links_down: set[str] = set()  # OCS ports whose link is down (observed, not the job's)
 
@@ -331,13 +332,18 @@ class Failover:
                     holder = copies[writer][0]
                     restores[g] = (k, rack.addresses[holder][0], writer)
         job.exit_codes = {}
-        told = [g for g in self._survivors(rec) if g in job.gpus] if keep else []
+        warm = [s for s in rec["spares"].values() if self.workers.warm.get(s) == job.id]
+        told = [g for g in self._survivors(rec) if g in job.gpus] + warm if keep else []
         kept = [g for g in told if g not in self.workers.regroup(job, told, restores)]
         self.lifecycle.carry(job, kept)
+        cold = [s for s in rec["spares"].values() if s not in kept]
+        if cold:
+            LOG.warning("%s: no warm spare for %s: starting its container (the slow way)", job.id, ", ".join(cold))
         self.workers.start(job, restores=restores, reuse=True, only=[g for g in job.gpus if g not in kept])
         now = self.state.clock()
         rec.update(
-            kept=kept,
+            kept=[g for g in kept if g not in warm],
+            warm={s: s in kept for s in rec["spares"].values()},
             resumed_from=k,
             iterations_redone=max(0, rec["reached"] - k),
             containers_s=now - rec["planned_at"],
@@ -346,11 +352,13 @@ class Failover:
         )
         del rec["old_gpus"], rec["step"]
         job.recoveries.append(rec)
-        swapped = ", ".join([f"{a} -> {b}" for a, b in rec["spares"].items()]
+        swapped = ", ".join([f"{a} -> {b}" + ("" if rec["warm"][b] else " (no warm spare: a container started)")
+                             for a, b in rec["spares"].items()]
                             + [f"{g} restarted on its own GPU" for g in rec.get("restarted", {})]) or "none swapped"
         job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}"
         transition(job, "running", reason=None, recovery=None)
         self.book.save()
+        self.rt.spawn(self.warm_up, job)  # a warm spare again, for the next loss
         LOG.info("%s running again (%s) from iteration %d, %d redone; %d rank(s) kept their processes", job.id,
                  swapped, k, rec["iterations_redone"], len(kept))
         return kept

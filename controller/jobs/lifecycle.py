@@ -27,6 +27,7 @@ class Lifecycle:
         lost: Callable[..., bool],
         freed: Callable[[], None],
         hold_configuring: bool = False,
+        warm_up: Callable[[Job], None] = lambda job: None,
     ):
         self.book, self.state, self.changes, self.containers, self.workers, self.rt = (
             book, state, changes, containers, workers, runtime
@@ -34,6 +35,7 @@ class Lifecycle:
         self.lost = lost  # a worker is gone (failover.Failover.lost): whether the job is being recovered
         self.freed = freed  # GPUs were given back (queue.Queue.drain)
         self.hold_configuring = hold_configuring  # a fault hook for tests: jobs stop at configuring (_hold)
+        self.warm_up = warm_up  # start the warm spares a running job asks for (warm.Warm.fill)
         self.lock = runtime.lock()  # plan and reconfigure one job at a time
         # (job, gpu) -> (the attempt its follower serves, the follower): a worker that keeps its process through a
         # recovery keeps its follower, carried on to the new attempt (carry)
@@ -58,6 +60,7 @@ class Lifecycle:
             self.fail(job, _reason(e), placed.get("diff"), e)
             return
         LOG.info("%s running on %s (switches %s)", job.id, ",".join(job.gpus), ",".join(job.switches))
+        self.rt.spawn(self.warm_up, job)
         self.watch(job)
 
     def _hold(self, job: Job) -> None:

@@ -17,6 +17,39 @@ def master_port(attempt: int) -> int:
 class Workers:
     def __init__(self, rack, containers, runtime):
         self.rack, self.containers, self.rt = rack, containers, runtime
+        self.warm: dict[str, str] = {}  # GPU -> the job whose warm spare waits on it (warm.py)
+
+    def _spec(self, job: Job, gpu: str, command: list[str]) -> GpuContainer:
+        g, prefix = self.rack.gpus[gpu], self.rack.spec.network.subnet.prefixlen
+        return GpuContainer(job.id, gpu, self.rack.server_of[gpu], g.index, g.model, self.rack.interface(gpu),
+                            f"{self.rack.addresses[gpu][0]}/{prefix}", command)
+
+    def start_warm(self, job: Job, gpu: str) -> None:
+        """A warm spare of `job` on free `gpu`: its sandbox, NIC and a worker that waits for its rank."""
+        w = job.request["workload"]
+        cmd = ["--warm", "--rank", "0", "--world-size", "1", "--master", "0.0.0.0", "--mode", w["mode"],
+               "--wait-for-nic", "60"]
+        self.warm[gpu] = job.id
+        try:
+            self.containers.start(self._spec(job, gpu, cmd), job.image or self.containers.worker_image(
+                self.rack.server_of[gpu]))
+        except Exception:
+            self.warm.pop(gpu, None)
+            raise
+
+    def evict(self, gpus, job: Job | None = None) -> None:
+        """Remove the warm spares waiting on `gpus` (all of `job`'s, if given), all at once."""
+        gone = [(g, j) for g, j in list(self.warm.items()) if g in gpus or (job is not None and j == job.id)]
+        for g, _ in gone:
+            self.warm.pop(g, None)
+
+        def one(gpu: str, owner: str) -> None:
+            try:
+                self.containers.remove(owner, gpu, self.rack.server_of[gpu])
+            except Exception as e:  # noqa: BLE001 (its engine is down: swept when it is back)
+                LOG.error("removing the warm spare of %s on %s: %s", owner, gpu, e)
+
+        self.rt.joinall([self.rt.spawn(one, g, j) for g, j in gone])
 
     def checkpoint_peer(self, job: Job, rank: int) -> str | None:
         """The NIC address of the next rank around the ring on another server (None: all on one server)."""
@@ -77,11 +110,17 @@ class Workers:
         the engines are asked first, so a server that is down fails the job at once, naming it. After a loss
         (failover.py): each rank's checkpoint to restore, and the survivors' sandboxes kept (`reuse`)."""
         restores = restores or {}
-        rack, prefix = self.rack, self.rack.spec.network.subnet.prefixlen
-        servers = {rack.server_of[g] for g in job.gpus}
+        rack = self.rack
+        servers = {rack.server_of[g] for g in job.gpus if only is None or g in only}
+        # a warm spare of another job waiting on one of these GPUs goes (one of this job's is replaced, as a worker)
+        self.evict([g for g in job.gpus if self.warm.get(g) not in (None, job.id) and (only is None or g in only)])
+        for g in [g for g in job.gpus if self.warm.get(g) == job.id]:
+            del self.warm[g]
+        if not servers:
+            return  # every rank was told (failover.py): nothing to start
         try:
             self.containers.check_engines(servers)
-            image = self.containers.worker_image(rack.server_of[job.gpus[0]])
+            image = job.image or self.containers.worker_image(rack.server_of[job.gpus[0]])
         except EngineDown as e:
             raise ContainerError(str(e)) from None
         except Exception as e:  # noqa: BLE001 (registry or engine refused: fail the job with the reason)
@@ -92,21 +131,7 @@ class Workers:
         job.image = image
 
         def one(rank: int, gpu: str) -> None:
-            g = rack.gpus[gpu]
-            self.containers.start(
-                GpuContainer(
-                    job.id,
-                    gpu,
-                    rack.server_of[gpu],
-                    g.index,
-                    g.model,
-                    rack.interface(gpu),
-                    f"{rack.addresses[gpu][0]}/{prefix}",
-                    self.command(job, rank, restores.get(gpu)),
-                ),
-                image,
-                reuse=reuse,
-            )
+            self.containers.start(self._spec(job, gpu, self.command(job, rank, restores.get(gpu))), image, reuse=reuse)
 
         threads = [self.rt.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)
                    if only is None or gpu in only]
@@ -132,6 +157,8 @@ class Workers:
                 LOG.error("%s: removing the containers of %s on %s: %s", job.id, gpu, server, e)
 
         self.rt.joinall([self.rt.spawn(one, gpu) for gpu in (gpus if gpus is not None else job.gpus)])
+        if gpus is None:
+            self.evict((), job)  # its warm spares too
 
     def kill(self, job: Job, gpu: str) -> None:
         try:

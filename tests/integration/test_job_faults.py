@@ -85,7 +85,8 @@ def _kill_gpu2_of_a_running_job(client, iterations: int, before: dict | None = N
 
 def test_a_worker_killed_mid_job(fragmented):
     """kill -9 of one worker: its GPU is swapped for a spare and every rank goes on from the checkpoint; the
-    survivor keeps its process (the same container and PID), leaves the broken ring and joins the new one."""
+    survivor keeps its process (the same container and PID), leaves the broken ring and joins the new one, and the
+    spare is the job's warm one (a worker already started there), handed its rank."""
     client = fragmented
     before: dict = {}
     job = _kill_gpu2_of_a_running_job(client, 100000, before)
@@ -93,6 +94,7 @@ def test_a_worker_killed_mid_job(fragmented):
     rec = client.get(f"/jobs/{job['id']}")["job"]["recoveries"][0]
     assert set(rec["lost"]) == {"gpu2"} and "exited with 137" in rec["lost"]["gpu2"] and rec["resumed_from"] >= 3
     assert rec["kept"] == ["gpu1"] and _worker(job["id"], "gpu1") == before["gpu1"], rec
+    assert rec["warm"] == {rec["spares"]["gpu2"]: True}, rec  # the job's warm spare was handed the rank
     detail = client.get(f"/jobs/{job['id']}")["job"]
     restored = {g: [r for r in detail["checkpoints"][g] if r["event"] == "restored"] for g in detail["gpus"]}
     assert [r["from"] for r in restored["gpu1"]] == ["memory"], restored  # its own state, kept in its process
