@@ -57,12 +57,13 @@ def emit(record: dict) -> None:
 class Checkpoints:
     """This rank's checkpoints (containers/checkpoint.py): the saver, and the state it restarts from."""
 
-    def __init__(self, args, rank: int, memory: dict | None = None):
+    def __init__(self, args, rank: int, memory: dict | None = None, server=None):
         from containers import checkpoint
 
         self.mod, self.args, self.rank = checkpoint, args, rank
         self.gen = SESSION["gen"]
         self.memory: dict[int, bytes] = memory if memory is not None else {}  # the newest states saved, in RAM
+        self.server = server  # this worker's checkpoint server (serve): it serves this rank's states from memory
         self.root = Path(args.checkpoint_dir) if args.checkpoint_dir else None
         self.writer = os.environ.get("OPTIRACK_GPU_ID") or f"rank-{rank}"
         self.saver = None
@@ -73,7 +74,7 @@ class Checkpoints:
     def serve(self) -> None:
         if self.root is not None:
             self.root.mkdir(parents=True, exist_ok=True)
-            self.mod.Server(self.root, port=self.args.checkpoint_port)
+            self.server = self.mod.Server(self.root, port=self.args.checkpoint_port)
 
     def _saved(self, iteration: int, size: int, local_s: float, total_s: float) -> None:
         if self.gen != SESSION["gen"]:
@@ -89,6 +90,8 @@ class Checkpoints:
             self.memory[iteration] = state
             for old in sorted(self.memory)[:-self.mod.KEEP]:
                 del self.memory[old]
+            if self.server is not None:
+                self.server.hold(self.writer, iteration, state)
             self.saver.save(iteration, state)
 
     def finish(self) -> None:
@@ -542,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         emit({"event": "regroup", "rank": new.rank, "world_size": new.world_size, "from_rank": args.rank,
               "resume_from": new.resume_from, "pid": os.getpid(), "leave_s": time.time() - t0, "t": time.time()})
         args = new
-        ckpt = Checkpoints(args, args.rank, memory=ckpt.memory)
+        ckpt = Checkpoints(args, args.rank, memory=ckpt.memory, server=ckpt.server)
     emit(
         {
             "event": "done",
