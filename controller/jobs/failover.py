@@ -334,7 +334,8 @@ class Failover:
         job.exit_codes = {}
         warm = [s for s in rec["spares"].values() if self.workers.warm.get(s) == job.id]
         told = [g for g in self._survivors(rec) if g in job.gpus] + warm if keep else []
-        kept = [g for g in told if g not in self.workers.regroup(job, told, restores)]
+        took = self.workers.regroup(job, told, restores, self.state.clock)
+        kept = [g for g in told if took.get(g) is not None]
         self.lifecycle.carry(job, kept)
         cold = [s for s in rec["spares"].values() if s not in kept]
         if cold:
@@ -344,6 +345,7 @@ class Failover:
         rec.update(
             kept=[g for g in kept if g not in warm],
             warm={s: s in kept for s in rec["spares"].values()},
+            told_s={g: round(t, 4) for g, t in took.items() if t is not None},
             resumed_from=k,
             iterations_redone=max(0, rec["reached"] - k),
             containers_s=now - rec["planned_at"],

@@ -88,22 +88,24 @@ class Workers:
             cmd += ["--resume-from", str(restore[0]), "--restore-from", restore[1], "--restore-writer", restore[2]]
         return cmd
 
-    def regroup(self, job: Job, gpus: list[str], restores: dict) -> list[str]:
+    def regroup(self, job: Job, gpus: list[str], restores: dict, clock) -> dict[str, float | None]:
         """Tell the running workers of `gpus` to leave their ring and join the job's new one (its attempt, their
-        ranks in it, the checkpoint to go on from), all at once; the GPUs whose worker could not be told."""
-        failed: list[str] = []
+        ranks in it, the checkpoint to go on from), all at once; GPU -> seconds its telling took (None: its worker
+        could not be told)."""
+        took: dict[str, float | None] = {}
 
         def one(gpu: str) -> None:
-            rank = job.gpus.index(gpu)
+            rank, t0 = job.gpus.index(gpu), clock()
             try:
                 self.containers.regroup(job.id, gpu, self.rack.server_of[gpu], job.attempt,
                                         self.command(job, rank, restores.get(gpu)))
+                took[gpu] = clock() - t0
             except Exception as e:  # noqa: BLE001 (it is started anew instead)
                 LOG.warning("%s: the worker on %s cannot regroup (%s); starting it anew", job.id, gpu, e)
-                failed.append(gpu)
+                took[gpu] = None
 
         self.rt.joinall([self.rt.spawn(one, g) for g in gpus])
-        return failed
+        return took
 
     def start(self, job: Job, restores: dict | None = None, reuse: bool = False, only=None) -> None:
         """One sandbox, NIC and worker per GPU (of `only`, if given), on each GPU's own server's engine, all at once;
