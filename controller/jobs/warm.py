@@ -50,5 +50,5 @@ class Warm:
             except spare_rule.NoRoomNow:
                 return
             free.remove(spare)
-            self.workers.start_warm(job, spare)
-            LOG.info("%s: a warm spare waits on %s", job.id, spare)
+            if self.workers.start_warm(job, spare, lambda g=spare: g in self.book.busy_gpus() or not job.active):
+                LOG.info("%s: a warm spare waits on %s", job.id, spare)

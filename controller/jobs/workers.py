@@ -18,24 +18,42 @@ class Workers:
     def __init__(self, rack, containers, runtime):
         self.rack, self.containers, self.rt = rack, containers, runtime
         self.warm: dict[str, str] = {}  # GPU -> the job whose warm spare waits on it (warm.py)
+        self._starting: dict = {}  # GPU -> a lock held while a warm spare starts there
 
     def _spec(self, job: Job, gpu: str, command: list[str]) -> GpuContainer:
         g, prefix = self.rack.gpus[gpu], self.rack.spec.network.subnet.prefixlen
         return GpuContainer(job.id, gpu, self.rack.server_of[gpu], g.index, g.model, self.rack.interface(gpu),
                             f"{self.rack.addresses[gpu][0]}/{prefix}", command)
 
-    def start_warm(self, job: Job, gpu: str) -> None:
-        """A warm spare of `job` on free `gpu`: its sandbox, NIC and a worker that waits for its rank."""
+    def start_warm(self, job: Job, gpu: str, taken) -> bool:
+        """A warm spare of `job` on free `gpu`: its sandbox, NIC and a worker that waits for its rank. Registered
+        first, then `taken()` asked again (a job placed there meanwhile: none started, False); one evicted while it
+        started is removed once started."""
         w = job.request["workload"]
         cmd = ["--warm", "--rank", "0", "--world-size", "1", "--master", "0.0.0.0", "--mode", w["mode"],
                "--wait-for-nic", "60"]
         self.warm[gpu] = job.id
-        try:
-            self.containers.start(self._spec(job, gpu, cmd), job.image or self.containers.worker_image(
-                self.rack.server_of[gpu]))
-        except Exception:
+        if taken():
             self.warm.pop(gpu, None)
-            raise
+            return False
+        with self._starting.setdefault(gpu, self.rt.lock()):  # an eviction waits for the start
+            try:
+                self.containers.start(self._spec(job, gpu, cmd), job.image or self.containers.worker_image(
+                    self.rack.server_of[gpu]))
+            except Exception:
+                if self.warm.get(gpu) == job.id:
+                    del self.warm[gpu]
+                raise
+        if self.warm.get(gpu) != job.id:  # evicted, or its job ended, while it started
+            self._remove_warm(gpu, job.id)
+        return True
+
+    def _remove_warm(self, gpu: str, owner: str) -> None:
+        with self._starting.setdefault(gpu, self.rt.lock()):
+            try:
+                self.containers.remove(owner, gpu, self.rack.server_of[gpu])
+            except Exception as e:  # noqa: BLE001 (its engine is down: swept when it is back)
+                LOG.error("removing the warm spare of %s on %s: %s", owner, gpu, e)
 
     def evict(self, gpus, job: Job | None = None) -> None:
         """Remove the warm spares waiting on `gpus` (all of `job`'s, if given), all at once."""
@@ -44,10 +62,7 @@ class Workers:
             self.warm.pop(g, None)
 
         def one(gpu: str, owner: str) -> None:
-            try:
-                self.containers.remove(owner, gpu, self.rack.server_of[gpu])
-            except Exception as e:  # noqa: BLE001 (its engine is down: swept when it is back)
-                LOG.error("removing the warm spare of %s on %s: %s", owner, gpu, e)
+            self._remove_warm(gpu, owner)
 
         self.rt.joinall([self.rt.spawn(one, g, j) for g, j in gone])
 
