@@ -130,9 +130,10 @@ class Workers:
         rack = self.rack
         servers = {rack.server_of[g] for g in job.gpus if only is None or g in only}
         # a warm spare of another job waiting on one of these GPUs goes (one of this job's is replaced, as a worker)
-        self.evict([g for g in job.gpus if self.warm.get(g) not in (None, job.id) and (only is None or g in only)])
+        self.evict([g for g in job.gpus if self.warm.get(g) not in (None, job.id if reuse else None)
+                    and (only is None or g in only)])
         for g in [g for g in job.gpus if self.warm.get(g) == job.id]:
-            del self.warm[g]
+            del self.warm[g]  # its warm spare, now one of its ranks (told, or its worker replaced in its sandbox)
         if not servers:
             return  # every rank was told (failover.py): nothing to start
         try:
