@@ -103,6 +103,20 @@ class Workers:
             cmd += ["--resume-from", str(restore[0]), "--restore-from", restore[1], "--restore-writer", restore[2]]
         return cmd
 
+    def _clear(self, job: Job, gpus: list[str], servers) -> None:
+        """Remove what another job left on `gpus` (a warm spare of a controller that was restarted before its sweep):
+        a GPU placed for `job` is `job`'s."""
+        stale = []
+        for server in sorted(servers):
+            try:
+                stale += [(w["job"], w["gpu"], server) for w in self.containers.workers(server)
+                          if w["gpu"] in gpus and w["job"] != job.id]
+            except Exception as e:  # noqa: BLE001 (the start names an engine that is down)
+                LOG.debug("listing the containers on %s: %s", server, e)
+        for other, gpu, server in stale:
+            LOG.warning("%s: removing %s's container left on %s", job.id, other, gpu)
+            self.containers.remove(other, gpu, server)
+
     def regroup(self, job: Job, gpus: list[str], restores: dict, clock) -> dict[str, float | None]:
         """Tell the running workers of `gpus` to leave their ring and join the job's new one (its attempt, their
         ranks in it, the checkpoint to go on from), all at once; GPU -> seconds its telling took (None: its worker
@@ -134,6 +148,7 @@ class Workers:
                     and (only is None or g in only)])
         for g in [g for g in job.gpus if self.warm.get(g) == job.id]:
             del self.warm[g]  # its warm spare, now one of its ranks (told, or its worker replaced in its sandbox)
+        self._clear(job, [g for g in job.gpus if only is None or g in only], servers)
         if not servers:
             return  # every rank was told (failover.py): nothing to start
         try:
@@ -232,7 +247,8 @@ class Workers:
         found = []
         for server in sorted({self.rack.server_of[g] for g in job.gpus}):
             try:
-                found += [w["gpu"] for w in self.containers.workers(server, job.id) if w["role"] == "worker"]
+                found += [w["gpu"] for w in self.containers.workers(server, job.id)
+                          if w["role"] == "worker" and w["gpu"] in job.gpus]  # not its warm spares
             except Exception as e:  # noqa: BLE001 (engine unreachable: its workers count as gone)
                 LOG.error("cannot list containers on %s: %s", server, e)
         return found
