@@ -19,6 +19,7 @@ class Workers:
         self.rack, self.containers, self.rt = rack, containers, runtime
         self.warm: dict[str, str] = {}  # GPU -> the job whose warm spare waits on it (warm.py)
         self._starting: dict = {}  # GPU -> a lock held while a warm spare starts there
+        self._gone: set[tuple[str, str]] = set()  # (GPU, job): warm spares removed as they started (evicted)
 
     def _spec(self, job: Job, gpu: str, command: list[str]) -> GpuContainer:
         g, prefix = self.rack.gpus[gpu], self.rack.spec.network.subnet.prefixlen
@@ -36,7 +37,8 @@ class Workers:
         if taken():
             self.warm.pop(gpu, None)
             return False
-        with self._starting.setdefault(gpu, self.rt.lock()):  # an eviction waits for the start
+        self._gone.discard((gpu, job.id))
+        with self._starting.setdefault(gpu, self.rt.lock()):  # an eviction waits for the start, and its removal
             try:
                 self.containers.start(self._spec(job, gpu, cmd), job.image or self.containers.worker_image(
                     self.rack.server_of[gpu]))
@@ -44,16 +46,23 @@ class Workers:
                 if self.warm.get(gpu) == job.id:
                     del self.warm[gpu]
                 raise
-        if self.warm.get(gpu) != job.id:  # evicted, or its job ended, while it started
-            self._remove_warm(gpu, job.id)
+            if self.warm.get(gpu) != job.id:  # evicted, or its job ended, while it started
+                self._remove(gpu, job.id)
+                self._gone.add((gpu, job.id))
         return True
+
+    def _remove(self, gpu: str, owner: str) -> None:
+        try:
+            self.containers.remove(owner, gpu, self.rack.server_of[gpu])
+        except Exception as e:  # noqa: BLE001 (its engine is down: swept when it is back)
+            LOG.error("removing the warm spare of %s on %s: %s", owner, gpu, e)
 
     def _remove_warm(self, gpu: str, owner: str) -> None:
         with self._starting.setdefault(gpu, self.rt.lock()):
-            try:
-                self.containers.remove(owner, gpu, self.rack.server_of[gpu])
-            except Exception as e:  # noqa: BLE001 (its engine is down: swept when it is back)
-                LOG.error("removing the warm spare of %s on %s: %s", owner, gpu, e)
+            if (gpu, owner) in self._gone:  # removed as it started
+                self._gone.discard((gpu, owner))
+                return
+            self._remove(gpu, owner)
 
     def evict(self, gpus, job: Job | None = None) -> None:
         """Remove the warm spares waiting on `gpus` (all of `job`'s, if given), all at once."""
