@@ -8,6 +8,7 @@ never changes an old one.
 from __future__ import annotations
 
 import json
+import statistics
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
