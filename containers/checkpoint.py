@@ -73,6 +73,8 @@ class Server:
 
     def __init__(self, root: Path, host: str = "0.0.0.0", port: int = PORT):
         self.root = root
+        self.memory: dict[str, dict[int, bytes]] = {}  # writer -> its newest KEEP states, served without the disk
+        self.lock = threading.Lock()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
@@ -84,16 +86,32 @@ class Server:
             conn, _ = self.sock.accept()
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
+    def hold(self, writer: str, iteration: int, data: bytes) -> None:
+        """Keep a state in memory (the newest KEEP of each writer)."""
+        with self.lock:
+            held = self.memory.setdefault(writer, {})
+            held[iteration] = data
+            for old in sorted(held)[:-KEEP]:
+                del held[old]
+
+    def _held(self, writer: str, iteration: int) -> bytes | None:
+        with self.lock:
+            return self.memory.get(writer, {}).get(iteration)
+
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
                 head = _read_line(conn)
                 if head["op"] == "put":
-                    store(self.root, head["writer"], int(head["iteration"]), _read_exact(conn, int(head["size"])))
-                    conn.sendall(b"ok\n")
+                    data = _read_exact(conn, int(head["size"]))
+                    self.hold(head["writer"], int(head["iteration"]), data)
+                    conn.sendall(b"ok\n")  # held in memory; the disk copy, the fallback, follows
+                    store(self.root, head["writer"], int(head["iteration"]), data)
                 elif head["op"] == "get":
                     try:
-                        data = load(self.root, head["writer"], int(head["iteration"]))
+                        data = self._held(head["writer"], int(head["iteration"]))
+                        if data is None:
+                            data = load(self.root, head["writer"], int(head["iteration"]))
                     except OSError:
                         conn.sendall(json.dumps({"error": "no such checkpoint"}).encode() + b"\n")
                         return
@@ -134,8 +152,9 @@ def get(host: str, writer: str, iteration: int, port: int = PORT, timeout: float
 
 
 class Saver:
-    """Saves a rank's state every `every` iterations: the local copy at once, the peer's in the background (one at a
-    time: a save waits for the previous one to reach its peer). `report` is called once both copies exist."""
+    """Saves a rank's state every `every` iterations, in the background: the local disk copy, then the peer's (held
+    in its memory, then on its disk); one save at a time: a save waits for the previous one to reach its peer.
+    `report` is called once both copies exist."""
 
     def __init__(self, root: Path, writer: str, every: int, peer: str | None, report, port: int = PORT):
         self.root, self.writer, self.every, self.peer, self.report, self.port = root, writer, every, peer, report, port
@@ -149,11 +168,11 @@ class Saver:
     def save(self, iteration: int, data: bytes) -> None:
         t0 = time.time()
         self.wait()
-        store(self.root, self.writer, iteration, data)
-        local_s = time.time() - t0
+        local_s = time.time() - t0  # the training loop held (the state itself is in memory already)
 
         def send() -> None:
             try:
+                store(self.root, self.writer, iteration, data)
                 if self.peer:
                     put(self.peer, self.writer, iteration, data, self.port)
                 self.report(iteration, len(data), local_s, time.time() - t0)

@@ -39,20 +39,31 @@ from containers.ring import open_ring, ring_all_reduce
 from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 
 _EMIT = threading.Lock()  # the checkpoint thread prints too: one whole line at a time
+# The ring this worker is in: its attempt (every line says it) and a generation that a regroup moves on; a thread of
+# a ring the worker has left (blocked on a dead peer, or failing later) prints nothing more.
+SESSION = {"attempt": 0, "gen": 0}
+_THREAD = threading.local()
 
 
 def emit(record: dict) -> None:
+    gen = getattr(_THREAD, "gen", None)
     with _EMIT:
+        if gen is not None and gen != SESSION["gen"]:
+            return
+        record.setdefault("attempt", SESSION["attempt"])
         print(json.dumps(record, separators=(",", ":")), flush=True)
 
 
 class Checkpoints:
     """This rank's checkpoints (containers/checkpoint.py): the saver, and the state it restarts from."""
 
-    def __init__(self, args, rank: int):
+    def __init__(self, args, rank: int, memory: dict | None = None, server=None):
         from containers import checkpoint
 
         self.mod, self.args, self.rank = checkpoint, args, rank
+        self.gen = SESSION["gen"]
+        self.memory: dict[int, bytes] = memory if memory is not None else {}  # the newest states saved, in RAM
+        self.server = server  # this worker's checkpoint server (serve): it serves this rank's states from memory
         self.root = Path(args.checkpoint_dir) if args.checkpoint_dir else None
         self.writer = os.environ.get("OPTIRACK_GPU_ID") or f"rank-{rank}"
         self.saver = None
@@ -63,9 +74,11 @@ class Checkpoints:
     def serve(self) -> None:
         if self.root is not None:
             self.root.mkdir(parents=True, exist_ok=True)
-            self.mod.Server(self.root, port=self.args.checkpoint_port)
+            self.server = self.mod.Server(self.root, port=self.args.checkpoint_port)
 
     def _saved(self, iteration: int, size: int, local_s: float, total_s: float) -> None:
+        if self.gen != SESSION["gen"]:
+            return  # a save of a ring this worker has left
         emit({"event": "checkpoint", "rank": self.rank, "iteration": iteration, "bytes": size,
               "writer": self.writer, "peer": self.args.checkpoint_peer, "local_s": local_s, "save_s": total_s,
               "t": time.time()})
@@ -73,7 +86,13 @@ class Checkpoints:
     def save(self, iteration: int, data) -> None:
         """After `iteration` completed iterations, if one is due (`data`: a callable giving the bytes)."""
         if self.saver is not None and self.saver.due(iteration) and iteration < self.args.iterations:
-            self.saver.save(iteration, data())
+            state = data()
+            self.memory[iteration] = state
+            for old in sorted(self.memory)[:-self.mod.KEEP]:
+                del self.memory[old]
+            if self.server is not None:
+                self.server.hold(self.writer, iteration, state)
+            self.saver.save(iteration, state)
 
     def finish(self) -> None:
         if self.saver is not None:
@@ -85,7 +104,9 @@ class Checkpoints:
         if not a.resume_from:
             return None
         t0, writer = time.time(), a.restore_writer or self.writer
-        if a.restore_from in (None, "local"):
+        if a.resume_from in self.memory:  # a rank that kept its process: its own state, from memory
+            data, a.restore_from, writer = self.memory[a.resume_from], "memory", self.writer
+        elif a.restore_from in (None, "local"):
             data = self.mod.load(self.root, writer, a.resume_from)
         else:
             data = self.mod.get(a.restore_from, writer, a.resume_from, a.checkpoint_port)
@@ -354,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="first wait this long for --ifname to get its address (in a container, the driver moves it in)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a collective may stall before failing")
+    p.add_argument("--warm", action="store_true",
+                   help="a warm spare: import the framework, then wait for a regroup command giving the rank")
+    p.add_argument("--attempt", type=int, default=0, help="the job's attempt this rank belongs to (in every line)")
+    p.add_argument("--control-dir", default="/tmp/optirack-control",
+                   help="where the controller hands this worker commands (regroup-<attempt>.json: see Control)")
     c = p.add_argument_group("checkpoints (containers/checkpoint.py)")
     c.add_argument("--checkpoint-dir", help="where this server keeps checkpoints (a volume that outlives the worker)")
     c.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="save every K iterations (0: never)")
@@ -377,6 +403,91 @@ def duplicate_gpu(error: BaseException) -> str | None:
     return f"{who}: NCCL needs one GPU per rank (give each rank its own GPU, e.g. one container per GPU)"
 
 
+class Control:
+    """Commands from the controller: files it hands the worker's control directory (the driver's put_archive).
+    `regroup-<attempt>.json` holds {"argv": [...]}: leave the ring and join the attempt's new one with these
+    arguments (rank, world size, master and its port, the checkpoint to go on from, the peer), keeping this process
+    and its state."""
+
+    def __init__(self, root: str):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def regroup(self, after: int) -> dict | None:
+        """The newest regroup command for an attempt after `after` (None: none yet)."""
+        found = []
+        for p in self.root.glob("regroup-*.json"):
+            n = p.stem.removeprefix("regroup-")
+            if n.isdigit() and int(n) > after:
+                found.append((int(n), p))
+        if not found:
+            return None
+        try:
+            return json.loads(max(found)[1].read_text())
+        except ValueError:
+            return None  # still being written: the next look reads it whole
+
+
+def _session(args, dist, torch, device, util, backend: str, extra: dict, ckpt: Checkpoints, out: dict) -> None:
+    """One ring: restore, rendezvous, train to the end (the thread that a regroup leaves behind if it is stuck)."""
+    _THREAD.gen = SESSION["gen"]
+    try:
+        restored = ckpt.restore()
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{args.master}:{args.master_port}",
+            rank=args.rank,
+            world_size=args.world_size,
+            timeout=timedelta(seconds=args.timeout),
+            **extra,
+        )
+        open_ring(dist)
+        dist.barrier()  # start together: the first iteration should not include joining
+        out["formed"] = True
+        t0 = time.time()
+        if args.mode == "profile":
+            run_profile(args, dist, torch, device, util, ckpt=ckpt, restored=restored)
+        else:
+            run_real(args, dist, torch, device, util, ckpt=ckpt, restored=restored)
+        ckpt.finish()
+        dist.barrier()
+        out["total_s"] = time.time() - t0
+    except BaseException as e:  # noqa: BLE001 (handed to the main thread, which decides)
+        out["error"] = e
+
+
+def _run(args, dist, torch, device, util, backend: str, extra: dict, ckpt: Checkpoints, control: Control):
+    """Run one ring in a thread; the main thread watches for a regroup command. Returns the session's result (its
+    `total_s`) or the command; raises what ended the ring if no command comes within --timeout."""
+    out: dict = {}
+    t = threading.Thread(target=_session, args=(args, dist, torch, device, util, backend, extra, ckpt, out),
+                         daemon=True)
+    t.start()
+    deadline = None
+    while True:
+        command = control.regroup(args.attempt)
+        if command is not None:
+            return command
+        t.join(CONTROL_POLL)
+        if t.is_alive():
+            continue
+        if "error" not in out:
+            return out
+        e = out["error"]
+        if isinstance(e, SystemExit) or not out.get("formed") or duplicate_gpu(e):
+            raise e  # not a peer lost from a ring that ran: as before
+        if deadline is None:  # a peer is gone: wait for the controller's new ring, keeping this process
+            emit({"event": "ring-broken", "rank": args.rank, "error": str(e).splitlines()[0][:200] if str(e) else
+                  e.__class__.__name__, "t": time.time()})
+            deadline = time.monotonic() + args.timeout
+        if time.monotonic() > deadline:
+            raise e
+        time.sleep(CONTROL_POLL)
+
+
+CONTROL_POLL = 0.02  # seconds between two looks for a command
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.ifname:
@@ -395,40 +506,52 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
         extra["device_id"] = device  # NCCL binds this rank to its GPU instead of guessing from the rank
     util = Utilization(torch, args.cuda_device if gpu else None)
+    SESSION["attempt"] = args.attempt
+    control = Control(args.control_dir)
+    if args.warm:  # a warm spare: started, PyTorch imported, waiting for a rank (its regroup command)
+        emit({"event": "warm", "pid": os.getpid(), "t": time.time()})
+        while (command := control.regroup(-1)) is None:
+            time.sleep(CONTROL_POLL)
+        t0 = time.time()
+        args = build_parser().parse_args(command["argv"])
+        SESSION["attempt"] = args.attempt
+        emit({"event": "handed", "rank": args.rank, "world_size": args.world_size, "pid": os.getpid(),
+              "t_told": t0, "t": time.time()})
     ckpt = Checkpoints(args, args.rank)
     ckpt.serve()  # first: a restarting peer may fetch what this server holds
-    restored = ckpt.restore()
-    try:
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{args.master}:{args.master_port}",
-            rank=args.rank,
-            world_size=args.world_size,
-            timeout=timedelta(seconds=args.timeout),
-            **extra,
-        )
-        open_ring(dist)
-        dist.barrier()  # start together: the first iteration should not include joining
+    while True:
+        try:
+            result = _run(args, dist, torch, device, util, backend, extra, ckpt, control)
+        except Exception as e:  # noqa: BLE001 (one known misconfiguration gets one line; the rest a traceback)
+            why = duplicate_gpu(e)
+            if why is None:
+                raise
+            emit({"event": "error", "rank": args.rank, "error": why})
+            print(f"optirack-worker: rank {args.rank}: {why}", file=sys.stderr, flush=True)
+            return 4
+        if "argv" not in result:
+            break
+        # a regroup: this process and its state stay; the ring it was in is left (a thread stuck in it is abandoned)
         t0 = time.time()
-        if args.mode == "profile":
-            run_profile(args, dist, torch, device, util, ckpt=ckpt, restored=restored)
-        else:
-            run_real(args, dist, torch, device, util, ckpt=ckpt, restored=restored)
-        ckpt.finish()
-        dist.barrier()
-    except Exception as e:  # noqa: BLE001 (one known misconfiguration gets one line; the rest a traceback)
-        why = duplicate_gpu(e)
-        if why is None:
-            raise
-        emit({"event": "error", "rank": args.rank, "error": why})
-        print(f"optirack-worker: rank {args.rank}: {why}", file=sys.stderr, flush=True)
-        return 4
+        new = build_parser().parse_args(result["argv"])
+        with _EMIT:
+            SESSION["gen"] += 1
+            SESSION["attempt"] = new.attempt
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 (the old ring is broken: what is left of it is dropped)
+            print(f"optirack-worker: leaving the old ring: {e}", file=sys.stderr, flush=True)
+        emit({"event": "regroup", "rank": new.rank, "world_size": new.world_size, "from_rank": args.rank,
+              "resume_from": new.resume_from, "pid": os.getpid(), "leave_s": time.time() - t0, "t": time.time()})
+        args = new
+        ckpt = Checkpoints(args, args.rank, memory=ckpt.memory, server=ckpt.server)
     emit(
         {
             "event": "done",
             "rank": args.rank,
             "iterations": args.iterations,
-            "total_s": time.time() - t0,
+            "total_s": result["total_s"],
             "check": "ok",
             "t": time.time(),
         }

@@ -7,12 +7,14 @@ round runs a 4-GPU job on the four M40 of srv1-srv4 (gpu_model M40, so the spare
 its servers with `optirack-rack server kill` (engine, containerd, shims, workers; NIC ports down), waits until every
 rank iterates again, lets the job run to its end (`done`, the swap in its record; the round counts only then) and
 starts the server again (empty). Each round's time from the kill to all
-ranks iterating again is split into: detection (kill -> the job `recovering`), planning (the settle window, stopping
-the other workers and choosing the spares), the OCS change (circuits and flows confirmed), container start (survivors'
-workers replaced, the spare's sandbox, NIC and worker), restore (until the last rank has its checkpoint: the worker's
-start, importing PyTorch, fetching or reading it) and rendezvous (until every rank has begun its first iteration);
-plus the iterations redone. `--fault worker` kills one worker instead (`kill -9` of the process its container runs,
-its host PID found from the container on that server's engine): its server lives on, and its GPU is swapped as well.
+ranks iterating again is split into: detection (kill -> the job `recovering`), planning (waiting for a sure sign,
+stopping the lost workers and choosing the spares), the OCS change (circuits and flows confirmed), hand-over (the
+survivors and the job's warm spare told their ranks; a spare with no warm worker gets its sandbox, NIC and worker
+started), state fetch (until the last rank has its checkpoint: survivors from their own memory, the spare from a
+peer's memory) and rendezvous (until every rank has begun its first iteration); plus the iterations redone
+(checkpoints every iteration by default). Each phase and the total are given as p50 and p99 over the rounds.
+`--fault worker` kills one worker instead (`kill -9` of the process its container runs, its host PID found from the
+container on that server's engine): its server lives on, and its GPU is swapped as well.
 
 `--checkpoint-cost` measures what saving checkpoints costs instead: the same job (or `--gpus`) run to its end with
 checkpoints every K iterations (`--checkpoint-every`, here 20 by default, the controller's default) and with none
@@ -44,15 +46,18 @@ from emulation.harness import ROOT, Testbed, wait_for
 from emulation.rack import CONTAINER_LABEL
 
 try:
-    from scripts.stats import add_json_option, write_json
+    from scripts.stats import add_json_option, percentile, write_json
 except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scripts/ itself is on sys.path
-    from stats import add_json_option, write_json
+    from stats import add_json_option, percentile, write_json
 
 RACK_FILE = ROOT / "topologies" / "paper-spares.yaml"
 JOB_GPUS = ["gpu1", "gpu2", "gpu3", "gpu4"]
 VICTIMS = ["srv2", "srv4"]  # servers holding one GPU of the job each (srv1 and srv3 also hold a Titan V)
 WORKER_VICTIMS = ["gpu2", "gpu4", "gpu1", "gpu3"]  # --fault worker: the rank killed, in turn
 PHASES = ("detection_s", "planning_s", "ocs_s", "containers_s", "restore_s", "rendezvous_s")
+LABELS = {"detection_s": "detection", "planning_s": "planning", "ocs_s": "OCS change", "containers_s": "hand-over",
+          "restore_s": "state fetch", "rendezvous_s": "rendezvous", "total_s": "total"}
+
 
 
 def kill_worker(tb: Testbed, job: str, gpu: str) -> int:
@@ -114,6 +119,8 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
         "lost": sorted(rec["lost"]),
         "why": rec["lost"],
         "spares": rec["spares"],
+        "warm": rec.get("warm", {}),
+        "kept": rec.get("kept", []),
         "checkpoint_every": every,
         "resumed_from": rec["resumed_from"],
         "iterations_redone": rec["iterations_redone"],
@@ -187,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=5, help="servers killed, one per round (default %(default)s)")
     p.add_argument("--checkpoint-every", type=int, default=None,
-                   help=f"the job's K (default 10; --checkpoint-cost: {DEFAULT_CHECKPOINT_EVERY}, the controller's)")
+                   help=f"the job's K (default 1: every iteration; --checkpoint-cost: {DEFAULT_CHECKPOINT_EVERY}, "
+                   "the controller's)")
     p.add_argument("--kill-after", type=int, default=14, help="iterations before the kill (default %(default)s)")
     p.add_argument("--iterations", type=int, default=30, help="the job's iterations; it runs to its end")
     p.add_argument("--fault", choices=("server", "worker"), default="server",
@@ -199,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     add_json_option(p)
     args = p.parse_args(argv)
     if args.checkpoint_every is None:
-        args.checkpoint_every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_cost else 10
+        args.checkpoint_every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_cost else 1
     if args.checkpoint_cost:
         if args.pairs < 1 or args.checkpoint_every < 1 or args.iterations <= args.checkpoint_every:
             p.error("--pairs and --checkpoint-every take positive integers, and --iterations more than K")
@@ -229,8 +237,14 @@ def main(argv: list[str] | None = None) -> int:
             )
     keys = ("total_s", *PHASES, "iterations_redone", "mean_iteration_s")
     median = {k: statistics.median(r[k] for r in rows) for k in keys}
+    p99 = {k: percentile([r[k] for r in rows], 99) for k in keys}
+    print(f"{'phase':<12} {'p50 s':>7} {'p99 s':>7}")
+    for k in ("total_s", *PHASES):
+        print(f"{LABELS[k]:<12} {median[k]:>7.3f} {p99[k]:>7.3f}")
+    print(f"iterations redone: p50 {median['iterations_redone']:g}, max {max(r['iterations_redone'] for r in rows)};"
+          f" warm spares used in {sum(all(r['warm'].values()) and bool(r['warm']) for r in rows)}/{len(rows)} rounds")
     print("median: " + ", ".join(f"{k} {v:.2f}" for k, v in median.items()))
-    write_json(args.json, {"fault": args.fault, "rounds": rows, "median": median})
+    write_json(args.json, {"fault": args.fault, "rounds": rows, "median": median, "p99": p99})
     bad = [r["job"] for r in rows if r["state"] != "done" or r["recoveries"] != 1]
     if bad:
         print(f"not done after one recovery: {', '.join(bad)}", file=sys.stderr)

@@ -13,6 +13,8 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from scripts.stats import percentile
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -137,10 +139,10 @@ def step_by_chunk(_records: list) -> str:
 RESULTS = ROOT / "results"
 PHASES = (  # (key in a round, what the phase is): from the kill, in order
     ("detection_s", "detection (the job `recovering`)"),
-    ("planning_s", "planning (0.3 s settle, the others stopped, spares chosen)"),
+    ("planning_s", "planning (a sure sign, the lost workers stopped, spares chosen)"),
     ("ocs_s", "OCS change (circuits and flows confirmed)"),
-    ("containers_s", "container start (workers replaced, the spare's sandbox, NIC and worker)"),
-    ("restore_s", "restore (the worker's start and PyTorch's import, the checkpoint read or fetched)"),
+    ("containers_s", "hand-over (survivors and the warm spare told their ranks; else a container started)"),
+    ("restore_s", "state fetch (each rank's checkpoint: its own memory, a peer's, or a disk)"),
     ("rendezvous_s", "rendezvous (until every rank began its first iteration)"),
 )
 FAILOVER = {"server": "bench-failover.json", "worker": "bench-failover-worker.json"}
@@ -156,8 +158,8 @@ def _field(path: Path, data: dict, *keys: str):
 
 
 def failover(_records: list, directory: Path | None = None) -> str:
-    """From the kill to every rank iterating again, per phase: min / median / max over each record's rounds, one
-    column per fault (a server killed, a worker killed with kill -9)."""
+    """From the kill to every rank iterating again, per phase: p50 / p99 over each record's rounds, one column per
+    fault (a server killed, a worker killed with kill -9); and the iterations redone."""
     columns = {"server": "a server killed", "worker": "a worker killed (`kill -9`)"}
     rounds = {}
     for fault, name in FAILOVER.items():
@@ -168,10 +170,10 @@ def failover(_records: list, directory: Path | None = None) -> str:
 
     def cell(fault: str, key: str, bold: bool = False) -> str:
         xs = [r[key] for r in rounds[fault]]
-        mid = f"{statistics.median(xs):.2f}"
-        return f"{min(xs):.2f} / {f'**{mid}**' if bold else mid} / {max(xs):.2f} s"
+        mid = f"{percentile(xs, 50):.2f}"
+        return f"{f'**{mid}**' if bold else mid} / {percentile(xs, 99):.2f} s"
 
-    rows = ["| from the kill: min / median / max | " + " | ".join(columns[f] for f in FAILOVER) + " |",
+    rows = ["| from the kill: p50 / p99 | " + " | ".join(columns[f] for f in FAILOVER) + " |",
             "| --- |" + " --- |" * len(FAILOVER)]
     for key, what in PHASES:
         rows.append(f"| {what} | " + " | ".join(cell(f, key) for f in FAILOVER) + " |")
@@ -179,6 +181,9 @@ def failover(_records: list, directory: Path | None = None) -> str:
     rows.append("| rounds that ended `done` after one recovery | " + " | ".join(
         f"{sum(r.get('state') == 'done' and r.get('recoveries') == 1 for r in rounds[f])} of {len(rounds[f])}"
         for f in FAILOVER) + " |")
+    rows.append("| iterations redone: p50 / max | " + " | ".join(
+        f"{percentile([r.get('iterations_redone', 0) for r in rounds[f]], 50):g} / "
+        f"{max(r.get('iterations_redone', 0) for r in rounds[f])}" for f in FAILOVER) + " |")
     return "\n".join(rows)
 
 

@@ -10,6 +10,15 @@ import time
 from pathlib import Path
 
 
+def percentile(values, p: float) -> float:
+    """The p-th percentile, interpolated between the closest ranks (p 50: the median; p 99 of 20 values lies between
+    the two largest)."""
+    xs = sorted(values)
+    at = (len(xs) - 1) * p / 100
+    lo = int(at)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)
+
+
 def spread(values, scale: float = 1.0, digits: int = 3) -> dict:
     """min, median and max of `values` times `scale`, with n and the values themselves."""
     xs = [v * scale for v in values]

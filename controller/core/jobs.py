@@ -26,6 +26,7 @@ TERMINAL = ("done", "failed", "stopped")
 # parameters and momentum, 1.1 GB at 100 Gbit/s, 89 ms) every 20 iterations of its fastest one (one Titan V, 95 ms
 # of compute) costs 4.7 % of iteration time; tests/unit/test_failover.py computes it for every case of the rack.
 DEFAULT_CHECKPOINT_EVERY = 20
+DEFAULT_WARM_SPARES = 1  # an idle warm worker: about 218 MiB of RSS and 0.6 % of a core (docs/jobs.md)
 NEW = "new"  # a job being submitted: admitted (pending) or queued before anyone can read it
 
 # Every state change a job may make, and the only place one is allowed: `transition` checks it.
@@ -99,6 +100,12 @@ class JobRequest(BaseModel):
         ge=1,
         le=1_000_000,
         description="iterations between checkpoints (each saved on the worker's server and on a peer's on another)",
+    )
+    warm_spares: int = Field(
+        DEFAULT_WARM_SPARES,
+        ge=0,
+        le=8,
+        description="free GPUs that hold a started worker for this job, waiting to take a lost GPU's rank",
     )
 
     @model_validator(mode="after")

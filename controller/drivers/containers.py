@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from controller.core.emulated import IPV4_ONLY_SYSCTLS, LOSSLESS_SYSCTLS, nic_plans, route_window
 from controller.core.rack import Rack
+from controller.drivers.control import CONTROL, regroup_archive
 from controller.drivers.engines import EngineDown, Engines
 
 LOG = logging.getLogger("optirack.containers")
@@ -289,10 +290,8 @@ class ContainerDriver:
         client = self.client(server)
         sandbox = self._get(client, sandbox_name(job, gpu))
         pid = sandbox.attrs["State"]["Pid"] if sandbox is not None else 0
-        ifname, cidr = (
-            self.rack.interface(gpu),
-            f"{self.rack.addresses[gpu][0]}/{self.rack.spec.network.subnet.prefixlen}",
-        )
+        ifname = self.rack.interface(gpu)
+        cidr = f"{self.rack.addresses[gpu][0]}/{self.rack.spec.network.subnet.prefixlen}"
         failed = None
         try:
             self.nic(
@@ -325,11 +324,14 @@ class ContainerDriver:
     # --- following a worker ---------------------------------------------------------------------
     def logs(self, job: str, gpu: str, server: str):
         """The worker's stdout as it comes (an iterator of byte chunks)."""
-        return (
-            self.client(server)
-            .containers.get(container_name(job, gpu))
-            .logs(stream=True, follow=True, stdout=True, stderr=False)
-        )
+        worker = self.client(server).containers.get(container_name(job, gpu))
+        return worker.logs(stream=True, follow=True, stdout=True, stderr=False)
+
+    def regroup(self, job: str, gpu: str, server: str, attempt: int, argv: list[str]) -> None:
+        """Tell a running worker to leave its ring and join the attempt's with `argv` (drivers/control.py)."""
+        worker = self.client(server).containers.get(container_name(job, gpu))
+        if worker.status != "running" or not worker.put_archive(CONTROL, regroup_archive(attempt, argv)):
+            raise ContainerError(f"the worker of {gpu} on {server} is {worker.status}: it cannot regroup")
 
     def tail(self, job: str, gpu: str, server: str, lines: int) -> list[str]:
         """The worker's last `lines` lines of output, stdout and stderr (raises if it is gone)."""
@@ -372,12 +374,8 @@ class ContainerDriver:
         """Remove our containers of jobs not in `keep_jobs` (NIC given back first), and those of (job, GPU) pairs
         not in `keep_gpus` where it is given (a GPU swapped out of a job that goes on), and the checkpoint volumes
         of jobs not in `keep_jobs`; returns the GPUs whose containers went."""
-        stale = {
-            (w["job"], w["gpu"])
-            for w in self.workers(server)
-            if w["job"]
-            and (w["job"] not in keep_jobs or (keep_gpus is not None and (w["job"], w["gpu"]) not in keep_gpus))
-        }
+        stale = {(w["job"], w["gpu"]) for w in self.workers(server) if w["job"] and (
+            w["job"] not in keep_jobs or (keep_gpus is not None and (w["job"], w["gpu"]) not in keep_gpus))}
         for job, gpu in sorted(stale):
             LOG.warning("removing stale containers of %s (GPU %s) on %s", job, gpu, server)
             self.remove(job, gpu, server)

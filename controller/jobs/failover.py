@@ -2,8 +2,9 @@
 
 Detection: a worker's log stream breaks or it exits with an error (lifecycle._follow), the engine of a server under a
 running job stops answering (asked every SERVER_POLL s), or the OCS reports a GPU's port down (the OCS app's
-port-status handler). Any of them moves the job to `recovering` with the reason; its recovery thread then waits
-SETTLE s for the other signs of the same fault, and decides which GPUs are lost: those on a server whose engine does
+port-status handler). Any of them moves the job to `recovering` with the reason; its recovery thread goes on at once
+on a sure sign (a GPU lost), else waits up to SETTLE s for one (`_settle`); other signs of the same fault join it
+until it has decided which GPUs are lost: those on a server whose engine does
 not answer, those whose link is down, and those whose worker died by a signal (killed: `kill -9`, the OOM killer) or
 vanished. A worker that exited with an error of its own (a peer gone from the ring under it) is restarted in place.
 A killed worker is not a dead GPU: one killed on a server whose engine answers and whose link is up, for the first
@@ -41,7 +42,8 @@ from controller.core.rack import PortRef
 from controller.jobs.external import is_external
 from controller.jobs.steps import LOG, RECONFIG_WAIT, _attempt, _reason
 
-SETTLE = 0.3  # seconds a recovery waits for the other signs of one fault (a server's NICs, its engine, its ranks)
+SETTLE = 0.3  # at most this long a recovery waits for a sure sign when its first one is not (a worker's own error)
+SETTLE_POLL = 0.01  # seconds between two looks at the signs meanwhile
 SERVER_POLL = 0.5  # seconds between two pings of the engines under running jobs
 WAIT_POLL = 0.5  # seconds between two tries of a job waiting for spares
 MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many recoveries, with the last reason
@@ -50,14 +52,16 @@ MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many reco
 class Failover:
     def __init__(
         self, book, state, changes, containers, workers, lifecycle, runtime, drain: Callable[[], None],
-        hold_at: str | None = None,
+        hold_at: str | None = None, keep_survivors: bool = True, warm_up: Callable[[Job], None] = lambda job: None,
     ):  # fmt: skip
         self.book, self.state, self.changes, self.containers, self.workers, self.lifecycle, self.rt = (
             book, state, changes, containers, workers, lifecycle, runtime
         )  # fmt: skip
         self.drain = drain  # start queued jobs (queue.Queue.drain)
         self.hold_at = hold_at  # a fault hook for tests: recoveries stop once at this step ("swapped": _hold)
-        self._collecting: set[str] = set()  # jobs gathering the signs of one fault (SETTLE s)
+        self.keep_survivors = keep_survivors  # survivors' workers regroup in their processes (False: restarted)
+        self.warm_up = warm_up  # start the warm spares a running job asks for (warm.Warm.fill)
+        self._collecting: set[str] = set()  # jobs gathering the signs of one fault (until it is assessed)
         self._links_down: set[str] = set()  # OCS ports whose link is down (observed, not the job's)
 
     # --- detection -------------------------------------------------------------------------
@@ -121,15 +125,17 @@ class Failover:
         controller restarted in the middle carries the recovery on from the record (`resume`)."""
         try:
             if not resumed:
-                self.rt.sleep(SETTLE)
-                self._collecting.discard(job.id)
+                self._settle(job)
             self._hold(job, "detected")
             rec = job.recovery or {}
             if rec.get("step", "detected") == "detected":
                 rec = job.recovery = self._assess(job, rec)
+                self._collecting.discard(job.id)  # signs until here joined this recovery
                 self.book.save()
                 self._hold(job, "assessed")
-            self._stop_old_attempt(job, rec)
+            self._collecting.discard(job.id)
+            keep = self.keep_survivors and not resumed  # after a controller restart: every rank restarted
+            self._stop_old_attempt(job, rec, keep)
             while rec["step"] != "swapped":
                 if job.state != "recovering":
                     return  # stopped meanwhile
@@ -141,7 +147,7 @@ class Failover:
             if job.id in self.book.awaiting:  # it held the queue back: with its spares taken, the others may go
                 self.book.awaiting.discard(job.id)
                 _attempt(job, "starting queued jobs", self.drain)
-            self._restart(job, rec)
+            kept = self._restart(job, rec, keep)
         except Exception as e:  # noqa: BLE001 (the edge: a job that cannot be recovered fails with the reason)
             self.book.awaiting.discard(job.id)
             if job.state == "recovering":
@@ -151,7 +157,16 @@ class Failover:
             elif not job.active:  # stopped while its containers were starting: what started goes too
                 _attempt(job, "removing the containers", self.workers.remove, job)
             return
-        self.lifecycle.watch(job)
+        self.lifecycle.watch(job, kept)
+
+    def _settle(self, job: Job) -> None:
+        """Go on at once on a sure sign (a GPU lost: its worker killed by a signal, its server's engine gone, its link
+        down); a worker's error of its own may follow another's loss, so wait up to SETTLE s for a sure one. Other
+        signs of the same fault join the recovery until it is assessed (`lost`)."""
+        waited = 0.0
+        while waited < SETTLE and not any(sign[1] for sign in (job.recovery or {}).get("signs", {}).values()):
+            self.rt.sleep(SETTLE_POLL)
+            waited += SETTLE_POLL
 
     def _hold(self, job: Job, step: str) -> None:
         """The fault hook (--optirack-fault-hold-recovering, for tests): the recovery thread stops here, its step
@@ -199,12 +214,18 @@ class Failover:
             "old_gpus": list(job.gpus),
         }
 
-    def _stop_old_attempt(self, job: Job, rec: dict) -> None:
-        """Stop every worker of the attempt that broke and wait for the threads following those on live servers
-        (one following a worker of a server that does not answer may hang: it ends on its own, and being of an old
-        attempt, changes nothing)."""
+    def _survivors(self, rec: dict) -> list[str]:
+        """The GPUs whose workers keep their processes: not lost, no error of their own, on a live server."""
+        return [g for g in rec["old_gpus"] if g not in rec["lost"] and g not in rec["errors"]
+                and self.state.rack.server_of[g] not in rec["servers_down"]]
+
+    def _stop_old_attempt(self, job: Job, rec: dict, keep: bool) -> None:
+        """Stop every worker of the attempt that broke (but the survivors, if they are `keep`t) and wait for the
+        threads following those on live servers (one following a worker of a server that does not answer may hang:
+        it ends on its own, and being of an old attempt, changes nothing)."""
         job.attempt = rec["attempt"]  # again after a restart: the same attempt
-        alive = [g for g in job.gpus if self.state.rack.server_of[g] not in rec["servers_down"]]
+        kept = self._survivors(rec) if keep else []
+        alive = [g for g in job.gpus if self.state.rack.server_of[g] not in rec["servers_down"] and g not in kept]
         self.workers.kill_on(job, alive)
         threads = dict(zip(job.gpus, self.book.threads.pop(job.id, []), strict=False))
         self.rt.joinall([t for g, t in threads.items() if g in alive])
@@ -289,8 +310,9 @@ class Failover:
             rec["waited_from"] = self.state.clock()
         self.rt.sleep(WAIT_POLL)
 
-    def _restart(self, job: Job, rec: dict) -> None:
-        """Every rank from the checkpoint: survivors in their sandboxes, spares in new containers."""
+    def _restart(self, job: Job, rec: dict, keep: bool) -> list[str]:
+        """Every rank from the checkpoint: survivors regroup in their processes (`keep`; else restarted in their
+        sandboxes), spares in new containers. The GPUs whose workers kept their processes."""
         rack = self.state.rack
         rec["planned_at"] = self.state.clock()
         old = set(rec["old_gpus"]) - set(job.gpus)
@@ -310,9 +332,20 @@ class Failover:
                     holder = copies[writer][0]
                     restores[g] = (k, rack.addresses[holder][0], writer)
         job.exit_codes = {}
-        self.workers.start(job, restores=restores, reuse=True)
+        warm = [s for s in rec["spares"].values() if self.workers.warm.get(s) == job.id]
+        told = [g for g in self._survivors(rec) if g in job.gpus] + warm if keep else []
+        took = self.workers.regroup(job, told, restores, self.state.clock)
+        kept = [g for g in told if took.get(g) is not None]
+        self.lifecycle.carry(job, kept)
+        cold = [s for s in rec["spares"].values() if s not in kept]
+        if cold:
+            LOG.warning("%s: no warm spare for %s: starting its container (the slow way)", job.id, ", ".join(cold))
+        self.workers.start(job, restores=restores, reuse=True, only=[g for g in job.gpus if g not in kept])
         now = self.state.clock()
         rec.update(
+            kept=[g for g in kept if g not in warm],
+            warm={s: s in kept for s in rec["spares"].values()},
+            told_s={g: round(t, 4) for g, t in took.items() if t is not None},
             resumed_from=k,
             iterations_redone=max(0, rec["reached"] - k),
             containers_s=now - rec["planned_at"],
@@ -321,9 +354,13 @@ class Failover:
         )
         del rec["old_gpus"], rec["step"]
         job.recoveries.append(rec)
-        swapped = ", ".join([f"{a} -> {b}" for a, b in rec["spares"].items()]
+        swapped = ", ".join([f"{a} -> {b}" + ("" if rec["warm"][b] else " (no warm spare: a container started)")
+                             for a, b in rec["spares"].items()]
                             + [f"{g} restarted on its own GPU" for g in rec.get("restarted", {})]) or "none swapped"
         job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}"
         transition(job, "running", reason=None, recovery=None)
         self.book.save()
-        LOG.info("%s running again (%s) from iteration %d, %d redone", job.id, swapped, k, rec["iterations_redone"])
+        self.rt.spawn(self.warm_up, job)  # a warm spare again, for the next loss
+        LOG.info("%s running again (%s) from iteration %d, %d redone; %d rank(s) kept their processes", job.id,
+                 swapped, k, rec["iterations_redone"], len(kept))
+        return kept

@@ -27,6 +27,7 @@ class Lifecycle:
         lost: Callable[..., bool],
         freed: Callable[[], None],
         hold_configuring: bool = False,
+        warm_up: Callable[[Job], None] = lambda job: None,
     ):
         self.book, self.state, self.changes, self.containers, self.workers, self.rt = (
             book, state, changes, containers, workers, runtime
@@ -34,7 +35,11 @@ class Lifecycle:
         self.lost = lost  # a worker is gone (failover.Failover.lost): whether the job is being recovered
         self.freed = freed  # GPUs were given back (queue.Queue.drain)
         self.hold_configuring = hold_configuring  # a fault hook for tests: jobs stop at configuring (_hold)
+        self.warm_up = warm_up  # start the warm spares a running job asks for (warm.Warm.fill)
         self.lock = runtime.lock()  # plan and reconfigure one job at a time
+        # (job, gpu) -> (the attempt its follower serves, the follower): a worker that keeps its process through a
+        # recovery keeps its follower, carried on to the new attempt (carry)
+        self.followers: dict[tuple[str, str], tuple[dict, object]] = {}
 
     def run(self, job: Job, admitted: policy.Plan | None = None) -> None:
         """The job's thread. Every way out ends the job: running on, done, or failed with the reason."""
@@ -55,6 +60,7 @@ class Lifecycle:
             self.fail(job, _reason(e), placed.get("diff"), e)
             return
         LOG.info("%s running on %s (switches %s)", job.id, ",".join(job.gpus), ",".join(job.switches))
+        self.rt.spawn(self.warm_up, job)
         self.watch(job)
 
     def _hold(self, job: Job) -> None:
@@ -102,6 +108,8 @@ class Lifecycle:
         _attempt(job, "removing the containers", self.workers.remove, job)
         _attempt(job, "removing the checkpoints", self.workers.remove_volumes, job)
         self.book.stopping.discard(job.id)  # its GPUs are free now
+        for key in [k for k in self.followers if k[0] == job.id]:
+            del self.followers[key]
         transition(job, state, reason=reason, ended_at=self.state.clock(), recovery=None)
         _attempt(job, "saving the job", self.book.save, job)
         _attempt(job, "starting queued jobs", self.freed)  # its GPUs are free
@@ -122,10 +130,27 @@ class Lifecycle:
             LOG.error("%s: could not restore the circuits: %s", job.id, e)
 
     # --- watching the workers ---------------------------------------------------------
-    def watch(self, job: Job) -> None:
+    def carry(self, job: Job, gpus) -> None:
+        """The workers of `gpus` kept their processes into the job's new attempt: so do their followers."""
+        for gpu in gpus:
+            if (job.id, gpu) in self.followers:
+                self.followers[(job.id, gpu)][0]["attempt"] = job.attempt
+
+    def _follower(self, job: Job, gpu: str, kept) -> object:
+        held = self.followers.get((job.id, gpu))
+        if gpu in kept and held is not None and held[0]["attempt"] == job.attempt:
+            return held[1]
+        serves = {"attempt": job.attempt}
+        self.followers[(job.id, gpu)] = (serves, None)  # what _follow takes as it starts
+        thread = self.rt.spawn(self._follow, job, gpu, raise_error=True)
+        self.followers[(job.id, gpu)] = (serves, thread)
+        return thread
+
+    def watch(self, job: Job, kept=()) -> None:
+        """Follow the job's workers to their end (`kept`: GPUs whose workers kept their processes and followers)."""
         attempt = job.attempt
         try:
-            threads = [self.rt.spawn(self._follow, job, gpu, raise_error=True) for gpu in job.gpus]
+            threads = [self._follower(job, gpu, kept) for gpu in job.gpus]
             self.book.threads[job.id] = threads
             self.rt.joinall(threads)
             if job.state != "running" or job.attempt != attempt:
@@ -152,9 +177,11 @@ class Lifecycle:
                 self.finish(job, "failed", _reason(e))
 
     def _follow(self, job: Job, gpu: str) -> None:
-        """Read one worker's JSON lines as they come (tagged with the job's attempt); record its exit code; a worker
-        that failed starts the job's recovery (failover.py), or, if it is not recovered, stops the others."""
-        server, attempt = self.state.rack.server_of[gpu], job.attempt
+        """Read one worker's JSON lines as they come (tagged with the attempt they say, else the one this follower
+        serves); record its exit code; a worker that failed starts the job's recovery (failover.py), or, if it is
+        not recovered, stops the others."""
+        server = self.state.rack.server_of[gpu]
+        serves = self.followers.get((job.id, gpu), ({"attempt": job.attempt},))[0]
         swap = killed = False
         try:
             job.reports.setdefault(gpu, [])
@@ -165,7 +192,7 @@ class Lifecycle:
                 for line in lines:
                     if line.startswith(b"{"):
                         try:
-                            job.record(gpu, {**json.loads(line), "attempt": attempt})
+                            job.record(gpu, {"attempt": serves["attempt"], **json.loads(line)})
                         except ValueError:
                             pass
             code = self.containers.wait(job.id, gpu, server)
@@ -174,11 +201,11 @@ class Lifecycle:
         except Exception as e:  # noqa: BLE001 (the container vanished, or its engine went down)
             down = None if self.containers.engines.ping(server) else self.containers.down_servers().get(server)
             why = str(e) if down is None else f"the Docker Engine of server {server} went down ({down})"
-            if job.attempt == attempt:
+            if job.attempt == serves["attempt"]:
                 LOG.error("%s: lost the worker on %s: %s", job.id, gpu, why)
-                job.record(gpu, {"event": "error", "error": why, "attempt": attempt})
+                job.record(gpu, {"event": "error", "error": why, "attempt": serves["attempt"]})
             code, swap = -1, True
-        if job.attempt != attempt:
+        if job.attempt != serves["attempt"]:
             return  # a worker of an attempt the recovery stopped
         job.exit_codes[gpu] = code
         if code != 0 and job.state in ("running", "recovering"):

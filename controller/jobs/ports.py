@@ -71,6 +71,9 @@ class ContainersPort(Protocol):
 
     def kill(self, job: str, gpu: str, server: str) -> None: ...
 
+    def regroup(self, job: str, gpu: str, server: str, attempt: int, argv: list[str]) -> None:
+        """Tell a running worker to leave its ring and join the attempt's new one with `argv`; raises if it cannot."""
+
     def remove(self, job: str, gpu: str, server: str) -> None:
         """The NIC given back, the worker and its sandbox removed."""
 

@@ -45,6 +45,7 @@ from controller.jobs.recovery import Recovery
 from controller.jobs.regroup import Regroup
 from controller.jobs.runtime import Runtime
 from controller.jobs.steps import LOG_LINES
+from controller.jobs.warm import Warm
 from controller.jobs.workers import Workers
 
 
@@ -58,6 +59,7 @@ class JobService:
         engine_poll: float,
         hold_configuring: bool = False,
         hold_recovering: str | None = None,
+        keep_survivors: bool = True,
     ):
         self.state, self.rt = state, runtime
         self.book = book = JobBook(state)
@@ -72,11 +74,14 @@ class JobService:
             lost=lambda *a, **kw: self.failover.lost(*a, **kw),
             freed=lambda: self.queue.drain(),
             hold_configuring=hold_configuring,
+            warm_up=lambda job: self.warm.fill(job),
         )
         self.queue = Queue(book, state, changes, containers, runtime, run=self.lifecycle.run)
         self.failover = Failover(
-            book, state, changes, containers, workers, self.lifecycle, runtime, self.queue.drain, hold_recovering
+            book, state, changes, containers, workers, self.lifecycle, runtime, self.queue.drain, hold_recovering,
+            keep_survivors, warm_up=lambda job: self.warm.fill(job),
         )
+        self.warm = Warm(book, state, containers, workers, runtime, enabled=keep_survivors)  # both need regroup
         self.recovery = Recovery(
             book,
             state,

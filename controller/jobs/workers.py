@@ -9,9 +9,71 @@ from controller.drivers.engines import EngineDown
 from controller.jobs.steps import LOG, LOG_LINES, _attempt
 
 
+def master_port(attempt: int) -> int:
+    """Where rank 0 meets the others: a port of each attempt's own (a kept worker may still hold the last one's)."""
+    return 29500 if attempt == 0 else 29600 + attempt
+
+
 class Workers:
     def __init__(self, rack, containers, runtime):
         self.rack, self.containers, self.rt = rack, containers, runtime
+        self.warm: dict[str, str] = {}  # GPU -> the job whose warm spare waits on it (warm.py)
+        self._starting: dict = {}  # GPU -> a lock held while a warm spare starts there
+        self._gone: set[tuple[str, str]] = set()  # (GPU, job): warm spares removed as they started (evicted)
+
+    def _spec(self, job: Job, gpu: str, command: list[str]) -> GpuContainer:
+        g, prefix = self.rack.gpus[gpu], self.rack.spec.network.subnet.prefixlen
+        return GpuContainer(job.id, gpu, self.rack.server_of[gpu], g.index, g.model, self.rack.interface(gpu),
+                            f"{self.rack.addresses[gpu][0]}/{prefix}", command)
+
+    def start_warm(self, job: Job, gpu: str, taken) -> bool:
+        """A warm spare of `job` on free `gpu`: its sandbox, NIC and a worker that waits for its rank. Registered
+        first, then `taken()` asked again (a job placed there meanwhile: none started, False); one evicted while it
+        started is removed once started."""
+        w = job.request["workload"]
+        cmd = ["--warm", "--rank", "0", "--world-size", "1", "--master", "0.0.0.0", "--mode", w["mode"],
+               "--wait-for-nic", "60"]
+        self.warm[gpu] = job.id
+        if taken():
+            self.warm.pop(gpu, None)
+            return False
+        self._gone.discard((gpu, job.id))
+        with self._starting.setdefault(gpu, self.rt.lock()):  # an eviction waits for the start, and its removal
+            try:
+                self.containers.start(self._spec(job, gpu, cmd), job.image or self.containers.worker_image(
+                    self.rack.server_of[gpu]))
+            except Exception:
+                if self.warm.get(gpu) == job.id:
+                    del self.warm[gpu]
+                raise
+            if self.warm.get(gpu) != job.id:  # evicted, or its job ended, while it started
+                self._remove(gpu, job.id)
+                self._gone.add((gpu, job.id))
+        return True
+
+    def _remove(self, gpu: str, owner: str) -> None:
+        try:
+            self.containers.remove(owner, gpu, self.rack.server_of[gpu])
+        except Exception as e:  # noqa: BLE001 (its engine is down: swept when it is back)
+            LOG.error("removing the warm spare of %s on %s: %s", owner, gpu, e)
+
+    def _remove_warm(self, gpu: str, owner: str) -> None:
+        with self._starting.setdefault(gpu, self.rt.lock()):
+            if (gpu, owner) in self._gone:  # removed as it started
+                self._gone.discard((gpu, owner))
+                return
+            self._remove(gpu, owner)
+
+    def evict(self, gpus, job: Job | None = None) -> None:
+        """Remove the warm spares waiting on `gpus` (all of `job`'s, if given), all at once."""
+        gone = [(g, j) for g, j in list(self.warm.items()) if g in gpus or (job is not None and j == job.id)]
+        for g, _ in gone:
+            self.warm.pop(g, None)
+
+        def one(gpu: str, owner: str) -> None:
+            self._remove_warm(gpu, owner)
+
+        self.rt.joinall([self.rt.spawn(one, g, j) for g, j in gone])
 
     def checkpoint_peer(self, job: Job, rank: int) -> str | None:
         """The NIC address of the next rank around the ring on another server (None: all on one server)."""
@@ -28,6 +90,8 @@ class Workers:
             "--rank", str(rank),
             "--world-size", str(len(job.gpus)),
             "--master", self.rack.addresses[job.gpus[0]][0],
+            "--master-port", str(master_port(job.attempt)),
+            "--attempt", str(job.attempt),
             "--mode", w["mode"],
             "--iterations", str(w["iterations"]),
             "--rate-scale", str(emulation.rate_scale),
@@ -48,16 +112,57 @@ class Workers:
             cmd += ["--resume-from", str(restore[0]), "--restore-from", restore[1], "--restore-writer", restore[2]]
         return cmd
 
-    def start(self, job: Job, restores: dict | None = None, reuse: bool = False) -> None:
-        """One sandbox, NIC and worker per GPU, on each GPU's own server's engine, all at once; the
-        engines are asked first, so a server that is down fails the job at once, naming it. After a loss
+    def _clear(self, job: Job, gpus: list[str], servers) -> None:
+        """Remove what another job left on `gpus` (a warm spare of a controller that was restarted before its sweep):
+        a GPU placed for `job` is `job`'s."""
+        stale = []
+        for server in sorted(servers):
+            try:
+                stale += [(w["job"], w["gpu"], server) for w in self.containers.workers(server)
+                          if w["gpu"] in gpus and w["job"] != job.id]
+            except Exception as e:  # noqa: BLE001 (the start names an engine that is down)
+                LOG.debug("listing the containers on %s: %s", server, e)
+        for other, gpu, server in stale:
+            LOG.warning("%s: removing %s's container left on %s", job.id, other, gpu)
+            self.containers.remove(other, gpu, server)
+
+    def regroup(self, job: Job, gpus: list[str], restores: dict, clock) -> dict[str, float | None]:
+        """Tell the running workers of `gpus` to leave their ring and join the job's new one (its attempt, their
+        ranks in it, the checkpoint to go on from), all at once; GPU -> seconds its telling took (None: its worker
+        could not be told)."""
+        took: dict[str, float | None] = {}
+
+        def one(gpu: str) -> None:
+            rank, t0 = job.gpus.index(gpu), clock()
+            try:
+                self.containers.regroup(job.id, gpu, self.rack.server_of[gpu], job.attempt,
+                                        self.command(job, rank, restores.get(gpu)))
+                took[gpu] = clock() - t0
+            except Exception as e:  # noqa: BLE001 (it is started anew instead)
+                LOG.warning("%s: the worker on %s cannot regroup (%s); starting it anew", job.id, gpu, e)
+                took[gpu] = None
+
+        self.rt.joinall([self.rt.spawn(one, g) for g in gpus])
+        return took
+
+    def start(self, job: Job, restores: dict | None = None, reuse: bool = False, only=None) -> None:
+        """One sandbox, NIC and worker per GPU (of `only`, if given), on each GPU's own server's engine, all at once;
+        the engines are asked first, so a server that is down fails the job at once, naming it. After a loss
         (failover.py): each rank's checkpoint to restore, and the survivors' sandboxes kept (`reuse`)."""
         restores = restores or {}
-        rack, prefix = self.rack, self.rack.spec.network.subnet.prefixlen
-        servers = {rack.server_of[g] for g in job.gpus}
+        rack = self.rack
+        servers = {rack.server_of[g] for g in job.gpus if only is None or g in only}
+        # a warm spare of another job waiting on one of these GPUs goes (one of this job's is replaced, as a worker)
+        self.evict([g for g in job.gpus if self.warm.get(g) not in (None, job.id if reuse else None)
+                    and (only is None or g in only)])
+        for g in [g for g in job.gpus if self.warm.get(g) == job.id]:
+            del self.warm[g]  # its warm spare, now one of its ranks (told, or its worker replaced in its sandbox)
+        self._clear(job, [g for g in job.gpus if only is None or g in only], servers)
+        if not servers:
+            return  # every rank was told (failover.py): nothing to start
         try:
             self.containers.check_engines(servers)
-            image = self.containers.worker_image(rack.server_of[job.gpus[0]])
+            image = job.image or self.containers.worker_image(rack.server_of[job.gpus[0]])
         except EngineDown as e:
             raise ContainerError(str(e)) from None
         except Exception as e:  # noqa: BLE001 (registry or engine refused: fail the job with the reason)
@@ -68,23 +173,10 @@ class Workers:
         job.image = image
 
         def one(rank: int, gpu: str) -> None:
-            g = rack.gpus[gpu]
-            self.containers.start(
-                GpuContainer(
-                    job.id,
-                    gpu,
-                    rack.server_of[gpu],
-                    g.index,
-                    g.model,
-                    rack.interface(gpu),
-                    f"{rack.addresses[gpu][0]}/{prefix}",
-                    self.command(job, rank, restores.get(gpu)),
-                ),
-                image,
-                reuse=reuse,
-            )
+            self.containers.start(self._spec(job, gpu, self.command(job, rank, restores.get(gpu))), image, reuse=reuse)
 
-        threads = [self.rt.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)]
+        threads = [self.rt.spawn(one, rank, gpu, raise_error=True) for rank, gpu in enumerate(job.gpus)
+                   if only is None or gpu in only]
         errors = []
         for t in threads:
             try:
@@ -107,6 +199,8 @@ class Workers:
                 LOG.error("%s: removing the containers of %s on %s: %s", job.id, gpu, server, e)
 
         self.rt.joinall([self.rt.spawn(one, gpu) for gpu in (gpus if gpus is not None else job.gpus)])
+        if gpus is None:
+            self.evict((), job)  # its warm spares too
 
     def kill(self, job: Job, gpu: str) -> None:
         try:
@@ -162,7 +256,8 @@ class Workers:
         found = []
         for server in sorted({self.rack.server_of[g] for g in job.gpus}):
             try:
-                found += [w["gpu"] for w in self.containers.workers(server, job.id) if w["role"] == "worker"]
+                found += [w["gpu"] for w in self.containers.workers(server, job.id)
+                          if w["role"] == "worker" and w["gpu"] in job.gpus]  # not its warm spares
             except Exception as e:  # noqa: BLE001 (engine unreachable: its workers count as gone)
                 LOG.error("cannot list containers on %s: %s", server, e)
         return found

@@ -62,25 +62,42 @@ def assert_clean(client, job: dict, reason: str, circuits: list[list[str]] | Non
         assert held == sorted(circuits)
 
 
-def _kill_gpu2_of_a_running_job(client, iterations: int) -> dict:
-    """A job on gpu1 and gpu2 (checkpoint every 3), once it has done 4 iterations: gpu2's container killed (kill -9)."""
+def _worker(job_id: str, gpu: str) -> tuple[str, int]:
+    """The worker container of `gpu` on its server's engine: its id and its main process's host PID."""
+    c = engine_client(RACK, RACK.server_of[gpu], 30).containers.get(container_name(job_id, gpu))
+    return c.id, c.attrs["State"]["Pid"]
+
+
+def _kill_gpu2_of_a_running_job(client, iterations: int, before: dict | None = None) -> dict:
+    """A job on gpu1 and gpu2 (checkpoint every 3), once it has done 4 iterations: gpu2's container killed (kill -9).
+    `before`: filled with gpu1's worker (container id, PID) just before the kill."""
     job = client.post(
         "/jobs",
         {"gpus": ["gpu1", "gpu2"], "policy": "fixed", "checkpoint_every": 3,
          "workload": {"iterations": iterations, "compute_seconds": 0.05}},
     )["job"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 4, 120, "the job to iterate")
+    if before is not None:
+        before["gpu1"] = _worker(job["id"], "gpu1")
     engine_client(RACK, RACK.server_of["gpu2"], 30).containers.get(f"optirack-{job['id']}-gpu2").kill()
     return job
 
 
 def test_a_worker_killed_mid_job(fragmented):
-    """kill -9 of one worker: its GPU is swapped for a spare and every rank goes on from the checkpoint."""
+    """kill -9 of one worker: its GPU is swapped for a spare and every rank goes on from the checkpoint; the
+    survivor keeps its process (the same container and PID), leaves the broken ring and joins the new one, and the
+    spare is the job's warm one (a worker already started there), handed its rank."""
     client = fragmented
-    job = _kill_gpu2_of_a_running_job(client, 100000)
+    before: dict = {}
+    job = _kill_gpu2_of_a_running_job(client, 100000, before)
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["recoveries"], 60, "the job to recover")
     rec = client.get(f"/jobs/{job['id']}")["job"]["recoveries"][0]
     assert set(rec["lost"]) == {"gpu2"} and "exited with 137" in rec["lost"]["gpu2"] and rec["resumed_from"] >= 3
+    assert rec["kept"] == ["gpu1"] and _worker(job["id"], "gpu1") == before["gpu1"], rec
+    assert rec["warm"] == {rec["spares"]["gpu2"]: True}, rec  # the job's warm spare was handed the rank
+    detail = client.get(f"/jobs/{job['id']}")["job"]
+    restored = {g: [r for r in detail["checkpoints"][g] if r["event"] == "restored"] for g in detail["gpus"]}
+    assert [r["from"] for r in restored["gpu1"]] == ["memory"], restored  # its own state, kept in its process
     before = client.get(f"/jobs/{job['id']}")["job"]["iterations_done"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= before + 2, 60, "it to go on")
     client.post(f"/jobs/{job['id']}/stop")

@@ -25,16 +25,19 @@ class FakeContainer:
         self.killed, self.removed, self.vanished = False, False, False
         self.labels = dict(labels or {})
         self.pace = 0.0
+        self.pos = 0  # lines printed so far
 
     def _follow(self, data):
-        for chunk in data:
+        self.pos = 0
+        while self.pos < len(self.lines):  # read as it goes: a regroup replaces the lines not yet printed
             if self.pace:  # one line per `pace` seconds (a worker that trains on the runtime's clock)
                 self.sleep(self.pace)
                 if self.killed:
                     return
             if self.vanished:
                 raise ConnectionError("connection reset by peer")
-            yield chunk
+            self.pos += 1
+            yield (self.lines[self.pos - 1] + "\n").encode()
         while self.block and not self.killed:  # a worker that runs until it is killed
             self.sleep(0.01)
             if self.vanished:
@@ -109,7 +112,7 @@ class FakeDriver:
         self.faults = faults or {}
         self.stderr = stderr or {}
         self.running: dict[str, FakeContainer] = {}
-        self.started, self.removed, self.volumes_removed = [], [], []
+        self.started, self.removed, self.volumes_removed, self.regrouped = [], [], [], []
         self.engines = FakeEngines()
 
     def _engine(self, server):
@@ -142,7 +145,9 @@ class FakeDriver:
             raise fault
         if spec.gpu == self.fail_start_on:
             raise ContainerError(f"cannot start the container of {spec.gpu}: no such image")
-        if self.pace:
+        if "--warm" in spec.command:  # a warm spare: it waits for its rank (regroup)
+            lines = [json.dumps({"event": "warm"})]
+        elif self.pace:
             lines = self._training(spec)
         else:
             lines = [json.dumps({"event": "iteration", "iteration": i, "t_start": 10.0 + i, "t_end": 11.0 + i,
@@ -205,6 +210,21 @@ class FakeDriver:
 
     def kill(self, job, gpu, server):
         self._get(job, gpu, server).kill()
+
+    def regroup(self, job, gpu, server, attempt, argv):
+        """A running worker told to join the attempt's new ring: from here it prints what `argv` makes it train
+        (its lines saying the attempt, as a real worker's do)."""
+        import json
+        import types
+
+        from controller.drivers.containers import ContainerError
+        c = self._get(job, gpu, server)
+        if c.killed or c.vanished or c.pos >= len(c.lines):
+            raise ContainerError(f"the worker of {gpu} has exited")
+        spec = types.SimpleNamespace(command=argv, gpu=gpu)
+        c.lines = c.lines[:c.pos] + [json.dumps({**json.loads(line), "attempt": attempt})
+                                     for line in self._training(spec)]
+        self.regrouped.append((job, gpu, argv))
 
     def kill9(self, job, gpu, server):
         """`kill -9` of one worker from outside: it exits 137 (the controller did not stop it)."""
@@ -283,16 +303,18 @@ class FakeChanges:
             state.lock.release()
 
 
-def service(tmp_path: Path, rack, driver: FakeDriver, rt, engine_poll: float = 1.0, start: bool = True):
+def service(tmp_path: Path, rack, driver: FakeDriver, rt, engine_poll: float = 1.0, start: bool = True,
+            keep_survivors: bool = False):
     """The job service alone, as the controller's wiring builds it, from the rack state (over a store in
     `tmp_path`), a FakeChanges, `driver` and runtime `rt`; a second one on the same `tmp_path` and a new runtime is
-    a restart (the first one's threads never run again). Returns (service, state, changes)."""
+    a restart (the first one's threads never run again). `keep_survivors`: survivors regroup in their processes
+    (FakeDriver.regroup) instead of being restarted. Returns (service, state, changes)."""
     driver.sleep = rt.sleep
     for container in driver.running.values():  # a restart on the same engines: their workers go on
         container.sleep = rt.sleep
     state = RackState(rack, open_store(Path(tmp_path), rack.name, rt.clock), rt.clock, rt.lock())
     changes = FakeChanges(state)
-    jobs = JobService(state, changes, driver, rt, engine_poll=engine_poll)
+    jobs = JobService(state, changes, driver, rt, engine_poll=engine_poll, keep_survivors=keep_survivors)
     if start:
         jobs.start()
     return jobs, state, changes

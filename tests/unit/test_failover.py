@@ -377,3 +377,50 @@ def test_a_gpu_whose_worker_is_killed_twice_is_set_aside(tmp_path, vrt):
     second = job.recoveries[1]
     assert second["spares"] == {"gpu2": "gpu4"} and second["restarted"] == {} and "waited_from" in second
     assert job.gpus == ["gpu1", "gpu3", "gpu4"]
+
+
+def test_survivors_keep_their_workers_and_the_jobs_warm_spare_takes_the_lost_rank(tmp_path, vrt):
+    """With survivors kept (the controller's default): srv2 dies; the three survivors' workers are told to regroup
+    (none restarted), the job's warm spare (started once the job ran) is told the lost rank, and the job ends done
+    from the checkpoint; a new warm spare is started for the next loss."""
+    from tests.unit.jobfakes import service
+
+    driver = FakeDriver(pace=PACE)
+    placement, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
+    vrt.advance(0)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
+    (warm,) = [g for j, g, c in driver.started if j == job.id and "--warm" in c]
+    driver.kill_server("srv2")
+    vrt.run(finished(placement, job.id), what="the job to end")
+    assert job.state == "done", job.reason
+    (rec,) = job.recoveries
+    assert rec["spares"] == {"gpu2": warm} and rec["warm"] == {warm: True} and rec["resumed_from"] == 10, rec
+    assert sorted(rec["kept"]) == ["gpu1", "gpu3", "gpu4"], rec
+    started = [g for j, g, c in driver.started if j == job.id and "--warm" not in c]
+    assert sorted(started) == ["gpu1", "gpu2", "gpu3", "gpu4"]  # each once, at the job's start: none restarted
+    told = {g: argv for j, g, argv in driver.regrouped if j == job.id}
+    assert sorted(told) == sorted(["gpu1", "gpu3", "gpu4", warm])
+    assert all(a[a.index("--attempt") + 1] == "1" and a[a.index("--resume-from") + 1] == "10" for a in told.values())
+    assert told[warm][told[warm].index("--rank") + 1] == "3"  # the lost rank's place: the last
+    assert [i["iteration"] for i in job.iterations()] == list(range(30))
+    assert len([g for j, g, c in driver.started if j == job.id and "--warm" in c]) == 2  # warm again after it
+    assert placement.busy_gpus() == {} and not placement.workers.warm  # its warm spare went with it
+
+
+def test_a_swap_with_no_warm_spare_starts_a_container_and_says_so(tmp_path, vrt):
+    from tests.unit.jobfakes import service
+
+    driver = FakeDriver(pace=PACE)
+    placement, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
+    vrt.advance(0)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"], warm_spares=0)
+    vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
+    driver.kill_server("srv2")
+    vrt.run(finished(placement, job.id), what="the job to end")
+    assert job.state == "done", job.reason
+    (rec,) = job.recoveries
+    spare = rec["spares"]["gpu2"]
+    assert rec["warm"] == {spare: False} and sorted(rec["kept"]) == ["gpu1", "gpu3", "gpu4"], rec
+    assert f"gpu2 -> {spare} (no warm spare: a container started)" in job.note, job.note
+    assert [g for j, g, c in driver.started if j == job.id][4:] == [spare]  # only the spare's container

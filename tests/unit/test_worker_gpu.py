@@ -160,6 +160,7 @@ def test_two_ranks_on_one_gpu_end_with_one_clear_line():
         "event": "error",
         "rank": 1,
         "error": lines[0].removeprefix("optirack-worker: rank 1: "),
+        "attempt": 0,  # every line says which attempt of the job it belongs to
     }
 
 

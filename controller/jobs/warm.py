@@ -1,0 +1,54 @@
+"""Warm spares: free GPUs that hold a started worker of a running job (PyTorch imported, its NIC handed over),
+waiting for a rank. A swap that picks one tells it its rank (a regroup command, as the survivors get) instead of
+starting a container; a swap that finds none starts one, at the old speed, and says so.
+
+Each running job asks for `warm_spares` of them (its request; default DEFAULT_WARM_SPARES), chosen by the spare rule
+(controller/core/spares.py) as if one of its GPUs of each model were lost, among GPUs no job holds and no other job
+keeps warm, on servers whose engine answers. They are the job's containers (its labels, its checkpoint volume), not
+its GPUs: any job placed on such a GPU evicts the warm worker first (Workers.start), a job that ends removes its own,
+and a restarted controller sweeps them (they are not among its jobs' GPUs).
+"""
+
+from __future__ import annotations
+
+from controller.core import spares as spare_rule
+from controller.core.jobs import DEFAULT_WARM_SPARES, Job
+from controller.jobs.external import is_external
+from controller.jobs.steps import LOG
+
+
+class Warm:
+    def __init__(self, book, state, containers, workers, runtime, enabled: bool = True):
+        self.book, self.state, self.containers, self.workers, self.rt = book, state, containers, workers, runtime
+        self.enabled = enabled  # a warm spare is handed its rank as survivors are: off where they are restarted
+        self.lock = runtime.lock()  # one job's warm-up at a time: two do not pick the same GPU
+
+    def fill(self, job: Job) -> None:
+        """Start the warm workers `job` asks for that it does not have (in its own thread: never raises)."""
+        try:
+            with self.lock:
+                self._fill(job)
+        except Exception as e:  # noqa: BLE001 (a job without warm spares recovers at the old speed)
+            LOG.warning("%s: no warm spare started: %s", job.id, e)
+
+    def _fill(self, job: Job) -> None:
+        want = job.request.get("warm_spares", DEFAULT_WARM_SPARES)
+        have = [g for g, j in self.workers.warm.items() if j == job.id]
+        if not self.enabled or job.state != "running" or is_external(job) or len(have) >= want:
+            return
+        rack, down = self.state.rack, set(self.containers.down_servers())
+        taken = set(self.book.busy_gpus()) | set(self.workers.warm)
+        free = [g for g in rack.gpus if g not in taken and rack.server_of[g] not in down]
+        where = {g: at[0] for g, at in self.state.circuits.gpu_locations(rack).items() if at}
+        workload = job.request["workload"].get("model", "vgg16")
+        models = list(dict.fromkeys(rack.gpus[g].model for g in job.gpus))
+        for i in range(want - len(have)):
+            as_if = next(g for g in job.gpus if rack.gpus[g].model == models[i % len(models)])
+            try:
+                spare = spare_rule.choose(rack, [as_if], free, workload, job.switches, where,
+                                          job.request.get("gpu_model"))[as_if]
+            except spare_rule.NoRoomNow:
+                return
+            free.remove(spare)
+            if self.workers.start_warm(job, spare, lambda g=spare: g in self.book.busy_gpus() or not job.active):
+                LOG.info("%s: a warm spare waits on %s", job.id, spare)

@@ -1,0 +1,84 @@
+"""A worker that keeps its process when a peer is lost: ranks on loopback, real torch.distributed (gloo). One rank
+stops answering (SIGSTOP: a server gone silent, no reset), the two others are handed a regroup command in their
+control directories and form a new ring with a new process in the lost rank's place, from the newest checkpoint."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from emulation.harness import free_port
+
+
+class Rank:
+    def __init__(self, tmp, rank: int, argv: list[str]):
+        self.control = tmp / f"control-{rank}"
+        self.lines: list[dict] = []
+        self.proc = subprocess.Popen([sys.executable, "-m", "containers.worker", "--control-dir", str(self.control),
+                                      *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                self.lines.append(json.loads(line))
+
+    def saved(self) -> int:
+        return max((r["iteration"] for r in self.lines if r["event"] == "checkpoint"), default=0)
+
+    def tell(self, attempt: int, argv: list[str]) -> None:
+        tmp = self.control / f".regroup-{attempt}"
+        tmp.write_text(json.dumps({"argv": argv}))
+        tmp.rename(self.control / f"regroup-{attempt}.json")
+
+
+def _wait(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_survivors_keep_their_process_and_regroup_with_a_new_rank(tmp_path):
+    ports = [free_port() for _ in range(4)]  # checkpoint servers: on loopback the new rank 2 needs a port of its own
+    first, second = free_port(), free_port()
+
+    def argv(rank, master_port, attempt=0, extra=()):
+        mine, peer = ports[3 if attempt and rank == 2 else rank], ports[3 if attempt and rank == 1 else (rank + 1) % 3]
+        return ["--rank", str(rank), "--world-size", "3", "--master", "127.0.0.1", "--master-port", str(master_port),
+                "--ifname", "lo", "--iterations", "60", "--compute-seconds", "0.02", "--rate-scale", "0.0005",
+                "--checkpoint-dir", str(tmp_path / f"ckpt-{rank}"), "--checkpoint-every", "1",
+                "--checkpoint-port", str(mine), "--checkpoint-peer", f"127.0.0.1:{peer}",
+                "--attempt", str(attempt), "--timeout", "20", *extra]
+
+    ranks = [Rank(tmp_path, r, argv(r, first)) for r in range(3)]
+    spare = None
+    try:
+        _wait(lambda: all(r.saved() >= 5 for r in ranks), 60, "five checkpoints on every rank")
+        os.kill(ranks[2].proc.pid, signal.SIGSTOP)  # silent: the survivors' collectives hang, nothing resets
+        time.sleep(0.3)
+        k = min(r.saved() for r in ranks[:2])  # the newest iteration both survivors hold
+        for r in (0, 1):
+            ranks[r].tell(1, argv(r, second, 1, ["--resume-from", str(k), "--restore-from", "local"]))
+        spare = Rank(tmp_path, 2, argv(2, second, 1, ["--resume-from", str(k), "--restore-from",
+                                                       f"127.0.0.1:{ports[0]}", "--restore-writer", "rank-0"]))
+        for r in (ranks[0], ranks[1], spare):
+            assert r.proc.wait(timeout=90) == 0, [x.lines[-3:] for x in (ranks[0], ranks[1], spare)]
+    finally:
+        for p in [r.proc for r in ranks] + ([spare.proc] if spare else []):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r in (ranks[0], ranks[1], spare):
+        assert r.lines[-1]["event"] == "done" and r.lines[-1]["attempt"] == 1
+        its = [x["iteration"] for x in r.lines if x["event"] == "iteration" and x["attempt"] == 1]
+        assert its == list(range(k, 60)), its
+    for r in ranks[:2]:  # the same process, its own state from memory, the new ring
+        (regroup,) = [x for x in r.lines if x["event"] == "regroup"]
+        assert regroup["pid"] == r.proc.pid and regroup["resume_from"] == k
+        (restored,) = [x for x in r.lines if x["event"] == "restored"]
+        assert restored["from"] == "memory" and restored["iteration"] == k
+    (restored,) = [x for x in spare.lines if x["event"] == "restored"]
+    assert restored["from"] == f"127.0.0.1:{ports[0]}"
