@@ -28,6 +28,7 @@ Needs root (it brings the rack up). `--json PATH` writes the rounds and the medi
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import statistics
@@ -137,6 +138,32 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
     }
 
 
+def failed_round(tb: Testbed, plans: dict, victim: str, number: int, error: Exception) -> dict:
+    """A round that did not end in one recovery: its job's record, every rank's log and the controller's log kept
+    in a directory (named in the row), the job stopped and the killed server started again, so the next round
+    starts clean."""
+    client = tb.client
+    where = Path(tempfile.mkdtemp(prefix=f"optirack-failover-round{number}-"))
+    jobs = client.get("/jobs")["jobs"]
+    job = max(jobs, key=lambda j: j.get("submitted_at") or 0) if jobs else {}
+    jid = job.get("id")
+    if jid:
+        (where / "job.json").write_text(json.dumps(client.get(f"/jobs/{jid}")["job"], indent=1))
+        try:
+            (where / "ranks.json").write_text(json.dumps(client.get(f"/jobs/{jid}/logs"), indent=1))
+        except Exception as e:  # noqa: BLE001 (the diagnostics keep what they can get)
+            (where / "ranks.json").write_text(json.dumps({"error": str(e)}))
+    (where / "controller.log").write_text(tb.controller.output() if hasattr(tb, "controller") else "")
+    if jid and client.get(f"/jobs/{jid}")["job"]["state"] not in ("done", "failed", "stopped"):
+        client.post(f"/jobs/{jid}/stop")
+        wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["state"] in ("done", "failed", "stopped"), 60, "the stop")
+    if victim in plans and not client.get("/topology")["servers"][victim]["engine"]["up"]:
+        servers.start(tb.rack, plans[victim], f"{CONTAINER_LABEL}={tb.rack.name}")
+        wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 30, f"{victim} up")
+    return {"job": jid, "killed": victim, "state": "failed", "failed": str(error), "recoveries": 0,
+            "diagnostics": str(where)}
+
+
 def run_to_end(tb: Testbed, gpus: list[str], every: int, iterations: int) -> dict:
     """One job on `gpus` (placed under one switch from the rack file's cabling) run to its end; its iteration times
     and its saves."""
@@ -225,8 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"failover: a {args.fault} killed under a 4-GPU job on {RACK_FILE.name}, {args.rounds} rounds", flush=True)
     with tempfile.TemporaryDirectory() as tmp, Testbed(rack, RACK_FILE, Path(tmp)) as tb:
         for i in range(args.rounds):
-            r = one_round(tb, plans, victims[i % len(victims)], args.checkpoint_every, args.kill_after,
-                          args.iterations)
+            victim = victims[i % len(victims)]
+            try:
+                r = one_round(tb, plans, victim, args.checkpoint_every, args.kill_after, args.iterations)
+            except (TimeoutError, RuntimeError) as e:  # a round that did not recover: kept, with what explains it
+                r = failed_round(tb, plans, victim, i + 1, e)
+                rows.append(r)
+                print(f"  round {i + 1}: {victim} killed: FAILED ({e}); its job, its ranks' logs and the controller's "
+                      f"log are in {r['diagnostics']}", flush=True)
+                continue
             rows.append(r)
             print(
                 f"  round {i + 1}: {r['killed']} killed, {r['lost']} -> {r['spares']}: all ranks iterating again "
@@ -236,8 +270,12 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     keys = ("total_s", *PHASES, "iterations_redone", "mean_iteration_s")
-    median = {k: statistics.median(r[k] for r in rows) for k in keys}
-    p99 = {k: percentile([r[k] for r in rows], 99) for k in keys}
+    good = [r for r in rows if "failed" not in r]
+    if not good:
+        print("no round recovered", file=sys.stderr)
+        return 1
+    median = {k: statistics.median(r[k] for r in good) for k in keys}
+    p99 = {k: percentile([r[k] for r in good], 99) for k in keys}
     print(f"{'phase':<12} {'p50 s':>7} {'p99 s':>7}")
     for k in ("total_s", *PHASES):
         print(f"{LABELS[k]:<12} {median[k]:>7.3f} {p99[k]:>7.3f}")
@@ -245,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
           f" warm spares used in {sum(all(r['warm'].values()) and bool(r['warm']) for r in rows)}/{len(rows)} rounds")
     print("median: " + ", ".join(f"{k} {v:.2f}" for k, v in median.items()))
     write_json(args.json, {"fault": args.fault, "rounds": rows, "median": median, "p99": p99})
-    bad = [r["job"] for r in rows if r["state"] != "done" or r["recoveries"] != 1]
+    bad = [str(r["job"]) for r in rows if r["state"] != "done" or r["recoveries"] != 1]
     if bad:
         print(f"not done after one recovery: {', '.join(bad)}", file=sys.stderr)
     return 1 if bad else 0

@@ -205,7 +205,7 @@ def add_parser(sub) -> None:
                       help="hours a failed server is out (%(default)s; assumed)")
     fail.add_argument("--swap-s", type=float, default=failures.SWAP_S,
                       help="swap: seconds from the failure to the job iterating again (%(default)s: issue #25's "
-                      "measured median, results/bench-failover.json)")
+                      "measured median, results/bench/20261125T070230Z-ce2c15f-bench_failover.json)")
     fail.add_argument("--restart-s", type=float, default=failures.RESTART_S,
                       help="checkpoint, scratch: seconds from being placed again to iterating (%(default)s; assumed)")
     fail.add_argument("--checkpoint-s", type=float, default=failures.CHECKPOINT_S,
