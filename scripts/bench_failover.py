@@ -72,6 +72,9 @@ def kill_worker(tb: Testbed, job: str, gpu: str) -> int:
     return pid
 
 
+CURRENT: dict = {}  # the job of the round under way (what a failed round's diagnostics keep)
+
+
 def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: int, iterations: int) -> dict:
     client = tb.client
     # the rack file's cabling again (circuits outlive jobs): the spares under as2, the job to be placed under as1,
@@ -81,7 +84,7 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
         "/jobs",
         {"gpus": JOB_GPUS, "gpu_model": "M40", "checkpoint_every": every, "workload": {"iterations": iterations}},
     )["job"]
-    jid = job["id"]
+    jid = CURRENT["job"] = job["id"]
     wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["iterations_done"] >= before_kill, 300, "iterations")
     killed_at = time.time()
     if victim in plans:
@@ -144,9 +147,7 @@ def failed_round(tb: Testbed, plans: dict, victim: str, number: int, error: Exce
     starts clean."""
     client = tb.client
     where = Path(tempfile.mkdtemp(prefix=f"optirack-failover-round{number}-"))
-    jobs = client.get("/jobs")["jobs"]
-    job = max(jobs, key=lambda j: j.get("submitted_at") or 0) if jobs else {}
-    jid = job.get("id")
+    jid = CURRENT.pop("job", None)
     if jid:
         (where / "job.json").write_text(json.dumps(client.get(f"/jobs/{jid}")["job"], indent=1))
         try:
@@ -279,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'phase':<12} {'p50 s':>7} {'p99 s':>7}")
     for k in ("total_s", *PHASES):
         print(f"{LABELS[k]:<12} {median[k]:>7.3f} {p99[k]:>7.3f}")
-    print(f"iterations redone: p50 {median['iterations_redone']:g}, max {max(r['iterations_redone'] for r in rows)};"
-          f" warm spares used in {sum(all(r['warm'].values()) and bool(r['warm']) for r in rows)}/{len(rows)} rounds")
+    print(f"iterations redone: p50 {median['iterations_redone']:g}, max {max(r['iterations_redone'] for r in good)};"
+          f" warm spares used in {sum(all(r['warm'].values()) and bool(r['warm']) for r in good)}/{len(rows)} rounds;"
+          f" {len(rows) - len(good)} round(s) did not recover")
     print("median: " + ", ".join(f"{k} {v:.2f}" for k, v in median.items()))
     write_json(args.json, {"fault": args.fault, "rounds": rows, "median": median, "p99": p99})
     bad = [str(r["job"]) for r in rows if r["state"] != "done" or r["recoveries"] != 1]

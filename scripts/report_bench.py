@@ -8,6 +8,7 @@ never changes an old one.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import textwrap
 from collections.abc import Callable
@@ -169,9 +170,17 @@ def failover(_records: list, directory: Path | None = None) -> str:
             raise ReportError(f"{path}: the record has no rounds")
 
     def cell(fault: str, key: str, bold: bool = False) -> str:
-        xs = [r[key] for r in rounds[fault]]
-        mid = f"{percentile(xs, 50):.2f}"
-        return f"{f'**{mid}**' if bold else mid} / {percentile(xs, 99):.2f} s"
+        # a round that did not recover (bench_failover keeps it, with "failed") has no phases; from the kill to every
+        # rank iterating it counts as never: its p99 is then not reached
+        xs = [r[key] for r in rounds[fault] if "failed" not in r]
+        failed = len(rounds[fault]) - len(xs)
+        if not xs:
+            return "no round recovered"
+        xs += [float("inf")] * (failed if key == "total_s" else 0)
+        mid, top = percentile(xs, 50), percentile(xs, 99)  # nan or inf where a round that never recovered counts
+        mid_s = f"{mid:.2f}" if math.isfinite(mid) else "not reached"
+        top_s = f"{top:.2f} s" if math.isfinite(top) else f"not reached ({failed} of {len(xs)} did not recover)"
+        return f"{f'**{mid_s}**' if bold else mid_s} / {top_s}"
 
     rows = ["| from the kill: p50 / p99 | " + " | ".join(columns[f] for f in FAILOVER) + " |",
             "| --- |" + " --- |" * len(FAILOVER)]

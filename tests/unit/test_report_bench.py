@@ -138,3 +138,14 @@ def test_netconf_quick_without_both_drivers_says_so(tmp_path):
     _quick(tmp_path, "20270101T000000Z-abcdef0", "openflow", 0.7)
     with pytest.raises(ReportError, match="both drivers"):
         report_bench.netconf_quick([], tmp_path)
+
+
+def test_failover_counts_a_round_that_never_recovered_as_never_in_the_p99(tmp_path):
+    lost = {"job": "job-3", "state": "failed", "failed": "timed out after 120 s", "recoveries": 0}
+    for fault, name in report_bench.FAILOVER.items():
+        (tmp_path / name).write_text(json.dumps({"results": {"fault": fault, "rounds": [
+            _round(0.5), _round(0.6), _round(0.7), lost]}}))
+    table = report_bench.failover([], tmp_path).splitlines()
+    assert "| **all ranks iterating again** | **0.65** / not reached (1 of 4 did not recover) |" in table[-3]
+    assert table[-2] == "| rounds that ended `done` after one recovery | 3 of 4 | 3 of 4 |"
+    assert "| planning (a sure sign, the lost workers stopped, spares chosen) | 0.46 / 0.46 s |" in table[3]
