@@ -351,25 +351,28 @@ def netconf_quick(_records: list, directory: Path | None = None) -> str:
         raise ReportError(f"{directory or QUICK}: no committed record")
     rows = ["| record | commit | OCS driver | fragmented | regrouped | completion time saved (case (a)) |",
             "| --- | --- | --- | --- | --- | --- |"]
-    savings: dict[str, list[float]] = {"openflow": [], "netconf": []}
+    savings: dict[str, dict[str, list[float]]] = {}  # commit -> driver -> savings: runs made together compared
     for r in found:
         d = r.data
         driver = "netconf" if any(o.get("driver") == "netconf" for o in d["rack"].get("ocs", [])) else "openflow"
         p = next(p for p in d["points"] if p["case"] == "a")
-        savings[driver].append(p["saving"]["median"])
+        commit = d["versions"].get("optirack")
+        savings.setdefault(commit, {"openflow": [], "netconf": []})[driver].append(p["saving"]["median"])
         name = "NETCONF" if driver == "netconf" else "OpenFlow"
-        rows.append(f"| `{r.name}` | {d['versions'].get('optirack')} | {name} "
+        rows.append(f"| `{r.name}` | {commit} | {name} "
                     f"| {p['fixed']['completion_rack_s']:.2f} s | {p['regroup']['completion_rack_s']:.2f} s "
                     f"| {100 * p['saving']['median']:.1f} % |")
-    of, nc = savings["openflow"], savings["netconf"]
-    if not of or not nc:
-        raise ReportError(f"{directory or QUICK}: needs records of both drivers")
-    lo, hi = min(of), max(of)
-    inside = sum(lo <= s <= hi for s in nc)
-    rows += ["", _prose(f"OpenFlow: {len(of)} run{_s(len(of))}, saved {100 * statistics.median(of):.1f} % at the "
-                        f"median ({100 * lo:.1f}–{100 * hi:.1f} %). NETCONF: {len(nc)} run{_s(len(nc))}, "
-                        f"{100 * statistics.median(nc):.1f} % ({100 * min(nc):.1f}–{100 * max(nc):.1f} %); "
-                        f"{inside} of {len(nc)} within the OpenFlow runs' range.")]
+    rows.append("")
+    for commit, by in savings.items():
+        of, nc = by["openflow"], by["netconf"]
+        if not of or not nc:
+            raise ReportError(f"{directory or QUICK}: the runs at {commit} need records of both drivers")
+        lo, hi = min(of), max(of)
+        inside = sum(lo <= s <= hi for s in nc)
+        rows.append(_prose(f"At {commit}: OpenFlow {len(of)} run{_s(len(of))}, saved {100 * statistics.median(of):.1f} "
+                           f"% at the median ({100 * lo:.1f}–{100 * hi:.1f} %); NETCONF {len(nc)} run{_s(len(nc))}, "
+                           f"{100 * statistics.median(nc):.1f} % ({100 * min(nc):.1f}–{100 * max(nc):.1f} %); "
+                           f"{inside} of {len(nc)} within the OpenFlow runs' range."))
     return "\n".join(rows)
 
 

@@ -149,3 +149,17 @@ def test_failover_counts_a_round_that_never_recovered_as_never_in_the_p99(tmp_pa
     assert "| **all ranks iterating again** | **0.65** / not reached (1 of 4 did not recover) |" in table[-3]
     assert table[-2] == "| rounds that ended `done` after one recovery | 3 of 4 | 3 of 4 |"
     assert "| planning (a sure sign, the lost workers stopped, spares chosen) | 0.46 / 0.46 s |" in table[3]
+
+
+def test_netconf_quick_compares_the_runs_of_each_commit_apart(tmp_path):
+    for i, (commit, driver, saving) in enumerate([("aaaaaaa", "openflow", 0.70), ("aaaaaaa", "netconf", 0.60),
+                                                  ("bbbbbbb", "openflow", 0.73), ("bbbbbbb", "netconf", 0.72),
+                                                  ("bbbbbbb", "openflow", 0.71)]):
+        _quick(tmp_path, f"2027010{i}T000000Z-{commit}", driver, saving)
+        path = tmp_path / f"2027010{i}T000000Z-{commit}.json"
+        data = json.loads(path.read_text())
+        data["versions"]["optirack"] = commit
+        path.write_text(json.dumps(data))
+    text = " ".join(report_bench.netconf_quick([], tmp_path).split())
+    assert "At aaaaaaa: OpenFlow 1 run, saved 70.0 %" in text and "0 of 1 within" in text
+    assert "At bbbbbbb: OpenFlow 2 runs, saved 72.0 %" in text and "(71.0–73.0 %)" in text and "1 of 1 within" in text
