@@ -1,6 +1,7 @@
 """A worker that keeps its process when a peer is lost: ranks on loopback, real torch.distributed (gloo). One rank
 stops answering (SIGSTOP: a server gone silent, no reset), the two others are handed a regroup command in their
-control directories and form a new ring with a new process in the lost rank's place, from the newest checkpoint."""
+control directories and form a new ring with a new process in the lost rank's place, from the newest checkpoint; then
+the silent rank dies, under the old ring's threads that are still blocked on it, and the survivors go on."""
 import json
 import os
 import signal
@@ -64,6 +65,10 @@ def test_survivors_keep_their_process_and_regroup_with_a_new_rank(tmp_path):
             ranks[r].tell(1, argv(r, second, 1, ["--resume-from", str(k), "--restore-from", "local"]))
         spare = Rank(tmp_path, 2, argv(2, second, 1, ["--resume-from", str(k), "--restore-from",
                                                        f"127.0.0.1:{ports[0]}", "--restore-writer", "rank-0"]))
+        _wait(lambda: all(any(x["event"] == "iteration" and x["attempt"] == 1 for x in r.lines)
+                          for r in (ranks[0], ranks[1], spare)), 60, "the new ring iterating")
+        ranks[2].proc.kill()  # the silent peer dies now: its sockets reset under the old ring's threads, still blocked
+        ranks[2].proc.wait()  # in the group the survivors left
         for r in (ranks[0], ranks[1], spare):
             assert r.proc.wait(timeout=90) == 0, [x.lines[-3:] for x in (ranks[0], ranks[1], spare)]
     finally:
