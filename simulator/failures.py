@@ -10,10 +10,11 @@ Recovery (`Failures.recovery`):
 - `swap`: spare GPUs are circuited in through the OCS (issue #25) and every rank restarts from the last checkpoint:
   the job is placed again at once, at the head of the queue, by the same rules as a new job, and iterates again
   `swap_s` after the failure at the earliest. `SWAP_S` is issue #25's measured median from the kill to every rank
-  iterating again, 3.57 s over five rounds on the emulated rack (results/bench/20261125T070230Z-ce2c15f-bench_failover.json, made by
-  `python scripts/bench_failover.py --json results/bench-failover.json` at ce2c15f; tests/unit/test_sim_failures.py checks the
-  constant equals that record's median to 10 ms); the papers #25 cites report about 1-1.2 s. With no room, it waits
-  at the head.
+  iterating again, 3.57 s over five rounds on the emulated rack
+  (results/bench/20261125T070230Z-ce2c15f-bench_failover.json, made by
+  `python scripts/bench_failover.py --json results/bench-failover.json` at ce2c15f; tests/unit/test_sim_failures.py
+  checks the constant equals that record's median to 10 ms); the papers #25 cites report about 1-1.2 s. With no room,
+  it waits at the head.
 - `checkpoint`: the job waits for its server's repair, then goes to the head of the queue and restarts from the
   last checkpoint, `restart_s` after it is placed again.
 - `scratch`: the job goes to the head of the queue at once and restarts from its first iteration, `restart_s` after
@@ -36,7 +37,8 @@ LLAMA3_DAYS = 54
 LLAMA3_SERVERS = 16_384 // 8
 MTBF_H = LLAMA3_SERVERS * LLAMA3_DAYS * 24 / LLAMA3_INTERRUPTIONS  # 6,334.5 h per server
 REPAIR_H = 4.0  # assumed: the report gives no repair time
-SWAP_S = 3.57  # issue #25's measured median, kill to all ranks iterating (results/bench/20261125T070230Z-ce2c15f-bench_failover.json)
+# issue #25's measured median, kill to all ranks iterating (results/bench/20261125T070230Z-ce2c15f-bench_failover.json)
+SWAP_S = 3.57
 RESTART_S = 60.0  # assumed: a job's containers started again and its checkpoint loaded
 CHECKPOINT_S = 600.0  # assumed: a checkpoint every ten minutes of running
 RECOVERIES = {

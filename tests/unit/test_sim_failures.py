@@ -114,7 +114,8 @@ def test_the_default_swap_time_is_the_median_the_fail_over_benchmark_recorded():
     """--swap-s defaults to issue #25's measured kill-to-iterating median, from the committed record."""
     from pathlib import Path
 
-    record = json.loads((Path(__file__).resolve().parents[2] / "results/bench/20261125T070230Z-ce2c15f-bench_failover.json").read_text())
+    name = "results/bench/20261125T070230Z-ce2c15f-bench_failover.json"  # issue #25's record, SWAP_S's source
+    record = json.loads((Path(__file__).resolve().parents[2] / name).read_text())
     rounds = [r["total_s"] for r in record["results"]["rounds"] if "failed" not in r]  # the bench's median: recovered
     median = record["results"]["median"]["total_s"]
     assert median == statistics.median(rounds)  # the record's median is its rounds' (20 rounds: the middle two's mean)
