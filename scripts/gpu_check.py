@@ -124,23 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="optirack-gpu-check-") as tmp:
         ck = Path(tmp) / "ck"
         # real mode, uninterrupted
-        rc, lines, err = worker(
-            one_rank(
-                29610,
-                [
-                    "--mode",
-                    "real",
-                    "--iterations",
-                    str(n),
-                    "--checkpoint-dir",
-                    str(ck),
-                    "--checkpoint-every",
-                    str(k),
-                    "--checkpoint-port",
-                    "29611",
-                ],
-            )
-        )
+        def real(port: int, *extra: str) -> tuple[int, list[dict], str]:
+            """Real mode on the GPU, this run's iterations, checkpoints in `ck`, its server on port + 1."""
+            return worker(one_rank(port, ["--mode", "real", "--iterations", str(n), "--checkpoint-dir", str(ck),
+                                          "--checkpoint-port", str(port + 1), *extra]))
+
+        rc, lines, err = real(29610, "--checkpoint-every", str(k))
         start = (events(lines, "start") or [{}])[0]
         its = {e["iteration"]: e for e in events(lines, "iteration")}
         losses = [its[i]["loss"] for i in sorted(its)]
@@ -189,27 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         # restore: from this server's disk, then over TCP from a checkpoint server (this worker's own, on loopback)
         resume = saved[-1] if saved else k
         for source, port in (("local", 29620), ("127.0.0.1", 29630)):
-            rc, lines, err = worker(
-                one_rank(
-                    port,
-                    [
-                        "--mode",
-                        "real",
-                        "--iterations",
-                        str(n),
-                        "--checkpoint-dir",
-                        str(ck),
-                        "--checkpoint-port",
-                        str(port + 1),
-                        "--resume-from",
-                        str(resume),
-                        "--restore-from",
-                        source,
-                        "--restore-writer",
-                        "rank-0",
-                    ],
-                )
-            )
+            rc, lines, err = real(port, "--resume-from", str(resume), "--restore-from", source,
+                                  "--restore-writer", "rank-0")
             start = (events(lines, "start") or [{}])[0]
             restored = (events(lines, "restored") or [{}])[0]
             again = {e["iteration"]: e["loss"] for e in events(lines, "iteration")}
