@@ -105,7 +105,8 @@ class JobRequest(BaseModel):
         DEFAULT_WARM_SPARES,
         ge=0,
         le=8,
-        description="free GPUs that hold a started worker for this job, waiting to take a lost GPU's rank",
+        description="per GPU model and per switch the job spans: free GPUs that hold a started worker for this job, "
+        "waiting to take a lost GPU's rank",
     )
 
     @model_validator(mode="after")

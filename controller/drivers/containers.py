@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from controller.core.emulated import IPV4_ONLY_SYSCTLS, LOSSLESS_SYSCTLS, nic_plans, route_window
 from controller.core.rack import Rack
-from controller.drivers.control import CONTROL, regroup_archive
+from controller.drivers.control import CONTROL_PARENT, regroup_archive
 from controller.drivers.engines import EngineDown, Engines
 
 LOG = logging.getLogger("optirack.containers")
@@ -330,7 +330,7 @@ class ContainerDriver:
     def regroup(self, job: str, gpu: str, server: str, attempt: int, argv: list[str]) -> None:
         """Tell a running worker to leave its ring and join the attempt's with `argv` (drivers/control.py)."""
         worker = self.client(server).containers.get(container_name(job, gpu))
-        if worker.status != "running" or not worker.put_archive(CONTROL, regroup_archive(attempt, argv)):
+        if worker.status != "running" or not worker.put_archive(CONTROL_PARENT, regroup_archive(attempt, argv)):
             raise ContainerError(f"the worker of {gpu} on {server} is {worker.status}: it cannot regroup")
 
     def tail(self, job: str, gpu: str, server: str, lines: int) -> list[str]:

@@ -40,6 +40,9 @@ class Workers:
         self._gone.discard((gpu, job.id))
         with self._starting.setdefault(gpu, self.rt.lock()):  # an eviction waits for the start, and its removal
             try:
+                # what a worker of this job left on this GPU (one that died there: its lines are read, its exit
+                # code known) goes first, or its name stands in the way
+                self.containers.remove(job.id, gpu, self.rack.server_of[gpu])
                 self.containers.start(self._spec(job, gpu, cmd), job.image or self.containers.worker_image(
                     self.rack.server_of[gpu]))
             except Exception:

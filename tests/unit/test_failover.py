@@ -424,3 +424,25 @@ def test_a_swap_with_no_warm_spare_starts_a_container_and_says_so(tmp_path, vrt)
     assert rec["warm"] == {spare: False} and sorted(rec["kept"]) == ["gpu1", "gpu3", "gpu4"], rec
     assert f"gpu2 -> {spare} (no warm spare: a container started)" in job.note, job.note
     assert [g for j, g, c in driver.started if j == job.id][4:] == [spare]  # only the spare's container
+
+
+def test_a_job_keeps_warm_spares_per_gpu_model_and_switch_it_spans(tmp_path, vrt):
+    """warm_spares counts per (GPU model, switch) of the job's GPUs: a job of an M40 and a TitanV under one switch
+    keeps one warm spare of each model; with warm_spares 2, two of each where the rack has them."""
+    from tests.unit.jobfakes import service
+
+    driver = FakeDriver(pace=PACE)
+    placement, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
+    vrt.advance(0)
+    job = job_of(placement, ["gpu1", "gpu5"], iterations=200)
+    vrt.run(lambda: len(job.iterations()) >= 2 and len(placement.workers.warm) >= 2, what="two warm spares")
+    warm = sorted(g for g, j in placement.workers.warm.items() if j == job.id)
+    assert sorted(RACK.gpus[g].model for g in warm) == ["M40", "TitanV"], warm
+    placement.stop(job.id)
+    vrt.run(finished(placement, job.id), what="the job to stop")
+    assert not placement.workers.warm
+    job = job_of(placement, ["gpu1", "gpu2"], iterations=200, warm_spares=2)  # two M40s under one switch
+    vrt.run(lambda: len(job.iterations()) >= 2 and len(placement.workers.warm) >= 2, what="two warm spares")
+    vrt.advance(5)
+    warm = sorted(g for g, j in placement.workers.warm.items() if j == job.id)
+    assert len(warm) == 2 and all(RACK.gpus[g].model == "M40" for g in warm), warm

@@ -66,14 +66,13 @@ from containers import worker
 rank, port = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                         timeout=timedelta(seconds=60))
-if sys.argv[3] == "ring":
-    worker.open_ring(dist)
+ring = worker.Ring(dist) if sys.argv[3] == "ring" else None
 t = torch.full((2_000_000,), float(rank + 1))
 for _ in range(3):
     t.fill_(float(rank + 1))
     if sys.argv[3] == "ring":
-        worker.ring_all_reduce(dist, torch, t)
-    else:  # one connection, both directions: what the ring of two did before open_ring
+        ring.ring_all_reduce(torch, t)
+    else:  # one connection, both directions: what the ring of two did before Ring gave rank 1 its own group
         req = dist.isend(t[:1_000_000].clone(), 1 - rank)
         dist.recv(t[1_000_000:], 1 - rank)
         req.wait()

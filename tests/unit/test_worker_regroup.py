@@ -87,3 +87,47 @@ def test_survivors_keep_their_process_and_regroup_with_a_new_rank(tmp_path):
         assert restored["from"] == "memory" and restored["iteration"] == k
     (restored,) = [x for x in spare.lines if x["event"] == "restored"]
     assert restored["from"] == f"127.0.0.1:{ports[0]}"
+
+
+def test_a_survivor_still_computing_when_told_never_joins_the_new_ring_with_its_old_thread(tmp_path):
+    """The server-kill case of bench_failover: the peer goes silent while the survivors compute (no collective is
+    blocked yet), the regroup comes at once and a warm spare makes the new ring form before the survivors' old
+    threads finish computing. An old thread must not then send on the new ring (it did: a survivor exited 139, or
+    a sum came out wrong)."""
+    ports = [free_port() for _ in range(4)]
+    first, second = free_port(), free_port()
+
+    def argv(rank, master_port, attempt=0, extra=()):
+        mine = ports[3 if attempt and rank == 2 else rank]
+        peer = ports[3 if attempt and rank == 1 else (rank + 1) % 3]
+        return ["--rank", str(rank), "--world-size", "3", "--master", "127.0.0.1", "--master-port", str(master_port),
+                "--ifname", "lo", "--iterations", "14", "--compute-seconds", "0.6", "--rate-scale", "0.0005",
+                "--checkpoint-dir", str(tmp_path / f"ckpt-{rank}"), "--checkpoint-every", "1",
+                "--checkpoint-port", str(mine), "--checkpoint-peer", f"127.0.0.1:{peer}",
+                "--attempt", str(attempt), "--timeout", "20", *extra]
+
+    ranks = [Rank(tmp_path, r, argv(r, first)) for r in range(3)]
+    spare = Rank(tmp_path, 9, ["--warm", "--rank", "0", "--world-size", "1", "--master", "127.0.0.1"])
+    try:
+        _wait(lambda: all(r.saved() >= 3 for r in ranks) and any(x["event"] == "warm" for x in spare.lines), 60,
+              "three checkpoints on every rank and the warm spare")
+        n = max(x["iteration"] for x in ranks[0].lines if x["event"] == "iteration")
+        _wait(lambda: any(x["event"] == "iteration" and x["iteration"] > n for x in ranks[0].lines), 10,
+              "the next iteration")  # the ranks now compute for 0.6 s before their next collective
+        os.kill(ranks[2].proc.pid, signal.SIGSTOP)
+        k = min(r.saved() for r in ranks[:2])
+        spare.tell(1, argv(2, second, 1, ["--resume-from", str(k), "--restore-from", f"127.0.0.1:{ports[0]}",
+                                          "--restore-writer", "rank-0"]))
+        for r in (0, 1):
+            ranks[r].tell(1, argv(r, second, 1, ["--resume-from", str(k), "--restore-from", "local"]))
+        for r in (ranks[0], ranks[1], spare):
+            assert r.proc.wait(timeout=90) == 0, [x.lines[-3:] for x in (ranks[0], ranks[1], spare)]
+    finally:
+        for p in [r.proc for r in ranks] + [spare.proc]:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r in (ranks[0], ranks[1], spare):
+        assert r.lines[-1]["event"] == "done" and r.lines[-1]["attempt"] == 1
+        its = [x["iteration"] for x in r.lines if x["event"] == "iteration" and x["attempt"] == 1]
+        assert its == list(range(k, 14)), its
