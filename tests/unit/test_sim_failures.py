@@ -111,13 +111,15 @@ def test_the_same_seed_gives_the_same_goodput_and_failures(tmp_path, gpus):
 
 
 def test_the_default_swap_time_is_the_median_the_fail_over_benchmark_recorded():
-    """--swap-s defaults to issue #25's measured kill-to-iterating median, from the committed record."""
+    """--swap-s defaults to issue #34's measured kill-to-iterating median (a server killed), from the committed
+    record."""
     from pathlib import Path
 
-    name = "results/bench/20261125T070230Z-ce2c15f-bench_failover.json"  # issue #25's record, SWAP_S's source
+    name = "results/bench-failover.json"  # issue #34's record (20 rounds, a server killed), SWAP_S's source
     record = json.loads((Path(__file__).resolve().parents[2] / name).read_text())
     rounds = [r["total_s"] for r in record["results"]["rounds"] if "failed" not in r]  # the bench's median: recovered
     median = record["results"]["median"]["total_s"]
+    assert record["results"]["fault"] == "server" and len(rounds) == len(record["results"]["rounds"]) == 20
     assert median == statistics.median(rounds)  # the record's median is its rounds' (20 rounds: the middle two's mean)
     assert failures.SWAP_S == round(median, 2)
     assert Failures().swap_s == failures.SWAP_S
