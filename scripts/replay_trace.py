@@ -170,7 +170,8 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="replay_trace.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="replay_trace.py", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rack", type=Path, default=RACK_FILE, help="rack file (%(default)s)")
     ap.add_argument("--trace", type=Path, default=TRACE_FILE, help="CSV trace (%(default)s)")
     ap.add_argument("--jobs", type=int, help="replay only the first N jobs of the trace")

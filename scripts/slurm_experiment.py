@@ -136,7 +136,8 @@ def topology_mix(tb: Testbed, workdir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m scripts.slurm_experiment", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", choices=["a"], help="the paper's case (a) through sbatch")
     p.add_argument("--topology-mix", action="store_true", help="circuit changes with and without topology.conf")
     p.add_argument("--repeats", type=int, default=3)

@@ -57,7 +57,8 @@ def csv_text(jobs: list[dict], seed: int, load: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m scripts.trace_gen", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m scripts.trace_gen", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=35)
     ap.add_argument("--jobs", type=int, default=40)
     ap.add_argument("--load", type=float, default=LOAD)

@@ -84,7 +84,8 @@ def figure(g: list[dict], path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simulator.sweepgain", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m simulator.sweepgain", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweep", type=Path, help="an optirack sweep --out folder (its runs.csv)")
     ap.add_argument("--png", type=Path, help="draw the figure here")
     args = ap.parse_args(argv)
