@@ -10,9 +10,8 @@ results/bench-simulate.json) and sim-failures (server failures at 4,096 and 16,3
 results/simulate-failures-*/summary.md), and sim-readme-run (the droptail-era demo run against the simulator, held
 and max-min: tests/data/demo-readme-run.json through simulator.fidelity), sim-sweep-gain (regroup's saving over
 fixed by oversubscription, job-size mix and load: results/sweep-gain/runs.csv, simulator/sweepgain.py), and
-sim_trace_replay (the trace check:
-results/replay/*.json of the current model beside the simulator, simulator/tracecheck.py; not yet one of BLOCKS nor
-placed in a page, as no replay record is committed: it joins BLOCKS as sim-trace-replay with the first records).
+sim-trace-replay (the trace check:
+results/replay/*.json of the current model beside the simulator, simulator/tracecheck.py, in docs/simulator.md).
 
 Most records are the summary.md `optirack simulate` writes (its results.json, with every job's row, is too large to
 commit at these sizes), so a block reads the tables of that file by their headers and takes its figures as the
@@ -388,6 +387,5 @@ BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-seeds": sim_seeds, "sim-timeshift": sim_timeshift, "sim-4096": sim_4096,
     "sim-4096-variants": sim_4096_variants, "sim-schedulers": sim_schedulers, "sim-bench": sim_bench,
     "sim-failures": sim_failures, "sim-readme-run": sim_readme_run, "sim-sweep-gain": sim_sweep_gain,
-    "sim-trace-lags": sim_trace_lags, "sim-trace-insample": sim_trace_insample,
-    # "sim-trace-replay": sim_trace_replay joins once replay records are committed (make report runs every block)
+    "sim-trace-lags": sim_trace_lags, "sim-trace-insample": sim_trace_insample, "sim-trace-replay": sim_trace_replay,
 }
