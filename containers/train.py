@@ -41,6 +41,12 @@ def profile_restored(torch, data: bytes, elements: int, iteration: int) -> None:
         raise SystemExit(f"optirack-worker: the checkpoint of iteration {iteration} does not hold that iteration")
 
 
+def emit_iteration(rank: int, it: int, t0: float, t1: float, t2: float, nbytes: int, util, **extra) -> None:
+    """One iteration's line: started at t0, computed until t1, all-reduced until t2 (both modes print it)."""
+    emit({"event": "iteration", "rank": rank, "iteration": it, "t_start": t0, "t_end": t2, "compute_s": t1 - t0,
+          "comm_s": t2 - t1, "iter_s": t2 - t0, "bytes": nbytes, **extra, "gpu_util": util.sample(t1 - t0, t2 - t0)})
+
+
 def run_profile(args, ring, torch, device, util, work=None, ckpt=None, restored=None) -> None:
     elements, compute = _profile_sizes(args)
     start = args.resume_from if restored is not None else 0
@@ -88,20 +94,7 @@ def run_profile(args, ring, torch, device, util, work=None, ckpt=None, restored=
                 }
             )
             raise SystemExit(3)
-        emit(
-            {
-                "event": "iteration",
-                "rank": rank,
-                "iteration": it,
-                "t_start": t0,
-                "t_end": t2,
-                "compute_s": t1 - t0,
-                "comm_s": t2 - t1,
-                "iter_s": t2 - t0,
-                "bytes": elements * 4,
-                "gpu_util": util.sample(t1 - t0, t2 - t0),
-            }
-        )
+        emit_iteration(rank, it, t0, t1, t2, elements * 4, util)
         if ckpt is not None:
             ckpt.save(it + 1, lambda i=it + 1: profile_state(torch, elements, i))
 
@@ -178,21 +171,7 @@ def run_real(args, ring, torch, device, util, ckpt=None, restored=None) -> None:
             torch.cuda.synchronize()
         t2 = time.time()
         opt.step()
-        emit(
-            {
-                "event": "iteration",
-                "rank": rank,
-                "iteration": it,
-                "t_start": t0,
-                "t_end": t2,
-                "compute_s": t1 - t0,
-                "comm_s": t2 - t1,
-                "iter_s": t2 - t0,
-                "bytes": flat.numel() * 4,
-                "loss": float(loss.detach()),
-                "gpu_util": util.sample(t1 - t0, t2 - t0),
-            }
-        )
+        emit_iteration(rank, it, t0, t1, t2, flat.numel() * 4, util, loss=float(loss.detach()))
         if ckpt is not None:
             ckpt.save(it + 1, lambda i=it + 1: state_bytes(i))
     checksum = torch.stack([sum(p.detach().double().sum() for p in params)]).to(device)
