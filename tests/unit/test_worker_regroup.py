@@ -42,17 +42,23 @@ def _wait(cond, timeout, what):
         time.sleep(0.05)
 
 
+def ring_argv(tmp, ports, rank, master_port, attempt, extra, iterations, compute) -> list[str]:
+    """A rank of a ring of three on loopback, checkpointing every iteration to the next rank's server; from attempt
+    1 the new rank 2 (a spare) has a checkpoint port of its own (ports[3])."""
+    mine, peer = ports[3 if attempt and rank == 2 else rank], ports[3 if attempt and rank == 1 else (rank + 1) % 3]
+    return ["--rank", str(rank), "--world-size", "3", "--master", "127.0.0.1", "--master-port", str(master_port),
+            "--ifname", "lo", "--iterations", str(iterations), "--compute-seconds", str(compute),
+            "--rate-scale", "0.0005", "--checkpoint-dir", str(tmp / f"ckpt-{rank}"), "--checkpoint-every", "1",
+            "--checkpoint-port", str(mine), "--checkpoint-peer", f"127.0.0.1:{peer}",
+            "--attempt", str(attempt), "--timeout", "20", *extra]
+
+
 def test_survivors_keep_their_process_and_regroup_with_a_new_rank(tmp_path):
     ports = [free_port() for _ in range(4)]  # checkpoint servers: on loopback the new rank 2 needs a port of its own
     first, second = free_port(), free_port()
 
     def argv(rank, master_port, attempt=0, extra=()):
-        mine, peer = ports[3 if attempt and rank == 2 else rank], ports[3 if attempt and rank == 1 else (rank + 1) % 3]
-        return ["--rank", str(rank), "--world-size", "3", "--master", "127.0.0.1", "--master-port", str(master_port),
-                "--ifname", "lo", "--iterations", "60", "--compute-seconds", "0.02", "--rate-scale", "0.0005",
-                "--checkpoint-dir", str(tmp_path / f"ckpt-{rank}"), "--checkpoint-every", "1",
-                "--checkpoint-port", str(mine), "--checkpoint-peer", f"127.0.0.1:{peer}",
-                "--attempt", str(attempt), "--timeout", "20", *extra]
+        return ring_argv(tmp_path, ports, rank, master_port, attempt, extra, iterations=60, compute=0.02)
 
     ranks = [Rank(tmp_path, r, argv(r, first)) for r in range(3)]
     spare = None
@@ -98,13 +104,7 @@ def test_a_survivor_still_computing_when_told_never_joins_the_new_ring_with_its_
     first, second = free_port(), free_port()
 
     def argv(rank, master_port, attempt=0, extra=()):
-        mine = ports[3 if attempt and rank == 2 else rank]
-        peer = ports[3 if attempt and rank == 1 else (rank + 1) % 3]
-        return ["--rank", str(rank), "--world-size", "3", "--master", "127.0.0.1", "--master-port", str(master_port),
-                "--ifname", "lo", "--iterations", "14", "--compute-seconds", "0.6", "--rate-scale", "0.0005",
-                "--checkpoint-dir", str(tmp_path / f"ckpt-{rank}"), "--checkpoint-every", "1",
-                "--checkpoint-port", str(mine), "--checkpoint-peer", f"127.0.0.1:{peer}",
-                "--attempt", str(attempt), "--timeout", "20", *extra]
+        return ring_argv(tmp_path, ports, rank, master_port, attempt, extra, iterations=14, compute=0.6)
 
     ranks = [Rank(tmp_path, r, argv(r, first)) for r in range(3)]
     spare = Rank(tmp_path, 9, ["--warm", "--rank", "0", "--world-size", "1", "--master", "127.0.0.1"])
