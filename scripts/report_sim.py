@@ -295,9 +295,9 @@ def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | 
             comparisons.append((path.stem, tracecheck.compare_record(record, trace, ROOT / record["rack_file"])))
         except (KeyError, TypeError, ValueError) as e:
             raise ReportError(f"{path}: not a trace replay record ({type(e).__name__}: {e})") from None
-    if not comparisons:
-        raise ReportError(f"{folder}: no trace replay record of the current model ({current[:12]}); "
-                          f"made with another: {', '.join(skipped)}")
+    if not comparisons:  # a model just changed: its replays are still to be made
+        return (f"No trace replay record carries the current model's hash ({current[:12]}) yet: nothing checks it "
+                f"(made with another model: {', '.join(skipped)}).")
     lines = [tracecheck.table(comparisons), ""]
     for name, by_policy in comparisons:
         for policy, c in by_policy.items():
@@ -309,20 +309,20 @@ def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | 
     return "\n".join(lines)
 
 
-def _lag_records(results: Path) -> tuple[Path, dict, list[dict]]:
-    """The replay record and the demo records' detailed jobs the lags were chosen on (simulator/tracefit.py), under
-    `results`."""
+def _lag_records(results: Path) -> tuple[list[Path], list[dict], list[dict]]:
+    """The replay records and the demo records' detailed jobs the lags were chosen on (simulator/tracefit.py),
+    under `results`."""
     from simulator import tracefit
 
-    replay = results / tracefit.REPLAY.relative_to(RESULTS)
-    record = json.loads(_read(replay))
+    replays = [results / p.relative_to(RESULTS) for p in tracefit.REPLAYS]
+    records = [json.loads(_read(p)) for p in replays]
     demo = []
     for path in (results / p.relative_to(RESULTS) for p in tracefit.DEMO):
         try:
             demo += tracefit.demo_jobs(json.loads(_read(path)))
         except (KeyError, TypeError, ValueError) as e:
             raise ReportError(f"{path}: not a make demo record ({type(e).__name__}: {e})") from None
-    return replay, record, demo
+    return replays, records, demo
 
 
 def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
@@ -330,11 +330,13 @@ def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
     were chosen on, beside the constants."""
     from simulator import lags, tracefit
 
-    replay, record, demo = _lag_records(results)
+    replays, records, demo = _lag_records(results)
     try:
-        f = tracefit.fit(record["policies"]["fixed"]["jobs"], demo, record["time_dilation"], ROOT / record["rack_file"])
+        f = tracefit.fit(tracefit.replay_runs(records), demo, records[0]["time_dilation"],
+                         ROOT / records[0]["rack_file"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ReportError(f"{replay}: not the trace replay record ({type(e).__name__}: {e})") from None
+        raise ReportError(f"{', '.join(map(str, replays))}: not trace replay records ({type(e).__name__}: {e})") \
+            from None
 
     def spread(values: list[float], what: str) -> str:
         return f"{min(values):.2f}–{max(values):.2f} s, {len(values)} {what}"
@@ -342,9 +344,10 @@ def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
     rows = [
         ("containers", "GPUs granted to the containers started (`started_at`, the start the check compares)",
          f"{lags.CONTAINERS_S:.3f} s + {lags.CONTAINERS_PER_GPU_S:.3f} s per GPU",
-         spread(f["containers (GPUs free; less the per-GPU part)"], "jobs placed at once (replay and demo)")),
+         spread(f["containers (GPUs free; less the per-GPU part)"], "jobs placed at once (replays and demo)")),
         ("start", "containers started to the first iteration (torch's import, the ring's rendezvous)",
-         f"{lags.START_S:.3f} s + {lags.START_PER_GPU_S:.3f} s per GPU placed at the same instant",
+         f"{lags.START_PER_GPU_S:.3f} s per GPU placed at the same instant + {lags.START_PER_BUSY_GPU_S:.3f} s per "
+         f"GPU of other jobs iterating (+ {lags.START_S:.3f} s)",
          spread(f["start to first iteration (replay)"], "replay jobs") + "; demo "
          + spread(f["start to every rank's first iteration (demo)"], "jobs")),
         ("end", "the latest rank's last iteration to `ended_at`", f"{lags.END_S:.3f} s",
@@ -360,27 +363,27 @@ def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
 
 
 def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
-    """The trace check on the replay record the lags were chosen on (in-sample: no check): without them, with them
-    and one step cost for every chunk (as the lags were chosen), and with them and the small chunks' step."""
+    """The trace check on the replay records the lags were chosen on (in-sample: no check): without the lags (the
+    model before them) and with them."""
     from simulator import tracecheck
     from simulator.workloads import read_trace
 
-    replay, record, _ = _lag_records(results)
+    replays, records, _ = _lag_records(results)
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
              for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
     _, cal_name = tracecheck.calibration_for("lossless")
-    rows = ["| model | completion time: median / p90 of \\|error\\| | queueing, mean: emulated → simulated "
-            "| makespan: emulated → simulated | start order |", "| --- | --- | --- | --- | --- |"]
-    for label, on, one in (("before (`--no-lags --one-step`)", False, True),
-                           ("the lags, one step cost (`--one-step`)", True, True),
-                           ("the lags and the step by chunk", True, False)):
-        for policy, c in tracecheck.compare_record(record, trace, ROOT / record["rack_file"], on, one).items():
-            order = "the same" if c["start_order_same"] else f"{len(c['start_order_discordant'])} pairs differ"
-            rows.append(f"| {label}, {policy} | {100 * c['jct_error_median']:.1f} % / {100 * c['jct_error_p90']:.1f} % "
-                        f"| {c['queue_emulated_mean_s']:.1f} → {c['queue_simulated_mean_s']:.1f} s "
-                        f"| {c['makespan_emulated_s']:.1f} → {c['makespan_simulated_s']:.1f} s "
-                        f"({100 * c['makespan_error']:+.1f} %) | {order} |")
-    return "\n".join(rows + ["", f"(`{replay.stem}`, calibrated by `{cal_name}`.)"])
+    rows = ["| record | model | completion time: median / p90 of \\|error\\| | queueing, mean: emulated → simulated "
+            "| makespan: emulated → simulated | start order |", "| --- | --- | --- | --- | --- | --- |"]
+    for replay, record in zip(replays, records, strict=True):
+        for label, on in (("no lags (`--no-lags`)", False), ("the lags", True)):
+            for policy, c in tracecheck.compare_record(record, trace, ROOT / record["rack_file"], on).items():
+                order = "the same" if c["start_order_same"] else f"{len(c['start_order_discordant'])} pairs differ"
+                rows.append(f"| `{replay.stem}` | {label}, {policy} | {100 * c['jct_error_median']:.1f} % / "
+                            f"{100 * c['jct_error_p90']:.1f} % "
+                            f"| {c['queue_emulated_mean_s']:.1f} → {c['queue_simulated_mean_s']:.1f} s "
+                            f"| {c['makespan_emulated_s']:.1f} → {c['makespan_simulated_s']:.1f} s "
+                            f"({100 * c['makespan_error']:+.1f} %) | {order} |")
+    return "\n".join(rows + ["", f"(Calibrated by `{cal_name}`.)"])
 
 
 BLOCKS: dict[str, Callable[[list], str]] = {

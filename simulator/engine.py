@@ -321,7 +321,8 @@ class Run:
         if lags != NO_LAGS:  # its containers start, then the ring's first iteration: later with more jobs at once
             started = t + lags.containers(job.gpus)
             self.burst = (t, (self.burst[1] if self.burst[0] == t else 0) + job.gpus)
-            ready = max(ready, started) + lags.start_delay(self.burst[1])
+            busy = sum(self.jobs[k].gpus for k in self.running)
+            ready = max(ready, started) + lags.start_delay(self.burst[1], busy)
         r = self.results[key]
         again = key in self.resume
         if not again:

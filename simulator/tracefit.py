@@ -27,7 +27,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-REPLAY = ROOT / "results" / "replay" / "20261126T145924Z-226abd5.json"
+# the replays of the model before (b3b639874df2), made on this code's worker and controller: tuning data, all three
+# policies pooled; the replays made after the lags' commit check them
+REPLAYS = tuple(ROOT / "results" / "replay" / f"{s}.json" for s in ("20261126T212055Z-a3efd36",
+                                                                       "20261126T220734Z-1e191d8"))
 DEMO = tuple(ROOT / "results" / "records" / f"{s}.json" for s in (
     "20261126T154629Z-aafc90a", "20261126T155916Z-aafc90a", "20261126T161207Z-aafc90a"))
 GROUP_S = 0.5  # rack s: the controller places the jobs of one queue drain within this of each other
@@ -97,6 +100,24 @@ def line(x: list[float], y: list[float]) -> tuple[float, float]:
     return my - b * mx, b
 
 
+def plane(x1: list[float], x2: list[float], y: list[float]) -> tuple[float, float]:
+    """Least squares y = b1 x1 + b2 x2 (through the origin)."""
+    s11 = sum(u * u for u in x1)
+    s22 = sum(v * v for v in x2)
+    s12 = sum(u * v for u, v in zip(x1, x2, strict=True))
+    s1y = sum(u * w for u, w in zip(x1, y, strict=True))
+    s2y = sum(v * w for v, w in zip(x2, y, strict=True))
+    det = s11 * s22 - s12 * s12
+    return (s1y * s22 - s2y * s12) / det, (s2y * s11 - s1y * s12) / det
+
+
+def iterating_at_admission(jobs: list[dict]) -> list[float]:
+    """Per job (the rows' order): the GPUs of the other jobs iterating (first iteration to end) as it was admitted,
+    as the engine counts its running jobs' GPUs at a placement."""
+    return [float(sum(o["gpus_asked"] for o in jobs
+                      if o is not j and o["first_iteration_s"] <= j["admit_s"] < o["end_s"])) for j in jobs]
+
+
 def demo_jobs(record: dict) -> list[dict]:
     """The demo's detailed jobs: (created to started, started to every rank's first iteration, latest last
     iteration to ended), emulated s."""
@@ -139,38 +160,48 @@ def per_iteration(jobs: list[dict], rack_file: Path, lags_on: bool) -> list[dict
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simulator.tracefit", description=__doc__.splitlines()[0])
-    ap.add_argument("--replay", type=Path, default=REPLAY)
+    ap.add_argument("--replay", type=Path, nargs="+", default=list(REPLAYS),
+                    help="replay records (results/replay/), every policy of each pooled (default: the lags' own)")
     ap.add_argument("--demo", type=Path, nargs="*", default=list(DEMO))
     args = ap.parse_args(argv)
     try:
-        record = json.loads(args.replay.read_text())
+        records = [json.loads(p.read_text()) for p in args.replay]
         demos = [json.loads(p.read_text()) for p in args.demo]
     except (OSError, ValueError) as e:
         print(f"tracefit: {e}", file=sys.stderr)
         return 2
-    d = record["time_dilation"]
-    for policy, run in record["policies"].items():
-        jobs = [j for j in run["jobs"] if j["state"] == "done"]
-        dj = [x for r in demos for x in demo_jobs(r)]
-        fig = fit(jobs, dj, d, ROOT / record["rack_file"])
-        print(f"{args.replay.stem} {policy} ({len(jobs)} jobs) and {len(dj)} detailed demo jobs; emulated s "
-              f"(rack s at dilation {d:g}):")
-        for k, v in fig.items():
-            print(f"  {k}: {_fmt(v, d) if isinstance(v, list) else f'{v:.3f} s'}")
-        rows = per_iteration(jobs, ROOT / record["rack_file"], False)
-        with_lag = per_iteration(jobs, ROOT / record["rack_file"], True)
-        print("  after the first iteration, emulated per iteration / simulated alone (median; min-max):")
-        for label, pick in (("1 GPU", lambda r: r["gpus"] == 1), ("one switch, 2+ GPUs",
-                                                                   lambda r: r["gpus"] > 1 and r["switches"] == 1),
-                            ("2+ switches", lambda r: r["switches"] > 1),
-                            ("resnet50, 2+ GPUs", lambda r: r["gpus"] > 1 and r["model"] == "resnet50"),
-                            ("vgg16, 2+ GPUs", lambda r: r["gpus"] > 1 and r["model"] == "vgg16"),
-                            ("all", lambda r: True)):
-            for name, rs in (("without", rows), ("with", with_lag)):
-                q = [r["emulated_s"] / r["simulated_s"] for r in rs if pick(r)]
-                print(f"    {label}, {name} the per-iteration lag: {statistics.median(q):.3f} ({min(q):.3f}-"
-                      f"{max(q):.3f}) over {len(q)} jobs")
+    d = records[0]["time_dilation"]
+    if any(r["time_dilation"] != d or r["rack_file"] != records[0]["rack_file"] for r in records):
+        print("tracefit: the replay records differ in rack file or time dilation", file=sys.stderr)
+        return 2
+    runs = replay_runs(records)
+    dj = [x for r in demos for x in demo_jobs(r)]
+    rack_file = ROOT / records[0]["rack_file"]
+    fig = fit(runs, dj, d, rack_file)
+    print(f"{', '.join(p.stem for p in args.replay)}: {len(runs)} policy runs, {sum(map(len, runs))} jobs, and "
+          f"{len(dj)} detailed demo jobs; emulated s (rack s at dilation {d:g}):")
+    for k, v in fig.items():
+        print(f"  {k}: {_fmt(v, d) if isinstance(v, list) else f'{v:.3f} s'}")
+    jobs = [j for run in runs for j in run]
+    rows = per_iteration(jobs, rack_file, False)
+    with_lag = per_iteration(jobs, rack_file, True)
+    print("  after the first iteration, emulated per iteration / simulated alone (median; min-max):")
+    for label, pick in (("1 GPU", lambda r: r["gpus"] == 1), ("one switch, 2+ GPUs",
+                                                               lambda r: r["gpus"] > 1 and r["switches"] == 1),
+                        ("2+ switches", lambda r: r["switches"] > 1),
+                        ("resnet50, 2+ GPUs", lambda r: r["gpus"] > 1 and r["model"] == "resnet50"),
+                        ("vgg16, 2+ GPUs", lambda r: r["gpus"] > 1 and r["model"] == "vgg16"),
+                        ("all", lambda r: True)):
+        for name, rs in (("without", rows), ("with", with_lag)):
+            q = [r["emulated_s"] / r["simulated_s"] for r in rs if pick(r)]
+            print(f"    {label}, {name} the per-iteration lag: {statistics.median(q):.3f} ({min(q):.3f}-"
+                  f"{max(q):.3f}) over {len(q)} jobs")
     return 0
+
+
+def replay_runs(records: list[dict]) -> list[list[dict]]:
+    """Every policy run of each replay record: its jobs that ended done."""
+    return [[j for j in run["jobs"] if j["state"] == "done"] for r in records for run in r["policies"].values()]
 
 
 def _fmt(values: list[float], d: float) -> str:
@@ -178,28 +209,34 @@ def _fmt(values: list[float], d: float) -> str:
             f"{min(values):.3f}-{max(values):.3f}, {len(values)} values)")
 
 
-def fit(jobs: list[dict], demo: list[dict], d: float, rack_file: Path) -> dict[str, list[float] | float]:
+def fit(runs: list[list[dict]], demo: list[dict], d: float, rack_file: Path) -> dict[str, list[float] | float]:
     """The lags' figures, emulated s: each a list of measured values (its median is the lag) or a fitted number.
-    `jobs`: a replay's jobs (rack s, dilation `d`); `demo`: demo_jobs of the demo records."""
+    `runs`: replays' policy runs, each its jobs (rack s, dilation `d`), pooled (queue drains, bursts and releases
+    are each run's own); `demo`: demo_jobs of the demo records."""
     from controller.core.rack import load_rack
     from simulator import models
 
     rack = load_rack(rack_file)
-    per_gpu = d * per_gpu_within(drains(jobs))
-    free = admit_replay(jobs)
-    at_once = ([d * (j["start_s"] - j["submit_s"]) - per_gpu * j["gpus_asked"] for j in jobs
-                if j["start_s"] - j["submit_s"] in free] + [x["admit"] - per_gpu * x["gpus"] for x in demo])
+    per_gpu = d * per_gpu_within([g for jobs in runs for g in drains(jobs)])
+    free = [(j, j["start_s"] - j["submit_s"]) for jobs in runs for j in jobs
+            if j["start_s"] - j["submit_s"] in admit_replay(jobs)]
+    at_once = [d * x - per_gpu * j["gpus_asked"] for j, x in free] + [x["admit"] - per_gpu * x["gpus"] for x in demo]
     containers = statistics.median(at_once)
-    delays = [d * (j["first_iteration_s"] - j["start_s"]) for j in jobs]
-    a, b = line([float(x) for x in bursts(jobs)], delays)
+    every = [j for jobs in runs for j in jobs]
+    delays = [d * (j["first_iteration_s"] - j["start_s"]) for j in every]
+    placed_now = [float(x) for jobs in runs for x in bursts(jobs)]
+    a, b = line(placed_now, delays)
+    per_placed, per_busy = plane(placed_now, [x for jobs in runs for x in iterating_at_admission(jobs)], delays)
     busy = [float(sum(o["gpus_asked"] for o in jobs
-                      if o is not j and o["first_iteration_s"] <= j["start_s"] < o["end_s"])) for j in jobs]
+                      if o is not j and o["first_iteration_s"] <= j["start_s"] < o["end_s"]))
+            for jobs in runs for j in jobs]
     end = statistics.median(x["end"] for x in demo)
     iteration = [d * (j["end_s"] - j["first_iteration_s"]) / j["iterations"] - end / j["iterations"]
                  - d * models.cost(j["model"], [rack.gpus[j["gpus"][0]].model], 4, 0.0, 1.0).compute_s[0]
-                 for j in jobs if j["gpus_asked"] == 1]
+                 for j in every if j["gpus_asked"] == 1]
+    waited = [(j, x) for jobs in runs for j, x in release_rows(jobs)]
     return {
-        "submit to started_at, GPUs free (replay)": [d * x for x in free],
+        "submit to started_at, GPUs free (replay)": [d * x for _, x in free],
         "submit to started_at, GPUs free (demo)": [x["admit"] for x in demo],
         "containers per GPU (least squares within the replay's queue drains)": per_gpu,
         "containers (GPUs free; less the per-GPU part)": at_once,
@@ -207,12 +244,13 @@ def fit(jobs: list[dict], demo: list[dict], d: float, rack_file: Path) -> dict[s
         "start: a, least squares on the GPUs placed at the instant": a,
         "start: b, per GPU placed at the instant": b,
         "start: per GPU iterating on the rack at its start (least squares slope)": line(busy, delays)[1],
+        "start (the lags' model): per GPU placed at the instant, through the origin with the next": per_placed,
+        "start (the lags' model): per GPU of other jobs iterating at its admission": per_busy,
         "start to every rank's first iteration (demo)": [statistics.median(x["start"]) for x in demo],
         "ranks' first iterations apart (demo), at most": max(max(x["start"]) - min(x["start"]) for x in demo),
         "end (demo)": [x["end"] for x in demo],
-        "ended_at to the next start (replay)": [d * x for x in release(jobs)],
-        "release (that less the containers')": [d * x - containers - per_gpu * j["gpus_asked"]
-                                                for j, x in release_rows(jobs)],
+        "ended_at to the next start (replay)": [d * x for _, x in waited],
+        "release (that less the containers')": [d * x - containers - per_gpu * j["gpus_asked"] for j, x in waited],
         "iteration beyond compute (replay's 1-GPU jobs)": iteration,
     }
 

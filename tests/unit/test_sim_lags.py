@@ -65,6 +65,15 @@ def test_jobs_placed_at_one_instant_start_their_iterations_later_the_more_gpus_s
     assert alone.start_s - alone.started_s == pytest.approx(2.0 + 0.25 * 4)
 
 
+def test_a_job_placed_while_others_iterate_starts_later_by_each_of_their_gpus():
+    """The start is work on the host's cores: the GPUs of other jobs iterating as a job is placed slow it."""
+    busy = lags.Lags(start_per_gpu_s=0.5, start_per_busy_gpu_s=0.2)
+    first, second = run([JobSpec("a", 0.0, 4, "vgg16", 200), JobSpec("b", 5.0, 2, "vgg16", 5)], busy).jobs
+    assert first.start_s - first.started_s == pytest.approx(0.5 * 4)  # nothing iterating at its placement
+    assert first.start_s < second.placed_s < first.end_s  # a is iterating when b is placed
+    assert second.start_s - second.started_s == pytest.approx(0.5 * 2 + 0.2 * 4)
+
+
 def test_a_rack_slower_in_time_charges_the_emulated_lags_in_fewer_rack_seconds():
     one, two = lags.for_rack(1.0), lags.for_rack(2.0)
     assert one.start_s == lags.START_S and two.start_s == pytest.approx(lags.START_S / 2)
