@@ -87,6 +87,17 @@ else
   changed "$EMULATED stays on this host (an unreachable route below the racks' own)"
 fi
 
+# A daemon started here must not keep the descriptors this script inherited: a lock held around `make setup`
+# (`flock LOCK make demo`) would otherwise be held by ovsdb-server, ovs-vswitchd and dockerd for as long as they run.
+# It replaces the process that calls it: call it in a subshell, `( exec_without_inherited_fds CMD )` or `... &`.
+exec_without_inherited_fds() {
+  for fd in /proc/$BASHPID/fd/*; do
+    fd=${fd##*/}
+    if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-" 2>/dev/null; fi
+  done
+  exec "$@"
+}
+
 step "Open vSwitch (userspace datapath)"
 ovs_answers() { ovs-vsctl --timeout=5 show >/dev/null 2>&1 && ovs-appctl -t ovs-vswitchd version >/dev/null 2>&1; }
 ovs_service() {  # start | restart
@@ -95,7 +106,7 @@ ovs_service() {  # start | restart
   else
     # No systemd here; ovs-ctl runs both daemons. The kernel module is not needed: every
     # optirack bridge uses datapath_type=netdev.
-    /usr/share/openvswitch/scripts/ovs-ctl "$1" --system-id=random >"$LOG_DIR/ovs-ctl.log" 2>&1 \
+    (exec_without_inherited_fds /usr/share/openvswitch/scripts/ovs-ctl "$1" --system-id=random) >"$LOG_DIR/ovs-ctl.log" 2>&1 \
       || fail "ovs-ctl $1 failed (see $LOG_DIR/ovs-ctl.log)"
   fi
   ovs-vsctl --timeout=10 show >/dev/null || fail "ovs-vsctl does not answer after $1"
@@ -119,7 +130,7 @@ else
     systemctl start docker || fail "systemctl start docker failed"
   else
     command -v dockerd >/dev/null || fail "dockerd not found (package docker.io)"
-    setsid dockerd >"$LOG_DIR/dockerd.log" 2>&1 < /dev/null &
+    exec_without_inherited_fds setsid dockerd >"$LOG_DIR/dockerd.log" 2>&1 < /dev/null &
   fi
   for _ in $(seq 60); do timeout 5 docker info >/dev/null 2>&1 && break; sleep 1; done
   timeout 10 docker info >/dev/null 2>&1 || fail "dockerd did not answer within 60 s (see $LOG_DIR/dockerd.log)"
