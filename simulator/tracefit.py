@@ -15,6 +15,8 @@ its ranks' own iterations) and prints, in emulated seconds (the lags' unit) and 
   profile's compute, the cost of an iteration beyond it;
 - what is left after the first iteration: each job's emulated time per iteration against the simulator's for the
   same GPUs alone on the rack (with and without the per-iteration lag), by job size and switches.
+`--repeatability` instead sets the replay records against each other, job by job (the emulation's own spread: the
+floor under the trace check's bounds).
 A pure reading of the records; outside simulator/modelhash.MODEL_FILES (it predicts nothing).
 tests/unit/test_tracefit.py ties lags.py's constants to what this prints for the committed records.
 """
@@ -163,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay", type=Path, nargs="+", default=list(REPLAYS),
                     help="replay records (results/replay/), every policy of each pooled (default: the lags' own)")
     ap.add_argument("--demo", type=Path, nargs="*", default=list(DEMO))
+    ap.add_argument("--repeatability", action="store_true",
+                    help="instead: each pair of the --replay records against each other (the emulation's own spread)")
     args = ap.parse_args(argv)
     try:
         records = [json.loads(p.read_text()) for p in args.replay]
@@ -174,6 +178,18 @@ def main(argv: list[str] | None = None) -> int:
     if any(r["time_dilation"] != d or r["rack_file"] != records[0]["rack_file"] for r in records):
         print("tracefit: the replay records differ in rack file or time dilation", file=sys.stderr)
         return 2
+    if args.repeatability:
+        if len(records) < 2:
+            print("tracefit: --repeatability needs two or more --replay records", file=sys.stderr)
+            return 2
+        for i, (pa, ra) in enumerate(zip(args.replay, records, strict=True)):
+            for pb, rb in zip(args.replay[i + 1:], records[i + 1:], strict=True):
+                for policy, r in sorted(repeatability(ra, rb).items()):
+                    print(f"{pa.stem} vs {pb.stem}, {policy}: completion time |difference| median "
+                          f"{100 * r['median']:.1f} %, p90 {100 * r['p90']:.1f} % over {r['jobs']} jobs; makespan "
+                          f"{r['makespan_a_s']:.1f} vs {r['makespan_b_s']:.1f} s "
+                          f"({100 * (r['makespan_b_s'] / r['makespan_a_s'] - 1):+.1f} %)")
+        return 0
     runs = replay_runs(records)
     dj = [x for r in demos for x in demo_jobs(r)]
     rack_file = ROOT / records[0]["rack_file"]
@@ -197,6 +213,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {label}, {name} the per-iteration lag: {statistics.median(q):.3f} ({min(q):.3f}-"
                   f"{max(q):.3f}) over {len(q)} jobs")
     return 0
+
+
+def repeatability(a: dict, b: dict) -> dict[str, dict[str, float]]:
+    """Two replay records of one trace against each other, per policy both hold: the median and p90 of
+    |completion time in b / in a - 1| over the jobs done in both, and each makespan (rack s): how far the emulation
+    repeats itself, the floor under the trace check's bounds."""
+    from simulator import tracecheck
+
+    out = {}
+    for policy in a["policies"].keys() & b["policies"].keys():
+        ja = {j["index"]: j for j in a["policies"][policy]["jobs"] if j["state"] == "done"}
+        jb = {j["index"]: j for j in b["policies"][policy]["jobs"] if j["state"] == "done"}
+        both = sorted(ja.keys() & jb.keys())
+        if not both:
+            continue
+        diff = [abs((jb[i]["end_s"] - jb[i]["submit_s"]) / (ja[i]["end_s"] - ja[i]["submit_s"]) - 1) for i in both]
+        out[policy] = {"jobs": len(both), "median": statistics.median(diff), "p90": tracecheck.p90(diff),
+                       "makespan_a_s": max(j["end_s"] for j in ja.values()),
+                       "makespan_b_s": max(j["end_s"] for j in jb.values())}
+    return out
 
 
 def replay_runs(records: list[dict]) -> list[list[dict]]:

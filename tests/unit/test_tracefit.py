@@ -47,3 +47,15 @@ def test_the_groups_and_bursts_are_counted_as_the_engine_counts_them():
     assert [len(g) for g in tracefit.drains(jobs)] == [3, 2]
     a, b = tracefit.line([1.0, 2.0, 3.0], [3.0, 5.0, 7.0])
     assert (a, b) == pytest.approx((1.0, 2.0))
+
+
+def test_repeatability_compares_two_replays_job_by_job_and_the_cli_needs_two(capsys):
+    def record(ends):
+        jobs = [{"index": i, "state": "done", "submit_s": 0.0, "end_s": e} for i, e in enumerate(ends)]
+        return {"policies": {"fixed": {"jobs": jobs}}}
+
+    r = tracefit.repeatability(record([10.0, 20.0, 40.0]), record([11.0, 20.0, 30.0]))["fixed"]
+    assert r["jobs"] == 3 and r["median"] == pytest.approx(0.1)  # |differences| 10 %, 0 %, 25 %
+    assert (r["makespan_a_s"], r["makespan_b_s"]) == (40.0, 30.0)
+    assert tracefit.main(["--repeatability", "--replay", str(tracefit.REPLAYS[0])]) == 2
+    assert "needs two or more" in capsys.readouterr().err
