@@ -113,11 +113,11 @@ def plane(x1: list[float], x2: list[float], y: list[float]) -> tuple[float, floa
     return (s1y * s22 - s2y * s12) / det, (s2y * s11 - s1y * s12) / det
 
 
-def iterating_at_admission(jobs: list[dict]) -> list[float]:
-    """Per job (the rows' order): the GPUs of the other jobs iterating (first iteration to end) as it was admitted,
-    as the engine counts its running jobs' GPUs at a placement."""
+def iterating_at(jobs: list[dict], key: str = "admit_s") -> list[float]:
+    """Per job (the rows' order): the GPUs of the other jobs iterating (first iteration to end) at its `key` instant;
+    at its admission, as the engine counts its running jobs' GPUs at a placement."""
     return [float(sum(o["gpus_asked"] for o in jobs
-                      if o is not j and o["first_iteration_s"] <= j["admit_s"] < o["end_s"])) for j in jobs]
+                      if o is not j and o["first_iteration_s"] <= j[key] < o["end_s"])) for j in jobs]
 
 
 def demo_jobs(record: dict) -> list[dict]:
@@ -262,10 +262,8 @@ def fit(runs: list[list[dict]], demo: list[dict], d: float, rack_file: Path) -> 
     delays = [d * (j["first_iteration_s"] - j["start_s"]) for j in every]
     placed_now = [float(x) for jobs in runs for x in bursts(jobs)]
     a, b = line(placed_now, delays)
-    per_placed, per_busy = plane(placed_now, [x for jobs in runs for x in iterating_at_admission(jobs)], delays)
-    busy = [float(sum(o["gpus_asked"] for o in jobs
-                      if o is not j and o["first_iteration_s"] <= j["start_s"] < o["end_s"]))
-            for jobs in runs for j in jobs]
+    per_placed, per_busy = plane(placed_now, [x for jobs in runs for x in iterating_at(jobs)], delays)
+    busy = [x for jobs in runs for x in iterating_at(jobs, "start_s")]
     end = statistics.median(x["end"] for x in demo)
     iteration = [d * (j["end_s"] - j["first_iteration_s"]) / j["iterations"] - end / j["iterations"]
                  - d * models.cost(j["model"], [rack.gpus[j["gpus"][0]].model], 4, 0.0, 1.0).compute_s[0]
