@@ -270,10 +270,9 @@ TRACE_RACK = ROOT / "topologies" / "trace16.yaml"
 TRACE = ROOT / "traces" / "trace16.csv"
 
 
-def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | None = None) -> str:
-    """The trace check: every replay record of the current model (results/replay/*.json, scripts/replay_trace.py)
-    beside the simulator's run of the same jobs on the same rack file (simulator/tracecheck.py), a row per
-    record and policy, then the three jobs furthest off in each."""
+def trace_comparisons(results: Path = RESULTS, model_hash: str | None = None) -> tuple[list, list[str], str]:
+    """Every replay record of the current model (results/replay/*.json) beside the simulator's run of the same
+    jobs (simulator/tracecheck.py): (comparisons, the records of other models, the current hash)."""
     from simulator import modelhash, tracecheck
     from simulator.workloads import read_trace
 
@@ -295,9 +294,38 @@ def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | 
             comparisons.append((path.stem, tracecheck.compare_record(record, trace, ROOT / record["rack_file"])))
         except (KeyError, TypeError, ValueError) as e:
             raise ReportError(f"{path}: not a trace replay record ({type(e).__name__}: {e})") from None
+    return comparisons, skipped, current
+
+
+def _no_replay(current: str, skipped: list[str]) -> str:
+    return (f"No trace replay record carries the current model's hash ({current[:12]}) yet: nothing checks it "
+            f"(made with another model: {', '.join(skipped)}).")
+
+
+def sim_trace_verdict(_records: list, results: Path = RESULTS, model_hash: str | None = None) -> str:
+    """The trace check's verdict over the replay records of the current model (simulator/tracejudge.py): a row per
+    policy, then what fails (or that nothing does)."""
+    from simulator import tracejudge
+
+    comparisons, skipped, current = trace_comparisons(results, model_hash)
+    if not comparisons:
+        return _no_replay(current, skipped)
+    bad = tracejudge.verdict(comparisons)
+    end = ("Every bound is met: the per-job bounds and the start order in each replay, the makespan against the "
+           f"replays' mean, with {len(comparisons)} replays of the current model ({current[:12]})." if not bad else
+           "Not met: " + "; ".join(bad) + ".")
+    return tracejudge.table(comparisons) + "\n\n" + end
+
+
+def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | None = None) -> str:
+    """The trace check: every replay record of the current model (results/replay/*.json, scripts/replay_trace.py)
+    beside the simulator's run of the same jobs on the same rack file (simulator/tracecheck.py), a row per
+    record and policy, then the three jobs furthest off in each."""
+    from simulator import tracecheck
+
+    comparisons, skipped, current = trace_comparisons(results, model_hash)
     if not comparisons:  # a model just changed: its replays are still to be made
-        return (f"No trace replay record carries the current model's hash ({current[:12]}) yet: nothing checks it "
-                f"(made with another model: {', '.join(skipped)}).")
+        return _no_replay(current, skipped)
     lines = [tracecheck.table(comparisons), ""]
     for name, by_policy in comparisons:
         for policy, c in by_policy.items():
@@ -391,4 +419,5 @@ BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-4096-variants": sim_4096_variants, "sim-schedulers": sim_schedulers, "sim-bench": sim_bench,
     "sim-failures": sim_failures, "sim-readme-run": sim_readme_run, "sim-sweep-gain": sim_sweep_gain,
     "sim-trace-lags": sim_trace_lags, "sim-trace-insample": sim_trace_insample, "sim-trace-replay": sim_trace_replay,
+    "sim-trace-verdict": sim_trace_verdict,
 }

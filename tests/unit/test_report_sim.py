@@ -231,3 +231,13 @@ def test_sweep_gain_pairs_each_seed_and_gives_mean_min_and_max(tmp_path):
     _write(tmp_path / "sweep-gain" / "runs.csv", head + "fixed,1,0.9,field,32,100\n")
     with pytest.raises(ReportError, match="not an optirack sweep's runs.csv"):
         report_sim.sim_sweep_gain([], tmp_path)
+
+
+def test_trace_verdict_is_a_row_per_policy_and_names_what_fails(tmp_path):
+    _write(tmp_path / "replay" / "20261127T000000Z-abc1234.json", json.dumps(_replay("m1", [1000.0, 1000.0])))
+    text = report_sim.sim_trace_verdict([], tmp_path, model_hash="m1")
+    rows = [line for line in text.splitlines() if line.startswith("| fixed |")]
+    assert len(rows) == 1 and rows[0].endswith("| NO |")
+    assert "Not met: 1 replay record(s) of the current model; the check needs 3" in text
+    assert "median |error|" in text and "from the replays' mean" in text  # jobs of 1000 s: far off, and said
+    assert report_sim.sim_trace_verdict([], tmp_path, model_hash="m2").startswith("No trace replay record")

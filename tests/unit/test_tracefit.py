@@ -59,3 +59,22 @@ def test_repeatability_compares_two_replays_job_by_job_and_the_cli_needs_two(cap
     assert (r["makespan_a_s"], r["makespan_b_s"]) == (40.0, 30.0)
     assert tracefit.main(["--repeatability", "--replay", str(tracefit.REPLAYS[0])]) == 2
     assert "needs two or more" in capsys.readouterr().err
+
+
+def test_makespans_per_policy_and_whether_one_prediction_can_be_within_5_percent_of_each(capsys, tmp_path):
+    def record(*ends):
+        jobs = [{"index": i, "state": "done", "submit_s": 0.0, "end_s": e} for i, e in enumerate(ends)]
+        return {"policies": {"fixed": {"jobs": jobs}, "regroup": {"jobs": jobs}}, "time_dilation": 2.0,
+                "rack_file": "topologies/trace16.yaml"}
+
+    recs = [record(10.0, 100.0), record(20.0, 111.0)]
+    recs[1]["policies"].pop("regroup")  # only the policies every record holds
+    assert tracefit.makespans(recs) == {"fixed": [100.0, 111.0]}
+    paths = []
+    for i, ends in enumerate([(100.0,), (111.0,)]):  # 11 % apart: no value is within 5 % of both
+        paths.append(tmp_path / f"r{i}.json")
+        paths[-1].write_text(json.dumps(record(*ends)))
+    assert tracefit.main(["--repeatability", "--replay", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "fixed: makespans 100.0, 111.0 s over 2 replays; mean 105.5 s, the longest 11.0 % over the shortest; " \
+           "a prediction within 5 % of every one does not exist" in out
