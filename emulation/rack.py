@@ -18,7 +18,7 @@ from pathlib import Path
 
 from controller.core.emulated import NETNS_PREFIX, RUN_DIR, STATE_FILE, netns_of, nic_plans
 from controller.core.rack import Rack
-from emulation import engines, nics, ovs, registry, slurm
+from emulation import engine_procs, engines, nics, ovs, registry, slurm
 from emulation import netns as ns
 from emulation.topo import RackTopo, check_emulable, downlink_patches, port_mtus
 
@@ -282,7 +282,7 @@ def _stop_engines(state: RackState, quiet: bool) -> dict[str, int]:
     plans = [engines.EnginePlan(**e) for e in state.engines]
     for plan in plans:
         try:
-            crashed = engines.pid_of(plan) is None and engines.containerd_pid(plan) is not None
+            crashed = engines.pid_of(plan) is None and engine_procs.containerd_pid(plan) is not None
             if rack is not None and crashed:  # its containers run on under its containerd
                 engines.start(rack, plan)
                 engines.wait_ready(rack, plan, timeout=30)

@@ -17,7 +17,7 @@ import time
 
 from controller.core.emulated import netns_of, nic_plans
 from controller.core.rack import Rack
-from emulation import engines, nics
+from emulation import engine_procs, engines, nics
 from emulation import netns as ns
 
 
@@ -29,14 +29,14 @@ def kill(rack: Rack, plan: engines.EnginePlan) -> dict:
     """The server dies: engine, containerd, shims and containers (SIGKILL), then its NIC ports down."""
     t0 = time.monotonic()
     engine = engines.stop(plan, signal.SIGKILL)  # the controller's streams from it break at once
-    pid = engines.containerd_pid(plan)
+    pid = engine_procs.containerd_pid(plan)
     if pid is not None:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     dropped = _drop_nics(rack, plan)  # while the containers live: their namespaces can still be entered
-    shims = engines.kill_shims(plan)  # and the containers they ran: a container's init takes its PID namespace
+    shims = engine_procs.kill_shims(plan)  # and the containers they ran: a container's init takes its PID namespace
     ports = []
     for nic in _server_nics(rack, plan.server):
         ns.ip("link", "set", "dev", nic.port, "down", netns=netns_of(plan.server), check=False)
@@ -54,7 +54,7 @@ def _drop_nics(rack: Rack, plan: engines.EnginePlan) -> list[str]:
     names = [n.ifname for n in _server_nics(rack, plan.server)]
     home = f"net:[{os.stat(f'/run/netns/{netns_of(plan.server)}').st_ino}]"  # NICs at home stay (ports go down)
     seen, dropped = {home}, []
-    for pid in engines.container_inits(plan):
+    for pid in engine_procs.container_inits(plan):
         path = f"/proc/{pid}/ns/net"
         try:
             inode = os.readlink(path)

@@ -14,7 +14,7 @@ from controller.core.circuits import CircuitMap
 from controller.core.emulated import netns_of
 from controller.core.rack import load_rack
 from controller.drivers.containers import ContainerDriver, container_name, sandbox_name
-from emulation import engines, ovs, registry
+from emulation import engine_procs, engines, ovs, registry
 from emulation import netns as ns
 from tests.integration.helpers import BIN, PAPER, ROOT, sh, wait_for, worker_image
 
@@ -194,7 +194,7 @@ def test_a_server_killed_mid_job_is_swapped_for_a_spare_and_comes_back_empty(fre
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 12, 120, "12 iterations")
     out = optirack_rack("server", "kill", "srv2")
     assert "NIC ports down: gpu2-port" in out or "NIC ports down" in out, out
-    assert engines.pid_of(PLANS["srv2"]) is None and engines.containerd_pid(PLANS["srv2"]) is None
+    assert engines.pid_of(PLANS["srv2"]) is None and engine_procs.containerd_pid(PLANS["srv2"]) is None
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["state"] != "running", 10, "the loss to be seen")
     done = wait_job(client, job["id"], 240)
     assert done["state"] == "done" and done["iterations_done"] == 30, (done["state"], done["reason"])

@@ -8,6 +8,7 @@ import pytest
 import scripts.paper_experiment as pe
 from controller.core.rack import _port_ref, load_rack
 from emulation.calibrate import Calibration, _largest_ring, one_switch_circuits
+from scripts.demo_runs import beside_summary
 from scripts.paper_experiment import checks, point, rack_variant, uplink_ratio
 from tests.unit.test_rack import PAPER
 
@@ -170,7 +171,7 @@ def test_the_fit_bisects_and_keeps_every_step_with_its_figures(monkeypatch, tmp_
 def test_the_job_besides_iterations_are_summarised_over_the_job_of_concerns_run():
     log = [{"t_start": t, "t_end": t + 1.0, "iter_s": 1.0, "compute_s": 0.25, "comm_s": 0.75} for t in range(10)]
     blue = {"gpus": ["gpu5", "gpu6"], "iteration_log": log}
-    s = pe.beside_summary(blue, 2.0, 6.0, dilation=2.0)  # iterations 2..5 lie inside [2, 6]
+    s = beside_summary(blue, 2.0, 6.0, dilation=2.0)  # iterations 2..5 lie inside [2, 6]
     assert s["iterations"] == 4 and s["gpus"] == ["gpu5", "gpu6"]
     assert s["mean_iteration_rack_s"] == pytest.approx(0.5) and s["mean_comm_rack_s"] == pytest.approx(0.375)
-    assert pe.beside_summary(None, 0.0, 1.0, 2.0) is None and pe.beside_summary(blue, 20.0, 30.0, 2.0) is None
+    assert beside_summary(None, 0.0, 1.0, 2.0) is None and beside_summary(blue, 20.0, 30.0, 2.0) is None

@@ -270,7 +270,7 @@ def test_retransmissions_in_an_ocs_dark_window_are_counted_apart():
 
 
 def test_only_windows_inside_every_rings_all_reduce_are_judged():
-    from scripts.paper_experiment import all_reduces
+    from scripts.demo_runs import all_reduces
 
     job = {"ranks": {"gpu1": [{"t_start": 0.0, "compute_s": 1.0, "t_end": 3.0}],
                      "gpu2": [{"t_start": 0.0, "compute_s": 1.5, "t_end": 3.2}]}}
