@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a file (python scripts/report.py)
     sys.path.insert(0, str(ROOT))
 
-from scripts import report_bench, report_neighbours, report_sim, report_slurm  # noqa: E402
+from scripts import report_bench, report_neighbours, report_sim, report_slurm, report_trace  # noqa: E402
 from scripts.report_bench import ReportError, bench_records  # noqa: E402,F401 (the names tests and callers use)
 from simulator import records as rec  # noqa: E402
 from simulator.cases import CASES  # noqa: E402
@@ -293,7 +293,8 @@ BLOCKS: dict[str, Callable[[list[rec.Record]], str]] = {
     "headline": headline, "fidelity-summary": fidelity_summary, "cases": cases, "sweep": sweep,
     "records": records_table,
     "fidelity-droptail": fidelity_droptail, "fidelity-current": fidelity_current, "shares-droptail": shares_droptail,
-    **report_bench.BLOCKS, **report_sim.BLOCKS, **report_neighbours.BLOCKS, **report_slurm.BLOCKS,
+    **report_bench.BLOCKS, **report_sim.BLOCKS, **report_trace.BLOCKS, **report_neighbours.BLOCKS,
+    **report_slurm.BLOCKS,
 }
 
 

@@ -1,0 +1,171 @@
+"""make report's blocks of the simulator's trace check (issue 35; scripts/report.py merges BLOCKS), in
+docs/simulator.md and docs/simulator-fidelity.md: sim-trace-replay (every replay record of the current model,
+results/replay/*.json, beside the simulator: simulator/tracecheck.py), sim-trace-verdict (the verdict over those
+records: simulator/tracejudge.py), sim-trace-lags (the emulation's lags the model charges, each from the records it
+was measured on: simulator/tracefit.py) and sim-trace-insample (the model on its own tuning replays, with and
+without the lags).
+
+Each block takes `results`, the folder the records lie in (results/ of the checkout by default); a record that is
+missing or lacks what the block needs raises ReportError naming the file.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from scripts.report_bench import RESULTS, ROOT, ReportError
+from scripts.report_bench import read_text as _read
+
+TRACE_RACK = ROOT / "topologies" / "trace16.yaml"
+TRACE = ROOT / "traces" / "trace16.csv"
+
+
+def trace_comparisons(results: Path = RESULTS, model_hash: str | None = None) -> tuple[list, list[str], str]:
+    """Every replay record of the current model (results/replay/*.json) beside the simulator's run of the same
+    jobs (simulator/tracecheck.py): (comparisons, the records of other models, the current hash)."""
+    from simulator import modelhash, tracecheck
+    from simulator.workloads import read_trace
+
+    folder = results / "replay"
+    paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    if not paths:
+        raise ReportError(f"{folder}/*.json: cannot read the record: no trace replay record (make one with "
+                          "scripts/replay_trace.py, under the rack lock)")
+    current = model_hash or modelhash.model_hash()
+    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+             for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
+    comparisons, skipped = [], []
+    for path in paths:
+        try:
+            record = json.loads(_read(path))
+            if record.get("model_hash") != current:
+                skipped.append(path.stem)
+                continue
+            comparisons.append((path.stem, tracecheck.compare_record(record, trace, ROOT / record["rack_file"])))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"{path}: not a trace replay record ({type(e).__name__}: {e})") from None
+    return comparisons, skipped, current
+
+
+def _no_replay(current: str, skipped: list[str]) -> str:
+    return (f"No trace replay record carries the current model's hash ({current[:12]}) yet: nothing checks it "
+            f"(made with another model: {', '.join(skipped)}).")
+
+
+def sim_trace_verdict(_records: list, results: Path = RESULTS, model_hash: str | None = None) -> str:
+    """The trace check's verdict over the replay records of the current model (simulator/tracejudge.py): a row per
+    policy, then what fails (or that nothing does)."""
+    from simulator import tracejudge
+
+    comparisons, skipped, current = trace_comparisons(results, model_hash)
+    if not comparisons:
+        return _no_replay(current, skipped)
+    bad = tracejudge.verdict(comparisons)
+    end = ("Every bound is met: the per-job bounds and the start order in each replay, the makespan against the "
+           f"replays' mean, with {len(comparisons)} replays of the current model ({current[:12]})." if not bad else
+           "Not met: " + "; ".join(bad) + ".")
+    return tracejudge.table(comparisons) + "\n\n" + end
+
+
+def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | None = None) -> str:
+    """The trace check: every replay record of the current model (results/replay/*.json, scripts/replay_trace.py)
+    beside the simulator's run of the same jobs on the same rack file (simulator/tracecheck.py), a row per
+    record and policy, then the three jobs furthest off in each."""
+    from simulator import tracecheck
+
+    comparisons, skipped, current = trace_comparisons(results, model_hash)
+    if not comparisons:  # a model just changed: its replays are still to be made
+        return _no_replay(current, skipped)
+    lines = [tracecheck.table(comparisons), ""]
+    for name, by_policy in comparisons:
+        for policy, c in by_policy.items():
+            worst = ", ".join(f"j{j['index'] + 1} {j['jct_emulated_s']:.1f} → {j['jct_simulated_s']:.1f} s "
+                              f"({100 * j['error']:+.1f} %)" for j in c["largest_errors"])
+            lines.append(f"- `{name}`, {policy}: furthest off {worst}")
+    if skipped:
+        lines.append(f"- not compared (made with another model): {', '.join(skipped)}")
+    return "\n".join(lines)
+
+
+def _lag_records(results: Path) -> tuple[list[Path], list[dict], list[dict]]:
+    """The replay records and the demo records' detailed jobs the lags were chosen on (simulator/tracefit.py),
+    under `results`."""
+    from simulator import tracefit
+
+    replays = [results / p.relative_to(RESULTS) for p in tracefit.REPLAYS]
+    records = [json.loads(_read(p)) for p in replays]
+    demo = []
+    for path in (results / p.relative_to(RESULTS) for p in tracefit.DEMO):
+        try:
+            demo += tracefit.demo_jobs(json.loads(_read(path)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"{path}: not a make demo record ({type(e).__name__}: {e})") from None
+    return replays, records, demo
+
+
+def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
+    """The emulation's lags (simulator/lags.py) as `python -m simulator.tracefit` measures them on the records they
+    were chosen on, beside the constants."""
+    from simulator import lags, tracefit
+
+    replays, records, demo = _lag_records(results)
+    try:
+        f = tracefit.fit(tracefit.replay_runs(records), demo, records[0]["time_dilation"],
+                         ROOT / records[0]["rack_file"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportError(f"{', '.join(map(str, replays))}: not trace replay records ({type(e).__name__}: {e})") \
+            from None
+
+    def spread(values: list[float], what: str) -> str:
+        return f"{min(values):.2f}–{max(values):.2f} s, {len(values)} {what}"
+
+    rows = [
+        ("containers", "GPUs granted to the containers started (`started_at`, the start the check compares)",
+         f"{lags.CONTAINERS_S:.3f} s + {lags.CONTAINERS_PER_GPU_S:.3f} s per GPU",
+         spread(f["containers (GPUs free; less the per-GPU part)"], "jobs placed at once (replays and demo)")),
+        ("start", "containers started to the first iteration (torch's import, the ring's rendezvous)",
+         f"{lags.START_PER_GPU_S:.3f} s per GPU placed at the same instant + {lags.START_PER_BUSY_GPU_S:.3f} s per "
+         f"GPU of other jobs iterating (+ {lags.START_S:.3f} s)",
+         spread(f["start to first iteration (replay)"], "replay jobs") + "; demo "
+         + spread(f["start to every rank's first iteration (demo)"], "jobs")),
+        ("end", "the latest rank's last iteration to `ended_at`", f"{lags.END_S:.3f} s",
+         spread(f["end (demo)"], "demo jobs")),
+        ("release", "`ended_at` to the GPUs free again, before the next queued job's containers",
+         f"{lags.RELEASE_S:.3f} s", spread(f["release (that less the containers')"], "replay jobs")),
+        ("iteration", "each iteration beyond its compute on the loaded host (1-GPU jobs: no all-reduce)",
+         f"{lags.ITERATION_S:.3f} s", spread(f["iteration beyond compute (replay's 1-GPU jobs)"], "jobs")),
+    ]
+    out = ["| lag (simulator/lags.py) | what it is | the constant, emulated s | measured values |",
+           "| --- | --- | --- | --- |"]
+    return "\n".join(out + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows])
+
+
+def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
+    """The trace check on the replay records the lags were chosen on (in-sample: no check): without the lags (the
+    model before them) and with them."""
+    from simulator import tracecheck
+    from simulator.workloads import read_trace
+
+    replays, records, _ = _lag_records(results)
+    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+             for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
+    _, cal_name = tracecheck.calibration_for("lossless")
+    rows = ["| record | model | completion time: median / p90 of \\|error\\| | queueing, mean: emulated → simulated "
+            "| makespan: emulated → simulated | start order |", "| --- | --- | --- | --- | --- | --- |"]
+    for replay, record in zip(replays, records, strict=True):
+        for label, on in (("no lags (`--no-lags`)", False), ("the lags", True)):
+            for policy, c in tracecheck.compare_record(record, trace, ROOT / record["rack_file"], on).items():
+                order = "the same" if c["start_order_same"] else f"{len(c['start_order_discordant'])} pairs differ"
+                rows.append(f"| `{replay.stem}` | {label}, {policy} | {100 * c['jct_error_median']:.1f} % / "
+                            f"{100 * c['jct_error_p90']:.1f} % "
+                            f"| {c['queue_emulated_mean_s']:.1f} → {c['queue_simulated_mean_s']:.1f} s "
+                            f"| {c['makespan_emulated_s']:.1f} → {c['makespan_simulated_s']:.1f} s "
+                            f"({100 * c['makespan_error']:+.1f} %) | {order} |")
+    return "\n".join(rows + ["", f"(Calibrated by `{cal_name}`.)"])
+
+
+BLOCKS: dict[str, Callable[[list], str]] = {
+    "sim-trace-lags": sim_trace_lags, "sim-trace-insample": sim_trace_insample, "sim-trace-replay": sim_trace_replay,
+    "sim-trace-verdict": sim_trace_verdict,
+}
