@@ -21,6 +21,12 @@ def test_every_block_is_one_of_make_reports():
     assert all(report.BLOCKS[n] is f for n, f in report_trace.BLOCKS.items())
 
 
+@pytest.mark.parametrize("name", sorted(report_trace.BLOCKS))
+def test_a_missing_record_is_an_error_naming_it(tmp_path, name):
+    with pytest.raises(ReportError, match=re.escape(str(tmp_path)) + r"/.*: cannot read the record"):
+        report_trace.BLOCKS[name]([], tmp_path)
+
+
 def _replay(model_hash: str, ends: list[float]) -> dict:
     """A replay record (scripts/replay_trace.py) of the trace's first len(ends) jobs under fixed."""
     from scripts.trace_gen import generate
