@@ -7,7 +7,6 @@ record of the rack's fabric (its calibration and its fabric's sharing) and the d
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -20,291 +19,28 @@ from controller.core.rack import RackError
 from profiles import WORKLOADS, compute_seconds
 from simulator import (
     calibration,
+    case_record,
     engine,
     failures,
     lingjun,
     models,
     neighbours,
     racks,
-    records,
     report,
+    simulate_flags,
     traces,
     workloads,
 )
 from simulator.interference import Limits
 from simulator.network import GBPS, SHARINGS
+from simulator.simulate_flags import PAPER_RACK
 from simulator.study import run_all
 from simulator.workloads import DURATION_MODES
 
-PAPER_RACK = "topologies/paper-testbed.yaml"
-EXAMPLES = (  # the --help's examples, each as it runs from any directory (tests/unit/test_sim_help.py runs the first)
-    f"optirack simulate --rack {PAPER_RACK} --case a --out sim-a",
-    "optirack simulate --gpus 4096 --jobs 2000 --seed 7 --out sim-4096",
-    "optirack simulate --gpus 32 --gpus-per-switch 8 --gpus-per-server 4 --oversubscription 8 --spare 1 --models V100 "
-    "--trace traces/sample.csv --out sim-trace",
-)
-
-
-def newest_record(fabric: str) -> Path | None:
-    """The newest committed whole `make demo` record (both cases, repeated) made on `fabric`: what --case compares
-    with and calibrates from by default."""
-    directory = bundled.directory(bundled.RECORDS)
-    installed = directory.is_relative_to(bundled.SHARE)  # pip's copy: no git to ask which are committed
-    found = [r for r in records.load(directory, tracked_only=not installed)
-             if r.full and (r.data.get("fabric") or "droptail") == fabric]
-    return found[-1].path if found else None
-
-
-def _calibration(args, rack) -> tuple[Path | None, dict | None]:
-    """The record --net emulation calibrates from, and --case compares with: --calibration's (an error where it
-    cannot be read), else the newest of the rack's fabric."""
-    if args.calibration is not None:
-        path = bundled.find(args.calibration, bundled.RECORDS, ".json")
-        if not path.is_file():
-            raise ValueError(f"--calibration {args.calibration}: no such record (make demo writes them under "
-                             f"{bundled.RECORDS}/)")
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ValueError(f"--calibration {args.calibration}: cannot read the record: {e}") from None
-        if not isinstance(record, dict) or "points" not in record and "runs" not in record:
-            raise ValueError(f"--calibration {args.calibration}: not a make demo record")
-        return path, record
-    path = newest_record(rack.spec.emulation.fabric)
-    return path, (calibration.load_record(path) if path else None)
-
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "simulate", help="simulate a cluster under the controller's placement policies",
-        description="Simulate training jobs on a rack (a rack file or a generated one) under each placement policy, "
-                    "with the controller's own placement code, and write a table, JSON and plots to --out.",
-        epilog="Examples: " + ";  ".join(EXAMPLES) + ". Rack files and traces are found by name from any "
-               "directory: --rack paper-testbed, --trace sample.csv.")
-    rack = p.add_argument_group("rack (one of)")
-    rack.add_argument("--rack", help="a rack file, or a bundled one by name, e.g. paper-testbed (default with --case: "
-                      f"{PAPER_RACK})")
-    rack.add_argument("--gpus", type=int, help="generate a rack of this many GPUs")
-    rack.add_argument(
-        "--gpus-per-switch", type=int, default=32, help="generated: GPUs per aggregator switch (%(default)s)"
-    )
-    rack.add_argument("--gpus-per-server", type=int, default=8, help="generated: GPUs per server (%(default)s)")
-    rack.add_argument(
-        "--oversubscription",
-        type=float,
-        default=16.0,
-        help="generated: a switch's GPUs' NIC capacity over its uplink's (%(default)s: 32 x 100 Gbit/s "
-        "over 200 Gbit/s)",
-    )
-    rack.add_argument(
-        "--spare",
-        type=float,
-        default=2.0,
-        help="generated: a switch's OCS downlinks over its share of the GPUs, the room regrouping "
-        "moves GPUs into (%(default)s)",
-    )
-    rack.add_argument(
-        "--models",
-        default="V100:0.5,A100:0.5",
-        help="generated: GPU models and their shares of the servers (%(default)s)",
-    )
-    rack.add_argument(
-        "--ocs-ports",
-        type=int,
-        default=0,
-        help="generated: at most this many ports per OCS (default: 1024, or up to 9999 when every switch's "
-        "ports on every OCS need more)",
-    )
-    rack.add_argument("--nic-gbps", type=float, default=100.0, help="generated: NIC line rate (%(default)s)")
-    work = p.add_argument_group("workload (one of)")
-    work.add_argument("--case", choices=["a", "b"], help="the paper's case, as make demo runs it")
-    work.add_argument(
-        "--trace",
-        help="a trace file: CSV (arrival_s,gpus,model and iterations or duration_s; optional gpu_type), or a "
-        "public trace (see --trace-format); a bundled one by name, e.g. sample.csv",
-    )
-    work.add_argument(
-        "--trace-format",
-        choices=["auto", *traces.FORMATS, traces.LINGJUN],
-        default="auto",
-        help="philly: msr-fiddle/philly-traces' cluster_job_log (JSON); helios: HeliosData's or Acme's "
-        "cluster_log.csv; pai: Alibaba PAI 2020's pai_task_table.csv (pai_job_table.csv beside it gives "
-        "submit times); sacct: Slurm's sacct --parsable2 with JobID,Submit,Start,End,AllocTRES; "
-        "auto: by the file's name and first line (%(default)s)",
-    )
-    work.add_argument(
-        "--trace-model",
-        default="resnet50",
-        help="the workload every job of a public trace runs, which names none: vgg16, resnet50 or "
-        "transformer:<parameters>, e.g. transformer:7e9 (%(default)s)",
-    )
-    work.add_argument(
-        "--durations",
-        choices=list(DURATION_MODES),
-        default="derived",
-        help="jobs given by duration: derived: iterations from the workload, so that alone on the fabric a job "
-        "keeps its recorded duration; replayed: held for the recorded duration as is, off the network (%(default)s)",
-    )
-    work.add_argument(
-        "--strict",
-        action="store_true",
-        help="refuse a trace with a job larger than the rack (default: skip such jobs and count them)",
-    )
-    work.add_argument("--jobs", type=int, help="this many synthetic jobs (see --seed, --load)")
-    work.add_argument("--seed", type=int, default=1, help="synthetic jobs: random seed (%(default)s)")
-    work.add_argument(
-        "--seeds",
-        type=int,
-        default=1,
-        help="synthetic jobs: run this many seeds (--seed, --seed+1, ...) and give means with 95 %% intervals "
-        "(%(default)s)",
-    )
-    work.add_argument(
-        "--load",
-        type=float,
-        default=0.9,
-        help="synthetic jobs: offered load, in GPU-seconds over the cluster's (%(default)s)",
-    )
-    work.add_argument(
-        "--iterations", type=int,
-        help="--case: iterations of the job of concern (default: as the demo ran them, the compared record's)"
-    )
-    pol = p.add_argument_group("policies and models")
-    pol.add_argument(
-        "--policies",
-        default="fixed,regroup,defrag,timeshift",
-        help="which to compare (%(default)s); baselines: ideal (a non-blocking electrical fabric, the upper "
-        "bound), static (the static oversubscribed electrical fabric: the cabling never changes, as fixed); the "
-        "neighbours (docs/neighbour-*.md): oddl, panama, switchml, topoopt, sipml, mltcp",
-    )
-    pol.add_argument(
-        "--schedulers",
-        default="fifo",
-        help="admission policies (controller/core/admission.py), each run with every placement policy: fifo (first "
-        "come first served), backfill (EASY backfill), sjf (shortest job first), las (least attained service, "
-        "preemptive, Tiresias-like); a run other than fifo is named policy+scheduler, e.g. regroup+backfill "
-        "(%(default)s)",
-    )
-    fail = p.add_argument_group("server failures (simulator/failures.py)")
-    fail.add_argument(
-        "--failures",
-        default="none",
-        help="recoveries to compare, each run with every policy and scheduler: none (no failures), swap (spare GPUs "
-        "swapped in through the OCS, restart from the last checkpoint), checkpoint (restart from the last "
-        "checkpoint after the server's repair), scratch (restart from the first iteration); a run with failures is "
-        "named policy+recovery, e.g. regroup+swap (%(default)s)",
-    )
-    fail.add_argument(
-        "--server-mtbf-h",
-        type=float,
-        default=failures.MTBF_H,
-        help="mean hours between one server's failures (%(default).1f: Llama 3's 419 interruptions in 54 days on "
-        "2,048 servers of 8 GPUs)",
-    )
-    fail.add_argument("--repair-h", type=float, default=failures.REPAIR_H,
-                      help="hours a failed server is out (%(default)s; assumed)")
-    fail.add_argument("--swap-s", type=float, default=failures.SWAP_S,
-                      help="swap: seconds from the failure to the job iterating again (%(default)s: issue #25's "
-                      "measured median, results/bench/20261125T070230Z-ce2c15f-bench_failover.json)")
-    fail.add_argument("--restart-s", type=float, default=failures.RESTART_S,
-                      help="checkpoint, scratch: seconds from being placed again to iterating (%(default)s; assumed)")
-    fail.add_argument("--checkpoint-s", type=float, default=failures.CHECKPOINT_S,
-                      help="seconds of running between a job's checkpoints (%(default)s; assumed)")
-    pol.add_argument(
-        "--baseline",
-        help="the policy the others are compared with, in percent (default: the first of --policies)",
-    )
-    pol.add_argument(
-        "--defrag-interval", type=float, default=300.0, help="defrag: seconds between rounds (%(default)s)"
-    )
-    pol.add_argument(
-        "--net",
-        choices=["rack", "emulation"],
-        help="rack: a real rack's protocol efficiency and step latency (assumed), max-min sharing; "
-        "emulation: calibrated to this project's emulated rack from a demo record (--calibration), with the "
-        "sharing of that record's fabric: max-min on the lossless fabric (the default), held on droptail "
-        "(default: emulation with --case, rack otherwise)",
-    )
-    pol.add_argument(
-        "--sharing",
-        choices=list(SHARINGS),
-        help="how rings placed on one link share it, overriding --net's: maxmin: the rings transferring "
-        "at the moment share it max-min fairly and a computing ring's share goes to the others at "
-        "once (a lossless fabric: RoCE with PFC, and the emulated lossless fabric; --net rack's, and --net "
-        "emulation's on a lossless record); held: each ring keeps its equal share through its compute phases "
-        "(the emulated droptail fabric's TCP over shallow drop-tail queues; --net emulation's on a droptail "
-        "record). Time shifting only shifts under maxmin",
-    )
-    pol.add_argument(
-        "--nvlink-gbps",
-        type=float,
-        default=0.0,
-        help="a server's GPUs as an NVLink domain at this rate per GPU, e.g. 2400 (300 GB/s): flows inside a "
-        "server skip the NICs, transformers' tensor parallelism runs over it (default 0: every flow through "
-        "its NIC, as in the emulation)",
-    )
-    pol.add_argument("--efficiency", type=float,
-                     help="override the protocol efficiency, a fraction of line rate in (0, 1], e.g. 0.9")
-    pol.add_argument("--step-latency-us", type=float,
-                     help="override the per-step latency (rack microseconds, 0 or more)")
-    pol.add_argument(
-        "--calibration",
-        help="--net emulation: the make demo record to calibrate from and, with --case, compare with (a file, or a "
-        "record's name under results/records/; default: the newest committed whole record of the rack's fabric)",
-    )
-    pol.add_argument(
-        "--step-model",
-        choices=["auto", "exact", "phase"],
-        default="auto",
-        help="exact: every ring step an event; phase: whole all-reduces (auto: exact up to 64 GPUs)",
-    )
-    pol.add_argument(
-        "--interference",
-        choices=["auto", "detail", "mean"],
-        default="auto",
-        help="rings that share links: stepped through (detail) or the mean-field model (auto: by size)",
-    )
-    pol.add_argument(
-        "--control-overhead-ms",
-        type=float,
-        default=10.0,
-        help="controller time per reconfiguration besides switching (%(default)s; make bench measures it)",
-    )
-    neighbours.add_arguments(p)
-    out = p.add_argument_group("output")
-    out.add_argument(
-        "--out", type=Path, required=True, help="folder for summary.md, results.json, jobs.csv (see --detail) and plots"
-    )
-    out.add_argument(
-        "--detail",
-        action="store_true",
-        help=f"runs of more than {report.DETAIL_LIMIT:,} jobs: also write every job's row, gzipped (jobs.csv.gz); "
-        "smaller runs always keep them (jobs.csv, results.json)",
-    )
-    out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    out.add_argument("--quiet", action="store_true", help="no progress bar")
-    out.add_argument(
-        "--workers",
-        type=int,
-        default=0,
-        help="processes to run the policies in (default: one per core, at most one per policy)",
-    )
-    p.set_defaults(func=main)
-
-
-# Each number flag of the failure model with its unit and the values it takes: refused in the unit it is given in
-# (simulator.failures.Failures.check would name the seconds it converts the hours to).
-FAILURE_FLAGS = (("server_mtbf_h", "hours", False), ("repair_h", "hours", True), ("swap_s", "seconds", True),
-                 ("restart_s", "seconds", True), ("checkpoint_s", "seconds", False))
-
-
-def check_failure_flags(args) -> None:
-    """A ValueError naming the flag, its unit and what it must be, for a failure setting out of range."""
-    for name, unit, zero in FAILURE_FLAGS:
-        value = getattr(args, name)
-        if not (0 <= value if zero else 0 < value) or value == float("inf") or value != value:
-            flag = "--" + name.replace("_", "-")
-            raise ValueError(f"{flag} is in {unit} and must be {'0 or more' if zero else 'positive'}, not {value:g}")
+    """`optirack simulate`'s subcommand: its flags (simulator/simulate_flags.py) and this module's main."""
+    simulate_flags.build(sub).set_defaults(func=main)
 
 
 def _rack(args):
@@ -452,38 +188,6 @@ def _net(args, rack, demo: dict | None = None, demo_path: Path | None = None):
     }
 
 
-def _checked_by(demo: dict, path: Path | None) -> str:
-    """What checks the simulator against this record (tests/unit/test_sim_fidelity.py), in a few words."""
-    from simulator import fidelity, modelhash
-
-    if path is not None and path.name == records.DROPTAIL.name:
-        return (f"the record the held sharing was chosen on; the fidelity test checks each point within "
-                f"{100 * fidelity.TOLERANCE:g} %, not out of sample")
-    if demo.get("model_hash") == modelhash.model_hash():
-        return (f"made with the simulator's current model; the fidelity test checks each point within "
-                f"{100 * fidelity.RECORD_TOLERANCE:g} %")
-    return "made with an earlier model of the simulator: no test checks the current model against it"
-
-
-def _against_emulation(args, record: dict, demo: dict | None, demo_path: Path | None) -> str:
-    """The job of concern per policy, and the demo's emulated figures beside the simulated ones when recorded."""
-    from simulator import fidelity
-
-    lines = ["| policy | job of concern: switches | mean iteration | completion |", "| --- | --- | --- | --- |"]
-    for name, p in record["policies"].items():
-        job = p["jobs"][0]
-        lines.append(f"| {name} | {job['switches']} | {job['mean_iteration_s']:.3f} s | {job['jct_s']:.1f} s |")
-    if demo is None:
-        lines += ["", "(no make demo record to compare with: run `make demo`.)"]
-    else:
-        rows, cal = fidelity.compare(demo, args.case, args.sharing)  # --sharing: a what-if against the emulation
-        record["fidelity"] = [vars(r) | {"error": r.error} for r in rows]
-        record["fidelity_record"] = demo_path.stem if demo_path else None
-        lines += ["", f"Record `{demo_path.stem if demo_path else '?'}` ({demo.get('fabric') or 'droptail'} "
-                  f"fabric): {_checked_by(demo, demo_path)}.", fidelity.table(rows, cal)]
-    return "\n".join(lines)
-
-
 def _over_seeds(args, rack, chosen, options, first: dict) -> dict:
     """The study again for --seed+1 ... --seed+N-1: per policy, each figure's mean and 95 % interval."""
     from simulator import metrics
@@ -515,7 +219,7 @@ def main(args) -> int:
     try:
         rack = _rack(args)
         uses_record = args.case or args.net == "emulation" or args.calibration is not None
-        demo_path, demo = _calibration(args, rack) if uses_record else (None, None)
+        demo_path, demo = case_record.calibration_of(args, rack) if uses_record else (None, None)
         jobs, wmeta = _workload(args, rack, demo)
         net, nmeta = _net(args, rack, demo, demo_path)
         table = engine.policies(args.defrag_interval)
@@ -539,7 +243,7 @@ def main(args) -> int:
         if bad or not recoveries:
             raise ValueError(f"--failures: unknown {', '.join(bad) or '(none given)'} "
                              f"(known: none, {', '.join(failures.RECOVERIES)})")
-        check_failure_flags(args)
+        simulate_flags.check_failure_flags(args)
         fails = failures.Failures(
             "swap", args.server_mtbf_h * 3600, args.repair_h * 3600, args.swap_s, args.restart_s, args.checkpoint_s,
             args.seed)
@@ -610,7 +314,7 @@ def main(args) -> int:
         record["seeds"] = _over_seeds(args, rack, chosen, options, record)
     extra = ""
     if args.case:
-        extra = _against_emulation(args, record, demo, demo_path)
+        extra = case_record.against_emulation(args, record, demo, demo_path)
     files = report.write(args.out, record, extra, study, args.detail)
     if not args.no_plots:
         from simulator import plots

@@ -144,7 +144,7 @@ def grid(args) -> list[Task]:
         raise ValueError(f"--failures: unknown {', '.join(bad)} (known: none, {', '.join(failure.RECOVERIES)})")
     shape = dict(server_mtbf_h=args.server_mtbf_h, repair_h=args.repair_h, swap_s=args.swap_s,
                  restart_s=args.restart_s, checkpoint_s=args.checkpoint_s)
-    from simulator.cli import check_failure_flags
+    from simulator.simulate_flags import check_failure_flags
 
     check_failure_flags(args)  # in the unit each flag is given in
     failure.Failures("swap", args.server_mtbf_h * 3600, args.repair_h * 3600, args.swap_s, args.restart_s,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator import calibration, cli, fidelity, records, sweep
+from simulator import calibration, case_record, cli, fidelity, records, simulate_flags, sweep
 
 BIN = Path(sys.executable).parent
 
@@ -32,9 +32,9 @@ def _help_examples() -> list[str]:
 
 def test_the_help_shows_the_examples_the_module_keeps():
     shown = _help_examples()
-    assert shown[0] == cli.EXAMPLES[0]
-    assert len(shown) == len(cli.EXAMPLES) and all(e.startswith(x.split(" --out")[0]) for e, x in
-                                                   zip(shown, cli.EXAMPLES, strict=True))
+    assert shown[0] == simulate_flags.EXAMPLES[0]
+    assert len(shown) == len(simulate_flags.EXAMPLES) and all(e.startswith(x.split(" --out")[0]) for e, x in
+                                                   zip(shown, simulate_flags.EXAMPLES, strict=True))
 
 
 def test_the_first_help_example_is_the_newest_record_within_the_fidelity_tolerance(tmp_path, monkeypatch, capsys):
@@ -44,7 +44,7 @@ def test_the_first_help_example_is_the_newest_record_within_the_fidelity_toleran
     capsys.readouterr()
     result = json.loads((tmp_path / "out" / "results.json").read_text())
 
-    newest = cli.newest_record("lossless")
+    newest = case_record.newest_record("lossless")
     assert newest is not None, "no whole lossless record is committed"
     record = json.loads(newest.read_text())
     assert result["fidelity_record"] == newest.stem
@@ -64,11 +64,11 @@ def test_the_first_help_example_is_the_newest_record_within_the_fidelity_toleran
 
 
 def test_the_newest_record_is_of_the_fabric_asked_for():
-    lossless, droptail = cli.newest_record("lossless"), cli.newest_record("droptail")
+    lossless, droptail = case_record.newest_record("lossless"), case_record.newest_record("droptail")
     assert lossless is not None and droptail is not None
     assert json.loads(lossless.read_text())["fabric"] == "lossless"
     assert droptail.name == records.DROPTAIL.name  # the one whole droptail record
-    assert cli.newest_record("no such fabric") is None
+    assert case_record.newest_record("no such fabric") is None
 
 
 CASE = ["--case", "a"]
