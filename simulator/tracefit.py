@@ -189,11 +189,13 @@ def main(argv: list[str] | None = None) -> int:
                           f"{100 * r['median']:.1f} %, p90 {100 * r['p90']:.1f} % over {r['jobs']} jobs; makespan "
                           f"{r['makespan_a_s']:.1f} vs {r['makespan_b_s']:.1f} s "
                           f"({100 * (r['makespan_b_s'] / r['makespan_a_s'] - 1):+.1f} %)")
+        from simulator.tracecheck import MAKESPAN_BOUND as bound
+
         for policy, m in makespans(records).items():
-            window = "exists" if max(m) * 0.95 <= min(m) * 1.05 else "does not exist"
+            window = "exists" if max(m) * (1 - bound) <= min(m) * (1 + bound) else "does not exist"
             print(f"{policy}: makespans {', '.join(f'{x:.1f}' for x in m)} s over {len(m)} replays; mean "
                   f"{statistics.fmean(m):.1f} s, the longest {100 * (max(m) / min(m) - 1):.1f} % over the shortest; "
-                  f"a prediction within 5 % of every one {window}")
+                  f"a prediction within {100 * bound:g} % of every one {window}")
         return 0
     runs = replay_runs(records)
     dj = [x for r in demos for x in demo_jobs(r)]
@@ -235,17 +237,19 @@ def repeatability(a: dict, b: dict) -> dict[str, dict[str, float]]:
             continue
         diff = [abs((jb[i]["end_s"] - jb[i]["submit_s"]) / (ja[i]["end_s"] - ja[i]["submit_s"]) - 1) for i in both]
         out[policy] = {"jobs": len(both), "median": statistics.median(diff), "p90": tracecheck.p90(diff),
-                       "makespan_a_s": max(j["end_s"] for j in ja.values()),
-                       "makespan_b_s": max(j["end_s"] for j in jb.values())}
+                       "makespan_a_s": makespan(ja.values()), "makespan_b_s": makespan(jb.values())}
     return out
 
 
+def makespan(jobs) -> float:
+    """A policy run's makespan: the last end among its jobs that ended done (rack s)."""
+    return max(j["end_s"] for j in jobs if j["state"] == "done")
+
+
 def makespans(records: list[dict]) -> dict[str, list[float]]:
-    """Per policy, each replay record's makespan (its last job's end, rack s) in the records' order, for the policies
-    every record holds."""
+    """Per policy, each replay record's makespan in the records' order, for the policies every record holds."""
     common = set.intersection(*(set(r["policies"]) for r in records)) if records else set()
-    return {p: [max(j["end_s"] for j in r["policies"][p]["jobs"] if j["state"] == "done") for r in records]
-            for p in sorted(common)}
+    return {p: [makespan(r["policies"][p]["jobs"]) for r in records] for p in sorted(common)}
 
 
 def replay_runs(records: list[dict]) -> list[list[dict]]:
