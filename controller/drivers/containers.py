@@ -16,10 +16,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from controller.core.emulated import IPV4_ONLY_SYSCTLS, LOSSLESS_SYSCTLS, nic_plans, route_window
 from controller.core.rack import Rack
 from controller.drivers.control import CONTROL_PARENT, regroup_archive
 from controller.drivers.engines import EngineDown, Engines
+from controller.drivers.nic import HELPER_CAPS, home_settings, sandbox_sysctls
 
 LOG = logging.getLogger("optirack.containers")
 LABEL_RACK = "org.optirack.rack"
@@ -28,25 +28,7 @@ LABEL_GPU = "org.optirack.gpu"
 LABEL_ROLE = "org.optirack.role"  # sandbox | worker | helper
 CHECKPOINTS = "/checkpoints"  # where a worker finds its server's volume of the job's checkpoints
 HELPER_TTL = 30.0  # seconds a resolved helper digest is used before the registry is asked again
-
-
-def sandbox_sysctls(emulated_mtu: int | None, fabric: str = "droptail") -> dict[str, str]:
-    """The sandbox namespace's TCP, standing in for RoCE: no slow start after an idle compute phase.
-    On an emulated NIC also TCP small queues of two frames: segments wait in the socket rather than
-    in the shaped NIC's queue, so a round trip is not inflated by its own queue, and TCP does not
-    take that queueing for a loss and retransmit what has not yet left the host. On the emulated
-    lossless fabric, where nothing is lost, also no tail loss probes (emulation/shaping.py). On an
-    emulated NIC, IPv4 alone: the emulated fabric forwards nothing else."""
-    out = {"net.ipv4.tcp_slow_start_after_idle": "0"}
-    if emulated_mtu:
-        out["net.ipv4.tcp_limit_output_bytes"] = str(2 * (emulated_mtu + 14))
-        out.update(IPV4_ONLY_SYSCTLS)
-        if fabric == "lossless":
-            out.update(LOSSLESS_SYSCTLS)
-    return out
-
-
-HELPER_CAPS = ["NET_ADMIN", "SYS_ADMIN"]  # --privileged fails on these hosts (DESIGN.md)
+REMOVE_WAIT = 30.0  # seconds a removal already under way (another caller's) is waited for before it is an error
 
 
 class ContainerError(RuntimeError):
@@ -87,13 +69,23 @@ def _not_found(e: Exception) -> bool:
     return isinstance(e, docker.errors.NotFound)
 
 
+def _being_removed(e: Exception) -> bool:
+    """The engine's 409 for a container another caller is removing ("removal of container ... is already in
+    progress"), or one already marked for removal."""
+    import docker
+
+    text = str(e)
+    return isinstance(e, docker.errors.APIError) and e.status_code == 409 and (
+        "already in progress" in text or "marked for removal" in text)
+
+
 class ContainerDriver:
     def __init__(self, rack: Rack, image: str, engines: Engines | None = None, nic_home: str = "emulated"):
         self.rack, self.image = rack, image
         self.engines = engines or Engines(rack)
         self.registry = rack.spec.engines.registry
         self.helper = rack.spec.engines.helper_image
-        self.home = _home_settings(rack) if nic_home == "emulated" else {}
+        self.home = home_settings(rack) if nic_home == "emulated" else {}
         self._gpu_hosts: dict[str, bool] = {}
         self._helpers: dict[str, tuple[str, float]] = {}  # server -> (repo@digest, when resolved)
 
@@ -302,15 +294,30 @@ class ContainerDriver:
         except ContainerError as e:  # still remove the containers: nothing is left running
             failed = e
         for name in (container_name(job, gpu), sandbox_name(job, gpu)):
-            c = self._get(client, name)
-            if c is not None:
-                try:
-                    c.remove(force=True)
-                except Exception as e:  # noqa: BLE001
-                    if not _not_found(e):
-                        raise
+            self._remove_container(client, name, server)
         if failed is not None:
             raise failed
+
+    def _remove_container(self, client, name: str, server: str) -> None:
+        """Remove container `name`: gone already, or being removed by another caller, is success once it is gone;
+        one still there after REMOVE_WAIT s is a ContainerError naming it and its engine."""
+        c = self._get(client, name)
+        try:
+            if c is not None:
+                c.remove(force=True)
+            return
+        except Exception as e:  # noqa: BLE001
+            if _not_found(e):
+                return
+            if not _being_removed(e):
+                raise
+        LOG.info("container %s on %s is already being removed; waiting until it is gone", name, server)
+        deadline = time.monotonic() + REMOVE_WAIT
+        while self._get(client, name) is not None:
+            if time.monotonic() >= deadline:
+                raise ContainerError(f"container {name} on the engine of {server} is still being removed after "
+                                     f"{REMOVE_WAIT:.0f} s")
+            time.sleep(0.1)
 
     @staticmethod
     def _get(client, name: str):
@@ -385,12 +392,6 @@ class ContainerDriver:
                 LOG.warning("removing the stale checkpoint volume %s on %s", v.name, server)
                 v.remove(force=True)
         return [g for _, g in sorted(stale)]
-
-
-def _home_settings(rack: Rack) -> dict[str, dict[str, str]]:
-    """Per GPU, what the helper needs to rebuild the emulated NIC at home (its port, MAC, route table)."""
-    route = " ".join(route_window(rack.spec.emulation.fabric))  # the fabric's bound on each flow's window
-    return {p.gpu: {"PORT": p.port, "MAC": p.mac, "TABLE": str(p.table), "ROUTE": route} for p in nic_plans(rack)}
 
 
 def _text(e: Exception) -> str:

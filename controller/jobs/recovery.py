@@ -136,14 +136,19 @@ class Recovery:
 
     def sweep(self, server: str) -> bool:
         """Remove what is left on `server` of jobs that are over, and of GPUs a job that goes on lost there;
-        whether that was done."""
-        keep = {j.id for j in self.book.jobs.values() if j.active}
-        pairs = {(j.id, g) for j in self.book.jobs.values() if j.active for g in j.gpus}
-        try:
-            gone = self.containers.sweep(server, keep, pairs)
-        except Exception as e:  # noqa: BLE001 (down again: the next poll retries)
-            LOG.error("cannot remove stale containers on %s: %s", server, e)
-            return False
+        whether that was done. It holds the server's GPUs (workers.owning) from deciding what is stale to the end, so
+        a job starting there meanwhile, or a warm spare started or evicted, is never removed twice nor taken for
+        stale; the warm spares this controller keeps are not stale."""
+        rack = self.state.rack
+        with self.workers.owning([g for g in rack.gpus if rack.server_of[g] == server]):
+            keep = {j.id for j in self.book.jobs.values() if j.active}
+            pairs = {(j.id, g) for j in self.book.jobs.values() if j.active for g in j.gpus}
+            pairs |= {(j, g) for g, j in self.workers.warm.items() if j in keep}
+            try:
+                gone = self.containers.sweep(server, keep, pairs)
+            except Exception as e:  # noqa: BLE001 (down again: the next poll retries)
+                LOG.error("cannot remove stale containers on %s: %s", server, e)
+                return False
         if gone:
             LOG.warning("removed stale containers of GPUs %s on %s", ", ".join(gone), server)
         return True

@@ -5,7 +5,10 @@ starting a container; a swap that finds none starts one, at the old speed, and s
 Each running job asks for `warm_spares` of them per GPU model and per switch its GPUs span (its request; default
 DEFAULT_WARM_SPARES: a job of one model under one switch keeps one), each chosen by the spare rule
 (controller/core/spares.py) as if one of its GPUs of that model under that switch were lost, among GPUs no job holds
-and no other job keeps warm, on servers whose engine answers. They are the job's containers (its labels, its
+and no other job keeps warm, on servers whose engine answers, and only of that model: a job whose model has no free
+GPU keeps none there. A spare of another model is still taken on a loss (the spare rule's fallback), but started cold
+(a new container and its NIC hand-over, as before warm spares): kept warm, it would sit on a GPU that jobs asking for
+that model want, each of which would first wait for its eviction. They are the job's containers (its labels, its
 checkpoint volume), not its GPUs: any job placed on such a GPU evicts the warm worker first (Workers.start), a job
 that ends removes its own, and a restarted controller sweeps them (they are not among its jobs' GPUs).
 """
@@ -53,9 +56,11 @@ class Warm:
         for key, as_if in groups.items():
             for _ in range(each - have[key]):
                 try:
-                    spare = spare_rule.choose(rack, [as_if], free, workload, job.switches, where,
-                                              job.request.get("gpu_model"))[as_if]
+                    spare = spare_rule.choose(rack, [as_if], [g for g in free if rack.gpus[g].model == key[0]],
+                                              workload, job.switches, where, job.request.get("gpu_model"))[as_if]
                 except spare_rule.NoRoomNow:
+                    LOG.info("%s: no free %s GPU to keep warm for its GPUs under %s; a loss there starts a spare "
+                             "cold", job.id, *key)
                     break
                 free.remove(spare)
                 if self.workers.start_warm(job, spare, lambda g=spare: g in self.book.busy_gpus() or not job.active):

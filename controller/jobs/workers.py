@@ -1,7 +1,15 @@
 """A job's workers on the containers port: one sandbox, NIC and worker per GPU on its server's engine, started all
-at once (from a checkpoint after a loss), killed, their last lines kept, removed with the job's checkpoints."""
+at once (from a checkpoint after a loss), killed, their last lines kept, removed with the job's checkpoints.
+
+One owner for a GPU's leftovers at a time: whatever removes or starts a container on a GPU other than the job's own
+ranks (a warm spare started or evicted, another job's container cleared before a start, the sweep of a server after a
+restart or when its engine comes back: recovery.py) holds that GPU's lock (`owning`) across it, so two of them never
+remove one container at once."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
 
 from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY, Job
 from controller.drivers.containers import CHECKPOINTS, ContainerError, GpuContainer
@@ -18,13 +26,21 @@ class Workers:
     def __init__(self, rack, containers, runtime):
         self.rack, self.containers, self.rt = rack, containers, runtime
         self.warm: dict[str, str] = {}  # GPU -> the job whose warm spare waits on it (warm.py)
-        self._starting: dict = {}  # GPU -> a lock held while a warm spare starts there
+        self._owners: dict = {}  # GPU -> the lock held by whoever starts or removes a leftover there (owning)
         self._gone: set[tuple[str, str]] = set()  # (GPU, job): warm spares removed as they started (evicted)
 
     def _spec(self, job: Job, gpu: str, command: list[str]) -> GpuContainer:
         g, prefix = self.rack.gpus[gpu], self.rack.spec.network.subnet.prefixlen
         return GpuContainer(job.id, gpu, self.rack.server_of[gpu], g.index, g.model, self.rack.interface(gpu),
                             f"{self.rack.addresses[gpu][0]}/{prefix}", command)
+
+    @contextlib.contextmanager
+    def owning(self, gpus: Iterable[str]) -> Iterator[None]:
+        """Hold the leftovers' locks of `gpus` (in name order, so two holders of overlapping sets never deadlock)."""
+        with contextlib.ExitStack() as stack:
+            for gpu in sorted(set(gpus)):
+                stack.enter_context(self._owners.setdefault(gpu, self.rt.lock()))
+            yield
 
     def start_warm(self, job: Job, gpu: str, taken) -> bool:
         """A warm spare of `job` on free `gpu`: its sandbox, NIC and a worker that waits for its rank. Registered
@@ -38,7 +54,7 @@ class Workers:
             self.warm.pop(gpu, None)
             return False
         self._gone.discard((gpu, job.id))
-        with self._starting.setdefault(gpu, self.rt.lock()):  # an eviction waits for the start, and its removal
+        with self.owning([gpu]):  # an eviction waits for the start, and its removal
             try:
                 # what a worker of this job left on this GPU (one that died there: its lines are read, its exit
                 # code known) goes first, or its name stands in the way
@@ -61,7 +77,7 @@ class Workers:
             LOG.error("removing the warm spare of %s on %s: %s", owner, gpu, e)
 
     def _remove_warm(self, gpu: str, owner: str) -> None:
-        with self._starting.setdefault(gpu, self.rt.lock()):
+        with self.owning([gpu]):
             if (gpu, owner) in self._gone:  # removed as it started
                 self._gone.discard((gpu, owner))
                 return
@@ -117,17 +133,19 @@ class Workers:
 
     def _clear(self, job: Job, gpus: list[str], servers) -> None:
         """Remove what another job left on `gpus` (a warm spare of a controller that was restarted before its sweep):
-        a GPU placed for `job` is `job`'s."""
-        stale = []
-        for server in sorted(servers):
-            try:
-                stale += [(w["job"], w["gpu"], server) for w in self.containers.workers(server)
-                          if w["gpu"] in gpus and w["job"] != job.id]
-            except Exception as e:  # noqa: BLE001 (the start names an engine that is down)
-                LOG.debug("listing the containers on %s: %s", server, e)
-        for other, gpu, server in stale:
-            LOG.warning("%s: removing %s's container left on %s", job.id, other, gpu)
-            self.containers.remove(other, gpu, server)
+        a GPU placed for `job` is `job`'s. Listed and removed holding the GPUs (`owning`): a sweep of the same server
+        meanwhile waits, then finds them gone."""
+        with self.owning(gpus):
+            stale = []
+            for server in sorted(servers):
+                try:
+                    stale += [(w["job"], w["gpu"], server) for w in self.containers.workers(server)
+                              if w["gpu"] in gpus and w["job"] != job.id]
+                except Exception as e:  # noqa: BLE001 (the start names an engine that is down)
+                    LOG.debug("listing the containers on %s: %s", server, e)
+            for other, gpu, server in sorted(set(stale)):
+                LOG.warning("%s: removing %s's container left on %s", job.id, other, gpu)
+                self.containers.remove(other, gpu, server)
 
     def regroup(self, job: Job, gpus: list[str], restores: dict, clock) -> dict[str, float | None]:
         """Tell the running workers of `gpus` to leave their ring and join the job's new one (its attempt, their

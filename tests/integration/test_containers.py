@@ -133,3 +133,28 @@ def test_failed_start_changes_nothing(driver):
     with pytest.raises(ContainerError, match="cannot start the container of gpu3 on srv3"):
         bad.start(GpuContainer("f", "gpu3", "srv3", 0, "M40", "gpu3", "198.18.0.4/24", ["--help"]))
     _check_all_home(driver)
+
+
+def test_two_removals_of_one_gpu_at_once_both_succeed_and_the_nic_is_home(driver):
+    """Removal is safe to repeat and to race: the engine's 409 for a container another caller is removing, and the
+    helper's del of a NIC already handed back, are success once the containers are gone."""
+    import threading
+
+    _start(driver, "r", ["gpu1", "gpu2"], "--iterations", "1000", "--compute-seconds", "1")
+    errors: list[BaseException] = []
+
+    def remove() -> None:
+        try:
+            driver.remove("r", "gpu1", "srv1")
+        except BaseException as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=remove) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    driver.remove("r", "gpu1", "srv1")  # once more, with nothing left
+    driver.remove("r", "gpu2", "srv2")
+    _check_all_home(driver)

@@ -137,16 +137,23 @@ def test_a_killed_controller_finds_each_job_where_it_should_be(bed):
     """Reconciling after a crash: SIGKILL with a job running, two configuring (held there by the fault hook, their
     circuits and containers in place) and one queued; one configuring job loses a worker while the controller is
     down. The new controller adopts the running job, carries the intact configuring one on, undoes the other (its
-    circuits back, nothing left on any engine), and the queued one keeps its place and runs."""
+    circuits back, nothing left on any engine), and the queued one keeps its place and runs.
+
+    The running job (two M40, one under each switch) keeps a warm spare on the free M40 under each switch (gpu2,
+    gpu4), and the jobs placed just after the first restart take those very GPUs: the restart's sweep and their
+    starts both remove the old controller's warm spares there, and neither may fail for the other."""
     client = bed.client
     work = lambda n: {"model": "resnet50", "iterations": n, "compute_seconds": 0.15}  # noqa: E731
-    running = client.post("/jobs", {"gpus": ["gpu5", "gpu6"], "policy": "fixed", "workload": work(120)})["job"]["id"]
+    running = client.post("/jobs", {"gpus": ["gpu1", "gpu3"], "policy": "fixed", "workload": work(120)})["job"]["id"]
     wait_for(lambda: _iterations(client, running) >= 2, 120, "the first job to run")
+    wait_for(lambda: set(_containers_of(bed, running)) == {"gpu1", "gpu2", "gpu3", "gpu4"}, 120,
+             "the running job's warm spares on gpu2 and gpu4")
     client = bed.restart("--optirack-fault-hold-configuring")  # new jobs stop at configuring, as if it died there
-    kept = client.post("/jobs", {"gpus": ["gpu1", "gpu3"], "policy": "regroup", "workload": work(20)})["job"]["id"]
-    undone = client.post("/jobs", {"gpus": ["gpu2", "gpu4"], "policy": "regroup", "workload": work(20)})["job"]["id"]
+    kept = client.post("/jobs", {"gpus": ["gpu2", "gpu6"], "policy": "regroup", "workload": work(20)})["job"]["id"]
+    undone = client.post("/jobs", {"gpus": ["gpu4", "gpu5"], "policy": "regroup", "workload": work(20)})["job"]["id"]
     wait_for(lambda: len(_containers_of(bed, kept)) == len(_containers_of(bed, undone)) == 2, 120,
              "both held jobs' containers")
+    assert set(_containers_of(bed, running)) == {"gpu1", "gpu3"}, "the warm spares are still there"
     queued = client.post("/jobs", {"gpus": 2, "workload": work(3)})["job"]
     assert queued["state"] == "queued" and queued["position"] == 1, queued
     assert {client.get(f"/jobs/{j}")["job"]["state"] for j in (kept, undone)} == {"configuring"}

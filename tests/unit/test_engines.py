@@ -243,6 +243,73 @@ def test_remove_gives_the_nic_back_before_the_containers_go_and_is_safe_to_repea
     assert engines["srv1"].calls == [("helper", "del", "gpu1", "/proc/gone/ns/net", "gpu1-port")]
 
 
+def _in_progress(name):
+    import requests
+
+    response = requests.Response()
+    response.status_code = 409
+    return docker.errors.APIError("409 Client Error", response=response,
+                                  explanation=f"removal of container {name} is already in progress")
+
+
+def test_a_container_another_caller_is_removing_is_waited_for_until_it_is_gone(monkeypatch):
+    """Docker answers 409 to a second removal of a container: that is success once the container is gone."""
+    driver, engines = _driver()
+    driver.start(_spec())
+    by_name = engines["srv1"].containers.by_name
+    worker = by_name[container_name("job-1", "gpu1")]
+    looks = []
+
+    def removing(force=False):  # the other caller's removal: done after our second look
+        raise _in_progress(worker.name)
+
+    def get(name):
+        looks.append(name)
+        if name == worker.name and looks.count(name) > 2:
+            by_name.pop(name, None)
+        if name not in by_name:
+            raise docker.errors.NotFound(name)
+        return by_name[name]
+
+    worker.remove = removing
+    monkeypatch.setattr(engines["srv1"].containers, "get", get)
+    driver.remove("job-1", "gpu1", "srv1")
+    assert by_name == {} and looks.count(worker.name) == 3
+
+
+def test_a_removal_under_way_that_never_ends_is_an_error_naming_the_container_and_engine(monkeypatch):
+    from controller.drivers import containers
+
+    monkeypatch.setattr(containers, "REMOVE_WAIT", 0.2)
+    driver, engines = _driver()
+    driver.start(_spec())
+    worker = engines["srv1"].containers.by_name[container_name("job-1", "gpu1")]
+
+    def stuck(force=False):
+        raise _in_progress(worker.name)
+
+    worker.remove = stuck
+    with pytest.raises(ContainerError, match=f"container {worker.name} on the engine of srv1 is still being removed"):
+        driver.remove("job-1", "gpu1", "srv1")
+
+
+def test_another_conflict_is_not_taken_for_a_removal_under_way():
+    import requests
+
+    driver, engines = _driver()
+    driver.start(_spec())
+    worker = engines["srv1"].containers.by_name[container_name("job-1", "gpu1")]
+    response = requests.Response()
+    response.status_code = 409
+
+    def refused(force=False):
+        raise docker.errors.APIError("409", response=response, explanation="You cannot remove a paused container")
+
+    worker.remove = refused
+    with pytest.raises(docker.errors.APIError, match="paused"):
+        driver.remove("job-1", "gpu1", "srv1")
+
+
 def test_a_failed_nic_hand_over_undoes_the_sandbox_and_names_the_server():
     driver, engines = _driver(helper_fails=True)
     with pytest.raises(ContainerError, match="gpu1 on srv1: .*no interface gpu1"):

@@ -380,32 +380,34 @@ def test_a_gpu_whose_worker_is_killed_twice_is_set_aside(tmp_path, vrt):
 
 
 def test_survivors_keep_their_workers_and_the_jobs_warm_spare_takes_the_lost_rank(tmp_path, vrt):
-    """With survivors kept (the controller's default): srv2 dies; the three survivors' workers are told to regroup
-    (none restarted), the job's warm spare (started once the job ran) is told the lost rank, and the job ends done
-    from the checkpoint; a new warm spare is started for the next loss."""
+    """With survivors kept (the controller's default): srv2 dies; the two survivors' workers are told to regroup
+    (none restarted), the job's warm spare (started once the job ran: the free M40, gpu4) is told the lost rank, and
+    the job ends done from the checkpoint; a new warm spare is started for the next loss (none of its model is free
+    then: none)."""
     from tests.unit.jobfakes import service
 
     driver = FakeDriver(pace=PACE)
     placement, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
     vrt.advance(0)
-    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3"])
     vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
     (warm,) = [g for j, g, c in driver.started if j == job.id and "--warm" in c]
+    assert warm == "gpu4"  # of the job's model: the TitanVs are free too, but are not kept warm for M40s
     driver.kill_server("srv2")
     vrt.run(finished(placement, job.id), what="the job to end")
     assert job.state == "done", job.reason
     (rec,) = job.recoveries
     assert rec["spares"] == {"gpu2": warm} and rec["warm"] == {warm: True} and rec["resumed_from"] == 10, rec
-    assert sorted(rec["kept"]) == ["gpu1", "gpu3", "gpu4"], rec
+    assert sorted(rec["kept"]) == ["gpu1", "gpu3"], rec
     started = [g for j, g, c in driver.started if j == job.id and "--warm" not in c]
-    assert sorted(started) == ["gpu1", "gpu2", "gpu3", "gpu4"]  # each once, at the job's start: none restarted
+    assert sorted(started) == ["gpu1", "gpu2", "gpu3"]  # each once, at the job's start: none restarted
     told = {g: argv for j, g, argv in driver.regrouped if j == job.id}
-    assert sorted(told) == sorted(["gpu1", "gpu3", "gpu4", warm])
+    assert sorted(told) == sorted(["gpu1", "gpu3", warm])
     assert all(a[a.index("--attempt") + 1] == "1" and a[a.index("--resume-from") + 1] == "10" for a in told.values())
-    assert told[warm][told[warm].index("--rank") + 1] == "3"  # the lost rank's place: the last
+    assert told[warm][told[warm].index("--rank") + 1] == "2"  # the lost rank's place: the last
     assert [i["iteration"] for i in job.iterations()] == list(range(30))
-    assert len([g for j, g, c in driver.started if j == job.id and "--warm" in c]) == 2  # warm again after it
-    assert placement.busy_gpus() == {} and not placement.workers.warm  # its warm spare went with it
+    assert len([g for j, g, c in driver.started if j == job.id and "--warm" in c]) == 1  # no M40 left to keep warm
+    assert placement.busy_gpus() == {} and not placement.workers.warm
 
 
 def test_a_swap_with_no_warm_spare_starts_a_container_and_says_so(tmp_path, vrt):
@@ -446,3 +448,17 @@ def test_a_job_keeps_warm_spares_per_gpu_model_and_switch_it_spans(tmp_path, vrt
     vrt.advance(5)
     warm = sorted(g for g, j in placement.workers.warm.items() if j == job.id)
     assert len(warm) == 2 and all(RACK.gpus[g].model == "M40" for g in warm), warm
+
+
+def test_a_job_keeps_no_warm_spare_of_another_model(tmp_path, vrt):
+    """The two TitanVs in one job: no TitanV is left free, and the free M40s are not kept warm for it (jobs that ask
+    for M40s would wait for their eviction); a loss would take an M40 cold, by the spare rule."""
+    from tests.unit.jobfakes import service
+
+    driver = FakeDriver(pace=PACE)
+    placement, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
+    vrt.advance(0)
+    job = job_of(placement, ["gpu5", "gpu6"], iterations=200)
+    vrt.run(lambda: len(job.iterations()) >= 2, what="two iterations")
+    vrt.advance(5)
+    assert placement.workers.warm == {} and not [c for j, g, c in driver.started if "--warm" in c]
