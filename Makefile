@@ -32,7 +32,7 @@ setup:
 	@bash scripts/setup.sh
 
 lint: setup
-	$(VENV)/bin/ruff check --no-cache controller emulation containers profiles simulator scripts tests
+	$(VENV)/bin/ruff check --no-cache controller emulation containers profiles simulator scripts evidence tests
 
 test: setup lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -41,6 +41,7 @@ import yaml
 from controller.core.rack import load_rack
 from emulation.calibrate import calibrate
 from emulation.harness import ROOT, Testbed
+from evidence import fingerprint
 from scripts import records
 from scripts.demo_checks import (  # noqa: F401 (the names tests and callers take from here)
     COMPUTE_FRACTION,
@@ -156,7 +157,10 @@ def experiment(s: Settings, cases: list[str]) -> dict:
     record = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "started_utc": records.utc_stamp(),
-        # the simulator's model as the run began (simulator/modelhash.py); checked again at the end
+        # the simulator's model as the run began: its fingerprint (its predictions on the probe set,
+        # evidence/fingerprint.py), which says which records check it, and the older hash over its files, checked
+        # again at the end
+        "model_fingerprint": fingerprint.current(),
         "model_hash": modelhash.model_hash(),
         "model_files": list(modelhash.MODEL_FILES),
         "settings": {
@@ -212,7 +216,9 @@ def experiment(s: Settings, cases: list[str]) -> dict:
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if modelhash.model_hash() != record["model_hash"]:  # the model's files changed during the run
         record["model_hash_at_start"], record["model_hash"] = record["model_hash"], None
-        log("WARNING: the simulator's model files changed during the run: the record's model_hash is null")
+        record["model_fingerprint_at_start"], record["model_fingerprint"] = record["model_fingerprint"], None
+        log("WARNING: the simulator's model files changed during the run: the record's model_fingerprint and "
+            "model_hash are null")
     return record
 
 

@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:  # run as a file: the project's packages from this
 
 from controller.client import ApiError  # noqa: E402
 from controller.core.rack import RackError, load_rack  # noqa: E402
+from evidence import fingerprint  # noqa: E402
 from scripts import records  # noqa: E402
 from simulator import modelhash  # noqa: E402
 from simulator import records as simrecords  # noqa: E402
@@ -204,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     commit, dirty = records.git_state()
     started_utc = records.utc_stamp()
-    record = {"kind": "trace replay", "started_utc": started_utc, "model_hash": modelhash.model_hash(),
+    record = {"kind": "trace replay", "started_utc": started_utc, "model_fingerprint": fingerprint.current(),
+              "model_hash": modelhash.model_hash(),
               "rack_file": str(args.rack.resolve().relative_to(ROOT)) if args.rack.resolve().is_relative_to(ROOT)
               else str(args.rack), "rack_sha256": hashlib.sha256(args.rack.read_bytes()).hexdigest(),
               "trace_file": str(args.trace), "trace_sha256": hashlib.sha256(args.trace.read_bytes()).hexdigest(),
@@ -221,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     record["wall_s"] = time.time() - t
     if modelhash.model_hash() != record["model_hash"]:
         record["model_hash_at_start"], record["model_hash"] = record["model_hash"], None
+        record["model_fingerprint_at_start"], record["model_fingerprint"] = record["model_fingerprint"], None
     text = json.dumps(record, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

@@ -8,7 +8,7 @@ nothing: it shows a diff of each block whose committed text differs from what th
 
 Blocks: headline (README: the paper's two cases, one row per full record and case), cases (the same with the
 job of concern and each case's distance from the paper), sweep (case (a) against the uplink's rate), records
-(every committed record: when, which commit, fabric, model hash, checks), fidelity-droptail and
+(every committed record: when, which commit, fabric, model fingerprint, checks), fidelity-droptail and
 shares-droptail (the simulator against the droptail record, as `optirack simulate --case` and
 `python -m simulator.evidence` print them). The benchmarks' blocks (reconfig, loopback, step, failover,
 checkpoint-cost, placement, store, observed, rack) are in scripts/report_bench.py, from the records under
@@ -171,7 +171,7 @@ def fidelity_summary(records: list[rec.Record]) -> str:
 
     checked = rec.of_current_model(records)
     if not checked:
-        return "No whole record carries the simulator's current model hash yet: nothing checks the model."
+        return "No whole record was made with the simulator's current model yet: nothing checks the model."
     worst = max(abs(p.error) for r in checked for p in fidelity.check_record(r.data)[0])
     n = "the record" if len(checked) == 1 else f"these {len(checked)} records"
     return textwrap.fill(
@@ -234,7 +234,8 @@ def records_table(records: list[rec.Record]) -> str:
             checks.append(("uplink shares max-min", "none judged" if judged == 0 else c["uplink_shares_maxmin"]))
         shown = ", ".join(f"{name}: {ok if isinstance(ok, str) else 'yes' if ok else 'NO'}" for name, ok in checks)
         dirty = {True: " (dirty)", False: "", None: ""}[v.get("git_dirty")]
-        model = f"`{r.model_hash[:12]}`" if r.model_hash else "unknown (made before model hashes)"
+        model = f"`{r.fingerprint[:12]}`" if r.fingerprint else \
+            f"unknown (files' hash `{r.model_hash[:12]}`)" if r.model_hash else "unknown (made before model hashes)"
         rows.append(f"| `{r.name}` | {v.get('optirack')}{dirty} | {d.get('fabric') or 'unrecorded'} | {ran} "
                     f"| {d.get('wall_s', 0) / 60:.1f} min | {shown} | {model} |")
     return "\n".join(rows)
@@ -262,7 +263,7 @@ def fidelity_current(records: list[rec.Record]) -> str:
 
     checked = rec.of_current_model(records)
     if not checked:
-        return "No whole record carries the current model's hash yet: nothing checks it."
+        return "No whole record was made with the current model yet: nothing checks it."
     header = "| point | job of concern | " + " | ".join(f"`{r.name}`" for r in checked) + " |"
     rows = [header, "| --- | --- |" + " --- |" * len(checked)]
     table: dict[tuple[str, str], list[str]] = {}

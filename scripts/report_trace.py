@@ -21,10 +21,11 @@ TRACE_RACK = ROOT / "topologies" / "trace16.yaml"
 TRACE = ROOT / "traces" / "trace16.csv"
 
 
-def trace_comparisons(results: Path = RESULTS, model_hash: str | None = None) -> tuple[list, list[str], str]:
-    """Every replay record of the current model (results/replay/*.json) beside the simulator's run of the same
-    jobs (simulator/tracecheck.py): (comparisons, the records of other models, the current hash)."""
-    from simulator import modelhash, tracecheck
+def trace_comparisons(results: Path = RESULTS, fingerprint: str | None = None) -> tuple[list, list[str], str]:
+    """Every replay record of the current model (results/replay/*.json; its fingerprint, simulator/records.py)
+    beside the simulator's run of the same jobs (simulator/tracecheck.py): (comparisons, the records of other models,
+    the current fingerprint)."""
+    from simulator import modelhash, records, tracecheck
     from simulator.workloads import read_trace
 
     folder = results / "replay"
@@ -32,14 +33,14 @@ def trace_comparisons(results: Path = RESULTS, model_hash: str | None = None) ->
     if not paths:
         raise ReportError(f"{folder}/*.json: cannot read the record: no trace replay record (make one with "
                           "scripts/replay_trace.py, under the rack lock)")
-    current = model_hash or modelhash.model_hash()
+    current = fingerprint or modelhash.fingerprint() or "unknown"
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
              for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
     comparisons, skipped = [], []
     for path in paths:
         try:
             record = json.loads(_read(path))
-            if record.get("model_hash") != current:
+            if records.fingerprint_of(path, record) != current:
                 skipped.append(path.stem)
                 continue
             comparisons.append((path.stem, tracecheck.compare_record(record, trace, ROOT / record["rack_file"])))
@@ -49,16 +50,17 @@ def trace_comparisons(results: Path = RESULTS, model_hash: str | None = None) ->
 
 
 def _no_replay(current: str, skipped: list[str]) -> str:
-    return (f"No trace replay record carries the current model's hash ({current[:12]}) yet: nothing checks it "
+    return (f"No trace replay record was made with the current model (fingerprint {current[:12]}) yet: nothing "
+            f"checks it "
             f"(made with another model: {', '.join(skipped)}).")
 
 
-def sim_trace_verdict(_records: list, results: Path = RESULTS, model_hash: str | None = None) -> str:
+def sim_trace_verdict(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
     """The trace check's verdict over the replay records of the current model (simulator/tracejudge.py): a row per
     policy, then what fails (or that nothing does)."""
     from simulator import tracejudge
 
-    comparisons, skipped, current = trace_comparisons(results, model_hash)
+    comparisons, skipped, current = trace_comparisons(results, fingerprint)
     if not comparisons:
         return _no_replay(current, skipped)
     bad = tracejudge.verdict(comparisons)
@@ -68,13 +70,13 @@ def sim_trace_verdict(_records: list, results: Path = RESULTS, model_hash: str |
     return tracejudge.table(comparisons) + "\n\n" + end
 
 
-def sim_trace_replay(_records: list, results: Path = RESULTS, model_hash: str | None = None) -> str:
+def sim_trace_replay(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
     """The trace check: every replay record of the current model (results/replay/*.json, scripts/replay_trace.py)
     beside the simulator's run of the same jobs on the same rack file (simulator/tracecheck.py), a row per
     record and policy, then the three jobs furthest off in each."""
     from simulator import tracecheck
 
-    comparisons, skipped, current = trace_comparisons(results, model_hash)
+    comparisons, skipped, current = trace_comparisons(results, fingerprint)
     if not comparisons:  # a model just changed: its replays are still to be made
         return _no_replay(current, skipped)
     lines = [tracecheck.table(comparisons), ""]

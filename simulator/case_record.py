@@ -47,7 +47,8 @@ def checked_by(demo: dict, path: Path | None) -> str:
     if path is not None and path.name == records.DROPTAIL.name:
         return (f"the record the held sharing was chosen on; the fidelity test checks each point within "
                 f"{100 * fidelity.TOLERANCE:g} %, not out of sample")
-    if demo.get("model_hash") == modelhash.model_hash():
+    made_with = records.fingerprint_of(path, demo) if path is not None else demo.get("model_fingerprint")
+    if made_with is not None and made_with == modelhash.fingerprint():
         return (f"made with the simulator's current model; the fidelity test checks each point within "
                 f"{100 * fidelity.RECORD_TOLERANCE:g} %")
     return "made with an earlier model of the simulator: no test checks the current model against it"

@@ -1,22 +1,15 @@
-"""Which version of the simulator's model predicted a figure: a hash over the files whose change changes a
-predicted iteration time of the paper's cases (the set is MODEL_FILES, defined here and nowhere else).
+"""Which model of the simulator predicted a figure.
 
-Every `make demo` record carries `model_hash` (the hash when it was made); the fidelity test checks the
-simulator only against records whose hash is the current one (tests/unit/test_sim_fidelity.py), so a
-record that chose or changed the model cannot later be counted as checking it.
+The model's identity is its fingerprint: a hash of its predictions on a fixed probe set (evidence/fingerprint.py and
+evidence/probes.py compute it). `fingerprint()` reads the one committed with this checkout, simulator/fingerprint.json
+(the test of evidence/fingerprint.py computes it and fails where the file is stale), so that choosing the records
+that check the model costs nothing. A record checks the current model only if its fingerprint is this one.
 
-The set: every simulator module that `simulator.fidelity` runs (the engine, the ring and sharing models, the
-paper's cases and workloads, the placement adapter), the compute and gradient profiles, and
-simulator/calibration.py, which holds the calibration constants (the loopback step, the efficiencies, the
-sharing of the emulation), the controller/core modules the simulator runs (placement, routes, admission,
-defragmentation: the controller's own, so a change there changes a prediction too), simulator/lags.py (the
-emulation's lags the trace check charges) and simulator/tracecheck.py
-(how the trace check simulates a replayed trace). Left out: the report and CLI modules, which print figures
-and predict none. tests/unit/test_model_hash.py checks that no simulator, profiles or controller/core module
-that the comparisons (simulator.fidelity, simulator.tracecheck) import is missing from the set.
-
-The hash ignores comments, docstrings, blank lines and trailing spaces (a reworded comment is not a new
-model); any other change of a listed file, a file added to or taken from the set, is.
+Before fingerprints, a record named its model by `model_hash`: a hash over the files in MODEL_FILES, each without
+comments, docstrings and blank lines (`model_hash`). Records keep it and new ones still carry it, readable beside the
+fingerprint; it decides nothing now (a refactor changed it though no prediction moved). MODEL_FILES also names the
+model's modules, which the probe set must each run (tests/unit/test_fingerprint.py, under a tracer), with MORE_MODEL
+(the neighbours' fabrics and the generated racks the probes run too).
 """
 from __future__ import annotations
 
@@ -65,6 +58,24 @@ MODEL_FILES = (
     "simulator/tracecheck.py",  # how the trace check simulates a replayed trace (its calibration and policies)
     "simulator/workloads.py",  # the paper's jobs as simulated jobs
 )
+
+
+# modules the probe set runs besides MODEL_FILES (not in the old hash, so that it stays what records carry)
+MORE_MODEL = (
+    "controller/core/rackgen.py",  # generated racks of any size
+    "simulator/neighbours.py",  # the neighbours' fabrics and collectives
+    "simulator/racks.py",  # the simulated rack: a rack file, or a generated one
+    "simulator/sharing.py",  # MLTCP's shares (the neighbours' mltcp policy)
+)
+FINGERPRINT = Path(__file__).resolve().parent / "fingerprint.json"
+
+
+def fingerprint() -> str | None:
+    """The model's fingerprint committed with this checkout (simulator/fingerprint.json), None without one."""
+    try:
+        return json.loads(FINGERPRINT.read_text())["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def normalise(source: str) -> str:
@@ -128,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m simulator.modelhash",
-                                description="Print the simulator's model hash (the one make demo records).")
+                                description="Print the hash over the simulator's model files that records carry as "
+                                            "model_hash (the model's identity is its fingerprint: python -m "
+                                            "evidence.fingerprint).")
     p.add_argument("--files", action="store_true", help="also list the files it covers")
     p.add_argument("--at", metavar="COMMIT", help="the hash of the files as they were at a git commit")
     args = p.parse_args(argv)

@@ -2,8 +2,11 @@
 
 Every `make demo` writes one record, never overwriting another: results/records/<UTC start>-<commit>.json
 (<commit>-dirty when the checkout had uncommitted changes), its tables and figures in the directory of the
-same stem beside it. A record carries `model_hash` (simulator/modelhash.py) as it was when the demo ran;
-None where that cannot be known (the two records made before records carried one).
+same stem beside it. The model that made a record is known by its fingerprint (simulator/modelhash.py): the record's
+own `model_fingerprint`, or for records made before fingerprints, the one computed at the record's commit and
+written beside it as <stem>.fingerprint (`python -m evidence.fingerprint --records`; where it cannot be computed,
+that file says why). Records also carry `model_hash`, the older hash over the model's files, None in the two made
+before it.
 """
 from __future__ import annotations
 
@@ -37,6 +40,10 @@ class Record:
         return self.data.get("model_hash")
 
     @property
+    def fingerprint(self) -> str | None:
+        return fingerprint_of(self.path, self.data)
+
+    @property
     def full(self) -> bool:
         """A whole demo (both cases, each pair repeated at least 3 times): what the results tables show and the
         fidelity test checks. A quick run (`--quick`: case (a) once) is a record too, listed, but neither."""
@@ -65,12 +72,25 @@ def committed(directory: Path) -> set[str] | None:
     return {Path(f).name for f in proc.stdout.decode().split("\0") if f}
 
 
-def of_current_model(records: list[Record]) -> list[Record]:
-    """The whole records made with the simulator's model as it is now: the ones that check it (issue #23)."""
+def fingerprint_of(path: Path, data: dict) -> str | None:
+    """The fingerprint of the model that made the record at `path`: its own `model_fingerprint`, else the one
+    computed at its commit beside it (<stem>.fingerprint); None where neither is known."""
+    if data.get("model_fingerprint"):
+        return data["model_fingerprint"]
+    try:
+        found = json.loads(path.with_suffix(".fingerprint").read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
+
+
+def of_current_model(records: list[Record], fingerprint: str | None = None) -> list[Record]:
+    """The whole records made with the simulator's model as it is now (its fingerprint, or `fingerprint`): the ones
+    that check it."""
     from simulator import modelhash
 
-    now = modelhash.model_hash()
-    return [r for r in records if r.full and r.model_hash == now]
+    now = fingerprint or modelhash.fingerprint()
+    return [r for r in records if r.full and now is not None and r.fingerprint == now]
 
 
 def load(directory: Path = RECORDS, tracked_only: bool = True) -> list[Record]:
@@ -95,6 +115,6 @@ def load(directory: Path = RECORDS, tracked_only: bool = True) -> list[Record]:
     return out
 
 
-def with_model(model_hash: str, directory: Path = RECORDS) -> list[Record]:
-    """The full records made with the model whose hash is `model_hash`: the ones that check it."""
-    return [r for r in load(directory) if r.model_hash == model_hash and r.full]
+def with_model(fingerprint: str, directory: Path = RECORDS) -> list[Record]:
+    """The full records made with the model whose fingerprint is `fingerprint`: the ones that check it."""
+    return of_current_model(load(directory), fingerprint)

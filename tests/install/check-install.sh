@@ -32,4 +32,6 @@ loaded = {"ryu", "eventlet", "docker", "mininet"} & {m.split(".")[0] for m in sy
 assert not loaded, f"the simulator imported {loaded}"
 PY
 ls sim-a/summary.md sim-trace/summary.md sim-trace/overview.png sweep/study.md
+# the installed copy knows its model (simulator/fingerprint.json) and the records' (<record>.fingerprint)
+grep -q "made with the simulator's current model" sim-a/summary.md || { echo "--case a: its record's model unknown" >&2; exit 1; }
 echo "install check: passed"

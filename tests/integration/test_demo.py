@@ -36,6 +36,7 @@ def test_quick_paper_experiment(tmp_path):
     from simulator import modelhash
 
     assert record["model_hash"] == modelhash.model_hash() and path.stem.startswith(record["started_utc"])
+    assert record["model_fingerprint"] == modelhash.fingerprint()  # this checkout's: its predictions did not move
     assert record["calibration"]["runs"] and "fraction" in record["calibration"]["runs"][0]
     (point,) = record["points"]
     print(f"case (a) on the fitted rack: regrouping saved {100 * point['saving']['median']:.1f} % "

@@ -1,6 +1,6 @@
 """Which way the imports run: the controller stands on its own (it imports neither the emulation nor the simulator),
-its core does not depend on the worker's package, the simulator does not import the scripts, and no project module
-imports itself back through others (no cycle), counting imports inside functions too."""
+its core does not depend on the worker's package, the simulator imports neither the scripts nor the evidence, and no
+project module imports itself back through others (no cycle), counting imports inside functions too."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("controller", "emulation", "simulator", "containers", "profiles", "scripts")
+PACKAGES = ("controller", "emulation", "simulator", "containers", "profiles", "scripts", "evidence")
 
 
 def _module_name(path: Path) -> str:
@@ -95,6 +95,8 @@ def _under(module: str, package: str) -> bool:
         ("controller.state", "controller.apps"),
         ("controller.metrics", "controller.apps"),
         ("simulator", "scripts"),
+        ("simulator", "evidence"),
+        ("controller", "evidence"),
         ("profiles", "controller"),
         ("profiles", "containers"),
     ],

@@ -110,7 +110,7 @@ def test_a_benchmark_record_that_does_not_parse_is_named(tmp_path):
 
 
 def test_the_headline_shows_the_current_model_s_records_once_there_are_any(tmp_path):
-    """The README's table: every whole record until one carries the current model hash, then only those."""
+    """The README's table: every whole record until one was made with the current model, then only those."""
     import json
 
     from simulator import modelhash
@@ -118,11 +118,13 @@ def test_the_headline_shows_the_current_model_s_records_once_there_are_any(tmp_p
     old = json.loads(records.LOSSLESS_FIRST.read_text())
     (tmp_path / "20260101T000000Z-abcdef0.json").write_text(json.dumps(old))
     assert report.headline(records.load(tmp_path)).count("\n| 1 (lossless): `20260101T000000Z-abcdef0`") == 2
-    (tmp_path / "20270101T000000Z-1234567.json").write_text(json.dumps({**old, "model_hash": modelhash.model_hash()}))
+    (tmp_path / "20270101T000000Z-1234567.json").write_text(
+        json.dumps({**old, "model_fingerprint": modelhash.fingerprint()}))
     table = report.headline(records.load(tmp_path))
     assert table.count("\n| 1 (lossless): `20270101T000000Z-1234567`") == 2 and "20260101T000000Z-abcdef0" not in table
     # one row per case however many records: a second record of the current model widens the ranges, adds no row
-    (tmp_path / "20270102T000000Z-1234567.json").write_text(json.dumps({**old, "model_hash": modelhash.model_hash()}))
+    (tmp_path / "20270102T000000Z-1234567.json").write_text(
+        json.dumps({**old, "model_fingerprint": modelhash.fingerprint()}))
     table = report.headline(records.load(tmp_path))
     assert table.count("\n| 2 (lossless): `20270101T000000Z-1234567` … `20270102T000000Z-1234567`") == 2
     assert "20260101T000000Z-abcdef0" in report.cases(records.load(tmp_path))  # still listed with every record
@@ -131,7 +133,7 @@ def test_the_headline_shows_the_current_model_s_records_once_there_are_any(tmp_p
 # Tables that hold no measured figure (what a page offers, where files are, which metrics exist): the only ones
 # allowed outside a report block.
 NOT_RESULTS = {"| page | what you can do with it |", "| path | what |", "| metric | type | labels | what |",
-               "| process | where | why so |"}
+               "| process | where | why so |", "| probe | what it runs |"}
 
 
 def test_every_table_of_figures_in_the_readme_and_docs_is_a_report_block():

@@ -27,41 +27,41 @@ def test_a_missing_record_is_an_error_naming_it(tmp_path, name):
         report_trace.BLOCKS[name]([], tmp_path)
 
 
-def _replay(model_hash: str, ends: list[float]) -> dict:
+def _replay(fingerprint: str, ends: list[float]) -> dict:
     """A replay record (scripts/replay_trace.py) of the trace's first len(ends) jobs under fixed."""
     from scripts.trace_gen import generate
 
     trace = generate(35, 40)
     jobs = [{"index": i, "submit_s": trace[i]["arrival_s"], "start_s": trace[i]["arrival_s"], "end_s": e,
              "state": "done"} for i, e in enumerate(ends)]
-    return {"model_hash": model_hash, "rack_file": "topologies/trace16.yaml", "jobs_replayed": len(ends),
+    return {"model_fingerprint": fingerprint, "rack_file": "topologies/trace16.yaml", "jobs_replayed": len(ends),
             "policies": {"fixed": {"jobs": jobs, "summary": {"circuit_changes": 0}, "defrag_interval_s": None}}}
 
 
 def test_trace_replay_compares_each_record_of_the_current_model_and_names_the_others(tmp_path):
     _write(tmp_path / "replay" / "20261127T000000Z-abc1234.json", json.dumps(_replay("m1", [1000.0, 1000.0])))
     _write(tmp_path / "replay" / "20261126T000000Z-abc1233.json", json.dumps(_replay("m0", [1.0, 1.0])))
-    text = report_trace.sim_trace_replay([], tmp_path, model_hash="m1")
+    text = report_trace.sim_trace_replay([], tmp_path, fingerprint="m1")
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     assert len(rows) == 1 and rows[0].startswith("| `20261127T000000Z-abc1234` | fixed |")
     assert "NO: median |error|" in rows[0]  # jobs of 1000 s emulated: the simulator is far off, and says so
     assert "not compared (made with another model): 20261126T000000Z-abc1233" in text
-    none = report_trace.sim_trace_replay([], tmp_path, model_hash="m2")  # a model just changed: nothing checks it
-    assert none.startswith("No trace replay record carries the current model's hash (m2) yet")
+    none = report_trace.sim_trace_replay([], tmp_path, fingerprint="m2")  # a model just changed: nothing checks it
+    assert none.startswith("No trace replay record was made with the current model (fingerprint m2) yet")
     assert "20261127T000000Z-abc1234" in none and "|" not in none
 
 
 def test_trace_replay_of_a_record_that_is_not_one_is_an_error_naming_it(tmp_path):
-    path = _write(tmp_path / "replay" / "20261127T000000Z-abc1234.json", json.dumps({"model_hash": "m1"}))
+    path = _write(tmp_path / "replay" / "20261127T000000Z-abc1234.json", json.dumps({"model_fingerprint": "m1"}))
     with pytest.raises(ReportError, match=re.escape(str(path)) + ": not a trace replay record"):
-        report_trace.sim_trace_replay([], tmp_path, model_hash="m1")
+        report_trace.sim_trace_replay([], tmp_path, fingerprint="m1")
 
 
 def test_trace_verdict_is_a_row_per_policy_and_names_what_fails(tmp_path):
     _write(tmp_path / "replay" / "20261127T000000Z-abc1234.json", json.dumps(_replay("m1", [1000.0, 1000.0])))
-    text = report_trace.sim_trace_verdict([], tmp_path, model_hash="m1")
+    text = report_trace.sim_trace_verdict([], tmp_path, fingerprint="m1")
     rows = [line for line in text.splitlines() if line.startswith("| fixed |")]
     assert len(rows) == 1 and rows[0].endswith("| NO |")
     assert "Not met: 1 replay record(s) of the current model; the check needs 3" in text
     assert "median |error|" in text and "from the replays' mean" in text  # jobs of 1000 s: far off, and said
-    assert report_trace.sim_trace_verdict([], tmp_path, model_hash="m2").startswith("No trace replay record")
+    assert report_trace.sim_trace_verdict([], tmp_path, fingerprint="m2").startswith("No trace replay record")

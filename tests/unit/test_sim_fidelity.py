@@ -270,29 +270,29 @@ def test_the_evidence_command_names_a_bad_record(tmp_path, capsys):
 
 # --- out of sample: every committed record made with the current model -------------------------------------------
 def test_every_record_made_with_the_current_model_is_within_10_percent_at_every_point():
-    """Every committed full record is either one the current model must meet (its hash is the current one: within
-    10 % at every point) or one made with another model (an earlier one, or before hashes existed), which checks
-    nothing now. At least three records of the first kind must be committed (issue #23): a change of the model
+    """Every committed full record is either one the current model must meet (its fingerprint is the current one:
+    within 10 % at every point) or one made with another model (an earlier one, or one whose model cannot be known),
+    which checks nothing now. At least three records of the first kind must be committed: a change of a prediction
     fails here until three `make demo` records made after it are committed."""
-    current = modelhash.model_hash()
+    current = modelhash.fingerprint()
+    assert current is not None, "no simulator/fingerprint.json: python -m evidence.fingerprint --write"
     full = [r for r in records.load() if r.full]
     assert full, f"no full demo record under {records.RECORDS}"
     checked = []
     for record in full:
-        if record.model_hash != current:
-            assert record.model_hash is None or len(record.model_hash) == len(current), record.name
+        if record.fingerprint != current:
             continue
         _, failures = fidelity.check_record(record.data)
         assert not failures, f"{record.name}:\n" + "\n".join(failures)
         checked.append(record.name)
-    assert len(checked) >= 3, (f"{len(checked)} committed full record(s) carry the current model hash {current[:12]} "
-                               "(python -m simulator.modelhash): make and commit at least three `make demo` records "
-                               "after the model's commit")
+    assert len(checked) >= 3, (f"{len(checked)} committed full record(s) were made with the current model "
+                               f"(fingerprint {current[:12]}, python -m evidence.fingerprint): make and commit at "
+                               "least three `make demo` records after the model's commit")
 
 
-def _synthetic_record(directory: Path, model_hash: str, off: float = 0.05) -> Path:
+def _synthetic_record(directory: Path, fingerprint: str, off: float = 0.05) -> Path:
     """A record made by hand: the paper rack, both cases and one sweep point, each emulated time the simulator's
-    own times `1 + off` (so the record agrees with the model within `off`), with the given model hash."""
+    own times `1 + off` (so the record agrees with the model within `off`), with the given model fingerprint."""
     import yaml
 
     rack = yaml.safe_load((ROOT / "topologies" / "paper-testbed.yaml").read_text())
@@ -304,7 +304,8 @@ def _synthetic_record(directory: Path, model_hash: str, off: float = 0.05) -> Pa
         return {"name": name, "case": case, "nic_to_uplink": k, "uplink_gbps": gbps, "fixed": dict(fig),
                 "regroup": dict(fig)}
 
-    rec = {"model_hash": model_hash, "rack": rack, "settings": {"iterations": 12, "model": "vgg16", "repeats": 3},
+    rec = {"model_fingerprint": fingerprint, "rack": rack,
+           "settings": {"iterations": 12, "model": "vgg16", "repeats": 3},
            "runs": [],
            "calibration": {"runs": []},
            "points": [point("a", nic / uplink, uplink, "case a"), point("b", nic / uplink, uplink, "case b")],
@@ -321,18 +322,25 @@ def _synthetic_record(directory: Path, model_hash: str, off: float = 0.05) -> Pa
 
 
 def test_the_records_check_picks_the_records_of_the_current_model_and_fails_on_a_point_off_by_more_than_10(tmp_path):
-    current = modelhash.model_hash()
+    current = modelhash.fingerprint()
     path = _synthetic_record(tmp_path, current, off=0.05)
     other = tmp_path / "20250101T000000Z-1234567.json"
-    other.write_text(json.dumps({**json.loads(path.read_text()), "model_hash": "0" * 64}))
+    other.write_text(json.dumps({**json.loads(path.read_text()), "model_fingerprint": "0" * 64}))
+    beside = tmp_path / "20250101T000001Z-1234567.json"  # made before fingerprints: its own computed beside it
+    beside.write_text(json.dumps({**json.loads(path.read_text()), "model_fingerprint": None}))
+    beside.with_suffix(".fingerprint").write_text(json.dumps({"fingerprint": current}))
+    unknown = tmp_path / "20250101T000002Z-1234567.json"  # and one whose model could not be known
+    unknown.write_text(json.dumps({**json.loads(path.read_text()), "model_fingerprint": None}))
+    unknown.with_suffix(".fingerprint").write_text(json.dumps({"fingerprint": None, "why": "dirty"}))
     quick = tmp_path / "20260101T000001Z-abcdef0.json"  # a quick run (case a, once) with the current model
     quick.write_text(json.dumps({**json.loads(path.read_text()), "settings": {"repeats": 1}}))
     picked = records.with_model(current, tmp_path)
-    assert [r.path for r in picked] == [path]  # neither another model's record nor a quick run checks it
+    # neither another model's record, one of an unknown model nor a quick run checks it
+    assert [r.path for r in picked] == [beside, path]
     rows, failures = fidelity.check_record(picked[0].data)
     assert len(rows) == 6 and not failures, failures
     # the same record with case (b)'s fragmented time 15 % off the model: that point, and only it, fails
-    rec = picked[0].data
+    rec = picked[1].data
     rec["points"][1]["fixed"]["mean_iteration_rack_s"] *= 1.15 / 1.05
     _, failures = fidelity.check_record(rec)
     assert len(failures) == 1 and "case (b), demo rack" in failures[0] and "fragmented" in failures[0], failures
@@ -343,12 +351,16 @@ def test_the_records_check_picks_the_records_of_the_current_model_and_fails_on_a
 
 def test_the_committed_records_predate_model_hashes_or_name_one():
     """Every committed record is readable, named by its time and commit, and carries a model hash or null; the two
-    made before hashes existed carry null (they check no model)."""
+    made before hashes existed carry null. Each names its model's fingerprint, its own or computed at its commit
+    beside it, or says beside it why that cannot be known."""
     found = {r.path: r for r in records.load()}
     assert records.DROPTAIL in found and records.LOSSLESS_FIRST in found
     assert found[records.DROPTAIL].model_hash is None and found[records.LOSSLESS_FIRST].model_hash is None
     for r in found.values():
         assert "model_hash" in r.data and (r.model_hash is None or len(r.model_hash) == 64), r.path
+        if not r.data.get("model_fingerprint"):
+            beside = json.loads(r.path.with_suffix(".fingerprint").read_text())
+            assert (beside["fingerprint"] is None) == bool(beside.get("why")), r.path
 
 
 def test_only_committed_records_count_in_a_git_work_tree(tmp_path):

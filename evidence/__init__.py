@@ -1,0 +1,1 @@
+"""What makes and judges optirack's results: the model's fingerprint and its probe set (more moves here)."""
