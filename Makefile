@@ -73,7 +73,7 @@ bench: setup
 
 # Every results table of README.md and docs/*.md, from the committed records (--check: compare only).
 report:
-	$(PY) scripts/report.py $(ARGS)
+	$(PY) -m evidence.report $(ARGS)
 
 # Also the caches rack-down keeps: each emulated engine's image store and the registry's storage.
 clean:
@@ -82,7 +82,7 @@ clean:
 
 # The main job: the paper's experiment on the default rack (a new record in results/records/). ARGS="--quick" for a short run.
 demo: setup
-	$(PY) -m scripts.paper_experiment $(ARGS)
+	$(PY) -m evidence.demo $(ARGS)
 
 demo-quick: setup
-	$(PY) -m scripts.paper_experiment --quick $(ARGS)
+	$(PY) -m evidence.demo --quick $(ARGS)

@@ -1,5 +1,5 @@
 """What an emulated server's Docker Engine leaves behind when it stops or crashes, found and ended by what the rack
-itself started (the PID file and exec root of emulation/engines.py's EnginePlan, never a process name): its
+itself started (the PID file and exec root of emulation/engine_plan.py's EnginePlan, never a process name): its
 containerd (`containerd_pid`, `stop_containerd`), its containerd shims and the containers they run (`shim_pids`,
 `container_inits`, `kill_shims`), and the mounts under its roots (`unmount_leftovers`). `alive` tells a running
 process from a gone one (a zombie counts as gone). emulation/engines.py starts and stops the engines with these;
@@ -12,10 +12,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from emulation.engines import EnginePlan
+from emulation.engine_plan import EnginePlan
 
 
 def containerd_pid(plan: EnginePlan) -> int | None:

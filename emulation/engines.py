@@ -18,16 +18,15 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from controller.core.emulated import RUN_DIR, netns_of
+from controller.core.emulated import RUN_DIR, netns_of  # noqa: F401 (emulation/registry.py takes RUN_DIR from here)
 from controller.core.rack import Rack, RackError
 from emulation import netns as ns
 from emulation import pki
+from emulation.engine_plan import CACHE_DIR, EnginePlan  # noqa: F401 (callers take them from here)
 from emulation.engine_procs import alive, kill_shims, stop_containerd, unmount_leftovers
 
-CACHE_DIR = Path(os.environ.get("OPTIRACK_CACHE_DIR", "/var/lib/optirack"))
 BRIDGE = "optirack-mgmt"
 LEG_IFNAME = "mgmt0"  # a server's end of its management leg
 STOP_TIMEOUT = 30.0
@@ -35,40 +34,6 @@ STOP_TIMEOUT = 30.0
 
 class EngineError(RuntimeError):
     pass
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    """Where one emulated server's engine lives and listens."""
-
-    server: str
-    ip: str
-    port: int
-    prefixlen: int
-
-    @property
-    def url(self) -> str:
-        return f"tcp://{self.ip}:{self.port}"
-
-    @property
-    def leg(self) -> str:
-        return f"mg-{self.server}"
-
-    @property
-    def data_root(self) -> Path:
-        return CACHE_DIR / "engines" / self.server / "docker"
-
-    @property
-    def tls_dir(self) -> Path:
-        return CACHE_DIR / "engines" / self.server / "tls"
-
-    @property
-    def run_dir(self) -> Path:
-        return RUN_DIR / "engines" / self.server
-
-    @property
-    def pidfile(self) -> Path:
-        return self.run_dir / "dockerd.pid"
 
 
 def engine_plans(rack: Rack) -> list[EnginePlan]:

@@ -17,7 +17,7 @@ changes it.
   whose commit cannot run the probes, gets the reason instead: its `model_hash`, the hash over the model's files it
   was made with, stays readable in the record). Records made after fingerprints existed carry `model_fingerprint`.
 
-A record checks today's model only if its fingerprint equals today's (simulator/records.py `of_current_model`).
+A record checks today's model only if its fingerprint equals today's (evidence/records.py `of_current_model`).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBES = Path(__file__).resolve().parent / "probes.py"
-SIDECAR = ".fingerprint"  # simulator/records.py reads it
+SIDECAR = ".fingerprint"  # evidence/records.py reads it
 COMMAND = "python -m evidence.fingerprint --records"
 RECORD_DIRS = ("results/records", "results/replay")
 
@@ -70,11 +70,11 @@ def current() -> str:
 
 
 def write() -> dict:
-    """Compute this checkout's fingerprint and commit it to simulator/fingerprint.json (modelhash.fingerprint)."""
-    from simulator import modelhash
+    """Compute this checkout's fingerprint and write it to simulator/fingerprint.json (simulator/identity.py)."""
+    from simulator import identity
 
     out = computed()
-    modelhash.FINGERPRINT.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    identity.FINGERPRINT.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     return out
 
 

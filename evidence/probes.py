@@ -7,7 +7,8 @@ Each probe runs the model on inputs committed beside this file (evidence/probe_i
   as the fidelity test simulates a `make demo` record (simulator/fidelity.py `compare`), on a frozen copy of the
   fields the simulator reads from one record, its calibration included; and the lossless fabric's what-if.
 - `trace`: the trace check's trace on its 16-GPU rack, each of fixed, regroup and defragment every 30 s, with the
-  emulation's lags, as simulator/tracecheck.py simulates a replay (its calibration fixed to the demo probe's).
+  emulation's lags, as the trace check simulates a replay (simulator/tracesim.py; its calibration the demo
+  probe's).
 - `failures`: a generated rack with server failures under each recovery (swap, checkpoint, scratch).
 - `neighbours`: the neighbours' fabrics and collectives (ODDL, TopoOpt-like, SiP-ML-like, PANAMA, SwitchML-like,
   MLTCP) on one workload.
@@ -41,7 +42,6 @@ MODULES = {
     "neighbours": ("simulator.neighbours",),
     "racks": ("simulator.racks",),
     "rack": ("controller.core.rack",),
-    "tracecheck": ("simulator.tracecheck",),
     "workloads": ("simulator.workloads",),
     "profiles": ("profiles",),
 }
@@ -99,26 +99,32 @@ def demo() -> dict:
             "provisional": plain(calibration.from_record({"fabric": "droptail"}))}
 
 
-def trace() -> dict:
-    """As the trace check simulates a replay (tracecheck.simulate), its calibration the demo probe's record's."""
-    tracecheck, calibration, workloads = module("tracecheck"), module("calibration"), module("workloads")
-    cal = calibration.from_record(_demo_record())
-    fixed = tracecheck.calibration_for
-    tracecheck.calibration_for = lambda fabric="lossless": (cal, "the probe's")
+def _trace_simulator(cal):
+    """simulate(rack_file, rows, policy, defrag_s, with_lags, one_step) as the trace check runs it, calibrated by
+    `cal`: simulator/tracesim.py's, or in older trees tracecheck's with its record lookup answered by `cal`."""
     try:
-        jobs = sorted(workloads.read_trace(INPUTS / "trace16.csv"), key=lambda j: j.arrival_s)
-        rows = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
-                for j in jobs]
-        out = {}
-        for policy, defrag_s in (("fixed", 300.0), ("regroup", 300.0), ("defrag", 30.0)):
-            sim, changes = tracecheck.simulate(INPUTS / "trace16.yaml", rows, policy, defrag_s)
-            out[policy] = {"rows": plain(sim), "circuits_changed": changes}
-        sim, changes = tracecheck.simulate(INPUTS / "trace16.yaml", rows, "regroup", 300.0, with_lags=False,
-                                           one_step=True)
-        out["regroup, no lags, one step"] = {"rows": plain(sim), "circuits_changed": changes}
-        return out
-    finally:
-        tracecheck.calibration_for = fixed
+        tracesim = importlib.import_module("simulator.tracesim")
+    except ModuleNotFoundError:
+        tracecheck = importlib.import_module("simulator.tracecheck")
+        tracecheck.calibration_for = lambda fabric="lossless": (cal, "the probe's")
+        return tracecheck.simulate
+    return lambda rack_file, rows, policy, defrag_s, *more: tracesim.simulate(rack_file, rows, policy, defrag_s, cal,
+                                                                              *more)
+
+
+def trace() -> dict:
+    """As the trace check simulates a replay, its calibration the demo probe's record's."""
+    calibration, workloads = module("calibration"), module("workloads")
+    simulate = _trace_simulator(calibration.from_record(_demo_record()))
+    jobs = sorted(workloads.read_trace(INPUTS / "trace16.csv"), key=lambda j: j.arrival_s)
+    rows = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations} for j in jobs]
+    out = {}
+    for policy, defrag_s in (("fixed", 300.0), ("regroup", 300.0), ("defrag", 30.0)):
+        sim, changes = simulate(INPUTS / "trace16.yaml", rows, policy, defrag_s)
+        out[policy] = {"rows": plain(sim), "circuits_changed": changes}
+    sim, changes = simulate(INPUTS / "trace16.yaml", rows, "regroup", 300.0, False, True)
+    out["regroup, no lags, one step"] = {"rows": plain(sim), "circuits_changed": changes}
+    return out
 
 
 def _synthetic(rack, jobs: int, seed: int, load: float):

@@ -35,7 +35,7 @@ RACK = ROOT / "topologies" / "paper-testbed.yaml"
 def crossing_pairs(rack, uplink) -> list[tuple[str, str]]:
     """Two (sender, receiver) GPU pairs, each sender on a server apart from its receiver, the senders under
     the uplink's switch and the receivers under its peer (the rack file's circuits)."""
-    from simulator.evidence import gpu_switches
+    from evidence.uplink import gpu_switches
 
     under = gpu_switches(rack.spec.model_dump(mode="json"))
     here = [g for g, w in under.items() if w == uplink[0]]

@@ -1,5 +1,5 @@
 """The neighbours' headline figures beside ours (issue #36): each experiment writes one small record,
-results/neighbours/NAME.json, that scripts/report_neighbours.py turns into the docs' tables.
+results/neighbours/NAME.json, that evidence/report/neighbours.py turns into the docs' tables.
 
     python scripts/neighbours.py all                 # every experiment below, one after another
     python scripts/neighbours.py oddl-table1         # ODDL's Table 1: 4 nodes, ResNet50, 20 epochs

@@ -36,10 +36,7 @@ if str(ROOT) not in sys.path:  # run as a file: the project's packages from this
 
 from controller.client import ApiError  # noqa: E402
 from controller.core.rack import RackError, load_rack  # noqa: E402
-from evidence import fingerprint  # noqa: E402
-from scripts import records  # noqa: E402
-from simulator import modelhash  # noqa: E402
-from simulator import records as simrecords  # noqa: E402
+from evidence import fingerprint, modelhash, records  # noqa: E402
 from simulator.workloads import TraceError, read_trace  # noqa: E402
 
 RACK_FILE = ROOT / "topologies" / "trace16.yaml"
@@ -229,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(text + "\n")
         log(f"wrote {args.json}")
     if not args.no_record:
-        path = records.write_new(args.results / "replay" / f"{simrecords.stem(started_utc, commit, bool(dirty))}.json",
+        path = records.write_new(args.results / "replay" / f"{records.stem(started_utc, commit, bool(dirty))}.json",
                                  record)
         log(f"wrote {path}")
     for policy, run in record["policies"].items():

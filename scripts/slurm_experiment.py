@@ -23,7 +23,7 @@ from pathlib import Path
 from controller.core.rack import load_rack
 from emulation import slurm
 from emulation.harness import Testbed, wait_for
-from scripts.records import ROOT, utc_stamp, versions, write_new
+from evidence.records import ROOT, utc_stamp, versions, write_new
 
 PAPER = ROOT / "topologies" / "paper-testbed.yaml"
 TRAIN = ROOT / "scripts" / "slurm" / "train.sbatch"

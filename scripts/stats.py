@@ -40,10 +40,14 @@ _LOAD: dict = {}  # the host's load average (1, 5, 15 min) when it started, and 
 
 
 def _versions() -> dict:
-    try:
-        from scripts.records import versions
-    except ModuleNotFoundError:  # run as a file: scripts/ itself is on sys.path
-        from records import versions
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:  # run as a file (python scripts/bench_x.py): scripts/ itself is on sys.path
+        sys.path.insert(0, root)
+    from evidence.records import versions
+
     return versions(full=False)
 
 

@@ -4,7 +4,7 @@ An emulated ring step costs (S/n) / (efficiency x line rate) plus a fixed cost. 
 measurements, never from the points the fidelity test compares:
 - the fixed cost per step (STEP_S) from a ring of 4 on the emulated fabric at the paper cases'
   gradient, what each step takes beyond its bytes at the line rate (scripts/bench_allreduce.py);
-- the efficiency from the demo's own calibration, recorded in its record (results/records/): a
+- the efficiency from the demo's own calibration, recorded in its `make demo` record: a
   ring of TCP flows between GPU NICs on the rack it measures on, each flow's share of the line
   rate (emulation/calibrate.py), the median over its runs at the rate the demo used; a record
   without one falls back to the ring all-reduce benchmark of docs/emulated-rack.md, "Fidelity of the
@@ -16,7 +16,7 @@ How rings share a link is calibrated to the emulation too, by the record's fabri
 the lossless fabric (the default since 2026-11-25), and on the droptail fabric "held" (simulator/network.py), not
 the "maxmin" assumed for a real rack. The measurement is the demo record's share of the uplink's line
 rate that each crossing flow of the fragmented ring got while it communicated (its bytes over the
-recorded all-reduce time; `python -m simulator.evidence`): 41-55 % at every swept rate, about the
+recorded all-reduce time; `python -m evidence.uplink`): 41-55 % at every swept rate, about the
 equal share of the two rings placed on the uplink, whether or not the job beside was computing,
 where max-min hands the ring what the job beside leaves idle (56-76 %). The mechanism is the
 emulation's: TCP flows through a shallow drop-tail queue (8 frames, emulation/shaping.py) lose a
@@ -41,8 +41,8 @@ RACK = NetParams(efficiency=0.90, step_latency_s=20e-6, sharing="maxmin")
 # in per-address htb leaves and its demo checks every crossing flow's share against max-min (emulation/shares.py):
 # its records are simulated with "maxmin". Chosen, with STEP_S, on the three lossless records of 2026-11-25
 # (20261125T083703Z, 20261125T085601Z, 20261125T091423Z; their case (a) ran the job beside's ring of two over one
-# duplex connection, fixed in the worker since) and the re-fit's record (results/fits/20261125T111530Z-3e78e66.json,
-# `python -m simulator.evidence RECORD --fit FIT`): none of them checks it; records made after this commit do.
+# duplex connection, fixed in the worker since) and the re-fit's record (fits/20261125T111530Z-3e78e66.json,
+# `python -m evidence.uplink RECORD --fit FIT`): none of them checks it; records made after this commit do.
 EMULATION_SHARING = "held"
 FABRIC_SHARING = {"droptail": "held", "lossless": "maxmin"}
 
@@ -80,45 +80,18 @@ def efficiency_from_ring(
     return bound / (measured - steps * step_latency_s)
 
 
-# What a ring step costs beyond its bytes at the line rate on the emulated fabric (emulated seconds): the median over
-# 100 all-reduces of `python scripts/bench_allreduce.py --mbytes 0.528 --iterations 100` (a ring of 4 under one
-# switch, the paper cases' 528 kB gradient at the default rack's scale and dilation, no compute), record
-# results/bench/20261125T113203Z-fe45bd6-bench_allreduce-vgg16-chunk.json (9.70 ms, 4.0-14.3; tests/unit/
-# test_sim_fidelity.py ties the two). It is not a software latency: a tiny all-reduce pays 0.72 ms per step on the same
-# fabric (…-bench_allreduce-tiny.json) and 3-4 ms on loopback (scripts/bench_loopback.py); a chunk of 132 kB crosses
-# several shaped store-and-forward hops of 9 kB frames at 50 Mbit/s and waits for their first frames to arrive.
+# What a ring step costs beyond its bytes at the line rate on the emulated fabric (emulated seconds), measured by
+# scripts/bench_allreduce.py (a ring of 4 under one switch, the paper cases' 528 kB gradient, no compute; the median
+# of 100 all-reduces). It is not a software latency: a chunk of 132 kB crosses several shaped store-and-forward hops
+# of 9 kB frames at 50 Mbit/s and waits for their first frames to arrive. The records each constant here was measured
+# in, and how: evidence/calibration.py.
 STEP_S = 0.00970
-STEP_RECORD = "results/bench/20261125T113203Z-fe45bd6-bench_allreduce-vgg16-chunk.json"
-# A step whose chunk is small costs far less (issue 35, measured on the trace rack after its replay showed ResNet-50's
-# rings iterating 0.83 of the simulator's time): the same benchmark at the chunks the trace rack's jobs send
-# (`--topo topologies/trace16.yaml`, 25 Mbit/s, and the default rack at 50 Mbit/s; rings of 2 and 4, 60 all-reduces
-# each), SMALL_STEP_RECORDS below. Per step beyond the bytes at the line rate, medians: chunks of 1-25.6 kB
-# (emulated) 0.10-0.72 ms at either rate, chunks of 34.6-138 kB 3.6-13.9 ms (STEP_S's 9.70 among them): a step up
-# between 25.6 kB and 34.6 kB that is a matter of bytes, not of the rate (25.6 kB costs 0.10 ms at 25 Mbit/s, where it
-# takes as long on the wire as 51 kB at 50 Mbit/s, which costs 7.4 ms at 46 kB). Above it the cost shows no trend
-# with the chunk (noisy: each record's min-max spans 2-30 ms), so STEP_S stands for every chunk above. Where the step
-# lies between the two sizes measured is not known: the threshold is the largest chunk measured cheap. Chunks at or
-# under SMALL_CHUNK_BYTES (emulated bytes; rack bytes x rate scale x time dilation) cost SMALL_STEP_S, the median of
-# the five records under it. The demo's rings (VGG16, 138-277 kB at 50 Mbit/s) are all above: its points keep STEP_S.
+# A step whose chunk is small costs far less: chunks of 1-25.6 kB (emulated) 0.10-0.72 ms, chunks of 34.6-138 kB
+# 3.6-13.9 ms, with no trend above (STEP_S stands for every chunk above). Chunks at or under SMALL_CHUNK_BYTES
+# (emulated bytes; rack bytes x rate scale x time dilation) cost SMALL_STEP_S, the median of the records under it.
+# The demo's rings (VGG16, 138-277 kB at 50 Mbit/s) are all above: its points keep STEP_S.
 SMALL_STEP_S = 0.00029
 SMALL_CHUNK_BYTES = 25_600
-SMALL_STEP_RECORDS = (
-    "results/bench/20261125T113234Z-fe45bd6-bench_allreduce-tiny.json",
-    "results/bench/20261126T171325Z-730bb1c-bench_allreduce-trace16-resnet50-n4.json",
-    "results/bench/20261126T171404Z-730bb1c-bench_allreduce-trace16-resnet50-n2.json",
-    "results/bench/20261126T171420Z-730bb1c-bench_allreduce-trace16-tiny-n4.json",
-    "results/bench/20261126T171742Z-024dfcf-bench_allreduce-paper-chunk26k-n4.json",
-)
-LARGE_STEP_RECORDS = (
-    STEP_RECORD,
-    "results/bench/20261126T171300Z-730bb1c-bench_allreduce-trace16-vgg16-n4.json",
-    "results/bench/20261126T171342Z-730bb1c-bench_allreduce-trace16-vgg16-n2.json",
-    "results/bench/20261126T171632Z-024dfcf-bench_allreduce-trace16-chunk35k-n4.json",
-    "results/bench/20261126T171655Z-024dfcf-bench_allreduce-trace16-chunk46k-n4.json",
-    "results/bench/20261126T171726Z-024dfcf-bench_allreduce-trace16-chunk92k-n2.json",
-    "results/bench/20261126T171800Z-024dfcf-bench_allreduce-paper-chunk69k-n4.json",
-    "results/bench/20261126T171820Z-024dfcf-bench_allreduce-paper-chunk46k-n4.json",
-)
 # docs/emulated-rack.md, "Fidelity of the emulated fabric": ring of 4, 16 MB at 50 Mbit/s, 91.0 % of bound (MTU 1500)
 PROVISIONAL = Calibration(
     efficiency_from_ring(0.910, 4, 16e6, 50e6, STEP_S),

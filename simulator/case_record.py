@@ -42,13 +42,13 @@ def calibration_of(args, rack) -> tuple[Path | None, dict | None]:
 
 def checked_by(demo: dict, path: Path | None) -> str:
     """What checks the simulator against this record (tests/unit/test_sim_fidelity.py), in a few words."""
-    from simulator import fidelity, modelhash
+    from simulator import fidelity, identity
 
-    if path is not None and path.name == records.DROPTAIL.name:
+    if path is not None and path.stem == records.DROPTAIL_NAME:
         return (f"the record the held sharing was chosen on; the fidelity test checks each point within "
                 f"{100 * fidelity.TOLERANCE:g} %, not out of sample")
     made_with = records.fingerprint_of(path, demo) if path is not None else demo.get("model_fingerprint")
-    if made_with is not None and made_with == modelhash.fingerprint():
+    if made_with is not None and made_with == identity.fingerprint():
         return (f"made with the simulator's current model; the fidelity test checks each point within "
                 f"{100 * fidelity.RECORD_TOLERANCE:g} %")
     return "made with an earlier model of the simulator: no test checks the current model against it"

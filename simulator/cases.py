@@ -1,5 +1,5 @@
 """The paper's two cases (Yan et al., OFC 2022, Fig. 3): the job of concern and the job beside it, by GPU name on
-the paper's rack. `make demo` (scripts/paper_experiment.py) runs them on the emulated rack; `optirack simulate --case`
+the paper's rack. `make demo` (evidence/demo/experiment.py) runs them on the emulated rack; `optirack simulate --case`
 replays them in the simulator. One definition for both."""
 
 from __future__ import annotations

@@ -9,12 +9,11 @@ The report gives no repair time; `REPAIR_H` is an assumption.
 Recovery (`Failures.recovery`):
 - `swap`: spare GPUs are circuited in through the OCS (issue #25) and every rank restarts from the last checkpoint:
   the job is placed again at once, at the head of the queue, by the same rules as a new job, and iterates again
-  `swap_s` after the failure at the earliest. `SWAP_S` is issue #34's measured median from a server's kill to every
-  rank iterating again, 0.60 s over 20 rounds on the emulated rack with survivors kept in their processes and a warm
-  spare (results/bench-failover.json, made by `python scripts/bench_failover.py --rounds 20 --json
-  results/bench-failover.json`; tests/unit/test_sim_failures.py checks the constant equals that record's median to
-  10 ms; issue #25's restart of every rank took 3.57 s); the papers #25 cites report about 1-1.2 s. With no room, it
-  waits at the head.
+  `swap_s` after the failure at the earliest. `SWAP_S` is the failover benchmark's measured median from a server's
+  kill to every rank iterating again, 0.60 s over 20 rounds on the emulated rack with survivors kept in their
+  processes and a warm spare (`python scripts/bench_failover.py --rounds 20`; tests/unit/test_sim_failures.py checks
+  the constant equals its committed record's median to 10 ms; a restart of every rank, before survivors were kept,
+  took 3.57 s); the recovery papers report about 1-1.2 s. With no room, it waits at the head.
 - `checkpoint`: the job waits for its server's repair, then goes to the head of the queue and restarts from the
   last checkpoint, `restart_s` after it is placed again.
 - `scratch`: the job goes to the head of the queue at once and restarts from its first iteration, `restart_s` after
@@ -37,7 +36,7 @@ LLAMA3_DAYS = 54
 LLAMA3_SERVERS = 16_384 // 8
 MTBF_H = LLAMA3_SERVERS * LLAMA3_DAYS * 24 / LLAMA3_INTERRUPTIONS  # 6,334.5 h per server
 REPAIR_H = 4.0  # assumed: the report gives no repair time
-# issue #34's measured median, kill to all ranks iterating, a server killed (results/bench-failover.json, 20 rounds)
+# the failover benchmark's median, kill to all ranks iterating, a server killed (20 rounds; module docstring)
 SWAP_S = 0.60
 RESTART_S = 60.0  # assumed: a job's containers started again and its checkpoint loaded
 CHECKPOINT_S = 600.0  # assumed: a checkpoint every ten minutes of running

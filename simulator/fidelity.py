@@ -163,20 +163,6 @@ def table(rows: list[Point], cal: calibration.Calibration) -> str:
     return "\n".join(lines)
 
 
-# Issue #23: the simulator against every record made with the current model (simulator/records.py), each point
-# within this (the droptail record's check above keeps TOLERANCE).
+# The fidelity test checks every point of every record made with the current model within this
+# (evidence/fidelity.py; the droptail record's check keeps TOLERANCE).
 RECORD_TOLERANCE = 0.10
-NEEDED = {("a", "fixed"), ("a", "regroup"), ("b", "fixed"), ("b", "regroup")}
-
-
-def check_record(record: dict, tolerance: float = RECORD_TOLERANCE) -> tuple[list[Point], list[str]]:
-    """Every point of a record (both cases at the demo's rack, case (a) at each sweep point, each policy) simulated
-    with the record's calibration; returns the rows and what failed: a point further than `tolerance` from the
-    emulated median, or a case x policy the record lacks."""
-    rows, _ = compare(record)
-    failures = [f"{p.label}, {'fragmented' if p.policy == 'fixed' else 'regrouped'}: simulated {p.simulated_s:.3f} s "
-                f"against {p.emulated_s:.3f} s emulated ({100 * p.error:+.1f} %, more than {100 * tolerance:g} %)"
-                for p in rows if not abs(p.error) <= tolerance]
-    missing = NEEDED - {(p.case, p.policy) for p in rows if "demo rack" in p.label}
-    failures += [f"no point for case ({c}), {pol}" for c, pol in sorted(missing)]
-    return rows, failures

@@ -1,7 +1,7 @@
 """What a job spends on the emulated rack besides its iterations: the controller's and the containers' lags.
 
 The replay of a trace (scripts/replay_trace.py) shows, per job, in rack seconds (issue 35; `python -m
-simulator.tracefit` measures each from the committed records):
+evidence.tracefit` measures each from the committed records):
 - containers: GPUs granted to the job's containers started (the controller's `started_at`, the start the trace
   check compares): longer by a fraction of a second for each GPU (a container each);
 - start: containers started to the first iteration: torch's import and the ring's rendezvous in each container
@@ -13,15 +13,15 @@ simulator.tracefit` measures each from the committed records):
 - iteration: each iteration's cost beyond its compute and all-reduce on the trace rack's loaded host (up to
   16 workers on two cores): waking from the emulated compute's sleep, filling and checking the gradient.
 None of these is the rack's: they are the emulation's, as STEP_S (simulator/calibration.py) is. The simulator
-charges them only where it is set against a replay (simulator/tracecheck.py); `Options.lags` defaults to none,
+charges them only where it is set against a replay (evidence/tracecheck.py); `Options.lags` defaults to none,
 so every other run (the demo's points, the sweeps, the CLI) predicts what it predicted before.
 
 The constants are emulated seconds (wall clock on the emulating host), as measured; `for_rack` turns them into
 rack seconds by the rack's time dilation. All were chosen on the two replay records of the model before
-(`results/replay/20261126T212055Z-a3efd36.json` and `20261126T220734Z-1e191d8.json`, every policy; this worker and
+(the replays `20261126T212055Z-a3efd36` and `20261126T220734Z-1e191d8`, every policy; this worker and
 controller) and the three `make demo` records of 2026-11-26 15:46-16:12 (tuning data: none of them checks this
 model; replay records made after its commit do); tests/unit/test_tracefit.py ties each to what `python -m
-simulator.tracefit` prints for those records.
+evidence.tracefit` prints for those records.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Lags:
 
 NONE = Lags()
 
-# Emulated seconds, as `python -m simulator.tracefit` prints them for the records named above (every policy of both
+# Emulated seconds, as `python -m evidence.tracefit` prints them for the records named above (every policy of both
 # replays pooled):
 # containers: the slope of started_at on the job's GPUs among jobs placed at one instant (the replays' queue drains,
 # least squares within each drain), and the median of submit to started_at less that slope's part over the jobs

@@ -186,7 +186,7 @@ def policies(p: Params | None = None) -> dict[str, NeighbourPolicy]:
 
 class NeighbourRun(Run):
     """The engine's run with a neighbour's fabric or collective (simulator/engine.py is the model of record
-    for the paper's cases, simulator/modelhash.py: the neighbours live beside it, not in it)."""
+    for the paper's cases: the neighbours live beside it, not in it)."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)

@@ -1,12 +1,12 @@
-"""The committed `make demo` records: where they are, how they are named, and which of them check the model.
+"""A `make demo` record as the simulator reads it: its name, whether it is whole, which model made it, and the records
+of a folder (`optirack simulate --case` calibrates from one and compares with it; evidence/records.py adds where
+the committed ones are, and writes them).
 
-Every `make demo` writes one record, never overwriting another: results/records/<UTC start>-<commit>.json
-(<commit>-dirty when the checkout had uncommitted changes), its tables and figures in the directory of the
-same stem beside it. The model that made a record is known by its fingerprint (simulator/modelhash.py): the record's
-own `model_fingerprint`, or for records made before fingerprints, the one computed at the record's commit and
-written beside it as <stem>.fingerprint (`python -m evidence.fingerprint --records`; where it cannot be computed,
-that file says why). Records also carry `model_hash`, the older hash over the model's files, None in the two made
-before it.
+A record is named <UTC start>-<commit>.json (<commit>-dirty when the checkout had uncommitted changes). The model
+that made it is known by its fingerprint (simulator/identity.py): the record's own `model_fingerprint`, or for records
+made before fingerprints, the one computed at the record's commit and written beside it as <stem>.fingerprint
+(`python -m evidence.fingerprint --records`; where it cannot be computed, that file says why). Records also carry
+`model_hash`, the older hash over the model's files, None in the two made before it.
 """
 from __future__ import annotations
 
@@ -16,14 +16,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RECORDS = ROOT / "results" / "records"
 STEM = re.compile(r"^(\d{8}T\d{6}Z)-([0-9a-f]{4,40}|nogit)(-dirty)?$")
-# The record the simulator's `held` sharing was chosen on (droptail fabric, before records carried a model hash):
-# the fidelity test's check of it stays as it was, and `optirack simulate --case` compares with it by default.
-DROPTAIL = RECORDS / "20261123T132449Z-8c2fd57.json"
-# The first record on the lossless fabric (one run, before the uplink was re-fitted on it).
-LOSSLESS_FIRST = RECORDS / "20261123T230651Z-efafd5d.json"
+# The record the simulator's `held` sharing was chosen on (droptail fabric), and the first on the lossless fabric
+DROPTAIL_NAME = "20261123T132449Z-8c2fd57"
+LOSSLESS_FIRST_NAME = "20261123T230651Z-efafd5d"
 
 
 @dataclass(frozen=True)
@@ -84,16 +80,7 @@ def fingerprint_of(path: Path, data: dict) -> str | None:
     return found if isinstance(found, str) else None
 
 
-def of_current_model(records: list[Record], fingerprint: str | None = None) -> list[Record]:
-    """The whole records made with the simulator's model as it is now (its fingerprint, or `fingerprint`): the ones
-    that check it."""
-    from simulator import modelhash
-
-    now = fingerprint or modelhash.fingerprint()
-    return [r for r in records if r.full and now is not None and r.fingerprint == now]
-
-
-def load(directory: Path = RECORDS, tracked_only: bool = True) -> list[Record]:
+def load(directory: Path, tracked_only: bool = True) -> list[Record]:
     """Every committed record in `directory` (in a git work tree, the ones git tracks: a demo's new record counts
     once it is committed, so a `make test` after a `make demo` reads what the repository holds), oldest first; a
     file that is not one is an error naming it. `tracked_only=False`: every file, git or not (the copy `pip install`
@@ -113,8 +100,3 @@ def load(directory: Path = RECORDS, tracked_only: bool = True) -> list[Record]:
             raise ValueError(f"{path}: not a make demo record (no runs or points)")
         out.append(Record(path, data))
     return out
-
-
-def with_model(fingerprint: str, directory: Path = RECORDS) -> list[Record]:
-    """The full records made with the model whose fingerprint is `fingerprint`: the ones that check it."""
-    return of_current_model(load(directory), fingerprint)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from controller import bundled
 from simulator import failures, neighbours, report, traces
 from simulator.network import SHARINGS
 from simulator.workloads import DURATION_MODES
@@ -150,8 +151,9 @@ def build(sub) -> argparse.ArgumentParser:
     fail.add_argument("--repair-h", type=float, default=failures.REPAIR_H,
                       help="hours a failed server is out (%(default)s; assumed)")
     fail.add_argument("--swap-s", type=float, default=failures.SWAP_S,
-                      help="swap: seconds from the failure to the job iterating again (%(default)s: issue #25's "
-                      "measured median, results/bench/20261125T070230Z-ce2c15f-bench_failover.json)")
+                      help="swap: seconds from the failure to the job iterating again (%(default)s: the failover "
+                      "benchmark's measured median, a server killed, survivors kept, a warm spare; "
+                      "scripts/bench_failover.py --rounds 20)")
     fail.add_argument("--restart-s", type=float, default=failures.RESTART_S,
                       help="checkpoint, scratch: seconds from being placed again to iterating (%(default)s; assumed)")
     fail.add_argument("--checkpoint-s", type=float, default=failures.CHECKPOINT_S,
@@ -196,7 +198,7 @@ def build(sub) -> argparse.ArgumentParser:
     pol.add_argument(
         "--calibration",
         help="--net emulation: the make demo record to calibrate from and, with --case, compare with (a file, or a "
-        "record's name under results/records/; default: the newest committed whole record of the rack's fabric)",
+        f"record's name under {bundled.RECORDS}/; default: the newest committed whole record of the rack's fabric)",
     )
     pol.add_argument(
         "--step-model",

@@ -258,7 +258,8 @@ def add_parser(sub) -> None:
                    help="failures: mean hours between one server's failures (%(default).1f: Llama 3's rate)")
     p.add_argument("--repair-h", type=float, default=failure.REPAIR_H, help="failures: hours out (%(default)s)")
     p.add_argument("--swap-s", type=float, default=failure.SWAP_S,
-                   help="swap: seconds from the failure to iterating again (%(default)s: issue #25's median)")
+                   help="swap: seconds from the failure to iterating again (%(default)s: the failover benchmark's "
+                   "median)")
     p.add_argument("--restart-s", type=float, default=failure.RESTART_S,
                    help="checkpoint, scratch: seconds from placed again to iterating (%(default)s)")
     p.add_argument("--checkpoint-s", type=float, default=failure.CHECKPOINT_S,

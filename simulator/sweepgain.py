@@ -2,11 +2,11 @@
 uplink oversubscription (`--oversubscriptions`), job-size mix (`--mixes`) and load (`--loads`), per seed paired
 (the same synthetic jobs under both policies).
 
-    python -m simulator.sweepgain results/sweep-gain --png docs/sweep-gain.png
+    python -m simulator.sweepgain SWEEP_FOLDER --png FIGURE.png
 
 reads the sweep's runs.csv and prints the table (mean saving over the seeds, and the smallest and largest seed's);
 `--png` draws it as one figure, a panel per load, a line per mix against the oversubscription. `make report`'s
-block sim-sweep-gain renders the same table (scripts/report_sim.py).
+block sim-sweep-gain renders the same table (evidence/report/sim.py).
 """
 from __future__ import annotations
 

@@ -222,7 +222,7 @@ def paper_case(name: str, iterations: int = 60, model: str = "vgg16", beside_fac
     """The demo's case: its job of concern and the job beside it, both at t = 0, named GPUs.
 
     The job beside runs `beside_factor` times as many iterations, so that it runs for the job of
-    concern's whole run, as in scripts/paper_experiment.py (which stops it when the first ends).
+    concern's whole run, as in evidence/demo/experiment.py (which stops it when the first ends).
     """
     if name not in CASES:
         raise ValueError(f"--case: unknown case {name!r} (cases: {', '.join(CASES)})")

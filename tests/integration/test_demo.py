@@ -9,7 +9,7 @@ from tests.integration.helpers import ROOT
 
 
 def test_quick_paper_experiment(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "scripts.paper_experiment", "--quick", "--results", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "evidence.demo.experiment", "--quick", "--results", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=1200)
     out = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode in (0, 1), out
@@ -33,10 +33,11 @@ def test_quick_paper_experiment(tmp_path):
     # the mechanism: the fragmented job spans both aggregator switches, the regrouped one sits under one
     assert len(runs["regroup"]["switches"]) == 1 and len(runs["fixed"]["switches"]) == 2
     assert record["rack_sha256"] and record["versions"]["torch"] and record["versions"]["git_dirty"] is not None
-    from simulator import modelhash
+    from evidence import modelhash
+    from simulator import identity
 
     assert record["model_hash"] == modelhash.model_hash() and path.stem.startswith(record["started_utc"])
-    assert record["model_fingerprint"] == modelhash.fingerprint()  # this checkout's: its predictions did not move
+    assert record["model_fingerprint"] == identity.fingerprint()  # this checkout's: its predictions did not move
     assert record["calibration"]["runs"] and "fraction" in record["calibration"]["runs"][0]
     (point,) = record["points"]
     print(f"case (a) on the fitted rack: regrouping saved {100 * point['saving']['median']:.1f} % "

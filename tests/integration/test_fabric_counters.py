@@ -8,7 +8,7 @@ import subprocess
 from controller.core.emulated import netns_of, nic_plans
 from emulation import counters
 from emulation import rack as rackmod
-from scripts.demo_checks import fabric_checks
+from evidence.demo.checks import fabric_checks
 from tests.integration.helpers import sh
 
 

@@ -1,6 +1,7 @@
 """Which way the imports run: the controller stands on its own (it imports neither the emulation nor the simulator),
 its core does not depend on the worker's package, the simulator imports neither the scripts nor the evidence, and no
-project module imports itself back through others (no cycle), counting imports inside functions too."""
+project module imports itself back through others (no cycle), counting imports inside functions and type-only ones
+too; and no module of the simulator names a file under results/ (the records are the evidence's: evidence/)."""
 
 from __future__ import annotations
 
@@ -37,14 +38,13 @@ def _resolve(name: str) -> str | None:
 
 
 def imports_of(module: str) -> set[str]:
-    """Project modules `module` imports, anywhere in it (TYPE_CHECKING blocks left out: they never run)."""
+    """Project modules `module` imports, anywhere in it (TYPE_CHECKING blocks too: a type-only import is a dependency
+    a reader follows, and a loop through one is a loop)."""
     tree = ast.parse(MODULES[module].read_text())
     package = module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
     out: set[str] = set()
 
     def visit(node):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            return
         if isinstance(node, ast.Import):
             out.update(filter(None, (_resolve(a.name) for a in node.names)))
         elif isinstance(node, ast.ImportFrom):
@@ -150,7 +150,7 @@ def test_the_graph_sees_imports_inside_functions_and_from_packages():
     assert "controller.core.rack" in GRAPH["controller.core.circuits"]
     assert "controller.apps.jobs_api" in GRAPH["controller.apps.rest"]
     assert "profiles" in GRAPH["containers.worker"]
-    assert "simulator.cases" in GRAPH["scripts.paper_experiment"]
+    assert "simulator.cases" in GRAPH["evidence.demo.experiment"]
 
 
 def test_the_job_service_imports_neither_ryu_nor_eventlet():
@@ -255,3 +255,12 @@ def test_job_states_change_only_through_the_table():
 
 def _line_of(module: str, text: str) -> int:
     return next(i for i, line in enumerate(MODULES[module].read_text().splitlines(), 1) if line.strip() == text)
+
+
+def test_the_simulator_names_no_file_under_results():
+    """The model, its inputs and studies and its CLI name no record: which records check it, and where they are, is
+    the evidence package's (evidence/records.py); a constant's provenance is told there."""
+    named = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "simulator").rglob("*.py"))
+             for i, line in enumerate(p.read_text().splitlines(), 1) if "results/" in line]
+    assert not named, named
+

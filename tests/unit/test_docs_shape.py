@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import report
+from evidence.report import engine as report
 from simulator.cases import CASES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-import scripts.paper_experiment as pe
+import evidence.demo.experiment as pe
 from controller.core.rack import _port_ref, load_rack
 from emulation.calibrate import Calibration, _largest_ring, one_switch_circuits
-from scripts.demo_runs import beside_summary
-from scripts.paper_experiment import checks, point, rack_variant, uplink_ratio
+from evidence.demo.experiment import checks, point, rack_variant, uplink_ratio
+from evidence.demo.runs import beside_summary
 from tests.unit.test_rack import PAPER
 
 RACK = load_rack(PAPER)
@@ -101,7 +101,7 @@ def test_calibration_verdict_is_the_slowest_flow():
 
 
 def test_a_record_is_named_by_its_time_and_commit_and_never_overwritten(tmp_path):
-    from scripts import records
+    from evidence import records
 
     rec = {"started_utc": "20260101T120000Z", "versions": {"optirack": "abc1234", "git_dirty": True}}
     path = pe.record_path(rec, tmp_path)
@@ -115,7 +115,7 @@ def test_a_record_is_named_by_its_time_and_commit_and_never_overwritten(tmp_path
 
 
 def test_the_versions_name_the_commit_and_whether_the_checkout_was_dirty():
-    from scripts import records
+    from evidence import records
 
     v = records.versions(full=False)
     assert v["optirack"] and v["git_dirty"] in (True, False) and v["python"] and v["kernel"]

@@ -9,7 +9,7 @@ from controller.core.rack import RackError, load_rack
 from emulation import counters
 from emulation import shares as sharecheck
 from emulation.shaping import QUEUE_FRAMES, htb_commands, queue_frames
-from scripts.paper_experiment import fabric_checks, passed
+from evidence.demo.experiment import fabric_checks, passed
 from tests.unit.test_rack import PAPER
 
 
@@ -195,7 +195,7 @@ def _summary(compute: float, comm: float) -> dict:
 
 
 def test_a_slow_repeat_is_named_with_where_its_time_went():
-    from scripts.paper_experiment import disturbed
+    from evidence.demo.experiment import disturbed
 
     fixed = [_summary(0.2, 0.5)] * 3
     regroup = [_summary(0.2, 0.1), _summary(0.2, 0.1), _summary(0.27, 0.1)]  # the third: compute slowed
@@ -270,7 +270,7 @@ def test_retransmissions_in_an_ocs_dark_window_are_counted_apart():
 
 
 def test_only_windows_inside_every_rings_all_reduce_are_judged():
-    from scripts.demo_runs import all_reduces
+    from evidence.demo.runs import all_reduces
 
     job = {"ranks": {"gpu1": [{"t_start": 0.0, "compute_s": 1.0, "t_end": 3.0}],
                      "gpu2": [{"t_start": 0.0, "compute_s": 1.5, "t_end": 3.2}]}}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from evidence import fingerprint, probes
-from simulator import modelhash, records
+from evidence import fingerprint, modelhash, probes, records
+from simulator import identity
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = modelhash.MODEL_FILES + modelhash.MORE_MODEL
@@ -27,7 +27,7 @@ def _has_code(path: Path) -> bool:
 def test_the_probe_set_runs_every_model_module_and_its_fingerprint_is_the_committed_one():
     """Every module of the model has a function run by the probes (imports are done before the tracer starts, so
     a module's import does not count); the fingerprint the probes give is simulator/fingerprint.json's."""
-    code = ("import sys, simulator.fidelity, simulator.tracecheck, simulator.engine, simulator.neighbours, "
+    code = ("import sys, simulator.fidelity, simulator.tracesim, simulator.engine, simulator.neighbours, "
             "simulator.racks, controller.core.rackgen; print('\\n'.join(m.__file__ for n, m in "
             "list(sys.modules.items()) if (n.split('.')[0] in ('simulator', 'profiles') or "
             "n.startswith('controller.core.')) and getattr(m, '__file__', None)))")
@@ -50,9 +50,9 @@ def test_the_probe_set_runs_every_model_module_and_its_fingerprint_is_the_commit
         sys.settrace(None)
     not_run = [f for f in MODEL if str(ROOT / f) not in seen and _has_code(ROOT / f)]
     assert not not_run, f"no line of these model modules ran in the probe set: {not_run}"
-    committed = json.loads(modelhash.FINGERPRINT.read_text())
+    committed = json.loads(identity.FINGERPRINT.read_text())
     moved = [name for name, h in got["probes"].items() if committed["probes"].get(name) != h]
-    assert got["fingerprint"] == modelhash.fingerprint(), (
+    assert got["fingerprint"] == identity.fingerprint(), (
         f"the model's predictions moved (probes {moved}): if that is meant, `python -m evidence.fingerprint "
         "--write` and commit simulator/fingerprint.json; the records made before then check the model no more")
 
@@ -86,7 +86,7 @@ def test_a_pure_refactor_keeps_the_fingerprint(model_copy):
     engine = model_copy / "simulator" / "engine.py"
     engine.write_text(engine.read_text().replace("dark_time(", "switching_dark_time("))
     assert "class Busy" not in inter.read_text()
-    assert fingerprint.run_in(model_copy)["fingerprint"] == modelhash.fingerprint()
+    assert fingerprint.run_in(model_copy)["fingerprint"] == identity.fingerprint()
 
 
 def test_a_changed_constant_changes_the_fingerprint(model_copy):
@@ -95,14 +95,14 @@ def test_a_changed_constant_changes_the_fingerprint(model_copy):
     calibration = model_copy / "simulator" / "calibration.py"
     _replace(calibration, "STEP_S = 0.00970", "STEP_S = 0.00980")
     got = fingerprint.run_in(model_copy, names=("demo",))
-    committed = json.loads(modelhash.FINGERPRINT.read_text())
+    committed = json.loads(identity.FINGERPRINT.read_text())
     assert got["probes"]["demo"] != committed["probes"]["demo"]
     assert fingerprint.digest({**committed["probes"], **got["probes"]}) != committed["fingerprint"]
     assert fingerprint.digest(committed["probes"]) == committed["fingerprint"]
 
 
 def test_each_record_names_its_model_computed_at_its_own_commit_and_three_of_each_kind_check_today_s():
-    current = modelhash.fingerprint()
+    current = identity.fingerprint()
     demos = [r for r in records.load() if r.full]
     replays = sorted((ROOT / "results" / "replay").glob("*.json"))
     for path in [r.path for r in records.load()] + replays:

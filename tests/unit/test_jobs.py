@@ -304,7 +304,7 @@ def test_the_service_built_alone_runs_a_job_through_submit_regroup_a_loss_and_st
 
 def test_the_queue_records_when_it_granted_each_jobs_gpus(tmp_path, vrt):
     """admitted_at: at the submission for a job placed at once, at the drain for a queued one (in the queue's order),
-    never for a job still queued; the trace replay compares the scheduler's order by it (simulator/tracecheck.py)."""
+    never for a job still queued; the trace replay compares the scheduler's order by it (evidence/tracecheck.py)."""
     ctx, placement, _ = make(tmp_path, FakeDriver(block=True), vrt)
     first = placement.submit(req(gpus=4, gpu_model="M40"))
     assert first.admitted_at == first.created_at == ctx.clock()

@@ -1,20 +1,20 @@
-"""simulator/modelhash.py: the hash that says which model a record was made with."""
+"""evidence/modelhash.py: the hash that says which model a record was made with."""
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
 
-from simulator import modelhash
+from evidence import modelhash
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_simulator_module_the_comparison_runs_is_in_the_model_set():
-    """A module added to what simulator.fidelity or simulator.tracecheck run (the simulator's, the profiles', the
+    """A module added to what simulator.fidelity or simulator.tracesim run (the simulator's, the profiles', the
     controller's core they place with) must join MODEL_FILES (or the hash would miss a model change); the set names
     only files that exist."""
-    code = ("import sys, simulator.fidelity, simulator.tracecheck, simulator.engine, simulator.workloads, "
+    code = ("import sys, simulator.fidelity, simulator.tracesim, simulator.engine, simulator.workloads, "
             "controller.core.rack; print('\\n'.join(m.__file__ for n, m in list(sys.modules.items()) "
             "if (n.split('.')[0] in ('simulator', 'profiles') or n.startswith('controller.core.')) "
             "and getattr(m, '__file__', None)))")

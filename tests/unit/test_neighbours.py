@@ -222,8 +222,8 @@ def test_short_flow_hops_worked_by_hand():
 
 
 def test_report_blocks_read_the_records_and_name_a_missing_one(tmp_path):
-    from scripts import report_neighbours
-    from scripts.report_bench import ReportError
+    from evidence.report import neighbours as report_neighbours
+    from evidence.report.bench import ReportError
 
     text = report_neighbours.oddl_table1([])  # the committed record
     assert "| training time, ODDL | 97.8 min |" in text

@@ -1,5 +1,5 @@
-"""scripts/report.py (`make report`): the results tables of README.md and docs/*.md are what the committed records
-give, byte for byte."""
+"""evidence/report/engine.py (`make report`): the results tables of README.md and docs/*.md are what the committed
+records give, byte for byte."""
 from __future__ import annotations
 
 import io
@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from scripts import report, report_bench
-from simulator import records
+from evidence import records
+from evidence.report import bench as report_bench
+from evidence.report import engine as report
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_committed_tables_are_what_the_records_give():
-    r = subprocess.run([sys.executable, "scripts/report.py", "--check"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run([sys.executable, "-m", "evidence.report", "--check"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 0, f"run make report and commit what it changes:\n{r.stdout}{r.stderr}"
 
 
@@ -113,18 +114,18 @@ def test_the_headline_shows_the_current_model_s_records_once_there_are_any(tmp_p
     """The README's table: every whole record until one was made with the current model, then only those."""
     import json
 
-    from simulator import modelhash
+    from simulator import identity
 
     old = json.loads(records.LOSSLESS_FIRST.read_text())
     (tmp_path / "20260101T000000Z-abcdef0.json").write_text(json.dumps(old))
     assert report.headline(records.load(tmp_path)).count("\n| 1 (lossless): `20260101T000000Z-abcdef0`") == 2
     (tmp_path / "20270101T000000Z-1234567.json").write_text(
-        json.dumps({**old, "model_fingerprint": modelhash.fingerprint()}))
+        json.dumps({**old, "model_fingerprint": identity.fingerprint()}))
     table = report.headline(records.load(tmp_path))
     assert table.count("\n| 1 (lossless): `20270101T000000Z-1234567`") == 2 and "20260101T000000Z-abcdef0" not in table
     # one row per case however many records: a second record of the current model widens the ranges, adds no row
     (tmp_path / "20270102T000000Z-1234567.json").write_text(
-        json.dumps({**old, "model_fingerprint": modelhash.fingerprint()}))
+        json.dumps({**old, "model_fingerprint": identity.fingerprint()}))
     table = report.headline(records.load(tmp_path))
     assert table.count("\n| 2 (lossless): `20270101T000000Z-1234567` … `20270102T000000Z-1234567`") == 2
     assert "20260101T000000Z-abcdef0" in report.cases(records.load(tmp_path))  # still listed with every record

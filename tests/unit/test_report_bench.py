@@ -1,4 +1,4 @@
-"""scripts/report_bench.py: make report's benchmark blocks are rendered from their records (synthetic ones here, so a
+"""evidence/report/bench.py: make report's benchmark blocks are rendered from their records (synthetic ones here, so a
 changed figure changes the table), and a missing or bad record is an error naming it."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts import report, report_bench
-from scripts.report_bench import ReportError
+from evidence.report import bench as report_bench
+from evidence.report import engine as report
+from evidence.report.bench import ReportError
 
 
 def _bench(directory: Path, stem: str, name: str, results) -> Path:

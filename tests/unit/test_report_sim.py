@@ -1,4 +1,4 @@
-"""scripts/report_sim.py: each of make report's simulator blocks is rendered from its record (a synthetic one here,
+"""evidence/report/sim.py: each of make report's simulator blocks is rendered from its record (a synthetic one here,
 so a changed figure changes the table), and a missing or bad record is an error naming the file."""
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts import report, report_sim
-from scripts.report_bench import ReportError
+from evidence.report import engine as report
+from evidence.report import sim as report_sim
+from evidence.report.bench import ReportError
 
 MAIN = ("| policy | JCT mean | JCT median | JCT p90 | queueing mean | makespan | GPUs held | GPUs computing "
         "| jobs spread / sharing a link | circuits changed | dark time | sim wall |")

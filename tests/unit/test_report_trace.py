@@ -1,4 +1,4 @@
-"""scripts/report_trace.py: the trace check's blocks of make report, from synthetic replay records (so a changed
+"""evidence/report/trace.py: the trace check's blocks of make report, from synthetic replay records (so a changed
 figure changes the table); a record that is not one is an error naming the file."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from scripts import report, report_trace
-from scripts.report_bench import ReportError
+from evidence.report import engine as report
+from evidence.report import trace as report_trace
+from evidence.report.bench import ReportError
 
 
 def _write(path, text: str):

@@ -4,13 +4,13 @@ One test id per point, with the emulation's calibrated network (held shares, sim
 A second observable justifies that sharing: the share of the uplink each crossing flow got while it
 communicated, which held explains better than max-min.
 
-Reads the droptail record committed under results/records/ (simulator/records.py DROPTAIL: the record the
+Reads the droptail record committed under results/records/ (evidence/records.py DROPTAIL: the record the
 held sharing was chosen on, so this check is not out of sample); the emulation is not run here. Without the
 file the comparison skips, saying why, except in CI, where it must exist. Whatever the checkout, the
 comparison also runs on tests/data/demo-readme-run.json: the figures of the demo run the README quotes,
 against the table the README prints for them.
 
-Out of sample (issue #23): every committed record whose model hash is the current one (simulator/modelhash.py)
+Out of sample (issue #23): every committed record whose model hash is the current one (evidence/modelhash.py)
 is checked, each point within 10 %; until such records exist that test skips, and the path is checked on a
 synthetic record built here.
 """
@@ -20,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from simulator import calibration, fidelity, modelhash, records
+from evidence import calibration as measured
+from evidence import fidelity as evidence_fidelity
+from evidence import records
+from simulator import calibration, fidelity, identity
 from simulator.rings import Ring, iteration_time
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,9 +87,9 @@ def test_the_emulation_is_modelled_with_held_shares_and_a_real_rack_with_max_min
 def test_the_uplink_share_of_the_crossing_flows_is_explained_better_by_held_shares_than_by_max_min():
     """The justification of held from another observable than the iteration times: the share of the uplink's
     line rate each crossing flow of the fragmented ring got while it communicated (its bytes per all-reduce
-    over the all-reduce's recorded time, simulator/evidence.py), at every fragmented point of the record.
+    over the all-reduce's recorded time, evidence/uplink.py), at every fragmented point of the record.
     Held must be closer on average (mean absolute difference in percentage points) than max-min."""
-    from simulator import evidence
+    from evidence import uplink as evidence
 
     rows = evidence.shares(record())
     assert len(rows) >= 6 and all(r.emulated == r.emulated for r in rows), "a point lacks its all-reduce time"
@@ -215,9 +218,9 @@ def test_a_regrouped_ring_of_the_paper_takes_its_closed_form_time():
 
 
 def test_the_evidence_reads_resent_bytes_and_crossings_from_a_record():
-    """simulator/evidence.py on a made-up record: gpu1 -> gpu2 crosses (two switches) and its sender sends 1.5 x
+    """evidence/uplink.py on a made-up record: gpu1 -> gpu2 crosses (two switches) and its sender sends 1.5 x
     what gpu2 receives; gpu2 -> gpu1 crosses back, nothing resent, and its one comm window is stalled."""
-    from simulator import evidence
+    from evidence import uplink as evidence
 
     rack = {
         "servers": [
@@ -258,7 +261,7 @@ def test_the_evidence_reads_resent_bytes_and_crossings_from_a_record():
 
 
 def test_the_evidence_command_names_a_bad_record(tmp_path, capsys):
-    from simulator import evidence
+    from evidence import uplink as evidence
 
     bad = tmp_path / "x.json"
     bad.write_text("{}")
@@ -274,7 +277,7 @@ def test_every_record_made_with_the_current_model_is_within_10_percent_at_every_
     within 10 % at every point) or one made with another model (an earlier one, or one whose model cannot be known),
     which checks nothing now. At least three records of the first kind must be committed: a change of a prediction
     fails here until three `make demo` records made after it are committed."""
-    current = modelhash.fingerprint()
+    current = identity.fingerprint()
     assert current is not None, "no simulator/fingerprint.json: python -m evidence.fingerprint --write"
     full = [r for r in records.load() if r.full]
     assert full, f"no full demo record under {records.RECORDS}"
@@ -282,7 +285,7 @@ def test_every_record_made_with_the_current_model_is_within_10_percent_at_every_
     for record in full:
         if record.fingerprint != current:
             continue
-        _, failures = fidelity.check_record(record.data)
+        _, failures = evidence_fidelity.check_record(record.data)
         assert not failures, f"{record.name}:\n" + "\n".join(failures)
         checked.append(record.name)
     assert len(checked) >= 3, (f"{len(checked)} committed full record(s) were made with the current model "
@@ -322,7 +325,7 @@ def _synthetic_record(directory: Path, fingerprint: str, off: float = 0.05) -> P
 
 
 def test_the_records_check_picks_the_records_of_the_current_model_and_fails_on_a_point_off_by_more_than_10(tmp_path):
-    current = modelhash.fingerprint()
+    current = identity.fingerprint()
     path = _synthetic_record(tmp_path, current, off=0.05)
     other = tmp_path / "20250101T000000Z-1234567.json"
     other.write_text(json.dumps({**json.loads(path.read_text()), "model_fingerprint": "0" * 64}))
@@ -337,15 +340,15 @@ def test_the_records_check_picks_the_records_of_the_current_model_and_fails_on_a
     picked = records.with_model(current, tmp_path)
     # neither another model's record, one of an unknown model nor a quick run checks it
     assert [r.path for r in picked] == [beside, path]
-    rows, failures = fidelity.check_record(picked[0].data)
+    rows, failures = evidence_fidelity.check_record(picked[0].data)
     assert len(rows) == 6 and not failures, failures
     # the same record with case (b)'s fragmented time 15 % off the model: that point, and only it, fails
     rec = picked[1].data
     rec["points"][1]["fixed"]["mean_iteration_rack_s"] *= 1.15 / 1.05
-    _, failures = fidelity.check_record(rec)
+    _, failures = evidence_fidelity.check_record(rec)
     assert len(failures) == 1 and "case (b), demo rack" in failures[0] and "fragmented" in failures[0], failures
     # a record without case (b) lacks points the check needs
-    _, failures = fidelity.check_record({**rec, "points": rec["points"][:1]})
+    _, failures = evidence_fidelity.check_record({**rec, "points": rec["points"][:1]})
     assert "no point for case (b), fixed" in failures and "no point for case (b), regroup" in failures
 
 
@@ -379,7 +382,7 @@ def test_only_committed_records_count_in_a_git_work_tree(tmp_path):
 def test_the_step_cost_is_the_committed_benchmark_record_s():
     """The model's fixed cost per ring step is the median that bench_allreduce measured at the paper cases' gradient
     and committed (a constant nobody measured would fail here)."""
-    data = json.loads((ROOT / calibration.STEP_RECORD).read_text())
+    data = json.loads((ROOT / measured.STEP_RECORD).read_text())
     assert "--mbytes" in data["command"] and data["command"][data["command"].index("--mbytes") + 1] == "0.528"
     assert data["results"]["gradient_bytes"] == 528_000 and len(data["results"]["ring"]) == 4
     assert 1000 * calibration.STEP_S == pytest.approx(data["results"]["step_beyond_bound_ms"]["median"], abs=0.005)

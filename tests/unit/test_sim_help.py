@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator import calibration, case_record, cli, fidelity, records, simulate_flags, sweep
+from evidence import records
+from simulator import calibration, case_record, cli, fidelity, simulate_flags, sweep
 
 BIN = Path(sys.executable).parent
 

@@ -1,5 +1,5 @@
 """The emulation's lags in the engine (simulator/lags.py, Options.lags): where each is charged, that none changes
-nothing, and that the trace check charges them (simulator/tracecheck.py)."""
+nothing, and that the trace check charges them (evidence/tracecheck.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from controller.core.rack import load_rack
-from simulator import lags, tracecheck
+from evidence import tracecheck
+from simulator import lags
 from simulator.engine import Options, Run, policies
 from simulator.workloads import JobSpec
 

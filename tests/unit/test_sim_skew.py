@@ -1,9 +1,9 @@
-"""simulator/skew.py: how long a ring's ranks spend computing and communicating at once, from a run's summary."""
+"""evidence/skew.py: how long a ring's ranks spend computing and communicating at once, from a run's summary."""
 from __future__ import annotations
 
 import pytest
 
-from simulator import skew
+from evidence import skew
 
 
 def test_overlap_is_zero_where_ranks_enter_together_and_the_shared_time_otherwise():

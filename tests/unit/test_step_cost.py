@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from controller.core.rack import load_rack
+from evidence import calibration as measured
 from simulator import calibration
 from simulator.columns import Block, Columns, elapsed_of, state_of
 from simulator.detail import Detail
@@ -33,14 +34,14 @@ def _step(path: str) -> tuple[float, float]:
 
 
 def test_the_small_step_and_its_threshold_are_the_benchmarks_measurements():
-    small = [_step(p) for p in calibration.SMALL_STEP_RECORDS]
-    large = [_step(p) for p in calibration.LARGE_STEP_RECORDS]
+    small = [_step(p) for p in measured.SMALL_STEP_RECORDS]
+    large = [_step(p) for p in measured.LARGE_STEP_RECORDS]
     assert 1000 * calibration.SMALL_STEP_S == pytest.approx(statistics.median(ms for _, ms in small), abs=0.005)
     assert calibration.SMALL_CHUNK_BYTES == pytest.approx(max(c for c, _ in small), rel=1e-9)
     assert all(c > calibration.SMALL_CHUNK_BYTES for c, _ in large)
     # the step up: every chunk above costs several times what any chunk under it does, at either rate
     assert min(ms for _, ms in large) > 3 * max(ms for _, ms in small)
-    rates = {json.loads((ROOT / p).read_text())["results"]["line_mbps"] for p in calibration.SMALL_STEP_RECORDS}
+    rates = {json.loads((ROOT / p).read_text())["results"]["line_mbps"] for p in measured.SMALL_STEP_RECORDS}
     assert rates == {25.0, 50.0}
 
 

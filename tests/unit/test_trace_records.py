@@ -1,13 +1,13 @@
 """The simulator against the committed trace replays (issue 35): the replay records made with the current model (its
-hash, `python -m simulator.modelhash`), at least three, each holding all three policies and the whole trace, meet the
-trace check (simulator/tracejudge.py): in each replay median |error| of completion time <= 10 %, p90 <= 20 % and
+hash, `python -m evidence.modelhash`), at least three, each holding all three policies and the whole trace, meet the
+trace check (evidence/tracejudge.py): in each replay median |error| of completion time <= 10 %, p90 <= 20 % and
 the same start order; per policy the simulated makespan within 5 % of the replays' mean. A change of the model fails
 here until three replays made after its commit are committed, as the demo's fidelity test does for `make demo`
 records."""
 from __future__ import annotations
 
-from scripts.report_trace import TRACE, trace_comparisons
-from simulator import tracejudge
+from evidence import tracejudge
+from evidence.report.trace import TRACE, trace_comparisons
 from simulator.workloads import read_trace
 
 

@@ -1,11 +1,11 @@
-"""The trace check's comparison (simulator/tracecheck.py) and the replay's pure parts (scripts/replay_trace.py),
+"""The trace check's comparison (evidence/tracecheck.py) and the replay's pure parts (scripts/replay_trace.py),
 on synthetic rows and records."""
 from __future__ import annotations
 
 import pytest
 
+from evidence import tracecheck as tc
 from scripts import replay_trace as rt
-from simulator import tracecheck as tc
 
 
 def _rows(ends: list[float], starts: list[float] | None = None) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The emulation's lags (simulator/lags.py) are what `python -m simulator.tracefit` measures on the committed records
+"""The emulation's lags (simulator/lags.py) are what `python -m evidence.tracefit` measures on the committed records
 they were chosen on: a constant edited without its measurement, or a record changed, fails here."""
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from simulator import lags, tracefit
+from evidence import tracefit
+from simulator import lags
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
-"""simulator/tracejudge.py: the trace check's verdict over several replays, on synthetic comparisons: per-job bounds
+"""evidence/tracejudge.py: the trace check's verdict over several replays, on synthetic comparisons: per-job bounds
 and the start order in each replay, the makespan against the replays' mean, three records at least."""
 from __future__ import annotations
 
 import pytest
 
-from simulator import tracejudge
+from evidence import tracejudge
 
 
 def _c(makespan_emulated: float, makespan_simulated: float = 100.0, median: float = 0.05, p90: float = 0.15,

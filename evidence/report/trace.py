@@ -1,8 +1,8 @@
-"""make report's blocks of the simulator's trace check (issue 35; scripts/report.py merges BLOCKS), in
+"""make report's blocks of the simulator's trace check (issue 35; evidence/report/engine.py merges BLOCKS), in
 docs/simulator.md and docs/simulator-fidelity.md: sim-trace-replay (every replay record of the current model,
-results/replay/*.json, beside the simulator: simulator/tracecheck.py), sim-trace-verdict (the verdict over those
-records: simulator/tracejudge.py), sim-trace-lags (the emulation's lags the model charges, each from the records it
-was measured on: simulator/tracefit.py) and sim-trace-insample (the model on its own tuning replays, with and
+results/replay/*.json, beside the simulator: evidence/tracecheck.py), sim-trace-verdict (the verdict over those
+records: evidence/tracejudge.py), sim-trace-lags (the emulation's lags the model charges, each from the records it
+was measured on: evidence/tracefit.py) and sim-trace-insample (the model on its own tuning replays, with and
 without the lags).
 
 Each block takes `results`, the folder the records lie in (results/ of the checkout by default); a record that is
@@ -14,18 +14,19 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts.report_bench import RESULTS, ROOT, ReportError
-from scripts.report_bench import read_text as _read
+from evidence.report.bench import RESULTS, ROOT, ReportError
+from evidence.report.bench import read_text as _read
 
 TRACE_RACK = ROOT / "topologies" / "trace16.yaml"
 TRACE = ROOT / "traces" / "trace16.csv"
 
 
 def trace_comparisons(results: Path = RESULTS, fingerprint: str | None = None) -> tuple[list, list[str], str]:
-    """Every replay record of the current model (results/replay/*.json; its fingerprint, simulator/records.py)
-    beside the simulator's run of the same jobs (simulator/tracecheck.py): (comparisons, the records of other models,
+    """Every replay record of the current model (results/replay/*.json; its fingerprint, evidence/records.py)
+    beside the simulator's run of the same jobs (evidence/tracecheck.py): (comparisons, the records of other models,
     the current fingerprint)."""
-    from simulator import modelhash, records, tracecheck
+    from evidence import records, tracecheck
+    from simulator import identity
     from simulator.workloads import read_trace
 
     folder = results / "replay"
@@ -33,7 +34,7 @@ def trace_comparisons(results: Path = RESULTS, fingerprint: str | None = None) -
     if not paths:
         raise ReportError(f"{folder}/*.json: cannot read the record: no trace replay record (make one with "
                           "scripts/replay_trace.py, under the rack lock)")
-    current = fingerprint or modelhash.fingerprint() or "unknown"
+    current = fingerprint or identity.fingerprint() or "unknown"
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
              for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
     comparisons, skipped = [], []
@@ -56,9 +57,9 @@ def _no_replay(current: str, skipped: list[str]) -> str:
 
 
 def sim_trace_verdict(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
-    """The trace check's verdict over the replay records of the current model (simulator/tracejudge.py): a row per
+    """The trace check's verdict over the replay records of the current model (evidence/tracejudge.py): a row per
     policy, then what fails (or that nothing does)."""
-    from simulator import tracejudge
+    from evidence import tracejudge
 
     comparisons, skipped, current = trace_comparisons(results, fingerprint)
     if not comparisons:
@@ -72,9 +73,9 @@ def sim_trace_verdict(_records: list, results: Path = RESULTS, fingerprint: str 
 
 def sim_trace_replay(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
     """The trace check: every replay record of the current model (results/replay/*.json, scripts/replay_trace.py)
-    beside the simulator's run of the same jobs on the same rack file (simulator/tracecheck.py), a row per
+    beside the simulator's run of the same jobs on the same rack file (evidence/tracecheck.py), a row per
     record and policy, then the three jobs furthest off in each."""
-    from simulator import tracecheck
+    from evidence import tracecheck
 
     comparisons, skipped, current = trace_comparisons(results, fingerprint)
     if not comparisons:  # a model just changed: its replays are still to be made
@@ -91,9 +92,9 @@ def sim_trace_replay(_records: list, results: Path = RESULTS, fingerprint: str |
 
 
 def _lag_records(results: Path) -> tuple[list[Path], list[dict], list[dict]]:
-    """The replay records and the demo records' detailed jobs the lags were chosen on (simulator/tracefit.py),
+    """The replay records and the demo records' detailed jobs the lags were chosen on (evidence/tracefit.py),
     under `results`."""
-    from simulator import tracefit
+    from evidence import tracefit
 
     replays = [results / p.relative_to(RESULTS) for p in tracefit.REPLAYS]
     records = [json.loads(_read(p)) for p in replays]
@@ -107,9 +108,10 @@ def _lag_records(results: Path) -> tuple[list[Path], list[dict], list[dict]]:
 
 
 def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
-    """The emulation's lags (simulator/lags.py) as `python -m simulator.tracefit` measures them on the records they
+    """The emulation's lags (simulator/lags.py) as `python -m evidence.tracefit` measures them on the records they
     were chosen on, beside the constants."""
-    from simulator import lags, tracefit
+    from evidence import tracefit
+    from simulator import lags
 
     replays, records, demo = _lag_records(results)
     try:
@@ -146,7 +148,7 @@ def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
 def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
     """The trace check on the replay records the lags were chosen on (in-sample: no check): without the lags (the
     model before them) and with them."""
-    from simulator import tracecheck
+    from evidence import tracecheck
     from simulator.workloads import read_trace
 
     replays, records, _ = _lag_records(results)

@@ -1,4 +1,4 @@
-"""The paper experiment's runs on a testbed (scripts/paper_experiment.py builds the testbeds, calibrates them and
+"""The paper experiment's runs on a testbed (evidence/demo/experiment.py builds the testbeds, calibrates them and
 writes the record; this runs the jobs on one): a fragmented/regrouped pair repeated, the order alternating
 (`run_pairs`), one case with both its jobs at once from the fragmented cabling (`run_case`, `one_case`, `wait_job`),
 what the job beside did meanwhile (`beside_summary`) and when a ring was in its all-reduce (`all_reduces`). Around each
@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import TYPE_CHECKING
 
 from emulation import counters
 from emulation import shares as sharecheck
 from emulation.calibrate import Calibration, CpuMeter, calibrate
 from emulation.harness import Testbed
+from evidence.demo.settings import Settings
 from simulator.cases import Case
-
-if TYPE_CHECKING:
-    from scripts.paper_experiment import Settings
 
 # The rack file's starting cabling: srv1 and srv2 under as1, srv3 and srv4 under as2.
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],

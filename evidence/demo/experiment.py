@@ -22,7 +22,7 @@ Fig. 3. Needs root (it builds the emulated rack).
 
 This module holds the settings, the rack variants, the calibrated testbed, the experiment and the fit, the writing
 of records and the command line; the runs on a testbed (a pair of policies repeated, one case, the counters read
-around them) are scripts/demo_runs.py's, the figures and self-checks scripts/demo_checks.py's.
+around them) are evidence/demo/runs.py's, the figures and self-checks evidence/demo/checks.py's.
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ import math
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -41,9 +40,8 @@ import yaml
 from controller.core.rack import load_rack
 from emulation.calibrate import calibrate
 from emulation.harness import ROOT, Testbed
-from evidence import fingerprint
-from scripts import records
-from scripts.demo_checks import (  # noqa: F401 (the names tests and callers take from here)
+from evidence import fingerprint, modelhash, records
+from evidence.demo.checks import (  # noqa: F401 (the names tests and callers take from here)
     COMPUTE_FRACTION,
     MAX_SPREAD_PP,
     PAPER,
@@ -57,27 +55,13 @@ from scripts.demo_checks import (  # noqa: F401 (the names tests and callers tak
     spread,
     table,
 )
-from scripts.demo_runs import TCP, calibrate_counted, log, run_pairs
-from simulator import modelhash
+from evidence.demo.runs import TCP, calibrate_counted, log, run_pairs
+from evidence.demo.settings import PAPER_RACK, Settings  # noqa: F401 (callers take them from here)
 from simulator.cases import CASES
 from simulator.records import stem as record_stem
 
-PAPER_RACK = ROOT / "topologies" / "paper-testbed.yaml"
 MONITOR = ["--optirack-monitor-interval", "0.5"]  # throughput samples every 0.5 s (emulated)
 RATE_HALVINGS = 2  # how many times the rates may be halved when the host cannot carry them
-
-
-@dataclass
-class Settings:
-    iterations: int
-    repeats: int
-    model: str = "vgg16"
-    results: Path = ROOT / "results"
-    sweep: list[float] = field(default_factory=list)  # k: an uplink runs at 1/k of a GPU NIC's line rate
-    sweep_iterations: int = 0
-    rack_file: Path = PAPER_RACK
-    recalibrate: bool = True  # calibrate again after the cases (--quick: once, before them)
-    fabric: str | None = None  # lossless or droptail: overrides the rack file's emulation.fabric
 
 
 def versions() -> dict:

@@ -1,10 +1,6 @@
-"""Which model of the simulator predicted a figure.
+"""The older name of the simulator's model, and the list of the model's modules.
 
-The model's identity is its fingerprint: a hash of its predictions on a fixed probe set (evidence/fingerprint.py and
-evidence/probes.py compute it). `fingerprint()` reads the one committed with this checkout, simulator/fingerprint.json
-(the test of evidence/fingerprint.py computes it and fails where the file is stale), so that choosing the records
-that check the model costs nothing. A record checks the current model only if its fingerprint is this one.
-
+The model's identity is its fingerprint (evidence/fingerprint.py; simulator/identity.py reads the committed one).
 Before fingerprints, a record named its model by `model_hash`: a hash over the files in MODEL_FILES, each without
 comments, docstrings and blank lines (`model_hash`). Records keep it and new ones still carry it, readable beside the
 fingerprint; it decides nothing now (a refactor changed it though no prediction moved). MODEL_FILES also names the
@@ -55,7 +51,7 @@ MODEL_FILES = (
     "simulator/network.py",  # link rates, efficiency, step latency, sharing
     "simulator/rings.py",  # a ring's closed-form iteration
     "simulator/timeshift.py",  # delaying a ring's first iteration
-    "simulator/tracecheck.py",  # how the trace check simulates a replayed trace (its calibration and policies)
+    "simulator/tracesim.py",  # how the trace check simulates a replayed trace (its policies, lags and calibration)
     "simulator/workloads.py",  # the paper's jobs as simulated jobs
 )
 
@@ -67,17 +63,6 @@ MORE_MODEL = (
     "simulator/racks.py",  # the simulated rack: a rack file, or a generated one
     "simulator/sharing.py",  # MLTCP's shares (the neighbours' mltcp policy)
 )
-FINGERPRINT = Path(__file__).resolve().parent / "fingerprint.json"
-
-
-def fingerprint() -> str | None:
-    """The model's fingerprint committed with this checkout (simulator/fingerprint.json), None without one."""
-    try:
-        return json.loads(FINGERPRINT.read_text())["fingerprint"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def normalise(source: str) -> str:
     """`source` without its comments, docstrings, blank lines and trailing spaces (the same text whatever the
     Python version: the spans to drop come from the tokenizer's comments and the parser's docstring nodes)."""
@@ -138,7 +123,7 @@ def _read_checkout(path: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m simulator.modelhash",
+    p = argparse.ArgumentParser(prog="python -m evidence.modelhash",
                                 description="Print the hash over the simulator's model files that records carry as "
                                             "model_hash (the model's identity is its fingerprint: python -m "
                                             "evidence.fingerprint).")

@@ -1,5 +1,5 @@
 """make report's blocks from the benchmarks' committed records (results/bench/<UTC time>-<commit>-<benchmark>.json,
-written by a benchmark's --json) and the other benchmark records under results/ (scripts/report.py merges BLOCKS).
+written by a benchmark's --json) and the other benchmark records under results/ (engine.py merges BLOCKS).
 
 A block is a function of the demo records (unused here) that returns the block's text; it reads every committed
 record of its benchmark, oldest first, one row per record (or per record and row), so a new run adds a row and
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from scripts.stats import percentile
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ReportError(Exception):
@@ -97,7 +97,8 @@ def loopback(_records: list) -> str:
 def step(_records: list) -> str:
     """bench_allreduce's cost of a ring step beyond its bytes: at the paper cases' gradient (the model's STEP_S) and
     for a tiny one (what is left of it without bytes)."""
-    from simulator.calibration import STEP_RECORD, STEP_S
+    from evidence.calibration import STEP_RECORD
+    from simulator.calibration import STEP_S
 
     rows = ["| record | ring | gradient | iterations | % of the bound, median (min–max) | per step beyond the bound "
             "| per all-reduce | the model's constant (per step) |",
@@ -115,17 +116,18 @@ def step(_records: list) -> str:
 
 
 def step_by_chunk(_records: list) -> str:
-    """bench_allreduce at the chunk sizes the trace rack's jobs send (simulator/calibration.py SMALL_STEP_RECORDS and
+    """bench_allreduce at the chunk sizes the trace rack's jobs send (evidence/calibration.py SMALL_STEP_RECORDS and
     LARGE_STEP_RECORDS): the step cost by chunk, and the constant the model charges each."""
+    from evidence import calibration as measured
     from simulator import calibration as cal
 
     rows = ["| record | line rate | ring | chunk (S/n) | per step beyond the bound, median (min–max) "
             "| the model's constant |", "| --- | --- | --- | --- | --- | --- |"]
     found = []
-    for rel in cal.SMALL_STEP_RECORDS + cal.LARGE_STEP_RECORDS:
+    for rel in measured.SMALL_STEP_RECORDS + measured.LARGE_STEP_RECORDS:
         path = ROOT / rel
         if not path.exists():
-            raise ReportError(f"{rel}: the step record simulator/calibration.py names is not committed")
+            raise ReportError(f"{rel}: the step record evidence/calibration.py names is not committed")
         r = _record(path)["results"]
         found.append((r["gradient_bytes"] / len(r["ring"]), path.stem, r))
     for chunk, stem, r in sorted(found, key=lambda x: (x[0], x[2]["line_mbps"])):
@@ -344,7 +346,7 @@ def netconf_quick(_records: list, directory: Path | None = None) -> str:
     """Quick demos (`make demo ARGS="--quick --results results/netconf-quick"`, case (a) once) on the paper rack
     with its OCS over OpenFlow and over NETCONF (topologies/paper-netconf.yaml), one row per record, and whether
     the NETCONF runs' savings fall within the OpenFlow runs' range."""
-    from simulator import records as rec
+    from evidence import records as rec
 
     found = rec.load(directory or QUICK)
     if not found:

@@ -1,6 +1,6 @@
 """Where the emulation's lags (simulator/lags.py) come from: each measured from committed records.
 
-`python -m simulator.tracefit` reads the trace replay record(s) (results/replay/, scripts/replay_trace.py) and the
+`python -m evidence.tracefit` reads the trace replay record(s) (results/replay/, scripts/replay_trace.py) and the
 `make demo` records with a detailed job log (results/records/: the first repeat of each case keeps `runs[i].job`,
 its ranks' own iterations) and prints, in emulated seconds (the lags' unit) and rack seconds:
 - admit: submit to start of the jobs placed at once (the replay's jobs with no other job's end between their
@@ -140,7 +140,8 @@ def per_iteration(jobs: list[dict], rack_file: Path, lags_on: bool) -> list[dict
     """Each replayed job's emulated time per iteration after the first (end lag out) beside the simulator's for
     its GPUs alone on the rack (rack s)."""
     from controller.core.rack import load_rack
-    from simulator import lags, models, tracecheck
+    from evidence import tracecheck
+    from simulator import lags, models
     from simulator.engine import Options, Run, policies
     from simulator.workloads import JobSpec
 
@@ -161,7 +162,7 @@ def per_iteration(jobs: list[dict], rack_file: Path, lags_on: bool) -> list[dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simulator.tracefit", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m evidence.tracefit", description=__doc__.splitlines()[0])
     ap.add_argument("--replay", type=Path, nargs="+", default=list(REPLAYS),
                     help="replay records (results/replay/), every policy of each pooled (default: the lags' own)")
     ap.add_argument("--demo", type=Path, nargs="*", default=list(DEMO))
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{100 * r['median']:.1f} %, p90 {100 * r['p90']:.1f} % over {r['jobs']} jobs; makespan "
                           f"{r['makespan_a_s']:.1f} vs {r['makespan_b_s']:.1f} s "
                           f"({100 * (r['makespan_b_s'] / r['makespan_a_s'] - 1):+.1f} %)")
-        from simulator.tracecheck import MAKESPAN_BOUND as bound
+        from evidence.tracecheck import MAKESPAN_BOUND as bound
 
         for policy, m in makespans(records).items():
             window = "exists" if max(m) * (1 - bound) <= min(m) * (1 + bound) else "does not exist"
@@ -226,7 +227,7 @@ def repeatability(a: dict, b: dict) -> dict[str, dict[str, float]]:
     """Two replay records of one trace against each other, per policy both hold: the median and p90 of
     |completion time in b / in a - 1| over the jobs done in both, and each makespan (rack s): how far the emulation
     repeats itself, the floor under the trace check's bounds."""
-    from simulator import tracecheck
+    from evidence import tracecheck
 
     out = {}
     for policy in a["policies"].keys() & b["policies"].keys():

@@ -1,4 +1,4 @@
-"""The paper experiment's figures over repeats, its self-checks and what it prints of them (scripts/paper_experiment.py
+"""The paper experiment's figures over repeats, its self-checks and what it prints of them (evidence/demo/experiment.py
 runs the experiment; this is the pure part: a record in, figures and verdicts out).
 
 A case's figure is the median over the repeats with its spread; the checks say whether the answer holds

@@ -1,4 +1,4 @@
-"""The trace check's verdict over the replays of one model (issue 35): simulator/tracecheck.py compares one replay
+"""The trace check's verdict over the replays of one model (issue 35): evidence/tracecheck.py compares one replay
 record with the simulator, policy by policy; this judges the committed records of the current model together.
 
 - Each record, each policy: median |error| of completion time <= 10 %, p90 <= 20 %, the same start order
@@ -9,7 +9,7 @@ record with the simulator, policy by policy; this judges the committed records o
 Why the makespan is judged against the replays' mean and not each replay alone: the emulated rack does not repeat
 its own makespan within 5 %. Five replays of the same trace on the same emulation (the controller, the worker and
 the emulation unchanged from a3efd36 to af9cc21; only the simulator changed) ended `defrag` at 219.3, 196.0,
-202.9, 209.2 and 217.5 s (`python -m simulator.tracefit --repeatability --replay` the five records): 11.9 % from
+202.9, 209.2 and 217.5 s (`python -m evidence.tracefit --repeatability --replay` the five records): 11.9 % from
 the shortest to the longest, wider than the 10 % window that "within 5 %" allows, so no prediction, however good,
 is within 5 % of each of them (196.0 x 1.05 < 219.3 x 0.95). The spread comes from the host (its two cores run up
 to 16 workers and Open vSwitch; a replay's iterations run a few percent slower or faster throughout) and from near
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import statistics
 
-from simulator import tracecheck
-from simulator.tracecheck import MAKESPAN_BOUND
+from evidence import tracecheck
+from evidence.tracecheck import MAKESPAN_BOUND
 
 MIN_RECORDS = 3
 POLICIES = ("fixed", "regroup", "defrag")

@@ -1,5 +1,5 @@
 """make report's blocks from the simulator's committed records (results/simulate-*/, results/bench-simulate.json;
-scripts/report.py merges BLOCKS), in docs/simulator.md and the simulator-*.md pages beside it.
+evidence/report/engine.py merges BLOCKS), in docs/simulator.md and the simulator-*.md pages beside it.
 
 Blocks: sim-seeds (1,024 GPUs over three seeds: the "Over seeds" table of results/simulate-1024-seeds/summary.md),
 sim-timeshift (the pairs of jobs that shared an uplink on traces/sample.csv, from
@@ -10,7 +10,7 @@ results/bench-simulate.json) and sim-failures (server failures at 4,096 and 16,3
 results/simulate-failures-*/summary.md), and sim-readme-run (the droptail-era demo run against the simulator, held
 and max-min: tests/data/demo-readme-run.json through simulator.fidelity), sim-sweep-gain (regroup's saving over
 fixed by oversubscription, job-size mix and load: results/sweep-gain/runs.csv, simulator/sweepgain.py). The trace
-check's blocks (sim-trace-*) are scripts/report_trace.py's.
+check's blocks (sim-trace-*) are evidence/report/trace.py's.
 
 Most records are the summary.md `optirack simulate` writes (its results.json, with every job's row, is too large to
 commit at these sizes), so a block reads the tables of that file by their headers and takes its figures as the
@@ -27,9 +27,9 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+from evidence.report.bench import ROOT, ReportError, signed
+from evidence.report.bench import read_text as _read
 from scripts.bench_simulate import LIMIT_BYTES, LIMIT_S
-from scripts.report_bench import ROOT, ReportError, signed
-from scripts.report_bench import read_text as _read
 
 RESULTS = ROOT / "results"
 WIDTH = 117  # prose lines of a block

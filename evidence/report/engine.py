@@ -2,7 +2,7 @@
 """Rebuild every results table of README.md and docs/*.md from the committed records (`make report`).
 
 A table lives between the lines `<!-- report:NAME -->` and `<!-- /report:NAME -->`; this rewrites what is between the
-two marks from the records under results/records/ (simulator/records.py) and nothing else. `--check` writes
+two marks from the records under results/records/ (evidence/records.py) and nothing else. `--check` writes
 nothing: it shows a diff of each block whose committed text differs from what the records give, and exits 1
 (a unit test runs it). A block of an unknown name, or a mark without its end, exits 2 naming the file and line.
 
@@ -10,10 +10,10 @@ Blocks: headline (README: the paper's two cases, one row per full record and cas
 job of concern and each case's distance from the paper), sweep (case (a) against the uplink's rate), records
 (every committed record: when, which commit, fabric, model fingerprint, checks), fidelity-droptail and
 shares-droptail (the simulator against the droptail record, as `optirack simulate --case` and
-`python -m simulator.evidence` print them). The benchmarks' blocks (reconfig, loopback, step, failover,
-checkpoint-cost, placement, store, observed, rack) are in scripts/report_bench.py, from the records under
-results/bench/ and results/bench-*.json; the simulator's (sim-*) in scripts/report_sim.py, from results/simulate-*/;
-slurm (docs/slurm.md) in scripts/report_slurm.py, from results/slurm/.
+`python -m evidence.uplink` print them). The benchmarks' blocks (reconfig, loopback, step, failover,
+checkpoint-cost, placement, store, observed, rack) are in evidence/report/bench.py, from the records under
+results/bench/ and results/bench-*.json; the simulator's (sim-*) in evidence/report/sim.py, from results/simulate-*/;
+slurm (docs/slurm.md) in evidence/report/slurm.py, from results/slurm/.
 Every results table of the README and docs is in a block.
 
 On an emulated GPU the compute is a wait: what the worker reports as utilization is the compute time over the
@@ -30,17 +30,19 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a file (python scripts/report.py)
-    sys.path.insert(0, str(ROOT))
+from evidence import records as rec
+from evidence.report import bench as report_bench
+from evidence.report import neighbours as report_neighbours
+from evidence.report import sim as report_sim
+from evidence.report import slurm as report_slurm
+from evidence.report import trace as report_trace
+from evidence.report.bench import ReportError, bench_records  # noqa: F401 (the names tests and callers use)
+from simulator.cases import CASES
 
-from scripts import report_bench, report_neighbours, report_sim, report_slurm, report_trace  # noqa: E402
-from scripts.report_bench import ReportError, bench_records  # noqa: E402,F401 (the names tests and callers use)
-from simulator import records as rec  # noqa: E402
-from simulator.cases import CASES  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 MARK = re.compile(r"^<!-- (/?)report:([A-Za-z0-9_-]+) -->$", re.M)  # a mark is a line of its own
-PAPER = {  # Yan et al., OFC 2022, section 3 (as scripts/paper_experiment.py's PAPER)
+PAPER = {  # Yan et al., OFC 2022, section 3 (as evidence/demo/experiment.py's PAPER)
     "a": {"before_s": 407, "after_s": 109, "reduction": 0.732, "util": "GPU utilization 3×"},
     "b": {"before_s": 368, "after_s": 140, "reduction": 0.620, "util": "no significant change in GPU utilization"},
 }
@@ -167,12 +169,13 @@ def _against_paper(records: list[rec.Record]) -> str:
 def fidelity_summary(records: list[rec.Record]) -> str:
     """The README's sentence on the simulator against the current model's records: how many, and the largest
     difference of any point of any of them."""
+    from evidence import fidelity as evidence_fidelity
     from simulator import fidelity
 
     checked = rec.of_current_model(records)
     if not checked:
         return "No whole record was made with the simulator's current model yet: nothing checks the model."
-    worst = max(abs(p.error) for r in checked for p in fidelity.check_record(r.data)[0])
+    worst = max(abs(p.error) for r in checked for p in evidence_fidelity.check_record(r.data)[0])
     n = "the record" if len(checked) == 1 else f"these {len(checked)} records"
     return textwrap.fill(
         f"The simulator's model of this fabric was committed before {n} were made, and simulates every point of "
@@ -259,7 +262,7 @@ def fidelity_droptail(records: list[rec.Record]) -> str:
 def fidelity_current(records: list[rec.Record]) -> str:
     """The simulator against every whole record made with its current model (the fidelity test's check, within
     10 %): one row per point, one column per record, the simulated mean iteration's difference from the emulated."""
-    from simulator import fidelity
+    from evidence import fidelity as evidence_fidelity
 
     checked = rec.of_current_model(records)
     if not checked:
@@ -268,7 +271,7 @@ def fidelity_current(records: list[rec.Record]) -> str:
     rows = [header, "| --- | --- |" + " --- |" * len(checked)]
     table: dict[tuple[str, str], list[str]] = {}
     for r in checked:
-        for p in fidelity.check_record(r.data)[0]:
+        for p in evidence_fidelity.check_record(r.data)[0]:
             label = re.sub(r"demo rack \(1:[0-9.]+\)", "demo rack", p.label)
             table.setdefault((label, p.policy), []).append(
                 f"{p.emulated_s:.3f} → {p.simulated_s:.3f} s ({100 * p.error:+.1f} %)")
@@ -279,7 +282,7 @@ def fidelity_current(records: list[rec.Record]) -> str:
 
 
 def shares_droptail(records: list[rec.Record]) -> str:
-    from simulator import evidence
+    from evidence import uplink as evidence
 
     rows = ["| point | emulated | held (the model of the emulation) | max-min (the lossless fabric's what-if) |",
             "| --- | --- | --- | --- |"]

@@ -129,7 +129,8 @@ def calibration_for(fabric: str = "lossless"):
     (its measured ring efficiency and the fabric's sharing); without one, of the newest committed record on
     `fabric` of any model (the calibration ring measures the fabric, not the model: a new model's hash has no
     record until `make demo` runs); the provisional one if there is none."""
-    from simulator import calibration, records
+    from evidence import records
+    from simulator import calibration
 
     every = records.load()
     for recs in (records.of_current_model(every), [r for r in every if r.full]):
@@ -141,32 +142,13 @@ def calibration_for(fabric: str = "lossless"):
 
 def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, with_lags: bool = True,
              one_step: bool = False) -> tuple[list[dict], int]:
-    """The trace's jobs (dicts of arrival_s, gpus, model, iterations; trace order) through the engine on
-    `rack_file` under `policy`: (comparison rows, circuits changed). The emulation's lags (simulator/lags.py) are
-    charged unless `with_lags` is false (the model before them, for comparison); `one_step`: every ring step costs
-    STEP_S whatever its chunk (the model before the small chunks' step, simulator/calibration.py)."""
-    import dataclasses
-
+    """The trace's jobs through the simulator (simulator/tracesim.py), calibrated as `calibration_for` the rack's
+    fabric says."""
     from controller.core.rack import load_rack
-    from simulator import lags
-    from simulator.engine import Options, Run, policies
-    from simulator.workloads import JobSpec
+    from simulator import tracesim
 
-    rack = load_rack(rack_file)
-    cal, _ = calibration_for(rack.spec.emulation.fabric)
-    jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
-    charged = lags.for_rack(rack.spec.emulation.time_dilation) if with_lags else lags.NONE
-    net = cal.net(rack)
-    if one_step:
-        net = dataclasses.replace(net, small_step_latency_s=None)
-    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=net, step_model="exact", lags=charged)).run()
-    by_id = {j.id: j for j in out.jobs}
-    rows = []
-    for i, spec in enumerate(jobs):
-        r = by_id[spec.id]
-        rows.append({"index": i, "arrival_s": r.arrival_s, "admit_s": r.placed_s, "start_s": r.started_s,
-                     "end_s": r.end_s if r.end_s >= 0 and not r.failed else None})
-    return rows, out.circuits_changed
+    cal, _ = calibration_for(load_rack(rack_file).spec.emulation.fabric)
+    return tracesim.simulate(rack_file, trace, policy, defrag_s, cal, with_lags, one_step)
 
 
 def compare_record(record: dict, trace: list[dict], rack_file: Path, with_lags: bool = True,
@@ -207,7 +189,7 @@ def start_delays(run: dict) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m simulator.tracecheck RECORD...`: each replay record beside the simulator, and each policy's start
+    """`python -m evidence.tracecheck RECORD...`: each replay record beside the simulator, and each policy's start
     delays (start to first iteration)."""
     import argparse
     import json
@@ -215,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from simulator.workloads import read_trace
 
-    ap = argparse.ArgumentParser(prog="python -m simulator.tracecheck", description=main.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m evidence.tracecheck", description=main.__doc__.splitlines()[0])
     ap.add_argument("records", nargs="+", type=Path, help="results/replay/*.json (scripts/replay_trace.py)")
     ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parents[1] / "traces" / "trace16.csv")
     ap.add_argument("--no-lags", action="store_true",

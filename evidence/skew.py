@@ -10,7 +10,7 @@ shows how far apart the ranks really are. Per fragmented run of a case, from eve
 - the same two for the job beside (`runs[i].beside`), and the simulator's iteration for it (both jobs starting
   together).
 
-`python -m simulator.skew` prints the table; docs/simulator-fidelity.md quotes it. A pure reading of the
+`python -m evidence.skew` prints the table; docs/simulator-fidelity.md quotes it. A pure reading of the
 committed records: it changes no model (this module is outside simulator/modelhash.MODEL_FILES).
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ import argparse
 import statistics
 import sys
 
-from simulator import calibration, fidelity, records
+from evidence import records
+from simulator import calibration, fidelity
 from simulator.engine import Options, Run, policies
 from simulator.workloads import paper_case
 
@@ -71,7 +72,7 @@ def table(out: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simulator.skew", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m evidence.skew", description=__doc__.splitlines()[0])
     ap.add_argument("--case", default="b", choices=("a", "b"))
     args = ap.parse_args(argv)
     recs = records.of_current_model(records.load())

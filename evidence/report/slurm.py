@@ -1,4 +1,4 @@
-"""The block of docs/slurm.md (scripts/report.py merges BLOCKS): what scripts/slurm_experiment.py measured through
+"""The block of docs/slurm.md (engine.py merges BLOCKS): what scripts/slurm_experiment.py measured through
 Slurm, from the records under results/slurm/ (one row per record)."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts.report_bench import ReportError
+from evidence.report.bench import ReportError
 
-SLURM = Path(__file__).resolve().parents[1] / "results" / "slurm"
+SLURM = Path(__file__).resolve().parents[2] / "results" / "slurm"
 
 
 def _records(directory: Path | None) -> list[tuple[str, dict]]:

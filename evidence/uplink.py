@@ -1,6 +1,6 @@
 """What the demo's record shows about a fragmented ring's uplink, beside what the simulator assumes.
 
-Two figures, both from a `make demo` record (default: the droptail one, simulator/records.py DROPTAIL):
+Two figures, both from a `make demo` record (default: the droptail one, evidence/records.py DROPTAIL):
 - for each run recorded in detail, each flow of the job of concern's ring (rank i -> rank i+1):
   the bytes its sender's NIC sent over the bytes its receiver's NIC received, from the monitor's
   throughput samples. Above 1 by more than the headers' few per cent, the flow resent what a
@@ -12,7 +12,7 @@ Two figures, both from a `make demo` record (default: the droptail one, simulato
   network on the droptail fabric) and with max-min sharing (the model on the lossless fabric), each marked
   as the model for the record's fabric or a what-if.
 
-`python -m simulator.evidence [RECORD]` prints both.
+`python -m evidence.uplink [RECORD]` prints both.
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from evidence import records
 from profiles import WORKLOADS, compute_seconds
-from simulator import calibration, fidelity, records
+from simulator import calibration, fidelity
 from simulator.workloads import paper_case
 
 STALLED = 0.10  # a comm window in which a crossing flow delivered under this share of the uplink
@@ -157,7 +158,7 @@ def _summary(record: dict, p: fidelity.Point) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simulator.evidence", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m evidence.uplink", description=__doc__.splitlines()[0])
     ap.add_argument("record", nargs="?", default=str(RECORD), help=f"make demo's record (default {RECORD})")
     ap.add_argument("--fit", metavar="FIT_RECORD",
                     help="instead: the points a `paper_experiment --fit` record tried, simulated on RECORD's rack and "

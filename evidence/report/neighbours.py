@@ -1,4 +1,4 @@
-"""make report's blocks for the neighbours' pages (docs/neighbour-*.md; scripts/report.py merges BLOCKS), each the
+"""make report's blocks for the neighbours' pages (docs/neighbour-*.md; engine.py merges BLOCKS), each the
 paper's figure beside ours from the records of `python scripts/neighbours.py all` (results/neighbours/*.json) and
 the 4,096-GPU run of them all (results/simulate-4096-neighbours/summary.md). A record that is missing or lacks
 what a block needs raises ReportError naming the file."""
@@ -8,8 +8,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts.report_bench import ROOT, ReportError, read_text
-from scripts.report_sim import FIELD, _rows, _table
+from evidence.report.bench import ROOT, ReportError, read_text
+from evidence.report.sim import FIELD, _rows, _table
 
 RESULTS = ROOT / "results"
 ORDER = ["regroup", "switchml", "panama", "ideal"]  # the collectives' rows: ring, single tree, PANAMA, the bound

@@ -1,0 +1,3 @@
+from evidence.demo.experiment import main
+
+raise SystemExit(main())

@@ -1,0 +1,3 @@
+from evidence.report.engine import main
+
+raise SystemExit(main())
