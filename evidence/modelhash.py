@@ -59,10 +59,19 @@ MODEL_FILES = (
 # modules the probe set runs besides MODEL_FILES (not in the old hash, so that it stays what records carry)
 MORE_MODEL = (
     "controller/core/rackgen.py",  # generated racks of any size
+    "simulator/busy.py",  # GPU-seconds computed (split from interference.py)
+    "simulator/eventkinds.py",  # the kinds of a run's events (split from engine.py)
     "simulator/neighbours.py",  # the neighbours' fabrics and collectives
     "simulator/racks.py",  # the simulated rack: a rack file, or a generated one
+    "simulator/results.py",  # what a run predicts, per job and per run (split from engine.py)
+    "simulator/run_failures.py",  # a run's server failures and recoveries (split from engine.py)
+    "simulator/run_moves.py",  # a run's defragmentation rounds and moves (split from engine.py)
+    "simulator/runspec.py",  # a run's policy and options (split from engine.py)
+    "simulator/schedview.py",  # a run as the admission policies see it (split from engine.py)
     "simulator/sharing.py",  # MLTCP's shares (the neighbours' mltcp policy)
 )
+
+
 def normalise(source: str) -> str:
     """`source` without its comments, docstrings, blank lines and trailing spaces (the same text whatever the
     Python version: the spans to drop come from the tokenizer's comments and the parser's docstring nodes)."""

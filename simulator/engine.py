@@ -12,7 +12,7 @@ import heapq
 import statistics
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from controller.core import admission, spares
 from controller.core.circuits import CircuitDiff
@@ -21,144 +21,21 @@ from controller.core.rack import Rack
 from simulator import models
 from simulator.adapter import Placer, Unplaceable
 from simulator.detail import RingState
-from simulator.failures import RECOVERIES, FailureClock, Failures, checkpointed
-from simulator.interference import Busy, Interference, Limits
+from simulator.eventkinds import ARRIVE, DEFRAG, END, FAIL, MOVE, RELEASE, REPAIR, REQUEUE, RESUME, START
+from simulator.failures import FailureClock, Failures
+from simulator.interference import Busy, Interference
 from simulator.lags import NONE as NO_LAGS
-from simulator.lags import Lags
-from simulator.network import GBPS, Fabric, NetParams, ring_net
+from simulator.network import GBPS, Fabric, ring_net
+from simulator.results import JobResult, RunResult
 from simulator.rings import Ring
+from simulator.run_failures import FailureEvents
+from simulator.run_moves import Moves
+from simulator.runspec import SCHEDULER_LABELS, Options, Policy, policies, with_recovery, with_scheduler  # noqa: F401
+from simulator.schedview import SchedulerView
 from simulator.timeshift import best_shift
 from simulator.workloads import JobSpec
 
-ARRIVE, START, MOVE, RESUME, DEFRAG, END, FAIL, REPAIR, REQUEUE, RELEASE = range(10)
-
-
-@dataclass(frozen=True)
-class Policy:
-    name: str
-    placement: str  # the controller's policy at admission: fixed | regroup
-    defrag_s: float = 0.0  # defragment every this many seconds (0: never)
-    timeshift: bool = False
-    label: str = ""
-    ideal: bool = False  # a non-blocking electrical fabric: only the NICs limit a ring (the upper bound)
-    scheduler: str = "fifo"  # the admission policy of controller.core.admission
-    recovery: str = ""  # with failures (Options.failures): swap | checkpoint | scratch; "" none
-
-
-def with_scheduler(policy: Policy, scheduler: str) -> Policy:
-    """The placement policy under another admission policy, named policy+scheduler (fifo keeps the plain name)."""
-    if scheduler == "fifo":
-        return policy
-    if scheduler not in admission.POLICIES:
-        raise ValueError(f"unknown scheduler {scheduler!r} (known: {', '.join(admission.POLICIES)})")
-    return replace(policy, name=f"{policy.name}+{scheduler}", scheduler=scheduler,
-                   label=f"{policy.label}; {SCHEDULER_LABELS[scheduler]}")
-
-
-def with_recovery(policy: Policy, recovery: str) -> Policy:
-    """The policy with server failures and this recovery (simulator/failures.py), named policy+recovery."""
-    if recovery == "none":
-        return policy
-    if recovery not in RECOVERIES:
-        raise ValueError(f"unknown recovery {recovery!r} (known: none, {', '.join(RECOVERIES)})")
-    return replace(policy, name=f"{policy.name}+{recovery}", recovery=recovery,
-                   label=f"{policy.label}; failures, {RECOVERIES[recovery]}")
-
-
-SCHEDULER_LABELS = {
-    "fifo": "first come first served",
-    "backfill": "EASY backfill",
-    "sjf": "shortest job first",
-    "las": "least attained service, preemptive",
-}
-
-
-def policies(defrag_s: float) -> dict[str, Policy]:
-    return {p.name: p for p in (
-        Policy("fixed", "fixed", label="fixed: today's cabling"),
-        Policy("regroup", "regroup", label="regroup at admission"),
-        Policy("defrag", "regroup", defrag_s=defrag_s, label=f"regroup + defragment every {defrag_s:g} s"),
-        Policy("timeshift", "regroup", timeshift=True, label="regroup + time shifting of rings that share"),
-        Policy("ideal", "fixed", label="ideal non-blocking fabric (upper bound)", ideal=True),
-        Policy("static", "fixed", label="static oversubscribed fabric (no OCS; as fixed)"),
-    )}
-
-
-@dataclass(frozen=True)
-class Options:
-    net: NetParams = NetParams()
-    limits: Limits = Limits()
-    control_overhead_s: float = 0.010  # controller work per reconfiguration besides switching
-    force: str | None = None  # 'detail' or 'mean' for every shared component
-    step_model: str = "auto"  # exact: every ring step an event; phase: whole all-reduces; auto: exact up to 64 GPUs
-    nvlink_gbps: float = 0.0  # a server's GPUs as an NVLink domain at this rate per GPU (0: through their NICs)
-    durations: str = "derived"  # jobs given by duration: "derived" iterations or "replayed" as is (workloads.py)
-    failures: Failures | None = None  # server failures and how jobs recover (simulator/failures.py); None: none
-    lags: Lags = NO_LAGS  # the emulation's container start and end, GPU release and per-iteration lags (lags.py)
-
-    def coarse(self, rack: Rack) -> bool:
-        return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)
-
-
-@dataclass(slots=True)
-class JobResult:
-    id: str
-    gpus: int
-    model: str
-    iterations: int
-    arrival_s: float
-    placed_s: float = -1.0  # GPUs granted
-    started_s: float = -1.0  # its containers started (placed_s plus Lags.containers; the controller's started_at)
-    start_s: float = -1.0  # first iteration
-    end_s: float = -1.0
-    placement: tuple[str, ...] = ()
-    switches: int = 0
-    shift_s: float = 0.0
-    score_before: float = 0.0  # summed compatibility score of its shared links, unshifted (time shifting)
-    score_after: float = 0.0  # and with the chosen shift
-    stall_s: float = 0.0  # dark time after the start (moves)
-    moves: int = 0
-    shared: bool = False
-    alone_iteration_s: float = 0.0  # where it was first placed, with no other traffic
-    label: str = ""
-    stopped: bool = False  # stopped with the job it ran beside
-    done: float = 0.0  # iterations done (all of them, unless stopped)
-    failed: str = ""  # why the controller gave up on it (it could never be placed)
-    alone_run_s: float = 0.0  # a replayed job's recorded duration (else iterations x alone_iteration_s)
-    preemptions: int = 0  # times the scheduler stopped it to run another (las)
-    interruptions: int = 0  # times a server it held failed
-    redone: float = 0.0  # iterations lost at interruptions (done again)
-    suspended_s: float = 0.0  # time between a preemption and its restart
-    end_lag_s: float = 0.0  # its last iteration's end to its end (Lags.end_s)
-
-    @property
-    def jct_s(self) -> float:
-        return self.end_s - self.arrival_s
-
-    @property
-    def queue_s(self) -> float:
-        return self.placed_s - self.arrival_s
-
-    @property
-    def mean_iteration_s(self) -> float:
-        run = self.end_s - self.end_lag_s - self.start_s - self.stall_s - self.suspended_s
-        return run / self.done if self.done else float("nan")
-
-
-@dataclass
-class RunResult:
-    policy: Policy
-    jobs: list[JobResult]
-    held: list[tuple[float, float, int]]  # from, to, GPUs held
-    busy: object  # (from, to, GPU-seconds computed) pieces: a list, or Busy
-    reconfigurations: int = 0
-    circuits_changed: int = 0
-    dark_s: float = 0.0  # summed dark windows
-    stats: dict = field(default_factory=dict)
-    frag: list[tuple[float, int, int]] = field(default_factory=list)  # time, most free GPUs under one switch, free
-    failures: int = 0  # server failures (while the server was up)
-    lost_gpu_s: float = 0.0  # GPU-seconds of work lost at interruptions
-    restart_gpu_s: float = 0.0  # GPU-seconds held while restarting after an interruption
+DEFAULT_OPTIONS = Options()
 
 
 def dark_time(rack: Rack, diff: CircuitDiff) -> float:
@@ -173,10 +50,11 @@ def dark_time(rack: Rack, diff: CircuitDiff) -> float:
     return worst
 
 
-class Run:
-    """Simulate `jobs` on `rack` under `policy`."""
+class Run(FailureEvents, Moves):
+    """Simulate `jobs` on `rack` under `policy` (failures: simulator/run_failures.py; defragmentation:
+    simulator/run_moves.py; what the admission policies see: simulator/schedview.py)."""
 
-    def __init__(self, rack: Rack, jobs: list[JobSpec], policy: Policy, options: Options = Options(),
+    def __init__(self, rack: Rack, jobs: list[JobSpec], policy: Policy, options: Options = DEFAULT_OPTIONS,
                  progress: Callable[[int], None] | None = None):
         if policy.recovery:
             options = replace(options, failures=replace(options.failures or Failures(), recovery=policy.recovery))
@@ -206,7 +84,7 @@ class Run:
         self.iterations = {i: j.iterations for i, j in self.jobs.items()}  # derived at admission for durations
         self.replayed: set[int] = set()  # held for their recorded durations, off the simulated network
         self.replay_busy: list[tuple[float, float, float]] = []
-        self.view = _View(self) if policy.scheduler in admission.NEEDS_CLUSTER else None
+        self.view = SchedulerView(self) if policy.scheduler in admission.NEEDS_CLUSTER else None
         self.since: dict[int, float] = {}  # when a job's current hold of GPUs began
         self.served: dict[int, float] = {}  # GPU-seconds run before its current hold (preempted jobs)
         self.resume: dict[int, RingState] = {}  # a preempted job's progress, to start from when placed again
@@ -469,73 +347,6 @@ class Run:
         self.results[key].preemptions += 1
         bisect.insort(self.queue, key)
 
-    # --- failures ------------------------------------------------------------------------
-    def _next_failure(self, t: float) -> None:
-        when, server = self.clock.next(t)
-        if when < float("inf"):
-            self.push(when, FAIL, -1, server)
-
-    def _work_left(self) -> bool:
-        return bool(self.arrived < len(self.jobs) or self.running or self.pending or self.moving or self.queue
-                    or self.requeued or self.releasing)
-
-    def _server_fails(self, t: float, _, server: str) -> None:
-        """A server fails: every job holding one of its GPUs is interrupted, and its GPUs are out until repaired."""
-        if self._work_left():
-            self._next_failure(t)
-        if server in self.down:
-            return
-        self.out.failures += 1
-        occ = self.placer.occ
-        holders = {occ.holder[occ.ix.gpu_id[g]] for g in self.servers[server]} - {None}
-        holders -= {self.jobs[k].id for k in self.releasing}  # ended: only their release is left
-        for key in sorted(self.key_of[j] for j in holders):
-            self._interrupt(t, key)
-        f = self.o.failures
-        self.down[server] = t + f.repair_s
-        self.placer.hold(f"down:{server}", self.servers[server])
-        self.push(t + f.repair_s, REPAIR, -1, server)
-        self._admit(t)
-
-    def _interrupt(self, t: float, key: int) -> None:
-        f, r = self.o.failures, self.results[key]
-        was_running = key in self.running or key in self.moving
-        held = self.placer.gpus[self.jobs[key].id]
-        switches = self.placer.switches(held)
-        progress = self._stop(t, key)
-        since_t, since_p = self.run_since.pop(key, (t, progress))
-        if f.recovery == "scratch":
-            keep = 0.0
-        else:
-            keep = checkpointed(progress, since_p, since_t, t, f.checkpoint_s) if was_running else progress
-        lost = max(0.0, progress - keep)
-        if lost and progress > since_p:  # the lost iterations at the pace of this run
-            self.out.lost_gpu_s += lost * (t - since_t) / (progress - since_p) * r.gpus
-        r.interruptions += 1
-        r.redone += lost
-        self.resume[key] = RingState(done=int(keep))
-        if f.recovery == "swap":
-            self.swapping[key] = (held, switches)
-            self.delay[key] = (t + f.swap_s, 0.0)
-            self.queue.appendleft(key)
-        elif f.recovery == "scratch":
-            self.delay[key] = (0.0, f.restart_s)
-            self.queue.appendleft(key)
-        else:  # after the repair
-            self.delay[key] = (0.0, f.restart_s)
-            self.requeued += 1
-            self.push(t + f.repair_s, REQUEUE, key)
-
-    def _repaired(self, t: float, _, server: str) -> None:
-        del self.down[server]
-        self.placer.release(f"down:{server}")
-        self._admit(t)
-
-    def _requeue(self, t: float, key: int, _) -> None:
-        self.requeued -= 1
-        self.queue.appendleft(key)
-        self._admit(t)
-
     def _finish(self, t: float, key: int, stopped: bool = False) -> None:
         done = 0.0 if key in self.replayed else self.inter.remove(t, key)[1]
         r = self.results[key]
@@ -563,43 +374,6 @@ class Run:
         if admit:
             self._admit(t)
 
-    # --- defragmentation -----------------------------------------------------------------
-    def _defragment(self, t: float, *_) -> None:
-        running = {self.jobs[k].id: self.placer.gpus[self.jobs[k].id] for k in self.running
-                   if k not in self.moving and k not in self.replayed}
-        for step in self.placer.defragment(running):
-            begin = max(t, self.ocs_free)
-            ready = self._reconfigure(t, step.diff)
-            for job, p in step.moves.items():
-                key = self.key_of[job]
-                self.moving.add(key)
-                self.results[key].switches = len(p.switches)
-                self.push(begin, MOVE, key, (ready, self.gen.get(key, 0)))
-        if self.running or self.queue or self.arrived < len(self.jobs):
-            self.push(t + self.policy.defrag_s, DEFRAG)
-
-    def _move(self, t: float, key: int, data: tuple[float, int]) -> None:
-        """A moved job's circuits go dark: it stalls until `ready`, then goes on where it was."""
-        ready, gen = data
-        if key not in self.running or gen != self.gen.get(key, 0):  # it ended (or was stopped) before its turn
-            if gen == self.gen.get(key, 0):
-                self.moving.discard(key)
-            return
-        state, _ = self.inter.remove(t, key)
-        self.running.discard(key)
-        r = self.results[key]
-        r.moves, r.stall_s = r.moves + 1, r.stall_s + (ready - t)
-        self.stalled[key] = state
-        self.push(ready, RESUME, key, gen)
-
-    def _resume(self, t: float, key: int, gen: int) -> None:
-        if gen != self.gen.get(key, 0) or key not in self.stalled:  # interrupted while it stalled
-            return
-        state = self.stalled.pop(key)
-        self.moving.discard(key)
-        self.running.add(key)
-        self.inter.add(t, self._ring(key), self.iterations[key], state)
-
     def _busy(self) -> list | Busy:
         """GPU-seconds of computing in each stretch the rings ran at one pace, and the replayed jobs'."""
         busy = self.inter.busy
@@ -609,72 +383,3 @@ class Run:
         return busy
 
 
-class _View:
-    """The simulated cluster as the admission policies see it (controller.core.admission.Cluster)."""
-
-    def __init__(self, run: Run):
-        self.run, self.now = run, 0.0
-        self._per: dict[tuple[str, int], float] = {}
-        gpus = list(run.rack.gpus.values())
-        names = [g.model for g in gpus]
-        self._common = max(sorted(set(names)), key=names.count)
-        self._nic = min(g.nic.rate_gbps for g in gpus) * GBPS
-
-    def free(self) -> int:
-        return self.run.placer.free()
-
-    def gpus(self, key: int) -> int:
-        return self.run.jobs[key].gpus
-
-    def _iteration(self, model: str, n: int) -> float:
-        """A job's iteration alone on the rack's commonest GPU model, its all-reduce at the NICs' rate."""
-        if (model, n) not in self._per:
-            run = self.run
-            c = models.cost(model, [self._common] * n, run.server_gpus, run.o.nvlink_gbps * GBPS, self._nic)
-            steps = 2 * (n - 1)
-            comm = steps * (c.gradient_bytes / n / (self._nic * run.o.net.efficiency)
-                            + run.o.net.step_latency(c.gradient_bytes / n))
-            self._per[model, n] = max(c.compute_s) + comm
-        return self._per[model, n]
-
-    def _length(self, key: int) -> float:
-        run, job = self.run, self.run.jobs[key]
-        if job.duration_s and not job.iterations:
-            return job.duration_s
-        r = run.results[key]
-        per = r.alone_iteration_s or self._iteration(job.model, job.gpus)
-        return run.iterations[key] * per
-
-    def estimate(self, key: int) -> float:
-        """Seconds left to run: a running ring's predicted end, else its length alone less the whole iterations
-        done before a preemption."""
-        run = self.run
-        if key in run.releasing:
-            return max(0.0, run.releasing[key] - self.now)
-        if key in run.running and key not in run.replayed and key in run.inter.finish:
-            return max(0.0, run.inter.finish[key] - self.now)
-        length = self._length(key)
-        state = run.resume.get(key)
-        if state is not None and run.iterations[key]:
-            length *= max(0.0, 1 - state.done / run.iterations[key])
-        if key in run.pending:
-            return run.pending[key][1] - self.now + length
-        if key in run.replayed and key in run.running:
-            return max(0.0, run.results[key].start_s + run.jobs[key].duration_s - self.now)
-        return length
-
-    def attained(self, key: int) -> float:
-        run = self.run
-        since = run.since.get(key)
-        held = (self.now - since) * run.jobs[key].gpus if since is not None else 0.0
-        return run.served.get(key, 0.0) + held
-
-    def running(self) -> list[admission.Running]:
-        run = self.run
-        keys = sorted(run.running | set(run.pending) | run.moving | set(run.releasing))
-        return [admission.Running(k, run.jobs[k].gpus, self.now + self.estimate(k), self.attained(k),
-                                  k not in run.moving and k not in run.replayed and k not in run.releasing)
-                for k in keys]
-
-    def preempt(self, key: int) -> None:
-        self.run.preempt(self.now, key)

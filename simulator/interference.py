@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from simulator.busy import Busy
 from simulator.columns import ALMOST_ONE, Block, Columns, elapsed_of, state_of
 from simulator.detail import Detail, RingState
 from simulator.maxmin import max_min
@@ -59,26 +59,6 @@ class _Comp:
     def at(self, key: int) -> tuple[float, float, float]:
         f = self.fluid[key]
         return f.t, f.done, f.period
-
-
-class Busy:
-    """GPU-seconds computed, as (from, to, GPU-seconds) rows in typed arrays: one row per component each time it is
-    settled (its rings' iterations done since it was solved, times each ring's compute per iteration), 24 bytes a
-    row; iterated as tuples."""
-
-    def __init__(self):
-        self.t0, self.t1, self.amount = array("d"), array("d"), array("d")
-
-    def add(self, t0: float, t1: float, amount: float) -> None:
-        self.t0.append(t0)
-        self.t1.append(t1)
-        self.amount.append(amount)
-
-    def __len__(self) -> int:
-        return len(self.t0)
-
-    def __iter__(self):
-        return zip(self.t0, self.t1, self.amount, strict=True)
 
 
 class Interference:

@@ -73,19 +73,20 @@ def _replace(path: Path, old: str, new: str) -> None:
 
 
 def test_a_pure_refactor_keeps_the_fingerprint(model_copy):
-    """Busy moved out of interference.py into a module of its own, dark_time renamed where the engine calls it:
+    """Limits moved out of interference.py into a module of its own, dark_time renamed where the engine calls it:
     the same predictions, the same fingerprint (computed in another process, on the copy)."""
     inter = model_copy / "simulator" / "interference.py"
     text = inter.read_text()
-    start, end = text.index("class Busy:"), text.index("class Interference:")
-    (model_copy / "simulator" / "busy.py").write_text(
-        '"""GPU-seconds computed."""\nfrom array import array\n\n\n' + text[start:end].rstrip() + "\n")
+    start, end = text.index("@dataclass(frozen=True)\nclass Limits:"), text.index("@dataclass\nclass _Fluid:")
+    (model_copy / "simulator" / "limits.py").write_text(
+        '"""When a component is stepped through."""\nfrom dataclasses import dataclass\n\n\n'
+        + text[start:end].rstrip() + "\n")
     inter.write_text(text[:start] + text[end:])
     _replace(inter, "from simulator.maxmin import max_min\n",
-             "from simulator.busy import Busy\nfrom simulator.maxmin import max_min\n")
+             "from simulator.limits import Limits\nfrom simulator.maxmin import max_min\n")
     engine = model_copy / "simulator" / "engine.py"
     engine.write_text(engine.read_text().replace("dark_time(", "switching_dark_time("))
-    assert "class Busy" not in inter.read_text()
+    assert "class Limits" not in inter.read_text()
     assert fingerprint.run_in(model_copy)["fingerprint"] == identity.fingerprint()
 
 
