@@ -25,7 +25,8 @@ help:
 	@echo "make clean             build outputs, and the engines' and registry's caches (takes a rack down)"
 	@echo "make demo              reproduce the paper's experiment (a new record in results/records/)"
 	@echo "make demo-quick        the same, case (a) once (make demo ARGS=--quick, about 2 min; a record, not a result)"
-	@echo "make bench             print the benchmarks' figures"
+	@echo "make bench             run every benchmark in turn, as root on the emulated rack (the trace replay"
+	@echo "                       among them: the longest); each prints its figures"
 	@echo "make report            rebuild the results tables of README.md and docs/ from results/records/"
 
 setup:

@@ -1,4 +1,4 @@
-"""The simulator against a trace replayed on the emulated rack (issue 35): the same trace on the same rack file,
+"""The simulator against a trace replayed on the emulated rack: the same trace on the same rack file,
 job by job, under each policy.
 
 scripts/replay_trace.py records the emulated side (every job's submit, start, end, placement and circuit

@@ -2,10 +2,11 @@
 """Benchmark: `optirack simulate` at cluster scale, timed end to end (plots included), with its peak memory, three
 runs by default, each run's results compared with the first's (the same seed must give the same results).
 
-Default: 16,384 GPUs, 100,000 synthetic jobs, seed 1, the default policies (issue #26: within 10 min and 2 GB on this
-2-core machine). Memory: the peak, sampled every 0.2 s, of the summed resident set (RSS) of the command and every
-process it started (its policy workers), and of their summed proportional set (PSS: a page shared by k processes
-counts 1/k, so forked workers' shared pages are counted once); the 2 GB bound is checked on the RSS sum, the larger.
+Default: 16,384 GPUs, 100,000 synthetic jobs, seed 1, the default policies (the bound it is held to: within 10 min
+and 2 GB on this 2-core machine). Memory: the peak, sampled every 0.2 s, of the summed resident set (RSS) of the
+command and every process it started (its policy workers), and of their summed proportional set (PSS: a page shared
+by k processes counts 1/k, so forked workers' shared pages are counted once); the 2 GB bound is checked on the RSS
+sum, the larger.
 Run it alone on the machine, under the rack lock: `flock /tmp/optirack-rack.lock python scripts/bench_simulate.py`.
 Each run's results are kept as a hash in the record, so the runs can be split over several holds of the lock:
 `--runs 1 --json R`, then `--runs 1 --add --json R` as often as wanted (the same settings, or it stops), each added

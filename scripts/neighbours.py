@@ -1,4 +1,4 @@
-"""The neighbours' headline figures beside ours (issue #36): each experiment writes one small record,
+"""The neighbours' headline figures beside ours: each experiment writes one small record,
 results/neighbours/NAME.json, that evidence/report/neighbours.py turns into the docs' tables.
 
     python scripts/neighbours.py all                 # every experiment below, one after another
@@ -88,7 +88,8 @@ def oddl_table1() -> dict:
         trace.unlink()
     run["command"] = run["command"].replace(str(trace), f"TRACE (one job: 0,4,resnet50,{iterations})")
     minutes = {n: p["jct_s"]["mean"] / 60 for n, p in run["policies"].items()}
-    return {"paper": {"oddl_min": 97.8, "electrical_min": 97.3, "source": "seed 001, Table 1 (Ascend 910, HD)"},
+    return {"paper": {"oddl_min": 97.8, "electrical_min": 97.3, "source": "ODDL, Li et al., OFC 2023, Table 1 "
+                      "(Ascend 910, HD)"},
             "ours": {"oddl_min": minutes["oddl"], "electrical_min": minutes["ideal"], "iterations": iterations},
             "run": run}
 
@@ -117,7 +118,8 @@ def panama() -> dict:
                      "--policies", "regroup,switchml,panama,ideal", "--baseline", "regroup"])
     return {"paper": {"order": ["ring all-reduce", "SwitchML (+ load balancing)", "PANAMA", "ideal"],
                       "y_axis_s": [0.0, 0.5], "loads": [0.01, 0.8],
-                      "source": "seed 002, slide 20 (1,024 servers, fat tree; curve values not given in the text)"},
+                      "source": "PANAMA, Gebara, Costa and Ghobadi, MLSys 2021, the authors' slides, slide 20 (1,024 "
+                                "servers, fat tree; curve values not given in the text)"},
             "shortflows": fig, "workload": work}
 
 
@@ -140,7 +142,8 @@ def headline() -> dict:
     work = simulate(["--gpus", "1024", "--jobs", "500", "--seed", "7", "--policies", "static,regroup,topoopt,sipml",
                      "--baseline", "static"])
     return {"paper": {"topoopt_x": 3.4, "sipml_x": [1.3, 9.1],
-                      "source": "seed 003 (TopoOpt vs fat-trees, A100 testbed, 100 Gbps) and seed 004 "
+                      "source": "Ghobadi, \"Networks for Machine Learning Jobs\" (TopoOpt vs fat-trees, A100 testbed, "
+                                "100 Gbps) and SiP-ML, Khani et al., SIGCOMM 2021 "
                                 "(SiP-ML vs electrical fabrics, simulations of three DNNs)"},
             "alone_jct_s": alone, "workload": work}
 
@@ -182,7 +185,7 @@ def lumoscore() -> dict:
             runs[f"{gpus} {fabric}"] = run
     return {"paper": {"jct_mean_change": -34.1, "gpus": 16384,
                       "source": "LumosCore (Han et al., arXiv 2411.01503): mean JCT against a static Clos, "
-                                "16k-GPU simulation (from the issue and the abstract; not in shared/papers)"},
+                                "16k-GPU simulation (from its abstract)"},
             "sizes": LLM_SIZES, "runs": runs}
 
 

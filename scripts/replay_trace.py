@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Replay a trace on the emulated rack: every job submitted through the REST API at its arrival time, under
 each placement policy, and every job's submit, admission (GPUs granted), start, end, placement, circuit changes
-and iterations recorded (the emulated side of the simulator's trace check, issue 35; scripts/trace_compare.py sets
+and iterations recorded (the emulated side of the simulator's trace check; `python -m evidence.tracecheck RECORD` sets
 it beside the simulator's run of the same trace on the same rack file).
 
     python scripts/replay_trace.py                        # traces/trace16.csv on topologies/trace16.yaml

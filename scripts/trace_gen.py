@@ -1,4 +1,4 @@
-"""The trace of the simulator's trace check (issue 35): jobs of 1-8 GPUs arriving faster than the rack can run
+"""The trace of the simulator's trace check: jobs of 1-8 GPUs arriving faster than the rack can run
 them, so that a queue forms; written as the simulator's CSV trace (`optirack simulate --trace`), which
 scripts/replay_trace.py submits to the emulated rack at the same arrival times.
 
@@ -48,7 +48,7 @@ def generate(seed: int, jobs: int, load: float = LOAD, gpus: int = RACK_GPUS) ->
 
 
 def csv_text(jobs: list[dict], seed: int, load: float) -> str:
-    head = [f"# The trace check's trace (issue 35): python -m scripts.trace_gen --seed {seed} --jobs {len(jobs)} "
+    head = [f"# The trace check's trace: python -m scripts.trace_gen --seed {seed} --jobs {len(jobs)} "
             f"--load {load:g}",
             "# For topologies/trace16.yaml (16 GPUs); replayed by scripts/replay_trace.py, simulated by",
             "#   optirack simulate --rack topologies/trace16.yaml --trace traces/trace16.csv",

@@ -58,7 +58,8 @@ def against_emulation(args, record: dict, demo: dict | None, demo_path: Path | N
     """The job of concern per policy, and the demo's emulated figures beside the simulated ones when recorded."""
     from simulator import fidelity
 
-    lines = ["| policy | job of concern: switches | mean iteration | completion |", "| --- | --- | --- | --- |"]
+    lines = ["| policy | job of concern: switches | mean iteration (both jobs started at once) | completion |",
+             "| --- | --- | --- | --- |"]
     for name, p in record["policies"].items():
         job = p["jobs"][0]
         lines.append(f"| {name} | {job['switches']} | {job['mean_iteration_s']:.3f} s | {job['jct_s']:.1f} s |")
@@ -69,5 +70,8 @@ def against_emulation(args, record: dict, demo: dict | None, demo_path: Path | N
         record["fidelity"] = [vars(r) | {"error": r.error} for r in rows]
         record["fidelity_record"] = demo_path.stem if demo_path else None
         lines += ["", f"Record `{demo_path.stem if demo_path else '?'}` ({demo.get('fabric') or 'droptail'} "
-                  f"fabric): {checked_by(demo, demo_path)}.", fidelity.table(rows, cal)]
+                  f"fabric): {checked_by(demo, demo_path)}.", fidelity.table(rows, cal), "",
+                  f"The prediction set beside the emulation is the mean over {fidelity.OFFSETS} starts of the job "
+                  "beside, spread over one iteration of the job of concern (the demo does not control the offset); "
+                  "the first table's run, both jobs started at once, is one of them."]
     return "\n".join(lines)

@@ -259,6 +259,8 @@ def main(args) -> int:
             raise ValueError("--seeds must be at least 1, and more than 1 only with --jobs (synthetic jobs)")
         if not 0 <= args.nvlink_gbps < float("inf"):
             raise ValueError(f"--nvlink-gbps must be 0 (none) or a positive rate, not {args.nvlink_gbps:g}")
+        if not 0 <= args.control_overhead_ms < float("inf"):
+            raise ValueError(f"--control-overhead-ms must be 0 or more, not {args.control_overhead_ms:g}")
         if not 0 < args.defrag_interval < float("inf"):
             raise ValueError("--defrag-interval must be positive")
         if args.out.exists() and not args.out.is_dir():

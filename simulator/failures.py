@@ -3,7 +3,7 @@
 Failures: a Poisson process over the servers, each failing at `1 / mtbf` (per server); a failure takes its server
 down for `repair_s`, and every job holding one of its GPUs is interrupted. The default rate is Llama 3's report
 ("The Llama 3 Herd of Models", 2024, section 3.3.4): 419 unexpected interruptions in a 54-day snapshot of training on
-16,384 H100 GPUs, that is 2,048 servers of 8, so one failure per server every 2,048 x 54 x 24 / 419 = 6,334.5 hours.
+16,384 H100 GPUs, that is 2,048 servers of 8, so one failure per server every 2,048 x 54 x 24 / 419 = 6,334.6 hours.
 The report gives no repair time; `REPAIR_H` is an assumption.
 
 Recovery (`Failures.recovery`):
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 LLAMA3_INTERRUPTIONS = 419
 LLAMA3_DAYS = 54
 LLAMA3_SERVERS = 16_384 // 8
-MTBF_H = LLAMA3_SERVERS * LLAMA3_DAYS * 24 / LLAMA3_INTERRUPTIONS  # 6,334.5 h per server
+MTBF_H = LLAMA3_SERVERS * LLAMA3_DAYS * 24 / LLAMA3_INTERRUPTIONS  # 6,334.6 h per server
 REPAIR_H = 4.0  # assumed: the report gives no repair time
 # the failover benchmark's median, kill to all ranks iterating, a server killed (20 rounds; module docstring)
 SWAP_S = 0.60

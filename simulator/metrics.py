@@ -152,7 +152,11 @@ def why_equal(a: RunResult, b: RunResult) -> str | None:
     for run in (a, b):
         p = run.policy
         if p.placement == "regroup" and not run.circuits_changed:
-            reasons.append(f"{p.name} changed no circuit (every job fit under one switch as cabled)")
+            spread = sum(j.switches > 1 for j in run.jobs)
+            reasons.append(f"{p.name} changed no circuit (" + (
+                "every job fit under one switch as cabled" if not spread else
+                f"{spread} of {len(run.jobs)} jobs stayed spread over switches: no circuit change put one under a "
+                "single switch") + ")")
         if p.defrag_s and not any(j.moves for j in run.jobs):
             reasons.append(f"{p.name} moved no job (no running job was spread over switches at a round)")
         if p.timeshift and not any(j.shift_s for j in run.jobs):

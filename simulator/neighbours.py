@@ -59,16 +59,18 @@ class Params:
     mltcp_levels: int = 16  # the share taken in this many steps (each crossing an event): assumed
 
     def check(self) -> None:
-        for name in ("oddl_switch_s", "oddl_control_s", "sipml_setup_s"):
+        """A ValueError naming the flag (as given, in its unit) of the first parameter out of its range."""
+        for name, flag, per_s in (("oddl_switch_s", "--oddl-switch-ns", 1e9), ("oddl_control_s", "--oddl-control-us",
+                                  1e6), ("sipml_setup_s", "--sipml-setup-us", 1e6)):
             v = getattr(self, name)
             if not 0 <= v < math.inf:
-                raise ValueError(f"{name} must be a finite time >= 0, not {v}")
+                raise ValueError(f"{flag} must be a finite time of 0 or more, not {v * per_s:g}")
         if self.topoopt_degree < 1:
-            raise ValueError(f"topoopt degree must be at least 1, not {self.topoopt_degree}")
+            raise ValueError(f"--topoopt-degree must be at least 1, not {self.topoopt_degree}")
         if not 0 < self.sipml_gbps < math.inf:
-            raise ValueError(f"sipml rate must be positive, not {self.sipml_gbps}")
+            raise ValueError(f"--sipml-gbps must be positive, not {self.sipml_gbps:g}")
         if not 0 <= self.mltcp_slope < math.inf:
-            raise ValueError(f"mltcp slope must be a finite number >= 0, not {self.mltcp_slope}")
+            raise ValueError(f"--mltcp-slope must be a finite number of 0 or more, not {self.mltcp_slope:g}")
         if self.mltcp_levels < 1:
             raise ValueError(f"mltcp levels must be at least 1, not {self.mltcp_levels}")
 

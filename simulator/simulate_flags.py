@@ -13,10 +13,10 @@ from simulator.workloads import DURATION_MODES
 
 PAPER_RACK = "topologies/paper-testbed.yaml"
 EXAMPLES = (  # the --help's examples, each as it runs from any directory (tests/unit/test_sim_help.py runs the first)
-    f"optirack simulate --rack {PAPER_RACK} --case a --out sim-a",
+    "optirack simulate --rack paper-testbed --case a --out sim-a",
     "optirack simulate --gpus 4096 --jobs 2000 --seed 7 --out sim-4096",
     "optirack simulate --gpus 32 --gpus-per-switch 8 --gpus-per-server 4 --oversubscription 8 --spare 1 --models V100 "
-    "--trace traces/sample.csv --out sim-trace",
+    "--trace sample.csv --out sim-trace",
 )
 
 
@@ -27,7 +27,7 @@ def build(sub) -> argparse.ArgumentParser:
         description="Simulate training jobs on a rack (a rack file or a generated one) under each placement policy, "
                     "with the controller's own placement code, and write a table, JSON and plots to --out.",
         epilog="Examples: " + ";  ".join(EXAMPLES) + ". Rack files and traces are found by name from any "
-               "directory: --rack paper-testbed, --trace sample.csv.")
+               "directory (the bundled ones, or a path to your own).")
     rack = p.add_argument_group("rack (one of)")
     rack.add_argument("--rack", help="a rack file, or a bundled one by name, e.g. paper-testbed (default with --case: "
                       f"{PAPER_RACK})")

@@ -284,7 +284,8 @@ def parse_rack(data: object, source: str = "<rack>") -> Rack:
     try:
         spec = RackSpec.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
+        # an unknown key first: it names the typo, which the missing field it stands for only follows from
+        err = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")[0]
         more = f" (and {e.error_count() - 1} more problems)" if e.error_count() > 1 else ""
         raise RackError(source, _loc(err["loc"]) or "(top)", _pydantic_message(err) + more) from None
     _check_unique_names(spec, source)

@@ -15,6 +15,19 @@ RESULTS = ROOT / "results"
 ORDER = ["regroup", "switchml", "panama", "ideal"]  # the collectives' rows: ring, single tree, PANAMA, the bound
 
 
+# The records name each paper by the number of the project's list of neighbours' papers; a reader has the papers.
+PAPERS = {"seed 001": "ODDL, Li et al., OFC 2023", "seed 002": "PANAMA, Gebara, Costa and Ghobadi, MLSys 2021",
+          "seed 003": "Ghobadi, \"Networks for Machine Learning Jobs\"",
+          "seed 004": "SiP-ML, Khani et al., SIGCOMM 2021"}
+
+
+def cite(source: str) -> str:
+    """A record's source with each paper named, not numbered."""
+    for seed, paper in PAPERS.items():
+        source = source.replace(seed, paper)
+    return source.replace(" (from the issue and the abstract; not in shared/papers)", " (from its abstract)")
+
+
 def _load(name: str, results: Path) -> dict:
     path = results / "neighbours" / f"{name}.json"
     try:
@@ -61,7 +74,7 @@ def oddl_table1(_records: list, results: Path = RESULTS) -> str:
             ["training time, one electrical switch", f"{paper['electrical_min']} min",
              f"{ours['electrical_min']:,.1f} min"],
             ["ODDL against the electrical switch", _pct(100 * gap_p), _pct(100 * gap_o)]]
-    return (_rows(["4 nodes, ResNet50, 20 epochs", f"paper ({paper['source']})",
+    return (_rows(["4 nodes, ResNet50, 20 epochs", f"paper ({cite(paper['source'])})",
                    f"ours (V100 profile, ring, {ours['iterations']:,} iterations of batch 16 x 4)"], rows)
             + f"\n\nIn our model the paper's gap would take {needed * 1e6:,.0f} µs of set-up per circuit "
             f"(6 steps of 2 circuits, {per_iteration * 1e3:.1f} ms an iteration). Made by {_made(rec)}.")
@@ -113,7 +126,8 @@ def panama_shortflows(_records: list, results: Path = RESULTS) -> str:
     rows = [[f"{x:g}", *(f"{fig['p99_s'][c][i] * 1e6:,.1f}" for c in names)] for i, x in enumerate(fig["loads"])]
     paper = rec["paper"]
     return (_rows(["aggregation load", *(f"{c}: p99 µs" for c in names)], rows)
-            + f"\n\nThe paper ({paper['source']}): from worst to best, {', '.join(paper['order'])}; p99 on an axis of "
+            + f"\n\nThe paper ({cite(paper['source'])}): from worst to best, {', '.join(paper['order'])}; p99 on an "
+            f"axis of "
             f"{paper['y_axis_s'][0]:g}–{paper['y_axis_s'][1]:g} s over loads {paper['loads'][0]:g}–"
             f"{paper['loads'][1]:g}. Made by {_made(rec)}.")
 
@@ -174,7 +188,7 @@ def headline(_records: list, results: Path = RESULTS) -> str:
     return (_rows(["architecture", "paper: faster than the electrical fat tree", "ours: a job alone (per model "
                    "and size)", "ours: mean JCT of the workload", "paper's figure"], rows)
             + f"\n\nAlone, TopoOpt-like / SiP-ML-like: {per}. Workload: `{rec['workload']['command']}`. "
-              f"Paper: {paper['source']}. Made by {_made(rec)}.")
+              f"Paper: {cite(paper['source'])}. Made by {_made(rec)}.")
 
 
 # --- all of them on one rack ----------------------------------------------------------------------
@@ -222,7 +236,7 @@ def lumoscore(_records: list, results: Path = RESULTS) -> str:
     paper = rec["paper"]
     return (_rows(["GPUs", "uplinks (GPUs' NICs : uplink)", "trace", "static Clos: JCT mean", "regroup: JCT mean",
                    "regroup vs static", "jobs sharing a link: static / regroup"], rows)
-            + f"\n\nThe paper: {_pct(paper['jct_mean_change'])} at {paper['gpus']:,} GPUs ({paper['source']}). "
+            + f"\n\nThe paper: {_pct(paper['jct_mean_change'])} at {paper['gpus']:,} GPUs ({cite(paper['source'])}). "
               f"Made by {_made(rec)}; e.g. `{next(iter(rec['runs'].values()))['command']}`.")
 
 

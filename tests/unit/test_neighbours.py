@@ -107,11 +107,12 @@ def test_topoopt_and_sipml_rates():
 
 
 def test_bad_parameters_are_refused():
-    with pytest.raises(ValueError, match="topoopt degree"):
+    """Each error names the flag that sets the parameter, and the value in the flag's unit."""
+    with pytest.raises(ValueError, match="--topoopt-degree must be at least 1, not 0"):
         neighbours.Params(topoopt_degree=0).check()
-    with pytest.raises(ValueError, match="oddl_switch_s"):
-        neighbours.Params(oddl_switch_s=-1.0).check()
-    with pytest.raises(ValueError, match="mltcp slope"):
+    with pytest.raises(ValueError, match="--oddl-switch-ns must be a finite time of 0 or more, not -1$"):
+        neighbours.Params(oddl_switch_s=-1e-9).check()
+    with pytest.raises(ValueError, match="--mltcp-slope"):
         neighbours.Params(mltcp_slope=float("inf")).check()
 
 

@@ -126,6 +126,8 @@ BROKEN = {
     "duplicate datapath id": (_set(["switches", 1, "dpid"], "0x201"), "switches[1].dpid", "duplicate datapath id"),
     "name too long": (_set(["switches", 0, "name"], "aggregator1"), "switches[0].name", "not a valid name"),
     "no servers": (_set(["servers"], []), "servers", "at least 1 item"),
+    # a misspelt key names the typo, not the field it stood for ("servers: Field required")
+    "misspelt key": (lambda d: d.update(servrs=d.pop("servers")), "servrs", "unknown key"),
     "interface twice on a server": (
         _set(["servers", 0, "gpus", 1, "nic", "interface"], "gpu1"),
         "servers[0].gpus[1].nic.interface",

@@ -88,6 +88,13 @@ GEN = ["--gpus", "32", "--gpus-per-switch", "8", "--jobs", "4", "--failures", "s
     (CASE + ["--calibration", "results/records/no-such.json"], "--calibration results/records/no-such.json: no such"),
     (CASE + ["--iterations", "0"], "--iterations must be between 1"),
     (["--gpus", "32", "--gpus-per-switch", "8", "--jobs", "4", "--iterations", "5"], "--iterations is for --case"),
+    (GEN + ["--control-overhead-ms", "-1000"], "--control-overhead-ms must be 0 or more, not -1000"),
+    (GEN + ["--oddl-switch-ns", "-1"], "--oddl-switch-ns must be a finite time of 0 or more, not -1"),
+    (GEN + ["--oddl-control-us", "-2"], "--oddl-control-us must be a finite time of 0 or more, not -2"),
+    (GEN + ["--sipml-setup-us", "inf"], "--sipml-setup-us must be a finite time of 0 or more, not inf"),
+    (GEN + ["--topoopt-degree", "0"], "--topoopt-degree must be at least 1, not 0"),
+    (GEN + ["--sipml-gbps", "0"], "--sipml-gbps must be positive, not 0"),
+    (GEN + ["--mltcp-slope", "-1"], "--mltcp-slope must be a finite number of 0 or more, not -1"),
 ])
 def test_a_bad_flag_exits_2_naming_the_flag_and_its_unit(tmp_path, capsys, args, says):
     out = tmp_path / "out"
