@@ -12,7 +12,7 @@ from pathlib import Path
 from controller.bundled import DEFAULT_RACK
 from controller.core.rack import RackError, load_rack
 from emulation import engines, ovs, servers
-from emulation.netns import has_link
+from emulation.netns import NetnsError, has_link
 from emulation.rack import CONTAINER_LABEL, RackConflict, RackState, build, down, end_shells, up
 from emulation.slurm import SlurmError
 
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     except RackError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (RackConflict, ovs.CommandError, engines.EngineError, SlurmError) as e:
+    except (RackConflict, NetnsError, engines.EngineError, SlurmError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

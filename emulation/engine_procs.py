@@ -1,8 +1,8 @@
 """What an emulated server's Docker Engine leaves behind when it stops or crashes, found and ended by what the rack
 itself started (the PID file and exec root of emulation/engine_plan.py's EnginePlan, never a process name): its
 containerd (`containerd_pid`, `stop_containerd`), its containerd shims and the containers they run (`shim_pids`,
-`container_inits`, `kill_shims`), and the mounts under its roots (`unmount_leftovers`). `alive` tells a running
-process from a gone one (a zombie counts as gone). emulation/engines.py starts and stops the engines with these;
+`container_inits`, `kill_shims`), and the mounts under its roots (`unmount_leftovers`); emulation/procs.py tells a
+running process of ours from a gone one. emulation/engines.py starts and stops the engines with these;
 emulation/servers.py kills a whole server with them.
 """
 from __future__ import annotations
@@ -13,18 +13,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from emulation import procs
 from emulation.engine_plan import EnginePlan
 
 
 def containerd_pid(plan: EnginePlan) -> int | None:
     """The containerd the engine started, if it runs (its PID file says which)."""
-    path = plan.run_dir / "exec" / "containerd" / "containerd.pid"
-    try:
-        pid = int(path.read_text().strip())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return None
-    return pid if b"containerd" in cmdline and str(plan.run_dir).encode() in cmdline else None
+    return procs.from_file(plan.run_dir / "exec" / "containerd" / "containerd.pid", "containerd", str(plan.run_dir))
 
 
 def stop_containerd(plan: EnginePlan) -> None:
@@ -34,12 +29,12 @@ def stop_containerd(plan: EnginePlan) -> None:
         return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 5
-    while alive(pid) and time.monotonic() < deadline:
+    while procs.alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if alive(pid):  # hung: blocked writing its log to a pipe nobody reads any more
+    if procs.alive(pid):  # hung: blocked writing its log to a pipe nobody reads any more
         os.kill(pid, signal.SIGKILL)  # its shims, and the containers, run on
         deadline = time.monotonic() + 10
-        while alive(pid) and time.monotonic() < deadline:
+        while procs.alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
@@ -81,25 +76,9 @@ def kill_shims(plan: EnginePlan) -> int:
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + 10
-    while any(alive(p) for p in shims) and time.monotonic() < deadline:
+    while any(procs.alive(p) for p in shims) and time.monotonic() < deadline:
         time.sleep(0.05)
     return len(shims)
-
-
-def alive(pid: int) -> bool:
-    """Whether the process runs; a zombie is gone (reaped here if it is our own child, e.g. an
-    engine that rack-up started in this process)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-    except OSError:
-        return False
-    if state == "Z":
-        try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
-        return False
-    return True
 
 
 def unmount_leftovers(plan: EnginePlan) -> int:

@@ -23,9 +23,10 @@ from pathlib import Path
 from controller.core.emulated import RUN_DIR, netns_of  # noqa: F401 (emulation/registry.py takes RUN_DIR from here)
 from controller.core.rack import Rack, RackError
 from emulation import netns as ns
-from emulation import pki
+from emulation import pki, procs
 from emulation.engine_plan import CACHE_DIR, EnginePlan  # noqa: F401 (callers take them from here)
-from emulation.engine_procs import alive, kill_shims, stop_containerd, unmount_leftovers
+from emulation.engine_procs import kill_shims, stop_containerd, unmount_leftovers
+from emulation.procs import alive
 
 BRIDGE = "optirack-mgmt"
 LEG_IFNAME = "mgmt0"  # a server's end of its management leg
@@ -119,17 +120,8 @@ def make_certificates(rack: Rack, plans: list[EnginePlan], registry_ip: str | No
 
 # --- engines ------------------------------------------------------------------------------------
 def pid_of(plan: EnginePlan) -> int | None:
-    """The engine's dockerd PID if it is running."""
-    try:
-        pid = int(plan.pidfile.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    return pid if cmdline and cmdline[0].endswith(b"dockerd") and str(plan.pidfile).encode() in cmdline else None
+    """The engine's dockerd PID if it is running (its PID file's, a dockerd started with that PID file)."""
+    return procs.from_file(plan.pidfile, "dockerd", str(plan.pidfile))
 
 
 def start(rack: Rack, plan: EnginePlan) -> int:

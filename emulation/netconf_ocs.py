@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from controller.drivers.netconf import FILTER, NS, YANG, connect, parse_pairs
+from emulation import procs
 from emulation.ovs import circuit_cookie
 
 LOG = logging.getLogger("optirack.netconf-ocs")
@@ -47,14 +48,6 @@ def _pid_file(run_dir: Path, what: str) -> Path:
     return Path(run_dir) / f"{what}.pid"
 
 
-def _alive(pid: int, name: str) -> bool:
-    """`pid` runs and is the program we started (a PID file may outlive its process, and PIDs are reused)."""
-    try:
-        return name.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
 def listening(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -73,7 +66,7 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
     yuma = run_dir / "yuma"  # --yuma-home: netconfd writes its transaction id to data/ there, not to ~/.yuma
     (yuma / "data").mkdir(parents=True, exist_ok=True)
     try:
-        _reap(int(_pid_file(run_dir, "netconfd").read_text()))  # one of ours that was killed: no zombie left
+        procs.reap(int(_pid_file(run_dir, "netconfd").read_text()))  # one of ours that was killed: no zombie left
     except (OSError, ValueError):
         pass
     log = open(run_dir / "netconfd.log", "ab")
@@ -131,29 +124,22 @@ def stop_pid(run_dir: Path, what: str, name: str, sig: int = signal.SIGTERM, wai
         pid = int(path.read_text())
     except (OSError, ValueError):
         return False
-    _reap(pid)
-    ran = _alive(pid, name)
+    procs.reap(pid)
+    ran = procs.ours(pid, marker=name)
     if ran:
         os.kill(pid, sig)
         deadline = time.monotonic() + wait
-        while _alive(pid, name) and time.monotonic() < deadline:
-            _reap(pid)
+        while procs.ours(pid, marker=name) and time.monotonic() < deadline:
+            procs.reap(pid)
             time.sleep(0.02)
-        if _alive(pid, name):
+        if procs.ours(pid, marker=name):
             os.kill(pid, signal.SIGKILL)
-            while _alive(pid, name) and time.monotonic() < deadline + 2:
-                _reap(pid)
+            while procs.ours(pid, marker=name) and time.monotonic() < deadline + 2:
+                procs.reap(pid)
                 time.sleep(0.02)
-        _reap(pid)
+        procs.reap(pid)
     path.unlink(missing_ok=True)
     return ran
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)  # our own child (tests): no zombie left that still looks alive
-    except ChildProcessError:
-        pass
 
 
 def stop(run_dir: Path) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import re
 
-from emulation.netns import NetnsError as CommandError  # noqa: F401  (what run() raises)
 from emulation.netns import run
 
 RACK_LABEL = "optirack-rack"  # external_ids key on every bridge a rack makes

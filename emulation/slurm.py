@@ -27,7 +27,7 @@ from controller.core.circuits import CircuitMap
 from controller.core.emulated import RUN_DIR, netns_of
 from controller.core.rack import Rack
 from controller.slurm import conf
-from emulation import engines, slurmdb
+from emulation import engines, procs, slurmdb
 
 LAYOUT = conf.Layout(RUN_DIR / "slurm")
 NVIDIA_MAJOR = 195  # the stand-ins carry the major number of NVIDIA's devices; nothing opens them
@@ -111,12 +111,7 @@ def write_files(rack: Rack, hook: Hook | None = None, circuits: CircuitMap | Non
 
 def _pid(path: Path, name: str) -> int | None:
     """The PID in `path` if that process runs and is `name` (a stale file names nothing)."""
-    try:
-        pid = int(path.read_text().split()[0])
-        exe = os.readlink(f"/proc/{pid}/exe")
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if os.path.basename(exe).startswith(name) else None
+    return procs.from_file(path, name)
 
 
 def _wait(what: str, ready, timeout: float) -> None:
@@ -249,20 +244,12 @@ def _end(pids: list[int], timeout: float) -> None:
             pass
     deadline = time.monotonic() + timeout
     for pid in pids:
-        while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}") and not _zombie(pid):
+        while time.monotonic() < deadline and procs.alive(pid):
             time.sleep(0.05)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def stop(quiet: bool = False, servers: list[str] | None = None, log=print) -> dict[str, int]:

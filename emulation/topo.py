@@ -5,7 +5,7 @@ uplinks between packet switches. The fibres between aggregator downlinks and OCS
 patch ports, added after Mininet starts (see `downlink_patches`): in the userspace datapath a
 packet then crosses OCS, aggregator and OCS again in one pass with no system call, which on two
 cores triples what the emulated rack carries (measured: four concurrent flows at 100 Mbit/s got
-67 % of the line rate over veth fibres, 79 % over patch ports; DESIGN.md's facts).
+67 % of the line rate over veth fibres, 79 % over patch ports, when the datapath was chosen).
 
 Line rates (htb): on the OCS port facing each NIC (traffic to the NIC), on the NIC's port in its
 server (traffic from it: the NIC is a macvlan on that port and sends through the port's qdisc,

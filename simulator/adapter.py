@@ -1,14 +1,9 @@
 """The one place the simulator calls controller.core.placement: the controller's own decisions.
 
 `Placer` keeps what the controller keeps (the circuits, which job holds which GPUs) and asks
-core for every decision. Two backends, chosen by what controller.core provides:
-- the occupancy API (issue #13: `controller.core.occupancy.Occupancy`, `placement.plan` with a
-  `Request`, `defrag.plan_defrag`): model-aware GPU choice, fewest switches then fewest circuit
-  changes, and one joint defragmentation applied as one bulk change;
-- today's API (`pick_gpus`, `plan`, `plan_regroup` on whole circuit maps): protected ports as
-  the placement app computes them (`protected_ports`), and defragmentation as the app's
-  `regroup_all` does it, job by job, largest first, one change each, keeping only moves that
-  put a job under fewer switches.
+core for every decision, through its occupancy API (`controller.core.occupancy.Occupancy`,
+`placement.plan` with a `Request`, `defrag.plan_defrag`): model-aware GPU choice, fewest switches
+then fewest circuit changes, and one joint defragmentation applied as one bulk change.
 A job that cannot be placed now waits (simulator/engine.py keeps the queue, first come first
 served, as the controller's queue does).
 """

@@ -28,6 +28,17 @@ def build(sub) -> argparse.ArgumentParser:
                     "with the controller's own placement code, and write a table, JSON and plots to --out.",
         epilog="Examples: " + ";  ".join(EXAMPLES) + ". Rack files and traces are found by name from any "
                "directory (the bundled ones, or a path to your own).")
+    _rack_flags(p)
+    _workload_flags(p)
+    _policy_flags(p)
+    _failure_flags(p)
+    neighbours.add_arguments(p)
+    _output_flags(p)
+    return p
+
+
+def _rack_flags(p) -> None:
+    """The rack: a rack file, or a generated one and its shape."""
     rack = p.add_argument_group("rack (one of)")
     rack.add_argument("--rack", help="a rack file, or a bundled one by name, e.g. paper-testbed (default with --case: "
                       f"{PAPER_RACK})")
@@ -63,6 +74,10 @@ def build(sub) -> argparse.ArgumentParser:
         "ports on every OCS need more)",
     )
     rack.add_argument("--nic-gbps", type=float, default=100.0, help="generated: NIC line rate (%(default)s)")
+
+
+def _workload_flags(p) -> None:
+    """The workload: the paper's case, a trace, or synthetic jobs."""
     work = p.add_argument_group("workload (one of)")
     work.add_argument("--case", choices=["a", "b"], help="the paper's case, as make demo runs it")
     work.add_argument(
@@ -116,6 +131,10 @@ def build(sub) -> argparse.ArgumentParser:
         "--iterations", type=int,
         help="--case: iterations of the job of concern (default: as the demo ran them, the compared record's)"
     )
+
+
+def _policy_flags(p) -> None:
+    """The policies compared, their schedulers and baseline, and the network's model."""
     pol = p.add_argument_group("policies and models")
     pol.add_argument(
         "--policies",
@@ -132,32 +151,6 @@ def build(sub) -> argparse.ArgumentParser:
         "preemptive, Tiresias-like); a run other than fifo is named policy+scheduler, e.g. regroup+backfill "
         "(%(default)s)",
     )
-    fail = p.add_argument_group("server failures (simulator/failures.py)")
-    fail.add_argument(
-        "--failures",
-        default="none",
-        help="recoveries to compare, each run with every policy and scheduler: none (no failures), swap (spare GPUs "
-        "swapped in through the OCS, restart from the last checkpoint), checkpoint (restart from the last "
-        "checkpoint after the server's repair), scratch (restart from the first iteration); a run with failures is "
-        "named policy+recovery, e.g. regroup+swap (%(default)s)",
-    )
-    fail.add_argument(
-        "--server-mtbf-h",
-        type=float,
-        default=failures.MTBF_H,
-        help="mean hours between one server's failures (%(default).1f: Llama 3's 419 interruptions in 54 days on "
-        "2,048 servers of 8 GPUs)",
-    )
-    fail.add_argument("--repair-h", type=float, default=failures.REPAIR_H,
-                      help="hours a failed server is out (%(default)s; assumed)")
-    fail.add_argument("--swap-s", type=float, default=failures.SWAP_S,
-                      help="swap: seconds from the failure to the job iterating again (%(default)s: the failover "
-                      "benchmark's measured median, a server killed, survivors kept, a warm spare; "
-                      "scripts/bench_failover.py --rounds 20)")
-    fail.add_argument("--restart-s", type=float, default=failures.RESTART_S,
-                      help="checkpoint, scratch: seconds from being placed again to iterating (%(default)s; assumed)")
-    fail.add_argument("--checkpoint-s", type=float, default=failures.CHECKPOINT_S,
-                      help="seconds of running between a job's checkpoints (%(default)s; assumed)")
     pol.add_argument(
         "--baseline",
         help="the policy the others are compared with, in percent (default: the first of --policies)",
@@ -218,7 +211,40 @@ def build(sub) -> argparse.ArgumentParser:
         default=10.0,
         help="controller time per reconfiguration besides switching (%(default)s; make bench measures it)",
     )
-    neighbours.add_arguments(p)
+
+
+def _failure_flags(p) -> None:
+    """Server failures and how jobs recover from them."""
+    fail = p.add_argument_group("server failures (simulator/failures.py)")
+    fail.add_argument(
+        "--failures",
+        default="none",
+        help="recoveries to compare, each run with every policy and scheduler: none (no failures), swap (spare GPUs "
+        "swapped in through the OCS, restart from the last checkpoint), checkpoint (restart from the last "
+        "checkpoint after the server's repair), scratch (restart from the first iteration); a run with failures is "
+        "named policy+recovery, e.g. regroup+swap (%(default)s)",
+    )
+    fail.add_argument(
+        "--server-mtbf-h",
+        type=float,
+        default=failures.MTBF_H,
+        help="mean hours between one server's failures (%(default).1f: Llama 3's 419 interruptions in 54 days on "
+        "2,048 servers of 8 GPUs)",
+    )
+    fail.add_argument("--repair-h", type=float, default=failures.REPAIR_H,
+                      help="hours a failed server is out (%(default)s; assumed)")
+    fail.add_argument("--swap-s", type=float, default=failures.SWAP_S,
+                      help="swap: seconds from the failure to the job iterating again (%(default)s: the failover "
+                      "benchmark's measured median, a server killed, survivors kept, a warm spare; "
+                      "scripts/bench_failover.py --rounds 20)")
+    fail.add_argument("--restart-s", type=float, default=failures.RESTART_S,
+                      help="checkpoint, scratch: seconds from being placed again to iterating (%(default)s; assumed)")
+    fail.add_argument("--checkpoint-s", type=float, default=failures.CHECKPOINT_S,
+                      help="seconds of running between a job's checkpoints (%(default)s; assumed)")
+
+
+def _output_flags(p) -> None:
+    """Where the results go, and how much of them."""
     out = p.add_argument_group("output")
     out.add_argument(
         "--out", type=Path, required=True, help="folder for summary.md, results.json, jobs.csv (see --detail) and plots"
@@ -237,7 +263,6 @@ def build(sub) -> argparse.ArgumentParser:
         default=0,
         help="processes to run the policies in (default: one per core, at most one per policy)",
     )
-    return p
 
 
 # Each number flag of the failure model with its unit and the values it takes: refused in the unit it is given in

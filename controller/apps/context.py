@@ -26,7 +26,6 @@ from ryu import cfg
 from controller.apps.runtime import HUB
 from controller.config import conf
 from controller.core.circuits import CircuitMap
-from controller.core.errors import Busy, Conflict  # noqa: F401 (the apps' names for them)
 from controller.core.rack import Rack, RackError, load_rack
 from controller.core.stats import PortHistory
 from controller.devices.fabric import Fabric

@@ -12,10 +12,10 @@ import re
 from pydantic import BaseModel, ValidationError
 from ryu.app.wsgi import Response
 
-from controller.apps.context import Conflict, Optirack
+from controller.apps.context import Optirack
 from controller.apps.metrics import CountedController
 from controller.core.circuits import CircuitError
-from controller.core.errors import ReconfigFailed
+from controller.core.errors import Conflict, ReconfigFailed
 from controller.drivers.ocs import OcsUnavailable
 
 LOG = logging.getLogger("optirack.rest")
@@ -24,7 +24,7 @@ MAX_BODY = 1 << 20
 PUT_WAIT = 10.0  # seconds a PUT waits for a reconfiguration under way before it is refused (409)
 
 
-class ApiError(Exception):
+class RequestRefused(Exception):
     def __init__(self, status: int, message: str, field: str | None = None):
         super().__init__(message)
         self.status, self.message, self.field = status, message, field
@@ -35,7 +35,7 @@ def json_response(body, status: int = 200) -> Response:
                     body=json.dumps(body, indent=1).encode() + b"\n")
 
 
-def error_response(e: ApiError, **extra) -> Response:
+def error_response(e: RequestRefused, **extra) -> Response:
     """The one shape of every error: {"error": {"status", "message", "field"?}}, plus `extra` keys."""
     err = {"status": e.status, "message": e.message}
     if e.field:
@@ -46,11 +46,11 @@ def error_response(e: ApiError, **extra) -> Response:
     return resp
 
 
-def _pydantic_error(e: ValidationError) -> ApiError:
+def _pydantic_error(e: ValidationError) -> RequestRefused:
     err = e.errors()[0]
     field = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(err["loc"]))
     message = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
-    return ApiError(400, message, field or "body")
+    return RequestRefused(400, message, field or "body")
 
 
 def api(mutation: bool = False):
@@ -64,22 +64,23 @@ def api(mutation: bool = False):
                 if mutation:
                     self.authorize(req)
                 return handler(self, req, **kwargs)
-            except ApiError as e:
+            except RequestRefused as e:
                 return error_response(e)
             except CircuitError as e:
-                return error_response(ApiError(400, e.problem, e.field))
+                return error_response(RequestRefused(400, e.problem, e.field))
             except Conflict as e:
-                return error_response(ApiError(409, str(e)))
+                return error_response(RequestRefused(409, str(e)))
             except OcsUnavailable as e:
-                return error_response(ApiError(503, str(e)))
+                return error_response(RequestRefused(503, str(e)))
             except ReconfigFailed as e:
-                return error_response(ApiError(502, f"the device failed: {e}; rolled back"), event=e.event.to_json())
+                return error_response(RequestRefused(502, f"the device failed: {e}; rolled back"),
+                                      event=e.event.to_json())
             except UnicodeDecodeError:
-                return error_response(ApiError(400, "the request is not valid UTF-8"))
+                return error_response(RequestRefused(400, "the request is not valid UTF-8"))
             except Exception as e:  # a bug: still answer in the documented shape, and log it
                 LOG.exception("%s %s failed", req.method, req.environ.get("PATH_INFO", "?"))
                 return error_response(
-                    ApiError(500, f"internal error ({e.__class__.__name__}); see the controller's log")
+                    RequestRefused(500, f"internal error ({e.__class__.__name__}); see the controller's log")
                 )
 
         return wrapper
@@ -89,16 +90,16 @@ def api(mutation: bool = False):
 
 def read_json(req, model: type[BaseModel]) -> BaseModel:
     if req.content_length and req.content_length > MAX_BODY:
-        raise ApiError(413, f"body larger than {MAX_BODY} bytes")
+        raise RequestRefused(413, f"body larger than {MAX_BODY} bytes")
     raw = req.body
     if not raw.strip():
-        raise ApiError(400, "a JSON body is required", "body")
+        raise RequestRefused(400, "a JSON body is required", "body")
     try:
         data = json.loads(raw)
     except ValueError as e:
-        raise ApiError(400, f"not valid JSON: {e}", "body") from None
+        raise RequestRefused(400, f"not valid JSON: {e}", "body") from None
     if not isinstance(data, dict):
-        raise ApiError(400, "expected a JSON object", "body")
+        raise RequestRefused(400, "expected a JSON object", "body")
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -111,14 +112,14 @@ def int_param(req, name: str, default: int | None, lo: int = 1, hi: int = 100_00
     if text is None:
         return default
     if not re.fullmatch(r"[0-9]{1,19}", text) or not lo <= int(text) <= hi:
-        raise ApiError(400, f"expected an integer from {lo} to {hi}", name)
+        raise RequestRefused(400, f"expected an integer from {lo} to {hi}", name)
     return int(text)
 
 
 def choice_param(req, name: str, choices: tuple[str, ...], default: str) -> str:
     text = req.GET.get(name, default)
     if text not in choices:
-        raise ApiError(400, f"expected one of {', '.join(choices)}", name)
+        raise RequestRefused(400, f"expected one of {', '.join(choices)}", name)
     return text
 
 
@@ -142,7 +143,8 @@ def if_match(req) -> set[int] | None:
     for tag in header.split(","):
         m = _ETAG.match(tag.strip())
         if not m:
-            raise ApiError(400, f'expected the ETag of GET /ocs/circuits, like "12", not {tag.strip()!r}', "If-Match")
+            raise RequestRefused(400, f'expected the ETag of GET /ocs/circuits, like "12", not {tag.strip()!r}',
+                                 "If-Match")
         versions.add(int(m.group(1)))
     return versions
 
@@ -152,13 +154,13 @@ def check_version(expected: set[int] | None, current: int) -> None:
     if expected is None or current in expected:
         return
     if max(expected) > current:
-        raise ApiError(
+        raise RequestRefused(
             412,
             f"If-Match names version {max(expected)}, which this controller has not issued "
             f"(the circuits are at version {current}); read them again",
             "If-Match",
         )
-    raise ApiError(
+    raise RequestRefused(
         409,
         f"the circuits changed since version {max(expected)} (now version {current}): "
         "read them again and decide afresh",
@@ -182,10 +184,10 @@ class OptirackController(CountedController):
         header = req.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise ApiError(
+            raise RequestRefused(
                 401,
                 "this request changes the rack: send 'Authorization: Bearer <token>' "
                 "(the token is in the controller's state directory)",
             )
         if not hmac.compare_digest(token.strip(), self.ctx.token):
-            raise ApiError(401, "wrong token")
+            raise RequestRefused(401, "wrong token")

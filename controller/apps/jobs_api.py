@@ -4,17 +4,17 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ryu.app.wsgi import route
 
-from controller.apps.context import Conflict
 from controller.apps.http import (
     PREFIX,
-    ApiError,
     OptirackController,
+    RequestRefused,
     api,
     int_param,
     json_response,
     path_text,
     read_json,
 )
+from controller.core.errors import Conflict
 from controller.core.jobs import ACTIVE, QUEUED, TERMINAL, JobRequest
 from controller.core.placement import InvalidRequest, PlacementError
 from controller.jobs.errors import UnknownJob
@@ -52,7 +52,7 @@ class RegroupBody(BaseModel):
 def _bool_param(req, name: str) -> bool:
     text = req.GET.get(name, "false").lower()
     if text not in ("true", "false", "1", "0"):
-        raise ApiError(400, "expected true or false", name)
+        raise RequestRefused(400, "expected true or false", name)
     return text in ("true", "1")
 
 
@@ -66,7 +66,7 @@ class JobsApi(OptirackController):
         try:
             return self.placement.get(job_id)
         except UnknownJob:
-            raise ApiError(404, f"no job {path_text(job_id)!r}", "job_id") from None
+            raise RequestRefused(404, f"no job {path_text(job_id)!r}", "job_id") from None
 
     @route("jobs", PREFIX + "/jobs", methods=["POST"])
     @api(mutation=True)
@@ -75,9 +75,9 @@ class JobsApi(OptirackController):
         try:
             job = self.placement.submit(body)
         except InvalidRequest as e:  # an unknown model or GPU
-            raise ApiError(400, str(e), e.field) from None
+            raise RequestRefused(400, str(e), e.field) from None
         except PlacementError as e:  # not now and not queued, or never on this rack
-            raise ApiError(409, str(e), e.field) from None
+            raise RequestRefused(409, str(e), e.field) from None
         resp = json_response({"job": job.to_json()}, 201)  # placed or queued: the job exists either way
         resp.headers["Location"] = f"{PREFIX}/jobs/{job.id}"
         return resp
@@ -89,10 +89,11 @@ class JobsApi(OptirackController):
         known = (QUEUED, *ACTIVE, *TERMINAL)
         unknown = states - set(known)
         if unknown:
-            raise ApiError(400, f"unknown state {', '.join(sorted(unknown))} (states: {', '.join(known)})", "state")
+            raise RequestRefused(400, f"unknown state {', '.join(sorted(unknown))} (states: {', '.join(known)})",
+                                 "state")
         before = req.GET.get("before")
         if before is not None and before not in self.placement.jobs:
-            raise ApiError(404, f"no job {before!r} (it may have been pruned)", "before")
+            raise RequestRefused(404, f"no job {before!r} (it may have been pruned)", "before")
         jobs, older = self.placement.list(int_param(req, "limit", 100, hi=10_000), before, states)
         return json_response({"jobs": [j.to_json() for j in jobs], "older": older})
 

@@ -12,7 +12,6 @@ from ryu.ofproto import ofproto_v1_3
 
 from controller.apps.confirm import ConfirmingApp
 from controller.apps.context import Optirack
-from controller.core.errors import Busy, ReconfigFailed  # noqa: F401 (the apps' names for them)
 from controller.core.rack import PortRef
 from controller.devices.ocs import OcsDevices
 

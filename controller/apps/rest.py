@@ -6,7 +6,7 @@ on every path, is JSON of one shape, ``{"error": {"status": 400, "field": "circu
 contract: schemathesis checks the live controller against it (tests/integration/test_contract.py).
 
 To add an endpoint: a handler with ``@route(...)`` and ``@api(...)`` on a subclass of
-`OptirackController`, registered in `RestApp`; raise `ApiError` (or a domain error `api` maps) for
+`OptirackController`, registered in `RestApp`; raise `RequestRefused` (or a domain error `api` maps) for
 every refusal; document the path, its parameters with their bounds, and every status it answers
 (errors as ``$ref: '#/components/responses/Error'``) in openapi.json. tests/unit/test_rest.py
 checks that the routes served and the operations documented are the same.
@@ -28,8 +28,8 @@ from controller.apps.http import (  # noqa: F401 (re-exported: the REST app's na
     MAX_BODY,
     PREFIX,
     PUT_WAIT,
-    ApiError,
     OptirackController,
+    RequestRefused,
     _versioned,
     api,
     check_version,
@@ -162,10 +162,11 @@ class NotFound(CountedController):
         path = path_text(req.environ.get("PATH_INFO", ""))
         methods = allowed_methods(path)
         if methods and req.method not in methods:
-            resp = error_response(ApiError(405, f"{req.method} is not allowed here; use {', '.join(sorted(methods))}"))
+            resp = error_response(
+                RequestRefused(405, f"{req.method} is not allowed here; use {', '.join(sorted(methods))}"))
             resp.headers["Allow"] = ", ".join(sorted(methods))
             return resp
-        return error_response(ApiError(404, f"no such endpoint: {path} (see {PREFIX}/openapi.json)"))
+        return error_response(RequestRefused(404, f"no such endpoint: {path} (see {PREFIX}/openapi.json)"))
 
 
 class RestApp(app_manager.RyuApp):

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from ryu.app.wsgi import route
 
-from controller.apps.http import PREFIX, ApiError, OptirackController, api, json_response, path_text, read_json
+from controller.apps.http import PREFIX, OptirackController, RequestRefused, api, json_response, path_text, read_json
 from controller.core.placement import InvalidRequest
 from controller.jobs.errors import UnknownJob
 
@@ -36,7 +36,7 @@ class SlurmApi(OptirackController):
     @property
     def jobs(self):
         if self.ctx.jobs is None:
-            raise ApiError(503, "the placement app is not loaded (controller.apps.placement)")
+            raise RequestRefused(503, "the placement app is not loaded (controller.apps.placement)")
         return self.ctx.jobs
 
     @route("slurm_jobs", PREFIX + "/slurm/jobs", methods=["POST"])
@@ -44,11 +44,11 @@ class SlurmApi(OptirackController):
     def begin(self, req, **_):
         body = read_json(req, SlurmJobBody)
         if len(set(body.gpus)) != len(body.gpus):
-            raise ApiError(400, "a GPU is named twice", "gpus")
+            raise RequestRefused(400, "a GPU is named twice", "gpus")
         try:
             job = self.jobs.begin_external("slurm", body.slurm_job, body.user, body.gpus, body.hold, body.policy)
         except InvalidRequest as e:
-            raise ApiError(400, str(e), "gpus") from None
+            raise RequestRefused(400, str(e), "gpus") from None
         resp = json_response({"job": job.to_json(), "note": job.note}, 201)
         resp.headers["Location"] = f"{PREFIX}/jobs/{job.id}"
         return resp
@@ -60,5 +60,5 @@ class SlurmApi(OptirackController):
         try:
             job = self.jobs.end_external("slurm", slurm_job, body.state)
         except UnknownJob:
-            raise ApiError(404, f"no job of Slurm job {path_text(slurm_job)!r}", "slurm_job") from None
+            raise RequestRefused(404, f"no job of Slurm job {path_text(slurm_job)!r}", "slurm_job") from None
         return json_response({"job": job.to_json()})

@@ -1,8 +1,9 @@
 """JSON views of the controller's state for the REST API (no Ryu, no I/O)."""
 from __future__ import annotations
 
-from controller.apps.context import Conflict, Optirack
+from controller.apps.context import Optirack
 from controller.core.circuits import CircuitMap
+from controller.core.errors import Conflict
 
 
 def topology(ctx: Optirack) -> dict:

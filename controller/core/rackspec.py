@@ -184,7 +184,8 @@ class Emulation(_Spec):
     # the emulation (tens of ms per all-reduce on 2 cores) weigh less.
     time_dilation: Annotated[float, Field(ge=1, le=100)] = 1.0
     # MTU of every emulated NIC, uplink and OVS port. Jumbo frames cut the userspace datapath's
-    # work per emulated bit about sixfold (each frame crosses userspace on its own; DESIGN.md).
+    # work per emulated bit about sixfold (each frame crosses userspace on its own; measured when the
+    # datapath was chosen, docs/emulated-rack.md "Fidelity of the emulated fabric" has today's figures).
     mtu: Annotated[int, Field(ge=1280, le=9000)] = 9000
     # The emulated servers' management network (their engines' addresses, and the registry on the
     # bridge's last address). Outside the private ranges labs use.

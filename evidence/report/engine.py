@@ -36,7 +36,7 @@ from evidence.report import neighbours as report_neighbours
 from evidence.report import sim as report_sim
 from evidence.report import slurm as report_slurm
 from evidence.report import trace as report_trace
-from evidence.report.bench import ReportError, bench_records  # noqa: F401 (the names tests and callers use)
+from evidence.report.bench import ReportError
 from simulator.cases import CASES
 
 ROOT = Path(__file__).resolve().parents[2]

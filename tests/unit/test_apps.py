@@ -6,13 +6,14 @@ import json
 import pytest
 from webob import Request
 
-from controller.apps.context import Busy, Optirack
+from controller.apps.context import Optirack
 from controller.apps.fabric import FabricApp
 from controller.apps.inventory import Inventory
 from controller.apps.monitor import MonitorApp
-from controller.apps.ocs import OcsApp, ReconfigFailed
+from controller.apps.ocs import OcsApp
 from controller.apps.rest import Api, NotFound
 from controller.core.circuits import CircuitMap
+from controller.core.errors import Busy, ReconfigFailed
 from controller.core.forwarding import compute_tables
 from controller.core.rack import load_rack
 from tests.unit.fakes import FakeSwitch, wait_until

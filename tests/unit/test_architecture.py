@@ -264,3 +264,35 @@ def test_the_simulator_names_no_file_under_results():
              for i, line in enumerate(p.read_text().splitlines(), 1) if "results/" in line]
     assert not named, named
 
+
+def _errors_reexported(module: str) -> list[str]:
+    """Exception names `module` imports only to hand on (an import marked unused: `# noqa: F401`)."""
+    path = MODULES[module]
+    lines = path.read_text().splitlines()
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and "noqa: F401" in lines[node.end_lineno - 1]:
+            out += [f"{module}: {a.name}" for a in node.names
+                    if a.name.endswith(("Error", "Failed", "Conflict", "Unavailable")) or a.name == "Busy"]
+    return out
+
+
+def test_each_error_has_one_home():
+    """An exception class is defined once and imported from where it is defined, not handed on by another module
+    (controller/jobs and controller/drivers keep theirs for now: the recovery and southbound work homes them)."""
+    defined: dict[str, list[str]] = {}
+    for m, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    ast.unparse(b).endswith(("Error", "Exception", "Conflict")) for b in node.bases):
+                defined.setdefault(node.name, []).append(m)
+    twice = {name: where for name, where in defined.items() if len(where) > 1}
+    assert not twice, twice
+    handed_on = [r for m in MODULES if not _under(m, "controller.jobs") and not _under(m, "controller.drivers")
+                 for r in _errors_reexported(m)]
+    assert set(handed_on) <= KEPT_FOR_JOBS, handed_on
+
+
+# handed on only because controller/jobs (recovery.py) imports it from there; the recovery work moves that import
+KEPT_FOR_JOBS = {"controller.core.circuits: CircuitError"}
+

@@ -7,13 +7,14 @@ import pytest
 from ryu.lib import hub
 from webob import Request
 
-from controller.apps.context import Busy, Conflict, Optirack
+from controller.apps.context import Optirack
 from controller.apps.fabric import FabricApp
 from controller.apps.inventory import Inventory
 from controller.apps.ocs import OcsApp
 from controller.apps.placement import PlacementApp
 from controller.apps.rest import Api, NotFound
 from controller.core.circuits import CircuitMap
+from controller.core.errors import Busy, Conflict
 from controller.core.jobs import JobRequest
 from controller.core.rack import load_rack
 from tests.unit.fakes import FakeDriver, FakeSwitch, wait_until

@@ -49,7 +49,7 @@ def test_check_shows_the_difference_and_exits_1_and_a_rebuild_makes_it_pass(tmp_
 ])
 def test_a_bad_mark_is_named_by_file_and_line_and_nothing_is_written(tmp_path, body, message):
     root = _tree(tmp_path, "x\n" + body)
-    with pytest.raises(report.ReportError, match=message.replace("(", r"\(")):
+    with pytest.raises(report_bench.ReportError, match=message.replace("(", r"\(")):
         report.run(check=False, root=root)
     assert (root / "README.md").read_text() == "x\n" + body
 
@@ -94,7 +94,7 @@ def test_only_full_records_make_the_tables(tmp_path):
 
 
 def test_the_reconfiguration_rows_carry_the_end_to_end_and_the_event_figures():
-    found = report.bench_records("bench_reconfig")
+    found = report_bench.bench_records("bench_reconfig")
     assert found, "no committed bench_reconfig record under results/bench/"
     for stem, data in found:
         for row in data["results"]:
@@ -106,8 +106,8 @@ def test_the_reconfiguration_rows_carry_the_end_to_end_and_the_event_figures():
 
 def test_a_benchmark_record_that_does_not_parse_is_named(tmp_path):
     (tmp_path / "20260101T000000Z-abc1234-bench_loopback.json").write_text("{")
-    with pytest.raises(report.ReportError, match="20260101T000000Z-abc1234-bench_loopback.json: cannot read"):
-        report.bench_records("bench_loopback", tmp_path)
+    with pytest.raises(report_bench.ReportError, match="20260101T000000Z-abc1234-bench_loopback.json: cannot read"):
+        report_bench.bench_records("bench_loopback", tmp_path)
 
 
 def test_the_headline_shows_the_current_model_s_records_once_there_are_any(tmp_path):

@@ -1,0 +1,30 @@
+"""emulation/procs.py: a PID file's process counts only while it runs and is the program we started."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+from emulation import procs
+
+
+def test_a_pid_file_names_our_process_only_while_it_runs_and_is_that_program(tmp_path):
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        path = tmp_path / "sleep.pid"
+        path.write_text(f"{child.pid}\n")
+        assert procs.from_file(path, "sleep") == child.pid
+        assert procs.from_file(path, "sleep", marker="30") == child.pid
+        assert procs.from_file(path, "dockerd") is None  # a reused PID of another program is not ours
+        assert procs.from_file(path, "sleep", marker=str(tmp_path)) is None  # nor one started for another folder
+    finally:
+        child.kill()
+    deadline = time.monotonic() + 5
+    while procs.alive(child.pid) and time.monotonic() < deadline:  # a zombie child counts as gone, and is reaped
+        time.sleep(0.01)
+    assert not procs.alive(child.pid) and procs.from_file(path, "sleep") is None
+
+
+def test_a_file_without_a_pid_names_nothing(tmp_path):
+    assert procs.read_pid(tmp_path / "missing.pid") is None
+    (tmp_path / "bad.pid").write_text("not a number")
+    assert procs.read_pid(tmp_path / "bad.pid") is None and procs.from_file(tmp_path / "bad.pid") is None
