@@ -1,4 +1,5 @@
-"""Where the simulator's calibration constants (simulator/calibration.py) were measured: the benchmark records each
+"""Where the simulator's calibration constants (simulator/model/calibration.py) were measured: the benchmark records
+each
 comes from. tests/unit/test_step_cost.py and tests/unit/test_sim_fidelity.py tie each constant to its records, and
 `make report` tabulates them (evidence/report/bench.py).
 

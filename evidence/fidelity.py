@@ -3,7 +3,7 @@ and every case x policy there (tests/unit/test_sim_fidelity.py runs it on each c
 model, evidence/records.py)."""
 from __future__ import annotations
 
-from simulator.fidelity import RECORD_TOLERANCE, Point, compare
+from simulator.model.fidelity import RECORD_TOLERANCE, Point, compare
 
 NEEDED = {("a", "fixed"), ("a", "regroup"), ("b", "fixed"), ("b", "regroup")}
 

@@ -35,40 +35,40 @@ MODEL_FILES = (
     "controller/core/rackspec.py",  # the rack file's fields
     "controller/core/spares.py",  # which spare GPUs a recovery takes (the controller's rule, run by the simulator)
     "profiles/__init__.py",  # compute time and gradient bytes of each GPU model and workload
-    "simulator/adapter.py",  # which GPUs and circuits a policy gives a job (through controller.core)
-    "simulator/calibration.py",  # the calibration constants: loopback step, efficiency, sharing
-    "simulator/cases.py",  # the paper's two cases: which GPUs each job holds
-    "simulator/columns.py",  # a ring's state within its iteration, per ring and as arrays (large components)
-    "simulator/detail.py",  # event-by-event rings on shared links
-    "simulator/engine.py",  # the cluster run: arrivals, placement, iterations
-    "simulator/failures.py",  # server failures the engine draws (none in the paper's cases)
-    "simulator/fidelity.py",  # how a recorded point is simulated (its rack, start offsets)
-    "simulator/interference.py",  # rings that share links: steady state
-    "simulator/lags.py",  # the emulation's container start and end, GPU release and per-iteration lags (trace check)
-    "simulator/maxmin.py",  # max-min fair rates
-    "simulator/meanfield.py",  # large components: the mean-field fixed point
-    "simulator/models.py",  # transformer workloads
-    "simulator/network.py",  # link rates, efficiency, step latency, sharing
-    "simulator/rings.py",  # a ring's closed-form iteration
-    "simulator/timeshift.py",  # delaying a ring's first iteration
-    "simulator/tracesim.py",  # how the trace check simulates a replayed trace (its policies, lags and calibration)
-    "simulator/workloads.py",  # the paper's jobs as simulated jobs
+    "simulator/model/adapter.py",  # which GPUs and circuits a policy gives a job (through controller.core)
+    "simulator/model/calibration.py",  # the calibration constants: loopback step, efficiency, sharing
+    "simulator/inputs/cases.py",  # the paper's two cases: which GPUs each job holds
+    "simulator/model/columns.py",  # a ring's state within its iteration, per ring and as arrays (large components)
+    "simulator/model/detail.py",  # event-by-event rings on shared links
+    "simulator/model/engine.py",  # the cluster run: arrivals, placement, iterations
+    "simulator/model/failures.py",  # server failures the engine draws (none in the paper's cases)
+    "simulator/model/fidelity.py",  # how a recorded point is simulated (its rack, start offsets)
+    "simulator/model/interference.py",  # rings that share links: steady state
+    "simulator/model/lags.py",  # the emulation's container start and end, GPU release, per-iteration lags
+    "simulator/model/maxmin.py",  # max-min fair rates
+    "simulator/model/meanfield.py",  # large components: the mean-field fixed point
+    "simulator/model/models.py",  # transformer workloads
+    "simulator/model/network.py",  # link rates, efficiency, step latency, sharing
+    "simulator/model/rings.py",  # a ring's closed-form iteration
+    "simulator/model/timeshift.py",  # delaying a ring's first iteration
+    "simulator/model/tracesim.py",  # how the trace check simulates a replayed trace (policies, lags, calibration)
+    "simulator/inputs/workloads.py",  # the paper's jobs as simulated jobs
 )
 
 
 # modules the probe set runs besides MODEL_FILES (not in the old hash, so that it stays what records carry)
 MORE_MODEL = (
     "controller/core/rackgen.py",  # generated racks of any size
-    "simulator/busy.py",  # GPU-seconds computed (split from interference.py)
-    "simulator/eventkinds.py",  # the kinds of a run's events (split from engine.py)
-    "simulator/neighbours.py",  # the neighbours' fabrics and collectives
-    "simulator/racks.py",  # the simulated rack: a rack file, or a generated one
-    "simulator/results.py",  # what a run predicts, per job and per run (split from engine.py)
-    "simulator/run_failures.py",  # a run's server failures and recoveries (split from engine.py)
-    "simulator/run_moves.py",  # a run's defragmentation rounds and moves (split from engine.py)
-    "simulator/runspec.py",  # a run's policy and options (split from engine.py)
-    "simulator/schedview.py",  # a run as the admission policies see it (split from engine.py)
-    "simulator/sharing.py",  # MLTCP's shares (the neighbours' mltcp policy)
+    "simulator/model/busy.py",  # GPU-seconds computed (split from interference.py)
+    "simulator/model/eventkinds.py",  # the kinds of a run's events (split from engine.py)
+    "simulator/model/neighbours.py",  # the neighbours' fabrics and collectives
+    "simulator/inputs/racks.py",  # the simulated rack: a rack file, or a generated one
+    "simulator/model/results.py",  # what a run predicts, per job and per run (split from engine.py)
+    "simulator/model/run_failures.py",  # a run's server failures and recoveries (split from engine.py)
+    "simulator/model/run_moves.py",  # a run's defragmentation rounds and moves (split from engine.py)
+    "simulator/model/runspec.py",  # a run's policy and options (split from engine.py)
+    "simulator/model/schedview.py",  # a run as the admission policies see it (split from engine.py)
+    "simulator/model/sharing.py",  # MLTCP's shares (the neighbours' mltcp policy)
 )
 
 

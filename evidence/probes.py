@@ -4,10 +4,10 @@ Each probe runs the model on inputs committed beside this file (evidence/probe_i
 (dicts, lists, strings, ints and floats, never rounded); evidence/fingerprint.py hashes them. The probes:
 
 - `demo`: both of the paper's cases at the demo's rack and case (a) at every sweep point, each policy, simulated
-  as the fidelity test simulates a `make demo` record (simulator/fidelity.py `compare`), on a frozen copy of the
+  as the fidelity test simulates a `make demo` record (simulator/model/fidelity.py `compare`), on a frozen copy of the
   fields the simulator reads from one record, its calibration included; and the lossless fabric's what-if.
 - `trace`: the trace check's trace on its 16-GPU rack, each of fixed, regroup and defragment every 30 s, with the
-  emulation's lags, as the trace check simulates a replay (simulator/tracesim.py; its calibration the demo
+  emulation's lags, as the trace check simulates a replay (simulator/model/tracesim.py; its calibration the demo
   probe's).
 - `failures`: a generated rack with server failures under each recovery (swap, checkpoint, scratch).
 - `neighbours`: the neighbours' fabrics and collectives (ODDL, TopoOpt-like, SiP-ML-like, PANAMA, SwitchML-like,
@@ -31,18 +31,19 @@ from pathlib import Path
 
 INPUTS = Path(__file__).resolve().parent / "probe_inputs"
 
-# each model module under the names it has had (the first that imports is used): a probe runs on older trees too
+# each model module under the names it has had, newest first (the first that imports is used): a probe runs on older
+# trees too
 MODULES = {
-    "calibration": ("simulator.calibration",),
-    "engine": ("simulator.engine",),
-    "failures": ("simulator.failures",),
-    "fidelity": ("simulator.fidelity",),
-    "interference": ("simulator.interference",),
-    "lags": ("simulator.lags",),
-    "neighbours": ("simulator.neighbours",),
-    "racks": ("simulator.racks",),
+    "calibration": ("simulator.model.calibration", "simulator.calibration"),
+    "engine": ("simulator.model.engine", "simulator.engine"),
+    "failures": ("simulator.model.failures", "simulator.failures"),
+    "fidelity": ("simulator.model.fidelity", "simulator.fidelity"),
+    "interference": ("simulator.model.interference", "simulator.interference"),
+    "lags": ("simulator.model.lags", "simulator.lags"),
+    "neighbours": ("simulator.model.neighbours", "simulator.neighbours"),
+    "racks": ("simulator.inputs.racks", "simulator.racks"),
     "rack": ("controller.core.rack",),
-    "workloads": ("simulator.workloads",),
+    "workloads": ("simulator.inputs.workloads", "simulator.workloads"),
     "profiles": ("profiles",),
 }
 
@@ -101,10 +102,15 @@ def demo() -> dict:
 
 def _trace_simulator(cal):
     """simulate(rack_file, rows, policy, defrag_s, with_lags, one_step) as the trace check runs it, calibrated by
-    `cal`: simulator/tracesim.py's, or in older trees tracecheck's with its record lookup answered by `cal`."""
-    try:
-        tracesim = importlib.import_module("simulator.tracesim")
-    except ModuleNotFoundError:
+    `cal`: simulator/model/tracesim.py's, or in older trees tracecheck's with its record lookup answered by `cal`."""
+    tracesim = None
+    for name in ("simulator.model.tracesim", "simulator.tracesim"):
+        try:
+            tracesim = importlib.import_module(name)
+            break
+        except ModuleNotFoundError:
+            continue
+    if tracesim is None:
         tracecheck = importlib.import_module("simulator.tracecheck")
         tracecheck.calibration_for = lambda fabric="lossless": (cal, "the probe's")
         return tracecheck.simulate

@@ -17,8 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from simulator.records import DROPTAIL_NAME, LOSSLESS_FIRST_NAME, Record, committed, fingerprint_of, stem  # noqa: F401
-from simulator.records import load as load_from
+from simulator.inputs.records import DROPTAIL_NAME, LOSSLESS_FIRST_NAME, Record, committed, fingerprint_of, stem  # noqa: F401
+from simulator.inputs.records import load as load_from
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ROOT / "results" / "records"

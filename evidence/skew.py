@@ -1,6 +1,6 @@
 """Case (b) fragmented, measured: why the simulator is 5-7 % fast there in every record of the current model.
 
-The model runs a ring's all-reduce as one phase that every rank enters and leaves together (simulator/rings.py:
+The model runs a ring's all-reduce as one phase that every rank enters and leaves together (simulator/model/rings.py:
 each step waits for the slowest rank, and the next iteration starts for all ranks at once). The demo records each
 rank's own iterations (`runs[i].job.ranks`: start, compute and communication of every iteration), so the record
 shows how far apart the ranks really are. Per fragmented run of a case, from every current-model record:
@@ -20,9 +20,9 @@ import statistics
 import sys
 
 from evidence import records
-from simulator import calibration, fidelity
-from simulator.engine import Options, Run, policies
-from simulator.workloads import paper_case
+from simulator.inputs.workloads import paper_case
+from simulator.model import calibration, fidelity
+from simulator.model.engine import Options, Run, policies
 
 
 def overlap(summary: dict) -> float:

@@ -130,7 +130,7 @@ def calibration_for(fabric: str = "lossless"):
     `fabric` of any model (the calibration ring measures the fabric, not the model: a new model's hash has no
     record until `make demo` runs); the provisional one if there is none."""
     from evidence import records
-    from simulator import calibration
+    from simulator.model import calibration
 
     every = records.load()
     for recs in (records.of_current_model(every), [r for r in every if r.full]):
@@ -142,10 +142,10 @@ def calibration_for(fabric: str = "lossless"):
 
 def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, with_lags: bool = True,
              one_step: bool = False) -> tuple[list[dict], int]:
-    """The trace's jobs through the simulator (simulator/tracesim.py), calibrated as `calibration_for` the rack's
+    """The trace's jobs through the simulator (simulator/model/tracesim.py), calibrated as `calibration_for` the rack's
     fabric says."""
     from controller.core.rack import load_rack
-    from simulator import tracesim
+    from simulator.model import tracesim
 
     cal, _ = calibration_for(load_rack(rack_file).spec.emulation.fabric)
     return tracesim.simulate(rack_file, trace, policy, defrag_s, cal, with_lags, one_step)
@@ -195,13 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import sys
 
-    from simulator.workloads import read_trace
+    from simulator.inputs.workloads import read_trace
 
     ap = argparse.ArgumentParser(prog="python -m evidence.tracecheck", description=main.__doc__.splitlines()[0])
     ap.add_argument("records", nargs="+", type=Path, help="results/replay/*.json (scripts/replay_trace.py)")
     ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parents[1] / "traces" / "trace16.csv")
     ap.add_argument("--no-lags", action="store_true",
-                    help="simulate without the emulation's lags (simulator/lags.py): the model before them")
+                    help="simulate without the emulation's lags (simulator/model/lags.py): the model before them")
     ap.add_argument("--one-step", action="store_true",
                     help="every ring step costs STEP_S whatever its chunk (the model before SMALL_STEP_S)")
     args = ap.parse_args(argv)

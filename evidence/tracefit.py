@@ -1,4 +1,4 @@
-"""Where the emulation's lags (simulator/lags.py) come from: each measured from committed records.
+"""Where the emulation's lags (simulator/model/lags.py) come from: each measured from committed records.
 
 `python -m evidence.tracefit` reads the trace replay record(s) (results/replay/, scripts/replay_trace.py) and the
 `make demo` records with a detailed job log (results/records/: the first repeat of each case keeps `runs[i].job`,
@@ -141,9 +141,9 @@ def per_iteration(jobs: list[dict], rack_file: Path, lags_on: bool) -> list[dict
     its GPUs alone on the rack (rack s)."""
     from controller.core.rack import load_rack
     from evidence import tracecheck
-    from simulator import lags, models
-    from simulator.engine import Options, Run, policies
-    from simulator.workloads import JobSpec
+    from simulator.inputs.workloads import JobSpec
+    from simulator.model import lags, models
+    from simulator.model.engine import Options, Run, policies
 
     rack = load_rack(rack_file)
     d = rack.spec.emulation.time_dilation
@@ -268,7 +268,7 @@ def fit(runs: list[list[dict]], demo: list[dict], d: float, rack_file: Path) -> 
     `runs`: replays' policy runs, each its jobs (rack s, dilation `d`), pooled (queue drains, bursts and releases
     are each run's own); `demo`: demo_jobs of the demo records."""
     from controller.core.rack import load_rack
-    from simulator import models
+    from simulator.model import models
 
     rack = load_rack(rack_file)
     per_gpu = d * per_gpu_within([g for jobs in runs for g in drains(jobs)])

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from evidence import records
 from profiles import WORKLOADS, compute_seconds
-from simulator import calibration, fidelity
-from simulator.workloads import paper_case
+from simulator.inputs.workloads import paper_case
+from simulator.model import calibration, fidelity
 
 STALLED = 0.10  # a comm window in which a crossing flow delivered under this share of the uplink
 RECORD = records.DROPTAIL.relative_to(records.ROOT)  # the droptail record

@@ -7,7 +7,7 @@ worker with no compute phase and a gradient of S bytes. Each iteration's bus ban
 /proc/stat while they run. Needs root.
 
 It also prints what a ring step costs beyond its bytes at the line rate, (t - bound) / 2(n-1): the
-simulator's fixed cost per step (simulator/calibration.py STEP_S) is this, measured at the paper
+simulator's fixed cost per step (simulator/model/calibration.py STEP_S) is this, measured at the paper
 cases' gradient on the default rack (the record it came from ran `--mbytes 0.528`, VGG16's 528 MiB taken as MB,
 4.6 % under the 553 kB the cases send: 553 MB x rate scale 0.0005 x time dilation 2, i.e. `--mbytes 0.553`),
 where every step's chunk crosses several store-and-forward hops of jumbo frames at the scaled rate.

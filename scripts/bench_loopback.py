@@ -2,7 +2,7 @@
 """Benchmark: the fixed software cost of a ring all-reduce step, measured on loopback.
 
 The simulator's network model for the emulation charges every ring step a fixed cost besides its bytes
-(simulator/calibration.py, STEP_S), measured on the emulated fabric at the paper cases' gradient by
+(simulator/model/calibration.py, STEP_S), measured on the emulated fabric at the paper cases' gradient by
 scripts/bench_allreduce.py. This measures the software's part of it, without the fabric: N worker ranks
 (optirack-worker, the same program the containers run, gloo's point-to-point with our ring) on 127.0.0.1,
 all-reducing a tiny tensor (so its bytes cost nothing) with no compute phase, for --iterations iterations,
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
               f"over {len(comm)} iterations", file=sys.stderr)
     per_allreduce = spread(medians, 1000)
     per_step = spread([m / steps for m in medians], 1000)
-    from simulator.calibration import STEP_S
+    from simulator.model.calibration import STEP_S
 
     print(f"ring of {args.ranks} on loopback, {args.gradient_bytes} B, {args.rounds} rounds "
           f"of {args.iterations} iterations (median over each round; median (min–max) over the rounds):")

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from simulator import cli, sharing, shortflows  # noqa: E402
+from simulator.cli import main as cli  # noqa: E402
+from simulator.model import sharing, shortflows  # noqa: E402
 
 OUT = ROOT / "results" / "neighbours"
 IMAGENET = 1_281_167  # ImageNet-1k training images
@@ -155,8 +156,8 @@ def llm_trace(gpus: int, jobs: int, seed: int, load: float = 0.9, model: str = "
     """An LLM-like trace (LumosCore's is not published in what we have): GPUs per job by LLM_SIZES, run times
     log-uniform in [10 min, 6 h] as iterations of `model` alone (8 A100s of 100 Gbit/s, NVLink 2,400 Gbit/s),
     Poisson arrivals offering `load` of the rack's GPU-seconds."""
-    from simulator import models
-    from simulator.network import GBPS
+    from simulator.model import models
+    from simulator.model.network import GBPS
 
     c = models.cost(model, ["A100"] * 8, 8, 2400 * GBPS, 100 * GBPS)
     iteration = max(c.compute_s) + 2 * 7 / 8 * c.gradient_bytes / (100 * GBPS)

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:  # run as a file: the project's packages from this
 from controller.client import ApiError  # noqa: E402
 from controller.core.rack import RackError, load_rack  # noqa: E402
 from evidence import fingerprint, modelhash, records  # noqa: E402
-from simulator.workloads import TraceError, read_trace  # noqa: E402
+from simulator.inputs.workloads import TraceError, read_trace  # noqa: E402
 
 RACK_FILE = ROOT / "topologies" / "trace16.yaml"
 TRACE_FILE = ROOT / "traces" / "trace16.csv"

@@ -14,7 +14,7 @@ import statistics
 from emulation import counters
 from emulation import shares as sharecheck
 from emulation.calibrate import Calibration
-from simulator.cases import CASES
+from simulator.inputs.cases import CASES
 
 PAPER = {  # Yan et al., OFC 2022, section 3
     "a": {"before_s": 407, "after_s": 109, "reduction": 0.732, "util": "3x"},

@@ -57,8 +57,8 @@ from evidence.demo.checks import (  # noqa: F401 (the names tests and callers ta
 )
 from evidence.demo.runs import TCP, calibrate_counted, log, run_pairs
 from evidence.demo.settings import PAPER_RACK, Settings  # noqa: F401 (callers take them from here)
-from simulator.cases import CASES
-from simulator.records import stem as record_stem
+from simulator.inputs.cases import CASES
+from simulator.inputs.records import stem as record_stem
 
 MONITOR = ["--optirack-monitor-interval", "0.5"]  # throughput samples every 0.5 s (emulated)
 RATE_HALVINGS = 2  # how many times the rates may be halved when the host cannot carry them

@@ -15,7 +15,7 @@ from emulation import shares as sharecheck
 from emulation.calibrate import Calibration, CpuMeter, calibrate
 from emulation.harness import Testbed
 from evidence.demo.settings import Settings
-from simulator.cases import Case
+from simulator.inputs.cases import Case
 
 # The rack file's starting cabling: srv1 and srv2 under as1, srv3 and srv4 under as2.
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
@@ -166,7 +166,7 @@ def one_case(tb: Testbed, case: Case, policy: str, iterations: int, model: str, 
 
 def beside_summary(blue: dict | None, start: float, end: float, dilation: float) -> dict | None:
     """The job beside's iterations while the job of concern ran (rack seconds): what it asked of the links they
-    share, for the simulator's model of it (simulator/fidelity.py simulates both)."""
+    share, for the simulator's model of it (simulator/model/fidelity.py simulates both)."""
     its = [i for i in (blue or {}).get("iteration_log") or [] if start <= i["t_start"] and i["t_end"] <= end]
     if not its:
         return None

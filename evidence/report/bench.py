@@ -98,7 +98,7 @@ def step(_records: list) -> str:
     """bench_allreduce's cost of a ring step beyond its bytes: at the paper cases' gradient (the model's STEP_S) and
     for a tiny one (what is left of it without bytes)."""
     from evidence.calibration import STEP_RECORD
-    from simulator.calibration import STEP_S
+    from simulator.model.calibration import STEP_S
 
     rows = ["| record | ring | gradient | iterations | % of the bound, median (min–max) | per step beyond the bound "
             "| per all-reduce | the model's constant (per step) |",
@@ -119,7 +119,7 @@ def step_by_chunk(_records: list) -> str:
     """bench_allreduce at the chunk sizes the trace rack's jobs send (evidence/calibration.py SMALL_STEP_RECORDS and
     LARGE_STEP_RECORDS): the step cost by chunk, and the constant the model charges each."""
     from evidence import calibration as measured
-    from simulator import calibration as cal
+    from simulator.model import calibration as cal
 
     rows = ["| record | line rate | ring | chunk (S/n) | per step beyond the bound, median (min–max) "
             "| the model's constant |", "| --- | --- | --- | --- | --- | --- |"]

@@ -37,7 +37,7 @@ from evidence.report import sim as report_sim
 from evidence.report import slurm as report_slurm
 from evidence.report import trace as report_trace
 from evidence.report.bench import ReportError
-from simulator.cases import CASES
+from simulator.inputs.cases import CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,7 +170,7 @@ def fidelity_summary(records: list[rec.Record]) -> str:
     """The README's sentence on the simulator against the current model's records: how many, and the largest
     difference of any point of any of them."""
     from evidence import fidelity as evidence_fidelity
-    from simulator import fidelity
+    from simulator.model import fidelity
 
     checked = rec.of_current_model(records)
     if not checked:
@@ -252,7 +252,7 @@ def _droptail(records: list[rec.Record]) -> dict:
 
 
 def fidelity_droptail(records: list[rec.Record]) -> str:
-    from simulator import fidelity
+    from simulator.model import fidelity
 
     rows, cal = fidelity.compare(_droptail(records))
     lines = fidelity.table(rows, cal).splitlines()

@@ -8,8 +8,9 @@ same with --spare 1.25 and with --oversubscription 32 --spare 1.5: results/simul
 (256 GPUs, the schedulers: results/simulate-256-schedulers/summary.md), sim-bench (16,384 GPUs, 100,000 jobs, timed:
 results/bench-simulate.json) and sim-failures (server failures at 4,096 and 16,384 GPUs:
 results/simulate-failures-*/summary.md), and sim-readme-run (the droptail-era demo run against the simulator, held
-and max-min: tests/data/demo-readme-run.json through simulator.fidelity), sim-sweep-gain (regroup's saving over
-fixed by oversubscription, job-size mix and load: results/sweep-gain/runs.csv, simulator/sweepgain.py). The trace
+and max-min: tests/data/demo-readme-run.json through simulator.model.fidelity), sim-sweep-gain (regroup's saving over
+fixed by oversubscription, job-size mix and load: results/sweep-gain/runs.csv, simulator/studies/sweepgain.py). The
+trace
 check's blocks (sim-trace-*) are evidence/report/trace.py's.
 
 Most records are the summary.md `optirack simulate` writes (its results.json, with every job's row, is too large to
@@ -231,7 +232,7 @@ README_RUN = ROOT / "tests" / "data" / "demo-readme-run.json"
 def sim_readme_run(_records: list, data: Path = README_RUN.parent) -> str:
     """Case (a) of the droptail-era demo run the README once quoted: emulated against the model of that emulation
     (held) and max-min, at each NIC:uplink point (tests/unit/test_sim_fidelity.py checks the same figures)."""
-    from simulator import fidelity
+    from simulator.model import fidelity
 
     rec = json.loads(_read(data / README_RUN.name))
     held, _ = fidelity.compare(rec, case="a")
@@ -255,7 +256,7 @@ def sim_readme_run(_records: list, data: Path = README_RUN.parent) -> str:
 
 def sim_sweep_gain(_records: list, results: Path = RESULTS) -> str:
     """Regroup's saving over fixed by oversubscription, job-size mix and load (results/sweep-gain/runs.csv)."""
-    from simulator import sweepgain
+    from simulator.studies import sweepgain
 
     path = results / "sweep-gain" / "runs.csv"
     try:

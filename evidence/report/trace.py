@@ -27,7 +27,7 @@ def trace_comparisons(results: Path = RESULTS, fingerprint: str | None = None) -
     the current fingerprint)."""
     from evidence import records, tracecheck
     from simulator import identity
-    from simulator.workloads import read_trace
+    from simulator.inputs.workloads import read_trace
 
     folder = results / "replay"
     paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
@@ -108,10 +108,10 @@ def _lag_records(results: Path) -> tuple[list[Path], list[dict], list[dict]]:
 
 
 def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
-    """The emulation's lags (simulator/lags.py) as `python -m evidence.tracefit` measures them on the records they
+    """The emulation's lags (simulator/model/lags.py) as `python -m evidence.tracefit` measures them on the records they
     were chosen on, beside the constants."""
     from evidence import tracefit
-    from simulator import lags
+    from simulator.model import lags
 
     replays, records, demo = _lag_records(results)
     try:
@@ -140,7 +140,7 @@ def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
         ("iteration", "each iteration beyond its compute on the loaded host (1-GPU jobs: no all-reduce)",
          f"{lags.ITERATION_S:.3f} s", spread(f["iteration beyond compute (replay's 1-GPU jobs)"], "jobs")),
     ]
-    out = ["| lag (simulator/lags.py) | what it is | the constant, emulated s | measured values |",
+    out = ["| lag (simulator/model/lags.py) | what it is | the constant, emulated s | measured values |",
            "| --- | --- | --- | --- |"]
     return "\n".join(out + [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows])
 
@@ -149,7 +149,7 @@ def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
     """The trace check on the replay records the lags were chosen on (in-sample: no check): without the lags (the
     model before them) and with them."""
     from evidence import tracecheck
-    from simulator.workloads import read_trace
+    from simulator.inputs.workloads import read_trace
 
     replays, records, _ = _lag_records(results)
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}

@@ -26,7 +26,8 @@ cd run  # not the source: the bundled files must be found by name
     --seeds 2 --workers 1 --out sweep
 ../venv/bin/python - <<'PY'
 import sys
-from simulator import cli, sweep  # noqa: F401
+from simulator.cli import main as cli
+from simulator.studies import sweep  # noqa: F401
 import controller.cli  # noqa: F401  (the `optirack` command itself)
 loaded = {"ryu", "eventlet", "docker", "mininet"} & {m.split(".")[0] for m in sys.modules}
 assert not loaded, f"the simulator imported {loaded}"

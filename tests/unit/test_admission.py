@@ -8,8 +8,8 @@ from collections import deque
 from controller.core import admission
 from controller.core.admission import Outcome
 from controller.core.rack import load_rack
-from simulator.engine import Options, Run, policies
-from simulator.workloads import JobSpec
+from simulator.inputs.workloads import JobSpec
+from simulator.model.engine import Options, Run, policies
 from tests.unit.jobfakes import FakeDriver
 from tests.unit.test_jobs import make, req
 from tests.unit.test_rack import PAPER

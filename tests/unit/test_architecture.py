@@ -150,7 +150,7 @@ def test_the_graph_sees_imports_inside_functions_and_from_packages():
     assert "controller.core.rack" in GRAPH["controller.core.circuits"]
     assert "controller.apps.jobs_api" in GRAPH["controller.apps.rest"]
     assert "profiles" in GRAPH["containers.worker"]
-    assert "simulator.cases" in GRAPH["evidence.demo.experiment"]
+    assert "simulator.inputs.cases" in GRAPH["evidence.demo.experiment"]
 
 
 def test_the_job_service_imports_neither_ryu_nor_eventlet():

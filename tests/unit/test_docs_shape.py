@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evidence.report import engine as report
-from simulator.cases import CASES
+from simulator.inputs.cases import CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

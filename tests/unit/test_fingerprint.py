@@ -15,8 +15,8 @@ from simulator import identity
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = modelhash.MODEL_FILES + modelhash.MORE_MODEL
-# imported by the model but predicting nothing: a run's figures (simulator/neighbours.py tabulates MLTCP's gain)
-NOT_MODEL = {"simulator/metrics.py"}
+# imported by the model but predicting nothing: a run's figures (simulator/model/neighbours.py tabulates MLTCP's gain)
+NOT_MODEL = {"simulator/studies/metrics.py"}
 
 
 def _has_code(path: Path) -> bool:
@@ -27,12 +27,13 @@ def _has_code(path: Path) -> bool:
 def test_the_probe_set_runs_every_model_module_and_its_fingerprint_is_the_committed_one():
     """Every module of the model has a function run by the probes (imports are done before the tracer starts, so
     a module's import does not count); the fingerprint the probes give is simulator/fingerprint.json's."""
-    code = ("import sys, simulator.fidelity, simulator.tracesim, simulator.engine, simulator.neighbours, "
-            "simulator.racks, controller.core.rackgen; print('\\n'.join(m.__file__ for n, m in "
-            "list(sys.modules.items()) if (n.split('.')[0] in ('simulator', 'profiles') or "
-            "n.startswith('controller.core.')) and getattr(m, '__file__', None)))")
+    code = ("import sys, simulator.model.fidelity, simulator.model.tracesim, simulator.model.engine, "
+            "simulator.model.neighbours, simulator.inputs.racks, controller.core.rackgen; "
+            "print('\\n'.join(m.__file__ for n, m in list(sys.modules.items()) if (n.split('.')[0] in "
+            "('simulator', 'profiles') or n.startswith('controller.core.')) and getattr(m, '__file__', None)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    imported = {str(Path(f).resolve().relative_to(ROOT)) for f in out.split()} - {"simulator/__init__.py"} - NOT_MODEL
+    imported = {str(Path(f).resolve().relative_to(ROOT)) for f in out.split()} - NOT_MODEL
+    imported = {f for f in imported if not (f.startswith("simulator/") and f.endswith("__init__.py"))}  # packages
     assert imported - set(MODEL) == set(), "a module the model imports is not in modelhash.MODEL_FILES/MORE_MODEL"
     for name in probes.MODULES:
         probes.module(name)
@@ -75,16 +76,16 @@ def _replace(path: Path, old: str, new: str) -> None:
 def test_a_pure_refactor_keeps_the_fingerprint(model_copy):
     """Limits moved out of interference.py into a module of its own, dark_time renamed where the engine calls it:
     the same predictions, the same fingerprint (computed in another process, on the copy)."""
-    inter = model_copy / "simulator" / "interference.py"
+    inter = model_copy / "simulator" / "model" / "interference.py"
     text = inter.read_text()
     start, end = text.index("@dataclass(frozen=True)\nclass Limits:"), text.index("@dataclass\nclass _Fluid:")
-    (model_copy / "simulator" / "limits.py").write_text(
+    (model_copy / "simulator" / "model" / "limits.py").write_text(
         '"""When a component is stepped through."""\nfrom dataclasses import dataclass\n\n\n'
         + text[start:end].rstrip() + "\n")
     inter.write_text(text[:start] + text[end:])
-    _replace(inter, "from simulator.maxmin import max_min\n",
-             "from simulator.limits import Limits\nfrom simulator.maxmin import max_min\n")
-    engine = model_copy / "simulator" / "engine.py"
+    _replace(inter, "from simulator.model.maxmin import max_min\n",
+             "from simulator.model.limits import Limits\nfrom simulator.model.maxmin import max_min\n")
+    engine = model_copy / "simulator" / "model" / "engine.py"
     engine.write_text(engine.read_text().replace("dark_time(", "switching_dark_time("))
     assert "class Limits" not in inter.read_text()
     assert fingerprint.run_in(model_copy)["fingerprint"] == identity.fingerprint()
@@ -93,7 +94,7 @@ def test_a_pure_refactor_keeps_the_fingerprint(model_copy):
 def test_a_changed_constant_changes_the_fingerprint(model_copy):
     """The emulated ring step's fixed cost 9.7 ms -> 9.8 ms: the demo probe's predictions move, so does the
     fingerprint."""
-    calibration = model_copy / "simulator" / "calibration.py"
+    calibration = model_copy / "simulator" / "model" / "calibration.py"
     _replace(calibration, "STEP_S = 0.00970", "STEP_S = 0.00980")
     got = fingerprint.run_in(model_copy, names=("demo",))
     committed = json.loads(identity.FINGERPRINT.read_text())

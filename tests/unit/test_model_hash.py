@@ -9,11 +9,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_comments_docstrings_and_blank_lines_do_not_change_the_hash_but_code_does():
-    src = (ROOT / "simulator" / "calibration.py").read_text()
+    src = (ROOT / "simulator" / "model" / "calibration.py").read_text()
     files = {f: (ROOT / f).read_text() for f in modelhash.MODEL_FILES}
 
     def hashed(text):
-        return modelhash.model_hash(lambda f: text if f == "simulator/calibration.py" else files[f])
+        return modelhash.model_hash(lambda f: text if f == "simulator/model/calibration.py" else files[f])
 
     base = hashed(src)
     assert base == modelhash.model_hash()
@@ -23,7 +23,7 @@ def test_comments_docstrings_and_blank_lines_do_not_change_the_hash_but_code_doe
     changed = src.replace("STEP_S = 0.00970", "STEP_S = 0.001", 1)
     assert changed != src and hashed(changed) != base
     # a file of the set missing is another model too
-    assert modelhash.model_hash(lambda f: None if f == "simulator/maxmin.py" else files[f]) != base
+    assert modelhash.model_hash(lambda f: None if f == "simulator/model/maxmin.py" else files[f]) != base
 
 
 def test_a_string_that_is_not_a_docstring_counts():

@@ -1,4 +1,4 @@
-"""The neighbours' mechanisms (simulator/neighbours.py) on small cases worked by hand: ODDL's 2-D WSS grid and a
+"""The neighbours' mechanisms (simulator/model/neighbours.py) on small cases worked by hand: ODDL's 2-D WSS grid and a
 4-node ring step's circuit set-up, an aggregation tree's streams per link (PANAMA at every switch, SwitchML-like at
 the root only), and what each does to an iteration in the engine."""
 from __future__ import annotations
@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 
 from profiles import WORKLOADS, compute_seconds
-from simulator import neighbours, report, sharing, shortflows
-from simulator.detail import Detail, RingState
-from simulator.engine import Options, policies
-from simulator.network import GBPS
-from simulator.racks import RackOptions, generate
-from simulator.rings import Ring
-from simulator.workloads import JobSpec
+from simulator.cli import report
+from simulator.inputs.racks import RackOptions, generate
+from simulator.inputs.workloads import JobSpec
+from simulator.model import neighbours, sharing, shortflows
+from simulator.model.detail import Detail, RingState
+from simulator.model.engine import Options, policies
+from simulator.model.network import GBPS
+from simulator.model.rings import Ring
 
 EFF, LAT = Options().net.efficiency, Options().net.step_latency_s
 
@@ -240,7 +241,7 @@ def test_report_blocks_read_the_records_and_name_a_missing_one(tmp_path):
 
 
 def test_simulate_runs_the_neighbours_beside_regroup_with_plots(tmp_path):
-    from simulator.cli import standalone
+    from simulator.cli.main import standalone
 
     out = tmp_path / "sim"
     assert standalone(["simulate", "--gpus", "64", "--gpus-per-switch", "16", "--jobs", "30", "--policies",

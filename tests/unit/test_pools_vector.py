@@ -10,7 +10,7 @@ import pytest
 from controller.core import pools
 from controller.core.circuits import CircuitMap
 from controller.core.occupancy import Occupancy
-from simulator.racks import RackOptions, generate
+from simulator.inputs.racks import RackOptions, generate
 
 
 def one_by_one(pool, occ, need, fixed, used):

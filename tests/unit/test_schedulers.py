@@ -9,9 +9,9 @@ import pytest
 
 from controller.core import admission
 from controller.core.admission import Outcome, Running
-from simulator.engine import Options, Run, policies, with_scheduler
-from simulator.racks import RackOptions, generate
-from simulator.workloads import JobSpec
+from simulator.inputs.racks import RackOptions, generate
+from simulator.inputs.workloads import JobSpec
+from simulator.model.engine import Options, Run, policies, with_scheduler
 
 
 class FakeCluster:

@@ -1,4 +1,4 @@
-"""Large components as arrays (simulator/columns.py) give the same floats as the per-ring path, and the mean field
+"""Large components as arrays (simulator/model/columns.py) give the same floats as the per-ring path, and the mean field
 over arrays the same as a ring-by-ring loop."""
 import dataclasses
 import random
@@ -6,16 +6,16 @@ import random
 import numpy as np
 import pytest
 
-from simulator import racks, workloads
-from simulator.cli import _typical_iteration
-from simulator.columns import ALMOST_ONE, Block, Columns, elapsed_of, state_of
-from simulator.detail import RingState
-from simulator.engine import Options, Run, policies
-from simulator.interference import Interference, Limits
-from simulator.meanfield import ROUNDS, TOLERANCE, mean_field
-from simulator.models import WORKLOADS
-from simulator.network import NetParams
-from simulator.rings import Ring
+from simulator.cli.main import _typical_iteration
+from simulator.inputs import racks, workloads
+from simulator.model.columns import ALMOST_ONE, Block, Columns, elapsed_of, state_of
+from simulator.model.detail import RingState
+from simulator.model.engine import Options, Run, policies
+from simulator.model.interference import Interference, Limits
+from simulator.model.meanfield import ROUNDS, TOLERANCE, mean_field
+from simulator.model.models import WORKLOADS
+from simulator.model.network import NetParams
+from simulator.model.rings import Ring
 
 MB = 1e6
 

@@ -9,11 +9,11 @@ import pytest
 from controller.cli import main as cli
 from controller.core.circuits import CircuitMap
 from controller.core.rack import load_rack
-from simulator import adapter
-from simulator.engine import Options, Run, policies
-from simulator.network import NetParams
-from simulator.racks import RackOptions, generate
-from simulator.workloads import TraceError, paper_case, read_trace
+from simulator.inputs.racks import RackOptions, generate
+from simulator.inputs.workloads import TraceError, paper_case, read_trace
+from simulator.model import adapter
+from simulator.model.engine import Options, Run, policies
+from simulator.model.network import NetParams
 from tests.unit.test_rack import PAPER
 
 POLICIES = policies(300.0)
@@ -258,7 +258,7 @@ def test_simulate_records_the_sharing_of_its_net_and_the_option_overrides_it(tmp
 def test_the_progress_bar_draws_on_a_terminal_and_keeps_quiet_elsewhere():
     import io
 
-    from simulator.study import Progress
+    from simulator.studies.study import Progress
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -282,7 +282,7 @@ def test_the_progress_bar_draws_on_a_terminal_and_keeps_quiet_elsewhere():
 def test_defragmentation_moves_a_spread_running_job_which_stalls_once_and_speeds_up():
     from dataclasses import replace
 
-    from simulator.engine import Policy
+    from simulator.model.engine import Policy
 
     rack = load_rack(PAPER)
     concern, beside = paper_case("a", iterations=200)
@@ -303,7 +303,7 @@ def test_a_job_that_can_never_be_placed_fails_and_the_queue_goes_on():
     import yaml
 
     from controller.core.rack import parse_rack
-    from simulator.workloads import JobSpec
+    from simulator.inputs.workloads import JobSpec
 
     spec = yaml.safe_load(open(PAPER))
     spec["circuits"] = [c for c in spec["circuits"] if "ocs1:4" not in c]  # gpu4 has no circuit
@@ -318,7 +318,7 @@ def test_a_job_that_can_never_be_placed_fails_and_the_queue_goes_on():
 
 
 def test_a_large_run_keeps_summaries_and_quantiles_and_writes_rows_only_on_request(tmp_path, monkeypatch):
-    from simulator import report
+    from simulator.cli import report
 
     monkeypatch.setattr(report, "DETAIL_LIMIT", 20)  # as if 40 jobs were a large run
     args = ["simulate", "--gpus", "32", "--gpus-per-switch", "8", "--gpus-per-server", "4", "--jobs", "40",

@@ -1,4 +1,4 @@
-"""Server failures in the simulator (simulator/failures.py): each recovery on a hand-made failure whose outcome is
+"""Server failures in the simulator (simulator/model/failures.py): each recovery on a hand-made failure whose outcome is
 known, goodput, and the same failures for the same seed."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from simulator import failures
-from simulator.engine import Options, Run, policies, with_recovery
-from simulator.failures import Failures
-from simulator.racks import RackOptions, generate
-from simulator.workloads import JobSpec
+from simulator.inputs.racks import RackOptions, generate
+from simulator.inputs.workloads import JobSpec
+from simulator.model import failures
+from simulator.model.engine import Options, Run, policies, with_recovery
+from simulator.model.failures import Failures
 
 RACK = RackOptions(16, gpus_per_switch=8, gpus_per_server=8, oversubscription=1, models=(("V100", 1.0),), spare=1.0)
 

@@ -1,6 +1,6 @@
 """The simulator against the emulation: the demo's recorded mean iteration times, each point within 15 %.
 
-One test id per point, with the emulation's calibrated network (held shares, simulator/calibration.py).
+One test id per point, with the emulation's calibrated network (held shares, simulator/model/calibration.py).
 A second observable justifies that sharing: the share of the uplink each crossing flow got while it
 communicated, which held explains better than max-min.
 
@@ -23,8 +23,9 @@ import pytest
 from evidence import calibration as measured
 from evidence import fidelity as evidence_fidelity
 from evidence import records
-from simulator import calibration, fidelity, identity
-from simulator.rings import Ring, iteration_time
+from simulator import identity
+from simulator.model import calibration, fidelity
+from simulator.model.rings import Ring, iteration_time
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = records.DROPTAIL
@@ -205,8 +206,8 @@ def test_calibration_takes_the_per_step_latency_out_of_a_measured_ring():
 def test_a_regrouped_ring_of_the_paper_takes_its_closed_form_time():
     """Case (a) regrouped: nothing shares its links, so the simulated iteration is compute + 6 steps."""
     from controller.core.rack import load_rack
-    from simulator.engine import Options, Run, policies
-    from simulator.workloads import paper_case
+    from simulator.inputs.workloads import paper_case
+    from simulator.model.engine import Options, Run, policies
 
     rack = load_rack(ROOT / "topologies" / "paper-testbed.yaml")
     cal = calibration.PROVISIONAL

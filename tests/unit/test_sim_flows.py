@@ -1,10 +1,10 @@
 """The simulator's flow model against closed forms: max-min rates, a lone ring, rings sharing a link."""
 import pytest
 
-from simulator.detail import Detail
-from simulator.interference import Interference
-from simulator.maxmin import max_min
-from simulator.rings import Ring, alone_rate, iteration_time
+from simulator.model.detail import Detail
+from simulator.model.interference import Interference
+from simulator.model.maxmin import max_min
+from simulator.model.rings import Ring, alone_rate, iteration_time
 
 MB = 1e6
 
@@ -72,8 +72,8 @@ def test_the_mean_field_agrees_with_stepping_through_rings_at_random_phases():
     import random
     import statistics
 
-    from simulator.detail import RingState
-    from simulator.meanfield import mean_field
+    from simulator.model.detail import RingState
+    from simulator.model.meanfield import mean_field
 
     rng = random.Random(5)
     errors = []
@@ -93,7 +93,7 @@ def test_the_mean_field_agrees_with_stepping_through_rings_at_random_phases():
 
 
 def test_held_shares_leave_a_computing_rings_share_unused():
-    """Sharing "held" (simulator/detail.py, the emulation's): shifted rings that never meet under max-min
+    """Sharing "held" (simulator/model/detail.py, the emulation's): shifted rings that never meet under max-min
     still each get half the link, so each all-reduce takes twice as long as alone."""
     a, b = (ring(k, compute=0.5, cap=1e12, links={0: 1}) for k in (0, 1))
     capacity = [6 * 25 * MB / 0.3]
@@ -136,7 +136,7 @@ def test_a_component_too_large_to_step_through_takes_held_shares_too(held):
 def test_rates_met_again_are_reused_and_change_nothing():
     """Stepping through reuses the max-min rates of a set of transferring rings it met before (in this run, or one
     sharing `known`); the ends are those of computing them every time."""
-    import simulator.detail as detail
+    import simulator.model.detail as detail
 
     rings = [ring(k, n=4, compute=0.1 + 0.03 * k, links={0: 1, 1 + k % 2: 1}) for k in range(4)]
     capacity = [60.0 * MB, 40.0 * MB, 45.0 * MB]

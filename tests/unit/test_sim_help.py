@@ -17,7 +17,11 @@ from pathlib import Path
 import pytest
 
 from evidence import records
-from simulator import calibration, case_record, cli, fidelity, simulate_flags, sweep
+from simulator.cli import case_record
+from simulator.cli import flags as simulate_flags
+from simulator.cli import main as cli
+from simulator.model import calibration, fidelity
+from simulator.studies import sweep
 
 BIN = Path(sys.executable).parent
 

@@ -1,4 +1,4 @@
-"""The emulation's lags in the engine (simulator/lags.py, Options.lags): where each is charged, that none changes
+"""The emulation's lags in the engine (simulator/model/lags.py, Options.lags): where each is charged, that none changes
 nothing, and that the trace check charges them (evidence/tracecheck.py)."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 from controller.core.rack import load_rack
 from evidence import tracecheck
-from simulator import lags
-from simulator.engine import Options, Run, policies
-from simulator.workloads import JobSpec
+from simulator.inputs.workloads import JobSpec
+from simulator.model import lags
+from simulator.model.engine import Options, Run, policies
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE16 = ROOT / "topologies" / "trace16.yaml"

@@ -1,4 +1,4 @@
-"""The Lingjun 2023 trace's importer (simulator/lingjun.py) on a hand-made folder with the published columns:
+"""The Lingjun 2023 trace's importer (simulator/inputs/lingjun.py) on a hand-made folder with the published columns:
 three hosts under two ASWs, four jobs (one never ran, one held no GPU)."""
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from simulator import lingjun, traces
-from simulator.adapter import Placer
-from simulator.cli import standalone
-from simulator.workloads import TraceError
+from simulator.cli.main import standalone
+from simulator.inputs import lingjun, traces
+from simulator.inputs.workloads import TraceError
+from simulator.model.adapter import Placer
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "traces" / "lingjun"
 

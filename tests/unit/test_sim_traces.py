@@ -6,10 +6,10 @@ import pytest
 
 from controller.cli import main as cli
 from controller.core.rack import MAX_PORTS
-from simulator import traces
-from simulator.engine import Options, Run, policies
-from simulator.racks import RackOptions, choose_ocs, generate
-from simulator.workloads import TraceError, fit
+from simulator.inputs import traces
+from simulator.inputs.racks import RackOptions, choose_ocs, generate
+from simulator.inputs.workloads import TraceError, fit
+from simulator.model.engine import Options, Run, policies
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "traces"
 PHILLY = DATA / "philly_cluster_job_log.json"
@@ -184,8 +184,8 @@ def test_case_a_finds_its_rack_outside_the_repository(tmp_path, monkeypatch):
 def test_on_random_traces_slowdown_is_at_least_1_exactly_1_alone_and_utilization_at_most_100(seed):
     import random
 
-    from simulator import metrics
-    from simulator.workloads import JobSpec
+    from simulator.inputs.workloads import JobSpec
+    from simulator.studies import metrics
 
     rng = random.Random(seed)
     rack = generate(RACK)
@@ -230,7 +230,7 @@ def test_seeds_give_means_with_intervals_and_the_same_seed_the_same_files(tmp_pa
 
 
 def test_a_transformer_is_sized_from_its_parameter_count():
-    from simulator import models
+    from simulator.model import models
 
     small, large = models.parse("transformer:1e9"), models.parse("transformer:70e9")
     assert small.tensor_parallel("H100", 8, 64) == 1  # 16 GB of state fits an 80 GB GPU
@@ -244,7 +244,7 @@ def test_a_transformer_is_sized_from_its_parameter_count():
 
 
 def test_an_nvlink_domain_keeps_a_servers_ring_off_the_nics_and_ideal_removes_shared_links():
-    from simulator.workloads import JobSpec
+    from simulator.inputs.workloads import JobSpec
 
     rack = generate(RackOptions(64, gpus_per_switch=16, models=(("H100", 1.0),)))
     jobs = [JobSpec("j1", 0, 8, "transformer:7e9", 5), JobSpec("j2", 0, 32, "resnet50", 5)]
@@ -260,7 +260,7 @@ def test_an_nvlink_domain_keeps_a_servers_ring_off_the_nics_and_ideal_removes_sh
 
 
 def test_plots_draw_equal_curves_once_and_label_them_together():
-    from simulator.plots import _groups
+    from simulator.cli.plots import _groups
 
     record = {"policies": {"fixed": {"v": [1, 2]}, "regroup": {"v": [1, 3]}, "defrag": {"v": [1, 3]}}}
     assert _groups(record, lambda p: p["v"]) == [(["fixed"], [1, 2]), (["regroup", "defrag"], [1, 3])]
@@ -272,8 +272,8 @@ def test_two_rings_sharing_one_uplink_match_the_hand_computed_max_min_rate(shari
     sends one flow a1 -> a2 and one back, so every uplink direction carries one flow of each. Max-min
     gives each ring half the 100 Gbit/s uplink (its NICs could take all of it): 50 Gbit/s x efficiency."""
     from profiles import WORKLOADS, compute_seconds
-    from simulator.network import GBPS, NetParams
-    from simulator.workloads import JobSpec
+    from simulator.inputs.workloads import JobSpec
+    from simulator.model.network import GBPS, NetParams
 
     rack = generate(RackOptions(32, gpus_per_switch=8, gpus_per_server=4, oversubscription=8,
                                 models=(("V100", 1.0),), spare=1.0))

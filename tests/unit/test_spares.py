@@ -86,10 +86,10 @@ def test_only_a_first_death_by_a_signal_on_a_live_server_with_its_link_up_is_res
 def test_the_simulator_chooses_its_spares_through_the_same_rule(monkeypatch):
     """A job over two servers of a simulated rack loses one of them: its survivors stay, and the spares for the lost
     GPUs are the rule's."""
-    from simulator.engine import Options, Run, policies, with_recovery
-    from simulator.failures import FailureClock, Failures
-    from simulator.racks import RackOptions, generate
-    from simulator.workloads import JobSpec
+    from simulator.inputs.racks import RackOptions, generate
+    from simulator.inputs.workloads import JobSpec
+    from simulator.model.engine import Options, Run, policies, with_recovery
+    from simulator.model.failures import FailureClock, Failures
 
     calls = spy(monkeypatch)
     script = iter([(150.0, "s1")])

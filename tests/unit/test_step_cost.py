@@ -1,6 +1,7 @@
-"""The emulated fabric's cost per ring step by chunk size (simulator/calibration.py SMALL_STEP_S, SMALL_CHUNK_BYTES):
+"""The emulated fabric's cost per ring step by chunk size (simulator/model/calibration.py SMALL_STEP_S,
+SMALL_CHUNK_BYTES):
 each constant is what its committed benchmark records measured, the simulator charges a ring its own step cost
-(simulator/rings.py Ring.latency_s) in every path, and the demo's rings keep STEP_S."""
+(simulator/model/rings.py Ring.latency_s) in every path, and the demo's rings keep STEP_S."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,14 +15,14 @@ import pytest
 
 from controller.core.rack import load_rack
 from evidence import calibration as measured
-from simulator import calibration
-from simulator.columns import Block, Columns, elapsed_of, state_of
-from simulator.detail import Detail
-from simulator.engine import Options, Run, policies
-from simulator.interference import Interference
-from simulator.network import NetParams
-from simulator.rings import Ring, iteration_time
-from simulator.workloads import JobSpec
+from simulator.inputs.workloads import JobSpec
+from simulator.model import calibration
+from simulator.model.columns import Block, Columns, elapsed_of, state_of
+from simulator.model.detail import Detail
+from simulator.model.engine import Options, Run, policies
+from simulator.model.interference import Interference
+from simulator.model.network import NetParams
+from simulator.model.rings import Ring, iteration_time
 
 ROOT = Path(__file__).resolve().parents[2]
 MB = 1e6

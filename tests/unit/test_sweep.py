@@ -10,7 +10,7 @@ import distributed  # noqa: F401 (a dependency of the simulator, setup.cfg: miss
 import pytest
 
 from controller.cli import main as cli
-from simulator import sweep
+from simulator.studies import sweep
 
 GRID = ["--gpus", "16", "--gpus-per-switch", "8", "--gpus-per-server", "4", "--oversubscription", "4",
         "--spare", "1", "--models", "V100:1", "--jobs", "12", "--policies", "fixed,regroup",

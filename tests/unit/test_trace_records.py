@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from evidence import tracejudge
 from evidence.report.trace import TRACE, trace_comparisons
-from simulator.workloads import read_trace
+from simulator.inputs.workloads import read_trace
 
 
 def test_the_replays_of_the_current_model_meet_the_trace_check():

@@ -1,4 +1,5 @@
-"""The emulation's lags (simulator/lags.py) are what `python -m evidence.tracefit` measures on the committed records
+"""The emulation's lags (simulator/model/lags.py) are what `python -m evidence.tracefit` measures on the committed
+records
 they were chosen on: a constant edited without its measurement, or a record changed, fails here."""
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import statistics
 import pytest
 
 from evidence import tracefit
-from simulator import lags
+from simulator.model import lags
 
 
 @pytest.fixture(scope="module")

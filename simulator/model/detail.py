@@ -1,0 +1,165 @@
+"""Event-by-event simulation of rings that share links.
+
+Between events the set of transferring rings is fixed and their rates are weighted max-min fair
+(simulator/model/maxmin.py). A ring is stepped through either step by step (every ring step and every
+latency gap an event: exact, the paper's rack) or, when `Ring.coarse`, a whole all-reduce at a
+time (only the ends of its compute and communication phases are events, and the ring keeps its
+share through its latency gaps: the cluster scale, where a step's latency is microseconds).
+With `held` (the network's sharing "held", simulator/model/network.py), every ring keeps its share of
+its links through its compute phases and latency gaps too: shares are set by the rings placed on a
+link, not by those transferring at the instant, so the rates never change between joins and
+leaves. That is the emulation's TCP over shallow drop-tail queues (simulator/model/calibration.py);
+without it (sharing "maxmin"), a lossless fabric that hands idle capacity over at once.
+Used for the paper's cases, for small studies, and to measure the steady state of rings that
+share a link before the cluster engine goes on with their measured iteration times.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simulator.model.maxmin import max_min
+from simulator.model.rings import Ring, latency_of
+
+COMPUTE, TRANSFER, GAP = 0, 1, 2
+
+
+@dataclass
+class RingState:
+    """Where a ring is in its iteration."""
+
+    phase: int = COMPUTE
+    # seconds (compute, gap), bytes (transfer) or steps (transfer of a coarse ring); -1: a whole compute phase
+    remaining: float = -1.0
+    step: int = 0
+    done: int = 0  # whole iterations done
+    ends: list[float] = field(default_factory=list)  # when each iteration ended
+
+    def copy(self) -> RingState:
+        return RingState(self.phase, self.remaining, self.step, self.done, list(self.ends))
+
+
+@dataclass
+class Outcome:
+    t: float  # where the simulation stopped
+    finished: list[int]  # rings that reached their target at t
+    events: int
+
+
+class Detail:
+    """Rings on shared links, advanced event by event from their current states."""
+
+    def __init__(
+        self,
+        rings: list[Ring],
+        capacity: list[float],
+        latency: float,
+        states: dict[int, RingState] | None = None,
+        held: bool = False,
+        known: tuple[dict[tuple[int, ...], dict[int, float]], dict[int, int]] | None = None,
+    ):
+        """`known`: rates already computed, shared between runs over the same rings (a dict by the tuple of the
+        moving rings' tags, and each ring's tag: one per ring object, never reused); default: this run's own."""
+        self.rings, self.held = {r.key: r for r in rings}, held
+        self.capacity, self.latency = capacity, latency
+        self.states = {r.key: (states or {}).get(r.key) or RingState() for r in rings}
+        for key, s in self.states.items():
+            if s.remaining < 0:
+                s.remaining = self.rings[key].compute_s
+        self.rates: dict[int, float] = {}
+        self._stale = True
+        # the rates of each set of moving rings met so far, by the rings' tags
+        self._known, self._tags = known or ({}, {r.key: r.key for r in rings})
+
+    def _rates(self) -> dict[int, float]:
+        """The max-min rates of the rings transferring now (all of them, held): a function of which rings those are,
+        so each set met again (the phases cycle) takes the rates computed the first time."""
+        if self._stale:
+            moving = tuple(k for k, s in self.states.items() if self.held or s.phase == TRANSFER)
+            tags = tuple(self._tags[k] for k in moving)
+            rates = self._known.get(tags)
+            if rates is None:
+                rates = self._known[tags] = max_min(
+                    {k: self.rings[k].cap for k in moving}, {k: self.rings[k].links for k in moving}, self.capacity
+                )
+            self.rates = rates
+            self._stale = False
+        return self.rates
+
+    def _time_left(self, key: int) -> float:
+        s = self.states[key]
+        if s.phase != TRANSFER:
+            return s.remaining
+        ring = self.rings[key]
+        rate = self._rates()[key]
+        if ring.coarse:
+            return s.remaining * (ring.step_bytes / rate + latency_of(ring, self.latency))
+        return s.remaining / rate
+
+    def run(
+        self,
+        t: float,
+        until: float,
+        targets: dict[int, int] | None = None,
+        max_events: int = 10**9,
+        window: dict[int, int] | None = None,
+    ) -> Outcome:
+        """Advance from time `t` to `until`, or to the first time a ring reaches its target count of
+        iterations (`targets`: ring -> iterations), or until every ring has done its `window` count,
+        or after `max_events` events."""
+        targets = targets or {}
+        events = 0
+        while events < max_events:
+            if window and all(self.states[k].done >= n for k, n in window.items()):
+                break
+            lefts = {k: self._time_left(k) for k in self.states}
+            dt = min(lefts.values(), default=float("inf"))
+            if t + dt > until:
+                self._advance(until - t)
+                return Outcome(until, [], events)
+            self._advance(dt)
+            t += dt
+            finished = []
+            for k, left in lefts.items():
+                if left <= dt * (1 + 1e-9) + 1e-12:
+                    if self._transition(k, t) and self.states[k].done >= targets.get(k, 1 << 62):
+                        finished.append(k)
+            events += 1
+            if finished:
+                return Outcome(t, finished, events)
+        return Outcome(t, [], events)
+
+    def _advance(self, dt: float) -> None:
+        rates = self._rates()
+        for k, s in self.states.items():
+            if s.phase != TRANSFER:
+                s.remaining -= dt
+            elif self.rings[k].coarse:
+                s.remaining -= dt / (self.rings[k].step_bytes / rates[k] + latency_of(self.rings[k], self.latency))
+            else:
+                s.remaining -= rates[k] * dt
+
+    def _transition(self, key: int, t: float) -> bool:
+        """The phase of `key` ended at `t`; start the next. True when an iteration ended."""
+        s, ring = self.states[key], self.rings[key]
+        if s.phase == COMPUTE and ring.steps and ring.coarse:
+            s.phase, s.remaining, s.step, self._stale = TRANSFER, float(ring.steps), 0, True
+            return False
+        if s.phase == TRANSFER:
+            self._stale = True
+            if ring.coarse:
+                s.step = ring.steps - 1
+            elif latency_of(ring, self.latency) > 0:
+                s.phase, s.remaining = GAP, latency_of(ring, self.latency)
+                return False
+        if s.phase == COMPUTE and ring.steps:
+            s.phase, s.remaining, s.step, self._stale = TRANSFER, ring.step_bytes, 0, True
+            return False
+        if s.phase != COMPUTE:
+            s.step += 1
+            if s.step < ring.steps:
+                s.phase, s.remaining, self._stale = TRANSFER, ring.step_bytes, True
+                return False
+        s.phase, s.remaining, s.step = COMPUTE, ring.compute_s, 0
+        s.done += 1
+        s.ends.append(t)
+        return True

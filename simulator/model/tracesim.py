@@ -1,0 +1,36 @@
+"""How a trace replayed on the emulated rack is simulated: the same jobs, in trace order, through the engine on the
+same rack file, with the network calibrated to the emulation and the emulation's lags (simulator/model/lags.py) charged.
+The trace check (evidence/tracecheck.py) sets these rows beside a replay record's.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from controller.core.rack import load_rack
+from simulator.inputs.workloads import JobSpec
+from simulator.model import lags
+from simulator.model.engine import Options, Run, policies
+
+
+def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, cal, with_lags: bool = True,
+             one_step: bool = False) -> tuple[list[dict], int]:
+    """The trace's jobs (dicts of arrival_s, gpus, model, iterations; trace order) through the engine on
+    `rack_file` under `policy`, the network calibrated by `cal` (a simulator.model.calibration.Calibration): (comparison
+    rows, circuits changed). The emulation's lags are charged unless `with_lags` is false (the model before them,
+    for comparison); `one_step`: every ring step costs STEP_S whatever its chunk (the model before the small
+    chunks' step, simulator/model/calibration.py)."""
+    rack = load_rack(rack_file)
+    jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
+    charged = lags.for_rack(rack.spec.emulation.time_dilation) if with_lags else lags.NONE
+    net = cal.net(rack)
+    if one_step:
+        net = dataclasses.replace(net, small_step_latency_s=None)
+    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=net, step_model="exact", lags=charged)).run()
+    by_id = {j.id: j for j in out.jobs}
+    rows = []
+    for i, spec in enumerate(jobs):
+        r = by_id[spec.id]
+        rows.append({"index": i, "arrival_s": r.arrival_s, "admit_s": r.placed_s, "start_s": r.started_s,
+                     "end_s": r.end_s if r.end_s >= 0 and not r.failed else None})
+    return rows, out.circuits_changed
