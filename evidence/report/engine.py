@@ -303,9 +303,10 @@ BLOCKS: dict[str, Callable[[list[rec.Record]], str]] = {
 
 
 # --- files ---------------------------------------------------------------------------------
-def render(text: str, where: str, records: list[rec.Record]) -> str:
-    """`text` with every block between its marks rebuilt; ReportError names a bad mark by file and line."""
-    out, pos, cache = [], 0, {}
+def render(text: str, where: str, records: list[rec.Record], cache: dict[str, str] | None = None) -> str:
+    """`text` with every block between its marks rebuilt; ReportError names a bad mark by file and line. `cache`:
+    blocks already rendered from these records, by name (filled here)."""
+    out, pos, cache = [], 0, {} if cache is None else cache
     marks = list(MARK.finditer(text))
     i = 0
     while i < len(marks):
@@ -332,15 +333,18 @@ def documents(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
-def run(check: bool, root: Path = ROOT, directory: Path | None = None, out=sys.stdout) -> int:
+def run(check: bool, root: Path = ROOT, directory: Path | None = None, out=sys.stdout,
+        cache: dict[str, str] | None = None) -> int:
+    """Rebuild (or with `check`, compare) every document's blocks; `cache` as render's, shared by all documents."""
     records = rec.load(directory or rec.RECORDS)
+    cache = {} if cache is None else cache
     differs = []
     for path in documents(root):
         text = path.read_text()
         if not MARK.search(text):
             continue
         where = str(path.relative_to(root))
-        new = render(text, where, records)
+        new = render(text, where, records, cache)
         if new == text:
             continue
         differs.append(where)

@@ -25,9 +25,7 @@ def trace_comparisons(results: Path = RESULTS, fingerprint: str | None = None) -
     """Every replay record of the current model (results/replay/*.json; its fingerprint, evidence/records.py)
     beside the simulator's run of the same jobs (evidence/tracecheck.py): (comparisons, the records of other models,
     the current fingerprint)."""
-    from evidence import records, tracecheck
     from simulator import identity
-    from simulator.inputs.workloads import read_trace
 
     folder = results / "replay"
     paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
@@ -35,6 +33,20 @@ def trace_comparisons(results: Path = RESULTS, fingerprint: str | None = None) -
         raise ReportError(f"{folder}/*.json: cannot read the record: no trace replay record (make one with "
                           "scripts/replay_trace.py, under the rack lock)")
     current = fingerprint or identity.fingerprint() or "unknown"
+    # the same records, unchanged, the same model: the comparisons already made (several blocks show them)
+    key = (str(folder), current, tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in paths))
+    if key not in _MADE:
+        _MADE[key] = _compare(paths, current)
+    return _MADE[key]
+
+
+_MADE: dict[tuple, tuple[list, list[str], str]] = {}
+
+
+def _compare(paths: list[Path], current: str) -> tuple[list, list[str], str]:
+    from evidence import records, tracecheck
+    from simulator.inputs.workloads import read_trace
+
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
              for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
     comparisons, skipped = [], []
