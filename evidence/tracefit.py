@@ -17,7 +17,7 @@ its ranks' own iterations) and prints, in emulated seconds (the lags' unit) and 
   same GPUs alone on the rack (with and without the per-iteration lag), by job size and switches.
 `--repeatability` instead sets the replay records against each other, job by job (the emulation's own spread: the
 floor under the trace check's bounds).
-A pure reading of the records; outside simulator/modelhash.MODEL_FILES (it predicts nothing).
+A pure reading of the records: it predicts nothing (the model is simulator/model/, known by its fingerprint).
 tests/unit/test_tracefit.py ties lags.py's constants to what this prints for the committed records.
 """
 from __future__ import annotations

@@ -1,21 +1,18 @@
-"""The trace check's verdict over the replays of one model (issue 35): evidence/tracecheck.py compares one replay
+"""The trace check's verdict over the replays of one model: evidence/tracecheck.py compares one replay
 record with the simulator, policy by policy; this judges the committed records of the current model together.
 
 - Each record, each policy: median |error| of completion time <= 10 %, p90 <= 20 %, the same start order
   (tracecheck's bounds), job by job against that replay.
 - Each policy, over the records: the simulated makespan within 5 % of the mean of the replays' makespans.
-- At least three records (the issue's count), each made after the model's commit (its hash is the current one).
+- At least three records, each made with the current model (its fingerprint, evidence/records.py).
 
 Why the makespan is judged against the replays' mean and not each replay alone: the emulated rack does not repeat
-its own makespan within 5 %. Five replays of the same trace on the same emulation (the controller, the worker and
-the emulation unchanged from a3efd36 to af9cc21; only the simulator changed) ended `defrag` at 219.3, 196.0,
-202.9, 209.2 and 217.5 s (`python -m evidence.tracefit --repeatability --replay` the five records): 11.9 % from
-the shortest to the longest, wider than the 10 % window that "within 5 %" allows, so no prediction, however good,
-is within 5 % of each of them (196.0 x 1.05 < 219.3 x 0.95). The spread comes from the host (its two cores run up
-to 16 workers and Open vSwitch; a replay's iterations run a few percent slower or faster throughout) and from near
-ties (which of two jobs ends first decides which GPUs a later 8-GPU job gets, eight V100s or a mix with P100s,
-and its iterations differ by a fifth or more). The mean of the replays is what the
-emulated rack does on that trace; a single replay's makespan is one draw. Each record's own makespan error is
+its own makespan within 5 % (`python -m evidence.tracefit --repeatability --replay RECORD...` prints each policy's
+makespans over the replays; docs/simulator.md shows them), so no prediction, however good, can be within 5 % of
+each. The spread comes from the host (its two cores run the workers and Open vSwitch; a replay's iterations run a
+few percent slower or faster throughout) and from near ties (which of two jobs ends first decides which GPUs a
+later job gets, and its iterations differ with them). The mean of the replays is what the emulated rack does on
+that trace; a single replay's makespan is one draw. Each record's own makespan error is
 still computed and shown (`per_record_makespan`), so a reader sees both.
 
 Pure: it takes tracecheck's comparisons; unit-tested on synthetic ones (tests/unit/test_tracejudge.py) and run on

@@ -1,4 +1,4 @@
-"""make report's blocks of the simulator's trace check (issue 35; evidence/report/engine.py merges BLOCKS), in
+"""make report's blocks of the simulator's trace check (engine.py merges BLOCKS), in
 docs/simulator.md and docs/simulator-fidelity.md: sim-trace-replay (every replay record of the current model,
 results/replay/*.json, beside the simulator: evidence/tracecheck.py), sim-trace-verdict (the verdict over those
 records: evidence/tracejudge.py), sim-trace-lags (the emulation's lags the model charges, each from the records it

@@ -7,7 +7,7 @@ down for `repair_s`, and every job holding one of its GPUs is interrupted. The d
 The report gives no repair time; `REPAIR_H` is an assumption.
 
 Recovery (`Failures.recovery`):
-- `swap`: spare GPUs are circuited in through the OCS (issue #25) and every rank restarts from the last checkpoint:
+- `swap`: spare GPUs are circuited in through the OCS and every rank restarts from the last checkpoint:
   the job is placed again at once, at the head of the queue, by the same rules as a new job, and iterates again
   `swap_s` after the failure at the earliest. `SWAP_S` is the failover benchmark's measured median from a server's
   kill to every rank iterating again, 0.60 s over 20 rounds on the emulated rack with survivors kept in their

@@ -1,6 +1,6 @@
 """What a job spends on the emulated rack besides its iterations: the controller's and the containers' lags.
 
-The replay of a trace (scripts/replay_trace.py) shows, per job, in rack seconds (issue 35; `python -m
+The replay of a trace (scripts/replay_trace.py) shows, per job, in rack seconds (`python -m
 evidence.tracefit` measures each from the committed records):
 - containers: GPUs granted to the job's containers started (the controller's `started_at`, the start the trace
   check compares): longer by a fraction of a second for each GPU (a container each);

@@ -1,4 +1,4 @@
-"""The neighbours' architectures as fabrics and collectives of the simulator (issue #36).
+"""The neighbours' architectures as fabrics and collectives of the simulator.
 
 A policy may name a `fabric` other than the rack's (the electrical aggregator switches under a core, with
 OCS regrouping) or a `collective` other than ring all-reduce; the engine builds a job's ring as usual and
