@@ -16,8 +16,8 @@ the replay's); `compare` sets the two side by side, all in rack seconds:
   with its own `admitted_at`, where the simulator places them at one instant (a tie, ordered by trace index, i.e.
   queue order); their containers may then start in another order, which the containers' start would count;
 - circuit changes: removed plus added circuits over the run, each side.
-`checks` holds a comparison to the issue's bounds (median |error| <= 10 %, p90 <= 20 %, makespan within 5 %, the
-same start order); `table` renders comparisons for `make report`.
+`checks` holds a comparison to the literal bars (evidence/bars/, read by evidence/tracebars.py: median and p90 of
+|error|, the makespan's error, the same start order); `table` renders comparisons for `make report`.
 
 Pure but for `simulate` (which runs the engine); the comparison is unit-tested on synthetic rows.
 """
@@ -26,9 +26,6 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-MEDIAN_BOUND = 0.10
-P90_BOUND = 0.20
-MAKESPAN_BOUND = 0.05
 START_TIE_S = 1e-6  # simulated starts closer than this are one instant: ordered by trace index
 
 
@@ -101,18 +98,12 @@ def compare(emulated: list[dict], simulated: list[dict], emulated_changes: int, 
     }
 
 
-def checks(c: dict) -> list[str]:
-    """What a comparison fails of the issue's bounds (empty: it passes)."""
-    out = []
-    if c["jct_error_median"] > MEDIAN_BOUND:
-        out.append(f"median |error| of completion time {100 * c['jct_error_median']:.1f} % > {100 * MEDIAN_BOUND:g} %")
-    if c["jct_error_p90"] > P90_BOUND:
-        out.append(f"p90 |error| of completion time {100 * c['jct_error_p90']:.1f} % > {100 * P90_BOUND:g} %")
-    if abs(c["makespan_error"]) > MAKESPAN_BOUND:
-        out.append(f"makespan {100 * c['makespan_error']:+.1f} % (bound ±{100 * MAKESPAN_BOUND:g} %)")
-    if not c["start_order_same"]:
-        out.append(f"start order differs: {len(c['start_order_discordant'])} pairs of jobs the other way round")
-    return out
+def checks(c: dict, bars=None) -> list[str]:
+    """What a comparison fails of the trace check's literal bars (`bars`: a version of evidence/tracebars.py; by
+    default the newest; empty: it passes)."""
+    from evidence import tracebars
+
+    return tracebars.literal(c, bars or tracebars.newest())
 
 
 def emulated_rows(run: dict) -> list[dict]:

@@ -190,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"{100 * r['median']:.1f} %, p90 {100 * r['p90']:.1f} % over {r['jobs']} jobs; makespan "
                           f"{r['makespan_a_s']:.1f} vs {r['makespan_b_s']:.1f} s "
                           f"({100 * (r['makespan_b_s'] / r['makespan_a_s'] - 1):+.1f} %)")
-        from evidence.tracecheck import MAKESPAN_BOUND as bound
+        from evidence import tracebars
+
+        bound = tracebars.newest().literal["makespan_error"]
 
         for policy, m in makespans(records).items():
             window = "exists" if max(m) * (1 - bound) <= min(m) * (1 + bound) else "does not exist"

@@ -19,12 +19,24 @@ from evidence.report.bench import read_text as _read
 
 TRACE_RACK = ROOT / "topologies" / "trace16.yaml"
 TRACE = ROOT / "traces" / "trace16.csv"
+JUDGED = (TRACE,)  # the traces whose verdict the sim-trace-verdict block shows, each by the bars in force
 
 
-def trace_comparisons(results: Path = RESULTS, fingerprint: str | None = None) -> tuple[list, list[str], str]:
-    """Every replay record of the current model (results/replay/*.json; its fingerprint, evidence/records.py)
-    beside the simulator's run of the same jobs (evidence/tracecheck.py): (comparisons, the records of other models,
-    the current fingerprint)."""
+def trace_of(record: dict) -> Path:
+    """The committed trace a replay record replayed: traces/<the name of its `trace_file`> (a record without one
+    replayed trace16.csv). By name, not by the file's sha256, which a reworded comment changes."""
+    name = Path(record.get("trace_file") or TRACE.name).name
+    path = ROOT / "traces" / name
+    if not path.is_file():
+        raise KeyError(f"the record's trace {name} is not under traces/")
+    return path
+
+
+def trace_comparisons(results: Path = RESULTS, fingerprint: str | None = None,
+                      trace: Path = TRACE) -> tuple[list, list[str], str]:
+    """Every replay record of `trace` by the current model (results/replay/*.json; its fingerprint,
+    evidence/records.py) beside the simulator's run of the same jobs (evidence/tracecheck.py): (comparisons, the
+    records of other models, the current fingerprint)."""
     from simulator import identity
 
     folder = results / "replay"
@@ -34,25 +46,28 @@ def trace_comparisons(results: Path = RESULTS, fingerprint: str | None = None) -
                           "scripts/replay_trace.py, under the rack lock)")
     current = fingerprint or identity.fingerprint() or "unknown"
     # the same records, unchanged, the same model: the comparisons already made (several blocks show them)
-    key = (str(folder), current, tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in paths))
+    key = (str(folder), current, str(trace),
+           tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in paths))
     if key not in _MADE:
-        _MADE[key] = _compare(paths, current)
+        _MADE[key] = _compare(paths, current, trace)
     return _MADE[key]
 
 
 _MADE: dict[tuple, tuple[list, list[str], str]] = {}
 
 
-def _compare(paths: list[Path], current: str) -> tuple[list, list[str], str]:
+def _compare(paths: list[Path], current: str, trace_file: Path) -> tuple[list, list[str], str]:
     from evidence import records, tracecheck
     from simulator.inputs.workloads import read_trace
 
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
-             for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
+             for j in sorted(read_trace(trace_file), key=lambda j: j.arrival_s)]
     comparisons, skipped = [], []
     for path in paths:
         try:
             record = json.loads(_read(path))
+            if trace_of(record) != trace_file:
+                continue
             if records.fingerprint_of(path, record) != current:
                 skipped.append(path.stem)
                 continue
@@ -69,18 +84,30 @@ def _no_replay(current: str, skipped: list[str]) -> str:
 
 
 def sim_trace_verdict(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
-    """The trace check's verdict over the replay records of the current model (evidence/tracejudge.py): a row per
-    policy, then what fails (or that nothing does)."""
+    """The trace check's verdict on each judged trace (JUDGED) over the replay records of the current model, by the
+    bars in force when each was made (evidence/tracejudge.py, evidence/bars/): the literal result of every replay
+    beside the noise-aware one, or that the trace's replays are still to be made."""
     from evidence import tracejudge
 
-    comparisons, skipped, current = trace_comparisons(results, fingerprint)
-    if not comparisons:
-        return _no_replay(current, skipped)
-    bad = tracejudge.verdict(comparisons)
-    end = ("Every bound is met: the per-job bounds and the start order in each replay, the makespan against the "
-           f"replays' mean, with {len(comparisons)} replays of the current model ({current[:12]})." if not bad else
-           "Not met: " + "; ".join(bad) + ".")
-    return tracejudge.table(comparisons) + "\n\n" + end
+    out = []
+    for trace in JUDGED:
+        comparisons, _, current = trace_comparisons(results, fingerprint, trace)
+        out.append(f"**`traces/{trace.name}`**")
+        if not comparisons:
+            out.append(f"No replay by the current model ({current[:12]}) yet: its replays are pending.")
+            continue
+        groups, unjudged = tracejudge.judge(comparisons, current)
+        for g in groups:
+            lit, noise = tracejudge.misses(g)
+            out += [tracejudge.table(g), ""]
+            out.append(f"Literal bars ({len(g['records'])} replays): " + (
+                "every bar met." if not lit else "missed: " + "; ".join(lit) + "."))
+            out.append("Noise-aware bars: " + ("none set before these replays." if noise is None else
+                                               "every bar met." if not noise else "missed: " + "; ".join(noise) + "."))
+        if unjudged:
+            out.append(f"Judged by no bars (made before any bars of the model were set): {', '.join(unjudged)}.")
+        out.append("")
+    return "\n".join(out).rstrip("\n")
 
 
 def sim_trace_replay(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
@@ -181,7 +208,43 @@ def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
     return "\n".join(rows + ["", f"(Calibrated by `{cal_name}`.)"])
 
 
+def sim_trace_bars(_records: list, results: Path = RESULTS) -> str:
+    """The trace check's bars, a row per version (evidence/bars/, evidence/tracebars.py), with the committed replay
+    records each judges."""
+    from evidence import records, tracebars, tracejudge
+
+    versions = tracebars.load()
+    judged: dict[int, list[str]] = {}
+    paths = sorted((results / "replay").glob("*.json"))
+    if not paths:
+        raise ReportError(f"{results / 'replay'}/*.json: cannot read the record: no trace replay record")
+    for path in paths:
+        try:
+            fingerprint = records.fingerprint_of(path, json.loads(_read(path)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"{path}: not a trace replay record ({type(e).__name__}: {e})") from None
+        bars = tracebars.in_force(versions, fingerprint, tracejudge.started(path.stem))
+        if bars is not None:
+            judged.setdefault(bars.version, []).append(path.stem)
+
+    def bars(b: dict | None, extra: str = "") -> str:
+        if b is None:
+            return "none"
+        return (f"median ≤ {100 * b['jct_error_median']:g} %, p90 ≤ {100 * b['jct_error_p90']:g} %, makespan within "
+                f"{100 * b['makespan_error']:g} %, start order {b['start_order']}{extra}")
+
+    rows = ["| version | set (UTC) | model | literal bars, each replay | noise-aware bars, against the replays' mean "
+            "| replays it judges |", "| --- | --- | --- | --- | --- | --- |"]
+    for v in versions:
+        origin = f" (first committed in {v.first_committed_in})" if v.first_committed_in else ""
+        na = v.noise_aware and f", over {v.noise_aware['min_replays']} replays or more"
+        rows.append(f"| {v.version} (`{v.path.name}`) | {v.set_utc:%Y-%m-%d %H:%M}{origin} | "
+                    f"{v.model_fingerprint[:12]} | {bars(v.literal)} | {bars(v.noise_aware, na or '')} "
+                    f"| {', '.join(f'`{n}`' for n in judged.get(v.version, [])) or 'none yet'} |")
+    return "\n".join(rows)
+
+
 BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-trace-lags": sim_trace_lags, "sim-trace-insample": sim_trace_insample, "sim-trace-replay": sim_trace_replay,
-    "sim-trace-verdict": sim_trace_verdict,
+    "sim-trace-verdict": sim_trace_verdict, "sim-trace-bars": sim_trace_bars,
 }

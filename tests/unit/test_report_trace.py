@@ -58,11 +58,18 @@ def test_trace_replay_of_a_record_that_is_not_one_is_an_error_naming_it(tmp_path
         report_trace.sim_trace_replay([], tmp_path, fingerprint="m1")
 
 
-def test_trace_verdict_is_a_row_per_policy_and_names_what_fails(tmp_path):
-    _write(tmp_path / "replay" / "20261127T000000Z-abc1234.json", json.dumps(_replay("m1", [1000.0, 1000.0])))
-    text = report_trace.sim_trace_verdict([], tmp_path, fingerprint="m1")
+def test_trace_verdict_shows_the_literal_and_the_noise_aware_result_by_the_bars_in_force(tmp_path):
+    from evidence import tracebars
+
+    model = tracebars.newest().model_fingerprint
+    _write(tmp_path / "replay" / "20991231T000000Z-abc1234.json", json.dumps(_replay(model, [1000.0, 1000.0])))
+    _write(tmp_path / "replay" / "20200101T000000Z-abc1234.json", json.dumps(_replay(model, [1000.0, 1000.0])))
+    text = report_trace.sim_trace_verdict([], tmp_path, fingerprint=model)
     rows = [line for line in text.splitlines() if line.startswith("| fixed |")]
-    assert len(rows) == 1 and rows[0].endswith("| NO |")
-    assert "Not met: 1 replay record(s) of the current model; the check needs 3" in text
-    assert "median |error|" in text and "from the replays' mean" in text  # jobs of 1000 s: far off, and said
-    assert report_trace.sim_trace_verdict([], tmp_path, fingerprint="m2").startswith("No trace replay record")
+    assert len(rows) == 1 and "| 0 of 1 pass; `20991231T000000Z-abc1234`: median |error|" in rows[0]
+    assert f"Bars {tracebars.newest().name}" in text
+    assert "Literal bars (1 replays): missed: 20991231T000000Z-abc1234 fixed: median |error|" in text
+    assert "Noise-aware bars: missed: fixed: 1 replay(s); the noise-aware bar needs 3" in text
+    assert "Judged by no bars (made before any bars of the model were set): 20200101T000000Z-abc1234." in text
+    none = report_trace.sim_trace_verdict([], tmp_path, fingerprint="m2")
+    assert "No replay by the current model (m2) yet: its replays are pending." in none
