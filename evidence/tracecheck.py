@@ -132,24 +132,26 @@ def calibration_for(fabric: str = "lossless"):
 
 
 def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, with_lags: bool = True,
-             one_step: bool = False) -> tuple[list[dict], int]:
-    """The trace's jobs through the simulator (simulator/model/tracesim.py), calibrated as `calibration_for` the rack's
-    fabric says."""
+             one_step: bool = False, scheduler: str = "fifo") -> tuple[list[dict], int]:
+    """The trace's jobs through the simulator (simulator/model/tracesim.py) under the queue discipline `scheduler`,
+    calibrated as `calibration_for` the rack's fabric says."""
     from controller.core.rack import load_rack
     from simulator.model import tracesim
 
     cal, _ = calibration_for(load_rack(rack_file).spec.emulation.fabric)
-    return tracesim.simulate(rack_file, trace, policy, defrag_s, cal, with_lags, one_step)
+    return tracesim.simulate(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler)
 
 
 def compare_record(record: dict, trace: list[dict], rack_file: Path, with_lags: bool = True,
                    one_step: bool = False) -> dict[str, dict]:
-    """Every policy of a replay record beside the simulator's run of the same jobs (`with_lags`, `one_step`: as
-    `simulate`'s)."""
+    """Every policy of a replay record beside the simulator's run of the same jobs under the queue discipline the
+    controller ran (the run's `scheduler`; fifo in records made before the controller had another), `with_lags`,
+    `one_step`: as `simulate`'s."""
     out = {}
     for policy, run in record["policies"].items():
         jobs = trace[: record["jobs_replayed"]]
-        sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0, with_lags, one_step)
+        sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0, with_lags, one_step,
+                                run.get("scheduler", "fifo"))
         out[policy] = compare(emulated_rows(run), sim, run["summary"]["circuit_changes"], changes)
     return out
 

@@ -10,23 +10,25 @@ from pathlib import Path
 from controller.core.rack import load_rack
 from simulator.inputs.workloads import JobSpec
 from simulator.model import lags
-from simulator.model.engine import Options, Run, policies
+from simulator.model.engine import Options, Run, policies, with_scheduler
 
 
 def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, cal, with_lags: bool = True,
-             one_step: bool = False) -> tuple[list[dict], int]:
+             one_step: bool = False, scheduler: str = "fifo") -> tuple[list[dict], int]:
     """The trace's jobs (dicts of arrival_s, gpus, model, iterations; trace order) through the engine on
     `rack_file` under `policy`, the network calibrated by `cal` (a simulator.model.calibration.Calibration): (comparison
     rows, circuits changed). The emulation's lags are charged unless `with_lags` is false (the model before them,
     for comparison); `one_step`: every ring step costs STEP_S whatever its chunk (the model before the small
-    chunks' step, simulator/model/calibration.py)."""
+    chunks' step, simulator/model/calibration.py); `scheduler`: the queue's discipline (controller/core/admission.py),
+    each job's estimate the simulator's own."""
     rack = load_rack(rack_file)
     jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
     charged = lags.for_rack(rack.spec.emulation.time_dilation) if with_lags else lags.NONE
     net = cal.net(rack)
     if one_step:
         net = dataclasses.replace(net, small_step_latency_s=None)
-    out = Run(rack, jobs, policies(defrag_s)[policy], Options(net=net, step_model="exact", lags=charged)).run()
+    run = with_scheduler(policies(defrag_s)[policy], scheduler)
+    out = Run(rack, jobs, run, Options(net=net, step_model="exact", lags=charged)).run()
     by_id = {j.id: j for j in out.jobs}
     rows = []
     for i, spec in enumerate(jobs):

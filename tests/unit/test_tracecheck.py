@@ -124,3 +124,30 @@ def test_start_delays_are_each_jobs_start_to_first_iteration_and_the_cli_refuses
     bad = tmp_path / "r.json"
     bad.write_text("{}")
     assert tc.main([str(bad)]) == 2 and "tracecheck:" in capsys.readouterr().err
+
+
+def test_on_the_bursty_trace_the_start_order_fails_a_simulation_of_the_wrong_discipline():
+    """Under FIFO both sides start jobs in arrival order, so the start order cannot fail there; on trace16-bursty.csv
+    EASY backfill starts them in another order, so a replay under backfill judged by a simulation under fifo (the
+    deliberately wrong discipline) fails it, and the check simulates the discipline the record names."""
+    from pathlib import Path
+
+    from evidence import tracebars
+    from simulator.inputs.workloads import read_trace
+
+    root = Path(__file__).resolve().parents[2]
+    rack = root / "topologies" / "trace16.yaml"
+    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+             for j in sorted(read_trace(root / "traces" / "trace16-bursty.csv"), key=lambda j: j.arrival_s)]
+    backfill, _ = tc.simulate(rack, trace, "fixed", 300.0, scheduler="backfill")
+    fifo, _ = tc.simulate(rack, trace, "fixed", 300.0)
+    wrong = tc.compare(backfill, fifo, 0, 0)
+    assert not wrong["start_order_same"] and len(wrong["start_order_discordant"]) >= 5
+    assert any(x.startswith("start order differs") for x in tracebars.literal(wrong, tracebars.newest()))
+    jobs = [{"index": r["index"], "submit_s": r["arrival_s"], "admit_s": r["admit_s"], "start_s": r["start_s"],
+             "end_s": r["end_s"], "state": "done"} for r in backfill]
+    record = {"jobs_replayed": len(trace), "policies": {"fixed": {"jobs": jobs, "summary": {"circuit_changes": 0},
+                                                                  "scheduler": "backfill"}}}
+    assert tc.compare_record(record, trace, rack)["fixed"]["start_order_same"]
+    del record["policies"]["fixed"]["scheduler"]  # a record without one ran fifo: judged so, the order differs
+    assert not tc.compare_record(record, trace, rack)["fixed"]["start_order_same"]
