@@ -173,6 +173,7 @@ def _run(args, dist, torch, device, util, backend: str, extra: dict, ckpt: Check
     t.start()
     deadline = None
     while True:
+        heartbeat()
         command = control.regroup(args.attempt)
         if command is not None:
             return command
@@ -191,9 +192,21 @@ def _run(args, dist, torch, device, util, backend: str, extra: dict, ckpt: Check
         if time.monotonic() > deadline:
             raise e
         time.sleep(CONTROL_POLL)
+        heartbeat()
 
 
 CONTROL_POLL = 0.02  # seconds between two looks for a command
+HEARTBEAT_S = 0.1  # seconds between two heartbeat lines: the controller's failure detector takes a silent rank for
+_BEAT = {"at": 0.0}  # a hung one (controller/jobs/detect.py), whatever its ring is doing (computing, or blocked)
+
+
+def heartbeat() -> None:
+    """A line saying this process lives, every HEARTBEAT_S (printed by the main thread, which a stuck ring's thread
+    cannot hold up; a process stopped or hung prints none)."""
+    now = time.monotonic()
+    if now - _BEAT["at"] >= HEARTBEAT_S:
+        _BEAT["at"] = now
+        emit({"event": "alive", "t": time.time()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm:  # a warm spare: started, PyTorch imported, waiting for a rank (its regroup command)
         emit({"event": "warm", "pid": os.getpid(), "t": time.time()})
         while (command := control.regroup(-1)) is None:
+            heartbeat()
             time.sleep(CONTROL_POLL)
         t0 = time.time()
         args = build_parser().parse_args(command["argv"])

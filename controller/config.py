@@ -51,11 +51,12 @@ OPTS = [
         help="for tests of reconciliation only: every job's thread stops once its circuits and containers are in "
         "place, its state left 'configuring', as if the controller died there",
     ),
-    cfg.BoolOpt(
+    cfg.StrOpt(
         "fault-hold-recovering",
-        default=False,
-        help="for tests of recovery only: a recovering job's recovery stops once its spares are swapped in (recorded), "
-        "its state left 'recovering', as if the controller died there",
+        default=None,
+        choices=["detected", "assessed", "swapped", "told", "restarting"],
+        help="for tests of recovery only: a recovering job's recovery stops once this step is recorded, its state "
+        "left 'recovering', as if the controller died there",
     ),
     cfg.StrOpt(
         "worker-image",

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from containers.image import WORKER_IMAGE
 from controller.core.rack import load_rack
-from controller.drivers.containers import ContainerDriver, GpuContainer, container_name
+from controller.drivers.containers import ContainerDriver, container_name
+from controller.jobs.ports import GpuContainer
 from emulation.harness import ROOT, Testbed
 
 try:

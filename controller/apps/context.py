@@ -108,7 +108,7 @@ class Optirack(RackState):
             self.rt,
             engine_poll=engine_poll or c.engine_poll,
             hold_configuring=c.fault_hold_configuring,
-            hold_recovering="swapped" if c.fault_hold_recovering else None,
+            hold_recovering=c.fault_hold_recovering,
         )
         self.metrics = Metrics(self)  # what GET /metrics shows (controller/apps/metrics.py), read when scraped
 

@@ -33,7 +33,7 @@ NEW = "new"  # a job being submitted: admitted (pending) or queued before anyone
 TRANSITIONS: dict[str, frozenset[str]] = {
     NEW: frozenset({QUEUED, "pending"}),
     QUEUED: frozenset({"pending", "failed", "stopped"}),  # failed: the rack changed so it can never run
-    "pending": frozenset({"configuring", "failed"}),  # failed: e.g. the controller restarted before it ran
+    "pending": frozenset({"configuring"}),  # a restarted controller places a job it finds pending
     "configuring": frozenset({"running", "failed"}),
     "running": frozenset({"done", "failed", "stopped", "recovering"}),
     # recovering: spares swapped in and every rank restarted from the checkpoint (running again), or no way on
@@ -139,6 +139,9 @@ class Job:
     # the signs, the GPUs lost, the spares, the attempt; persisted, so that a restarted controller carries it on. Not
     # shown (to_json): once the job runs again it is one of `recoveries`.
     recovery: dict | None = None
+    # Stragglers (controller/jobs/detect.py): GPU -> how its rank lags (its compute time against the job's median),
+    # reported while it still progresses, never swapped.
+    lagging: dict[str, str] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:

@@ -14,40 +14,20 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 
 from controller.core.rack import Rack
 from controller.drivers.control import CONTROL_PARENT, regroup_archive
-from controller.drivers.engines import EngineDown, Engines
+from controller.drivers.engines import Engines
 from controller.drivers.nic import HELPER_CAPS, home_settings, sandbox_sysctls
+from controller.jobs.ports import CHECKPOINTS, ContainerError, EngineDown, GpuContainer
 
 LOG = logging.getLogger("optirack.containers")
 LABEL_RACK = "org.optirack.rack"
 LABEL_JOB = "org.optirack.job"
 LABEL_GPU = "org.optirack.gpu"
 LABEL_ROLE = "org.optirack.role"  # sandbox | worker | helper
-CHECKPOINTS = "/checkpoints"  # where a worker finds its server's volume of the job's checkpoints
 HELPER_TTL = 30.0  # seconds a resolved helper digest is used before the registry is asked again
 REMOVE_WAIT = 30.0  # seconds a removal already under way (another caller's) is waited for before it is an error
-
-
-class ContainerError(RuntimeError):
-    pass
-
-
-@dataclass
-class GpuContainer:
-    """What the driver needs to start one GPU's container."""
-
-    job: str
-    gpu: str
-    server: str
-    gpu_index: int
-    gpu_model: str
-    ifname: str  # the NIC's interface name
-    cidr: str  # address/prefix for the NIC
-    command: list[str]
-    env: dict[str, str] = field(default_factory=dict)
 
 
 def container_name(job: str, gpu: str) -> str:

@@ -12,19 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from controller.core.rack import Rack
+from controller.jobs.ports import RETURNING, EngineDown
 
 LOG = logging.getLogger("optirack.engines")
 PING_TIMEOUT = 3.0
 API_TIMEOUT = 120
 API_VERSION = "1.41"  # Docker 20.10's, the oldest engine we support; newer engines speak it too
-
-
-class EngineDown(RuntimeError):
-    """A server's engine does not answer; the message names the server, its engine and why."""
-
-    def __init__(self, server: str, url: str, why: str):
-        self.server, self.url, self.why = server, url, why
-        super().__init__(f"the Docker Engine of server {server} ({url}) is down: {why}")
 
 
 def _tls_config(rack: Rack):
@@ -58,9 +51,6 @@ def engine_client(rack: Rack, server: str, timeout: float = API_TIMEOUT):
     # environment, as the engines are reached directly.
     client.api.trust_env = False
     return client
-
-
-RETURNING = "it answers again; its stale containers are being removed"
 
 
 class Engines:
@@ -106,6 +96,14 @@ class Engines:
                 LOG.warning("the engine of %s (%s) answers again", server, self.url(server))
                 self._returning.add(server)
                 self._down[server] = RETURNING
+            return False
+        return True
+
+    def answers(self, server: str, timeout: float) -> bool:
+        """Whether the engine answers within `timeout` s; records nothing (the failure detector's probe)."""
+        try:
+            self.client(server, timeout).ping()
+        except Exception:  # noqa: BLE001 (refused, timed out, ...: it did not answer)
             return False
         return True
 

@@ -9,7 +9,8 @@ import time
 from dataclasses import dataclass
 
 from controller.core.rack import Rack
-from controller.drivers.containers import ContainerDriver, ContainerError
+from controller.drivers.containers import ContainerDriver
+from controller.jobs.ports import ContainerError
 
 
 @dataclass

@@ -1,18 +1,47 @@
-"""The job book: the one table every part of the job service reads and writes. The jobs (persisted with the rack
-state), their ids, the queue, the GPUs held (by active jobs and by stopped ones whose containers are still going),
-the recovering jobs waiting for spares, the threads following each job's workers, and the occupancy of the rack."""
+"""The job book: the one table the job service's loop reads and writes. The jobs (persisted with the rack state), their
+ids, the queue, the GPUs held (by active jobs, by stopped ones whose containers are still going, by spares a recovery
+has chosen), the world as last observed (servers down, links down, each rank's last signs of life and progress), the
+actions in flight, the warm spares, and the occupancy of the rack.
+
+Only the loop (loop.py) changes it; threads read it (the REST API's reads, a plan computed under the reconfiguration
+lock), which the runtime's cooperative threads make safe between two yields."""
 
 from __future__ import annotations
 
 import collections
 import itertools
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from controller.core.circuits import CircuitMap
 from controller.core.jobs import QUEUED, TERMINAL, Job, JobTable
 from controller.core.occupancy import Occupancy
-from controller.core.rack import PortRef
+from controller.core.rack import PortRef, Rack
 from controller.jobs.errors import UnknownJob
 from controller.jobs.steps import LOG
+
+RECENT = 8  # iterations of a rank its recent median is taken over
+
+
+@dataclass
+class Rank:
+    """What is observed of one rank (job, GPU) in the attempt its follower serves."""
+
+    attempt: int
+    since: float  # when its follower started (its container started, or was told its new ring)
+    alive_at: float | None = None  # its last line of any kind (a heartbeat, an iteration, ...)
+    iteration_at: float | None = None  # its last iteration line
+    iteration: int = -1
+    iter_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT))
+    compute_s: collections.deque = field(default_factory=lambda: collections.deque(maxlen=RECENT))
+    ended: bool = False
+
+    def median_iter_s(self) -> float | None:
+        return statistics.median(self.iter_s) if self.iter_s else None
+
+    def median_compute_s(self) -> float | None:
+        return statistics.median(self.compute_s) if self.compute_s else None
 
 
 class JobBook:
@@ -24,10 +53,30 @@ class JobBook:
         self.queue: collections.deque[str] = collections.deque(
             j.id for j in sorted(self.jobs.values(), key=lambda j: (j.created_at, j.id)) if j.state == QUEUED
         )
-        self.stopping: set[str] = set()  # jobs stopped whose containers are still being removed: GPUs still held
+        self.stopping: set[str] = set()  # jobs ended whose containers are still being removed: GPUs still held
         self.awaiting: set[str] = set()  # recovering jobs waiting for spares at the head of the queue
-        self.threads: dict[str, list] = {}  # job -> the threads following its workers
+        self.ending: dict[str, list] = {}  # jobs whose end is under way -> the replies to answer once it is done
+        self.admitted: dict[str, object] = {}  # pending job -> its admission's plan (to restate against the placement)
+        self.down: dict[str, str] = {}  # servers observed down (engine, or hung): server -> why
+        self.links_down: set[str] = set()  # OCS ports whose link is down
+        self.ranks: dict[tuple[str, str], Rank] = {}  # (job, GPU) -> what is observed of it
+        self.inflight: dict[str, tuple[str, int]] = {}  # job -> (the step its action will hand its result, token)
+        self.warm: dict[str, str] = {}  # GPU -> the job whose warm spare waits on it
+        self.resuming: set[str] = set()  # recovering jobs found at a restart, their servers not yet observed again
+        self.unwarmed: set[str] = set()  # jobs told once that no GPU of their model is free to keep warm
+        self.serves: dict[str, tuple] = {}  # a warm spare's GPU -> the (GPU model, switch) of the GPUs it stands by
+        self.tokens = itertools.count(1)
+        self.followers: dict[tuple[str, str], int] = {}  # (job, GPU) -> the follower whose word counts
+        self.fids = itertools.count(1)
+        self.owners: dict[str, object] = {}  # GPU -> the lock of whoever removes or starts a leftover there
         self.occupancy = Occupancy(state.rack, state.circuits, self.busy_gpus())
+
+    @property
+    def rack(self) -> Rack:
+        return self.state.rack
+
+    def clock(self) -> float:
+        return self.state.clock()
 
     def new_id(self) -> str:
         return f"job-{next(self._ids)}"
@@ -38,17 +87,30 @@ class JobBook:
         return self.jobs[job_id]
 
     def busy_gpus(self) -> dict[str, str]:
-        """GPU -> the job holding it."""
+        """GPU -> the job holding it (its GPUs, and the spares its recovery has chosen but not yet placed)."""
         held = [j for j in self.jobs.values() if j.active or j.id in self.stopping]
-        return {g: j.id for j in held for g in j.gpus or requested(j)}
+        busy = {g: j.id for j in held for g in j.gpus or requested(j)}
+        for j in held:
+            if j.state == "recovering" and j.recovery:
+                busy.update({s: j.id for s in (j.recovery.get("spares") or {}).values()})
+        return busy
 
-    def occ(self, circuits: CircuitMap | None = None, exclude: str | None = None, down=()) -> Occupancy:
+    def unlinked(self) -> list[str]:
+        """GPUs whose NIC's link the OCS reported down."""
+        return [g for g in self.rack.gpus if str(self.rack.gpu_port(g)) in self.links_down]
+
+    def down_servers(self) -> dict[str, str]:
+        return dict(self.down)
+
+    def occ(self, circuits: CircuitMap | None = None, exclude: str | None = None,
+            down: Iterable[str] = ()) -> Occupancy:
         """The occupancy brought up to date with `circuits` (default: now) and the held GPUs (but `exclude`'s); the
-        GPUs of the servers in `down` (server -> why) count as held too (a new job avoids them)."""
+        GPUs of the servers in `down`, and those whose NIC's link is down, count as held too (a new job avoids them)."""
         holders = {g: j for g, j in self.busy_gpus().items() if j != exclude}
-        down = dict(down)
-        server_of = self.state.rack.server_of
+        down = set(down)
+        server_of = self.rack.server_of
         holders.update({g: f"the engine of {s} (down)" for g, s in server_of.items() if s in down and g not in holders})
+        holders.update({g: "its NIC's link (down)" for g in self.unlinked() if g not in holders})
         self.occupancy.sync(self.state.circuits if circuits is None else circuits, holders)
         return self.occupancy
 
@@ -59,7 +121,7 @@ class JobBook:
         for job in self.jobs.values():
             if job.active and job.id != exclude:
                 for g in job.gpus:
-                    p = self.state.rack.gpu_port(g)
+                    p = self.rack.gpu_port(g)
                     result[p] = job.id
                     other = circuits.partner(p)
                     if other is not None:
@@ -70,7 +132,7 @@ class JobBook:
         """The circuits that carry `job`'s GPUs now (what a restarted controller checks the devices against)."""
         out = []
         for g in job.gpus:
-            p = self.state.rack.gpu_port(g)
+            p = self.rack.gpu_port(g)
             other = self.state.circuits.partner(p)
             if other is not None:
                 out.append([str(p), str(other)])
@@ -102,7 +164,7 @@ class JobBook:
 
     def prune(self, older_than_s: float | None, keep: int | None) -> list[str]:
         """Forget finished jobs that ended more than `older_than_s` ago, keeping the newest `keep` of them."""
-        now = self.state.clock()
+        now = self.clock()
         finished = [j for j in self.jobs.values() if j.state in TERMINAL]
         candidates = finished[: max(0, len(finished) - (keep or 0))]
         gone = [j.id for j in candidates if older_than_s is None or (j.ended_at or j.created_at) <= now - older_than_s]
@@ -114,6 +176,18 @@ class JobBook:
         self.state.store.delete_jobs(job_ids)
         for job_id in job_ids:
             del self.jobs[job_id]
+            for key in [k for k in self.ranks if k[0] == job_id]:
+                del self.ranks[key]
+
+    # --- ranks: what the followers' lines say ---------------------------------------------------
+    def follow(self, job: Job, gpus: Iterable[str]) -> None:
+        """The ranks of `gpus` start (again) in the job's attempt: what was seen of them before no longer counts."""
+        for g in gpus:
+            self.ranks[(job.id, g)] = Rank(job.attempt, self.clock())
+
+    def rank(self, job: Job, gpu: str) -> Rank | None:
+        r = self.ranks.get((job.id, gpu))
+        return r if r is not None and r.attempt == job.attempt else None
 
 
 def requested(job: Job) -> list[str]:

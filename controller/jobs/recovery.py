@@ -1,154 +1,394 @@
-"""Reconciling, as a Kubernetes controller does: after a restart, each job found active is brought to where it should
-be by comparing its record with what the engines and the OCS hold. A job found `running` whose workers are all there
-is followed again (else it fails, naming the missing ones); one found `configuring` is carried on to `running` if
-its circuits and containers match its plan, else undone (its placement's circuits put back, its containers removed,
-failed with the reason); one found `recovering` has its recovery carried on from the step its record says, once the
-OCS are back (failover.py); one found `pending` fails (it held nothing yet); a `queued` one keeps its place. When a
-server's engine comes back, what is left there of ended jobs is removed and the queue is tried again.
+"""Keeping a job running when it loses GPUs, by reconciling: its recovery is a persisted record (`job.recovery`), and
+each event that names the job (a sign of a loss, an action's outcome, a tick, a restart) advances it one step from that
+record, observing the world again at every step. A loss found at any step joins the recovery and the plan is made
+again; a job fails only when it keeps losing workers (MAX_RECOVERIES), never because a step met a fault.
+
+Signs (`Lost`, posted by runs.py, detect.py): a worker exited with an error of its own (not sure: its GPU may be fine),
+or its GPU is lost (sure): its worker was killed by a signal or vanished, its server's engine is down or the server
+hung, its NIC's link is down. The steps, each persisted before the next begins:
+
+- detected: signs gather; on a sure one at once, else after SETTLE s.
+- assessed: which GPUs are lost (sure signs, and every GPU of a server observed down or whose link is down), which may
+  take their own rank again (spares.restartable: killed on a live server, once), the new attempt.
+- swapped: spares chosen in the loop (the spare rule of controller/core/spares.py; reserved at once) and placed with
+  the survivors in one circuit change (an action) that also takes the lost GPUs' circuits away, fencing them: a hung
+  server that wakes cannot send on the new ring. No spare now: the job waits at the head of the queue.
+- told: the survivors (and the warm spares taken) are told their ranks in the new ring (an action).
+- restarting: the ranks that could not be told are started from the checkpoint in new containers (an action); then
+  the job runs again, the record one of its `recoveries`.
+
+Fencing: a GPU swapped out is no longer the job's; its follower is dropped, so nothing it prints is recorded; its
+circuit is gone; its containers are removed once its server answers again (detect.py sweeps it before its GPUs are
+free). A restarted controller carries a recovery on from the record, re-observing first and restarting every rank
+(its followers are gone): it never trusts the step it finds to still describe the world.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from controller.core import placement as policy
+from controller.core import spares as spare_rule
+from controller.core.circuits import CircuitMap
+from controller.core.jobs import Job, transition
+from controller.jobs.actions import Actions
+from controller.jobs.book import JobBook
+from controller.jobs.inbox import Done, Drain, End, Inbox, Lost, Reconcile
+from controller.jobs.ports import CircuitChangesPort, ContainersPort
+from controller.jobs.restores import newest_checkpoint, restores_for
+from controller.jobs.runtime import Runtime
+from controller.jobs.steps import LOG, RECONFIG_WAIT, _reason, _unexpected
+from controller.jobs.workers import Workers
 
-from controller.core.circuits import CircuitDiff, CircuitError, CircuitMap
-from controller.core.jobs import ACTIVE, Job, transition
-from controller.jobs.external import is_external
-from controller.jobs.steps import LOG
-
-DEVICES_WAIT = 60.0  # seconds a restarted controller waits for the OCS before it undoes a configuring job
+SETTLE = 0.3  # at most this long a recovery waits for a sure sign when its first one is not (a worker's own error)
+WAIT_POLL = 0.5  # seconds between two tries of a job waiting for spares, or retrying a step the devices refused
+MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many recoveries, with the last reason
+MAX_TRIES = 5  # a step that fails this many times with no new loss to explain it fails the job
+STEPS = ("detected", "assessed", "swapped", "told", "restarting")
 
 
 class Recovery:
-    def __init__(
-        self, book, state, containers, workers, lifecycle, runtime, engine_poll: float,
-        wait_for_devices: Callable[[float], bool], drain: Callable[[], None], resume: Callable[[Job], None],
-    ):  # fmt: skip
-        self.book, self.state, self.containers, self.workers, self.lifecycle, self.rt = (
-            book, state, containers, workers, lifecycle, runtime
-        )  # fmt: skip
-        self.engine_poll = engine_poll
-        self.wait_for_devices = wait_for_devices  # queue.Queue.wait_for_devices
-        self.drain = drain  # start queued jobs (queue.Queue.drain)
-        self.resume = resume  # carry a recovery on (failover.Failover.resume)
+    def __init__(self, book: JobBook, inbox: Inbox, rt: Runtime, changes: CircuitChangesPort,
+                 containers: ContainersPort, hold_at: str | None = None, keep_survivors: bool = True):
+        self.book, self.inbox, self.rt, self.changes, self.containers = book, inbox, rt, changes, containers
+        self.workers = Workers(book, containers, inbox, rt)
+        self.actions = Actions(book, inbox, rt)
+        self.hold_at = hold_at  # a fault hook for tests: a recovery stops once this step is recorded
+        self.keep_survivors = keep_survivors  # survivors regroup in their processes (False: restarted)
 
-    # --- after a restart --------------------------------------------------------------------
-    def found(self) -> list[tuple[Job, str]]:
-        """The jobs active at start, with their states: what `recover` reconciles (taken before any thread runs, so
-        that a job submitted meanwhile, or admitted when ending another drains the queue, is not taken for one the
-        restart interrupted)."""
-        return [(job, job.state) for job in self.book.jobs.values() if job.state in ACTIVE]
-
-    def recover(self, found: list[tuple[Job, str]]) -> None:
-        """After a restart: follow running jobs whose workers are all still there, on every engine;
-        fail the others; then remove what is left of jobs that are over, and carry on the recoveries under way."""
-        recovering = []
-        for job, state in found:
-            if job.state != state:
-                continue
-            if is_external(job):
-                continue  # its ranks are the outside scheduler's, which ends it (external.py)
-            if job.state == "running":
-                present = self.workers.present(job)
-                if set(present) == set(job.gpus):
-                    LOG.info("%s: its workers are still there after the restart; following them again", job.id)
-                    self.rt.spawn(self.lifecycle.watch, job)
-                    continue
-                missing = ", ".join(sorted(set(job.gpus) - set(present)))
-                self.lifecycle.fail(job, f"the workers of {missing} went away while the controller was down", None)
-            elif job.state == "configuring":
-                self._reconcile_configuring(job)
-            elif job.state == "recovering":
-                recovering.append(job)  # after the sweep: it must not take the containers the recovery starts
-            elif job.state in ACTIVE:
-                self.lifecycle.fail(job, f"the controller restarted while the job was {job.state}", None)
-        for server in self.state.rack.servers:
-            self.sweep(server)
-        for job in recovering:
-            self.rt.spawn(self._resume, job)
-
-    def _resume(self, job: Job) -> None:
-        if not self.wait_for_devices(DEVICES_WAIT):
-            LOG.error("%s: the OCS are not back after %.0f s; recovering without them", job.id, DEVICES_WAIT)
-        if job.state == "recovering":
-            self.resume(job)
-
-    def _reconcile_configuring(self, job: Job) -> None:
-        """Carry the job on if what the devices hold is its plan: its circuits in the map, a worker per GPU on the
-        engines; else undo it."""
-        why = self._placement_mismatch(job)
-        if why is None:
-            LOG.info("%s: configuring at the restart, its circuits and containers in place: carrying on", job.id)
-            transition(job, "running", started_at=self.state.clock())
-            self.book.save()
-            self.rt.spawn(self.lifecycle.watch, job)
+    # --- signs ----------------------------------------------------------------------------------
+    def lost(self, ev: Lost) -> None:
+        job = self.book.jobs.get(ev.job)
+        if job is None or job.id in self.book.ending or ev.gpu not in job.gpus:
             return
-        LOG.warning("%s: configuring at the restart, but %s: undoing it", job.id, why)
-        if not self.wait_for_devices(DEVICES_WAIT):
-            LOG.error("%s: the OCS are not back after %.0f s; undoing without them", job.id, DEVICES_WAIT)
-        why = f"the controller restarted while the job was configuring, and {why}"
-        self.lifecycle.fail(job, why, self._placed(job))
+        sign = [ev.why, ev.sure, ev.killed]
+        if job.state == "running":
+            if len(job.recoveries) >= MAX_RECOVERIES:
+                LOG.error("%s: %s, after %d recoveries: not recovering it again", job.id, ev.why, len(job.recoveries))
+                self.inbox.post(End(job.id, "failed", f"{ev.why} (after {len(job.recoveries)} recoveries)"))
+                return
+            rec = {"step": "detected", "detected_at": self.book.clock(), "signs": {ev.gpu: sign},
+                   "old_gpus": list(job.gpus), "replans": 0, "tries": 0}
+            transition(job, "recovering", reason=ev.why, recovery=rec)
+            LOG.warning("%s recovering: %s", job.id, ev.why)
+            self.book.save()
+            self.inbox.post(Reconcile(job.id))  # after the signs already in the inbox: they join this one
+            return
+        elif job.state == "recovering" and job.recovery is not None:
+            old = job.recovery["signs"].get(ev.gpu)
+            if old is None or (ev.sure and not old[1]):
+                job.recovery["signs"][ev.gpu] = sign
+        else:
+            return
+        self.reconcile(job)
 
-    def _placement_mismatch(self, job: Job) -> str | None:
-        """Why the devices do not hold `job`'s plan (None: they do)."""
-        if not job.gpus or len(job.circuits) != len(job.gpus):
-            return "its placement had not been recorded"
-        held = {frozenset(str(p) for p in c) for c in self.state.circuits.circuits}
-        changed = [c for c in job.circuits if frozenset(c) not in held]
-        if changed:
-            return f"its circuit {changed[0][0]}-{changed[0][1]} is gone"
-        missing = sorted(set(job.gpus) - set(self.workers.present(job)))
-        if missing:
-            return f"the containers of {', '.join(missing)} are gone"
-        return None
+    def tick(self, _=None) -> None:
+        for job in [j for j in self.book.jobs.values() if j.state == "recovering"]:
+            self.reconcile(job)
 
-    def _placed(self, job: Job) -> CircuitDiff | None:
-        """The circuits the job's placement changed, from its last placement event (None: it changed none)."""
-        placed = [e for e in self.state.events.recent() if e.job == job.id and e.kind == "job" and e.status == "ok"]
-        if not placed:
-            return None
-        ev, rack = placed[-1], self.state.rack
+    def drain(self, _=None) -> None:
+        """GPUs may be free: a job waiting for spares tries again."""
+        for job_id in sorted(self.book.awaiting):
+            self.reconcile(self.book.jobs[job_id])
+
+    def resume(self, job: Job) -> None:
+        """After a restart: observe the job's servers first, then carry its recovery on, every rank restarted."""
+        rec = job.recovery or {"step": "detected", "detected_at": self.book.clock(), "signs": {}}
+        rec.update(resumed=True, tries=0)
+        rec.setdefault("old_gpus", list(job.gpus))
+        job.recovery = rec
+        LOG.warning("%s: recovering at the restart (step %s): observing its servers again", job.id, rec["step"])
+        self.actions.start(job.id, "recovery.observed", self._probe, job)
+
+    # --- the reconciler ---------------------------------------------------------------------------
+    def reconcile(self, job: Job) -> None:
+        """One step of the job's recovery, from its record and what is observed now."""
+        rec = job.recovery
+        if job.state != "recovering" or rec is None or self.actions.busy(job.id) or job.id in self.book.ending:
+            return
+        if job.id in self.book.resuming:
+            self.book.resuming.discard(job.id)
+            return self.resume(job)
+        if rec["step"] == self.hold_at and not rec.get("resumed"):
+            return  # held by the fault hook, as if the controller died here
+        step = rec["step"]
+        if step == "detected":
+            sure = any(sign[1] for sign in rec["signs"].values())
+            if not sure and self.book.clock() - rec["detected_at"] < SETTLE:
+                return  # a worker's error of its own may follow another's loss: wait for a sure sign
+            self._assess(job, rec)
+            return self.reconcile(job)
+        new = self._newly_lost(job, rec)
+        if new:
+            if step != "assessed":
+                LOG.warning("%s: %s lost at step %s: planning the recovery again", job.id, ", ".join(new), step)
+                rec["replans"] = rec.get("replans", 0) + 1
+            self._assess(job, rec)
+            return self.reconcile(job)
+        if job.id in self.book.awaiting and self.book.clock() - rec.get("tried_at", 0.0) < WAIT_POLL:
+            return
+        if step == "assessed":
+            self._swap(job, rec)
+        elif step == "swapped":
+            self._tell(job, rec)
+        elif step in ("told", "restarting"):
+            self._restart(job, rec)
+
+    def _down(self) -> dict[str, str]:
+        return {**self.containers.down_servers(), **self.book.down}
+
+    def _losses(self, job: Job, rec: dict) -> dict[str, str]:
+        """The job's GPUs lost now: a sure sign, a server observed down, a link down."""
+        rack, down = self.book.rack, self._down()
+        out = {g: s[0] for g, s in rec["signs"].items() if s[1] and g in job.gpus}
+        for g in job.gpus:
+            s = rack.server_of[g]
+            if s in down:
+                out.setdefault(g, f"the Docker Engine of server {s} is down ({down[s]})")
+            elif str(rack.gpu_port(g)) in self.book.links_down:
+                out.setdefault(g, f"the link of {g}'s NIC went down")
+        return out
+
+    def _newly_lost(self, job: Job, rec: dict) -> list[str]:
+        """GPUs of the job lost now that the current plan does not already replace (or restart in place)."""
+        handled = set(rec.get("lost", {})) if rec["step"] != "detected" else set()
+        restarting = set(rec.get("restarted", {}))
+        return sorted(g for g in self._losses(job, rec) if g not in handled or g in restarting
+                      and self.book.rack.server_of[g] in self._down())
+
+    def _assess(self, job: Job, rec: dict) -> None:
+        """Which GPUs are lost now, which may be their own spare, the new attempt: the plan from here."""
+        rack = self.book.rack
+        losses = self._losses(job, rec)
+        down = sorted({rack.server_of[g] for g in job.gpus} & set(self._down()))
+        killed = [g for g, s in rec["signs"].items() if s[2]]
+        links = [g for g in job.gpus if str(rack.gpu_port(g)) in self.book.links_down]
+        previous = [g for r in job.recoveries for g in r.get("restarted", {})]  # restarted so in an earlier one
+        first = next(iter(rec["signs"].values()))[0] if rec["signs"] else job.reason
+        reached = max((r["iteration"] + 1 for g in job.gpus for r in job.reports.get(g, [])
+                       if r.get("event") == "iteration" and r.get("attempt", 0) == job.attempt), default=0)
+        rec.pop("stopped", None)
+        rec.update(
+            step="assessed", attempt=job.attempt + 1, reason=rec.get("reason") or first, old_gpus=list(job.gpus),
+            lost={**rec.get("lost", {}), **losses},
+            losing={g: losses[g] for g in job.gpus if g in losses},
+            restartable=spare_rule.restartable([g for g in job.gpus if g in losses], killed, down, links,
+                                               rack.server_of, previous),
+            errors={g: s[0] for g, s in rec["signs"].items() if not s[1] and g in job.gpus and g not in losses},
+            servers_down=down, reached=max(reached, rec.get("reached", 0)), spares={}, restarted={},
+        )
+        rec.setdefault("assessed_at", self.book.clock())
+        self.book.save()
+        LOG.warning("%s: assessed: lost %s; attempt %d", job.id, ", ".join(rec["losing"]) or "none", rec["attempt"])
+
+    def _kept(self, job: Job, rec: dict) -> list[str]:
+        """The GPUs whose workers keep their processes: not lost, no error of their own, on a live server (none after a
+        restart, or where survivors are restarted)."""
+        if not self.keep_survivors or rec.get("resumed"):
+            return []
+        return [g for g in rec["old_gpus"] if g not in rec["losing"] and g not in rec["errors"]
+                and self.book.rack.server_of[g] not in rec["servers_down"]]
+
+    # --- swapped: spares chosen and placed in one circuit change ------------------------------------------
+    def _swap(self, job: Job, rec: dict) -> None:
+        rack, losing, own = self.book.rack, rec["losing"], rec["restartable"]
+        kept = self._kept(job, rec)
+        stop = [g for g in rec["old_gpus"] if g not in kept and rack.server_of[g] not in rec["servers_down"]]
+        for g in rec["old_gpus"]:
+            if g not in kept:
+                self.book.followers.pop((job.id, g), None)  # a worker of an attempt the recovery stops
+        job.attempt = rec["attempt"]
+        job.gpus = [g for g in rec["old_gpus"] if g not in losing or g in own]  # the lost GPUs are no longer the job's
+        down = set(self._down())
+        taken = set(self.book.busy_gpus()) | set(rec["old_gpus"]) | set(self.book.unlinked())
+        free = [g for g in rack.gpus if g not in taken and rack.server_of[g] not in down]
+        where = {g: at[0] for g, at in self.book.state.circuits.gpu_locations(rack).items() if at}
         try:
-            removed, added = CircuitMap.parse(rack, ev.removed), CircuitMap.parse(rack, ev.added)
-        except CircuitError as e:  # the rack file changed since
-            LOG.error("%s: its placement event no longer fits the rack (%s); circuits left as they are", job.id, e)
-            return None
-        return CircuitDiff(frozenset(removed.circuits), frozenset(added.circuits))
+            spares = spare_rule.choose(rack, list(losing), free, job.request["workload"].get("model", "vgg16"),
+                                       job.switches, where, job.request.get("gpu_model"), own=own)
+        except spare_rule.NoRoomNow as e:
+            self._wait(job, rec, str(e))
+            if not rec.get("stopped"):  # the old attempt's workers stop while it waits
+                rec["stopped"] = True
+                self.actions.start(job.id, "recovery.stopped", self.workers.kill, job, stop)
+            return
+        rec["spares"] = {g: s for g, s in spares.items() if s != g}  # reserved from here (book.busy_gpus)
+        rec["restarted"] = {g: losing[g] for g, s in spares.items() if s == g}
+        gpus = [g for g in rec["old_gpus"] if g not in losing or spares[g] == g] + list(rec["spares"].values())
+        fence = [g for g in losing if g not in rec["restarted"]]
+        gone = [g for g in fence if rack.server_of[g] not in down]  # lost on a live server: its containers go
+        rec["planned_at"] = self.book.clock()
+        self.actions.start(job.id, "recovery.swapped", self._change, job, rec, gpus, fence, stop, gone)
 
-    # --- the servers' engines -------------------------------------------------------------------
-    def down_servers(self) -> dict[str, str]:
-        """Servers whose Docker Engine did not answer when last asked: server -> why."""
-        return self.containers.down_servers()
+    def _change(self, job: Job, rec: dict, gpus: list[str], fence: list[str], stop: list[str], gone: list[str]):
+        """The action: the old attempt's workers stopped; one circuit change placing `gpus` under as few switches as
+        can be and taking the circuits of the GPUs fenced out; their containers removed where their server lives."""
+        self.workers.kill(job, stop)
+        model, workload = job.request.get("gpu_model"), job.request["workload"].get("model", "vgg16")
+        rack, decided = self.book.rack, {}
+        ports = {rack.gpu_port(g) for g in fence}
 
-    def watch_engines(self) -> None:
-        """Ask every engine now and then; one that comes back gets its stale containers removed."""
-        while True:
-            self.rt.sleep(self.engine_poll)
-            for server in self.state.rack.servers:
-                self.containers.engines.ping(server)
-            for server in self.containers.engines.returning():  # shown down until swept: nobody uses it before
-                if self.sweep(server):
-                    self.containers.engines.mark_up(server)
-                    try:
-                        self.drain()  # its GPUs can take queued jobs again
-                    except Exception:  # noqa: BLE001 (the watch goes on; the next job's end drains again)
-                        LOG.exception("starting queued jobs after the engine of %s came back", server)
+        def plan(current: CircuitMap) -> CircuitMap:
+            occ = self.book.occ(current, exclude=job.id, down=self._down())
+            p = policy.plan(occ, policy.Request(tuple(gpus), "regroup", model, workload))
+            decided.update(plan=p, planned_at=self.book.clock())
+            target = p.target(current)
+            return CircuitMap([c for c in target.circuits if not (set(c) & ports)])
 
-    def sweep(self, server: str) -> bool:
-        """Remove what is left on `server` of jobs that are over, and of GPUs a job that goes on lost there;
-        whether that was done. It holds the server's GPUs (workers.owning) from deciding what is stale to the end, so
-        a job starting there meanwhile, or a warm spare started or evicted, is never removed twice nor taken for
-        stale; the warm spares this controller keeps are not stale."""
-        rack = self.state.rack
-        with self.workers.owning([g for g in rack.gpus if rack.server_of[g] == server]):
-            keep = {j.id for j in self.book.jobs.values() if j.active}
-            pairs = {(j.id, g) for j in self.book.jobs.values() if j.active for g in j.gpus}
-            pairs |= {(j, g) for g, j in self.workers.warm.items() if j in keep}
-            try:
-                gone = self.containers.sweep(server, keep, pairs)
-            except Exception as e:  # noqa: BLE001 (down again: the next poll retries)
-                LOG.error("cannot remove stale containers on %s: %s", server, e)
-                return False
+        t0 = self.book.clock()
+        ev = self.changes.change(plan, "failover", lambda: f"{job.id}: " + ", ".join(
+            f"{a} -> {rec['spares'].get(a, a)}" for a in rec["losing"]) + " (lost)", job=job.id, wait=RECONFIG_WAIT)
         if gone:
-            LOG.warning("removed stale containers of GPUs %s on %s", ", ".join(gone), server)
-        return True
+            self.rt.spawn(self.workers.remove, job, gone)
+        return {"plan": decided["plan"], "event": ev, "gpus": gpus, "t0": t0, "t1": decided["planned_at"]}
+
+    def stopped(self, done: Done) -> None:
+        self.reconcile(self.book.jobs[done.job])
+
+    def swapped(self, done: Done) -> None:
+        job = self.book.jobs[done.job]
+        rec = job.recovery
+        if job.state != "recovering" or rec is None:
+            return
+        if done.error is not None:
+            return self._failed_step(job, rec, "swapping spares in", done.error)
+        p, ev = done.result["plan"], done.result["event"]
+        job.gpus, job.switches = list(done.result["gpus"]), list(p.switches)
+        if ev is not None:
+            job.events.append(ev.id)
+        job.circuits = self.book.circuits_of(job)
+        now = self.book.clock()
+        rec.update(step="swapped", tries=0, event=ev.id if ev is not None else None, switches=list(p.switches),
+                   planning_s=done.result["t1"] - rec["planned_at"], ocs_s=now - done.result["t1"])
+        self.book.save()
+        if job.id in self.book.awaiting:  # it held the queue back: with its spares taken, the others may go
+            self.book.awaiting.discard(job.id)
+            self.inbox.post(Drain())
+        self.reconcile(job)
+
+    def _wait(self, job: Job, rec: dict, why: str) -> None:
+        """No spare now: wait at the head of the queue, checkpoint kept, and try again when GPUs may be free."""
+        rec["tried_at"] = self.book.clock()
+        if job.id not in self.book.awaiting:
+            LOG.warning("%s: no spare GPU now (%s); waiting at the head of the queue", job.id, why)
+            self.book.awaiting.add(job.id)
+            job.note = f"recovering: waiting at the head of the queue for spares: {why}"
+            rec["waited_from"] = self.book.clock()
+            self.book.save()
+
+    def _failed_step(self, job: Job, rec: dict, what: str, e: BaseException) -> None:
+        """A step's action failed: observe the job's servers again (a new loss explains it, and the plan is made again);
+        a step that keeps failing with none fails the job; no spare now is a wait."""
+        if isinstance(e, policy.NoRoomNow):
+            self._wait(job, rec, str(e))
+            return
+        rec["tries"] = rec.get("tries", 0) + 1
+        LOG.warning("%s: %s failed (%s), try %d: observing its servers again", job.id, what, _reason(e), rec["tries"])
+        if rec["tries"] >= MAX_TRIES or (_unexpected(e) and not isinstance(e, (OSError, RuntimeError))):
+            LOG.error("%s: the recovery failed: %s", job.id, e, exc_info=_unexpected(e))
+            self.inbox.post(End(job.id, "failed", f"{job.reason}; recovering failed: {_reason(e)}"))
+            return
+        self.actions.start(job.id, "recovery.observed", self._probe, job)
+
+    def _probe(self, job: Job) -> dict[str, str | None]:
+        """The action: ask the engine of every server the job holds or held now: server -> why it is down (None: up)."""
+        rack = self.book.rack
+        servers = {rack.server_of[g] for g in job.gpus + (job.recovery or {}).get("old_gpus", [])}
+        out: dict[str, str | None] = {}
+        for s in sorted(servers):
+            out[s] = None if self.containers.engines.ping(s) else self.containers.down_servers().get(s, "down")
+        return out
+
+    def observed(self, done: Done) -> None:
+        job = self.book.jobs[done.job]
+        for server, why in (done.result or {}).items():
+            if why is not None:
+                self.book.down.setdefault(server, why)
+        if job.recovery is not None and job.recovery["step"] == "detected" and job.recovery.get("resumed"):
+            job.recovery["detected_at"] -= SETTLE  # a restart settles nothing: go on
+        self.reconcile(job)
+
+    # --- told, restarting: every rank in the new ring -----------------------------------------------
+    def _tell(self, job: Job, rec: dict) -> None:
+        restores = restores_for(job, self.book.rack, [g for g in job.gpus if g in rec["old_gpus"]])
+        rec["restores"] = {g: list(r) for g, r in restores.items()}
+        warm = [s for s in rec["spares"].values() if self.book.warm.get(s) == job.id]
+        for s in warm:  # its warm spare is one of its ranks from here
+            del self.book.warm[s]
+            self.book.serves.pop(s, None)
+        told = [g for g in self._kept(job, rec) if g in job.gpus] + warm if not rec.get("resumed") else []
+        rec["warm_told"] = warm
+        self.actions.start(job.id, "recovery.told", self.workers.regroup, job, told, restores, self.book.clock)
+
+    def told(self, done: Done) -> None:
+        job = self.book.jobs[done.job]
+        rec = job.recovery
+        if job.state != "recovering" or rec is None:
+            return
+        took = done.result or {}
+        kept = [g for g, t in took.items() if t is not None]
+        rec.update(step="told", tries=0, told_s={g: round(t, 4) for g, t in took.items() if t is not None},
+                   kept_now=kept)
+        self.book.follow(job, kept)  # observed afresh in the new attempt; the survivors keep their followers
+        for g in [g for g in kept if (job.id, g) not in self.book.followers]:  # a warm spare told its rank
+            fid = self.book.followers[(job.id, g)] = next(self.book.fids)
+            self.workers.follow(job, g, fid)
+        self.book.save()
+        self.reconcile(job)
+
+    def _restart(self, job: Job, rec: dict) -> None:
+        kept = [g for g in rec.get("kept_now", []) if (job.id, g) in self.book.followers]
+        cold = [g for g in job.gpus if g not in kept]
+        rec.update(step="restarting", kept_now=kept)
+        self.book.save()
+        if self.hold_at == "restarting" and not rec.get("resumed"):
+            return
+        for g in cold:
+            self.book.followers.pop((job.id, g), None)
+        if cold:
+            LOG.warning("%s: starting %s from the checkpoint in new containers", job.id, ", ".join(cold))
+        restores = {g: tuple(r) for g, r in rec.get("restores", {}).items()}
+        evict = [(g, self.book.warm.pop(g)) for g in cold if g in self.book.warm]  # another job's warm spare
+        for g, _ in evict:
+            self.book.serves.pop(g, None)
+        self.actions.start(job.id, "recovery.restarted", self.workers.start, job, cold, restores, True, evict)
+
+    def restarted(self, done: Done) -> None:
+        job = self.book.jobs[done.job]
+        rec = job.recovery
+        if job.state != "recovering" or rec is None:
+            return
+        if done.error is not None:
+            return self._failed_step(job, rec, "starting the containers", done.error)
+        job.image = done.result or job.image
+        kept = rec.pop("kept_now", [])
+        cold = [g for g in job.gpus if g not in kept]
+        self.book.follow(job, cold)
+        for g in cold:
+            fid = self.book.followers[(job.id, g)] = next(self.book.fids)
+            self.workers.follow(job, g, fid)
+        self._record(job, rec, kept)
+
+    def _record(self, job: Job, rec: dict, kept: list[str]) -> None:
+        now, warm = self.book.clock(), rec.pop("warm_told", [])
+        k = newest_checkpoint(job, self.book.rack, [g for g in job.gpus if g in rec["old_gpus"]])[0]
+        done = {key: rec[key] for key in ("attempt", "reason", "detected_at", "restartable", "errors",
+                                          "servers_down", "reached", "spares", "restarted", "planning_s", "ocs_s",
+                                          "event", "switches", "planned_at", "told_s") if key in rec}
+        done.update(lost=rec["lost"], kept=[g for g in kept if g not in warm],
+                    warm={s: s in kept for s in rec["spares"].values()}, resumed_from=k,
+                    iterations_redone=max(0, rec["reached"] - k), containers_s=now - rec.get("planned_at", now),
+                    running_at=now, gpus=list(job.gpus), replans=rec.get("replans", 0))
+        if rec.get("resumed"):
+            done["resumed"] = True
+        if "waited_from" in rec:  # it waited for spares at the head of the queue from then
+            done["waited_from"] = rec["waited_from"]
+        job.recoveries.append(done)
+        swapped = ", ".join([f"{a} -> {b}" + ("" if done["warm"][b] else " (no warm spare: a container started)")
+                             for a, b in done["spares"].items()]
+                            + [f"{g} restarted on its own GPU" for g in done["restarted"]]) or "none swapped"
+        job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}"
+        job.exit_codes = {}
+        transition(job, "running", reason=None, recovery=None)
+        self.book.save()
+        self.inbox.post(Reconcile(job.id))  # a warm spare again, for the next loss
+        LOG.info("%s running again (%s) from iteration %d, %d redone; %d rank(s) kept their processes", job.id,
+                 swapped, k, done["iterations_redone"], len(kept))

@@ -1,40 +1,52 @@
 """Regrouping: one running job under fewer switches, or every running job at once in one bulk OCS change
-(defragmentation).
+(defragmentation). Steps of the loop: the call is checked in the loop, the circuit change is an action (untracked:
+a recovery of the job is not held up by it; the plan, made under the reconfiguration lock, refuses a job that no
+longer runs), and its outcome updates the jobs and answers the caller.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
 
 from controller.core import defrag
 from controller.core import placement as policy
 from controller.core.circuits import CircuitMap
+from controller.jobs.actions import Actions
+from controller.jobs.book import JobBook
 from controller.jobs.errors import Conflict
+from controller.jobs.inbox import Done, Drain, Inbox, Reply
+from controller.jobs.ports import CircuitChangesPort
+from controller.jobs.runtime import Runtime
 from controller.jobs.steps import KEPT_PLANS, LOG, RECONFIG_WAIT, displaced_note
 
 
 class Regroup:
-    def __init__(self, book, state, changes, drain: Callable[[], None]):
-        self.book, self.state, self.changes = book, state, changes
-        self.drain = drain  # start queued jobs (queue.Queue.drain)
+    def __init__(self, book: JobBook, inbox: Inbox, rt: Runtime, changes: CircuitChangesPort):
+        self.book, self.inbox, self.changes = book, inbox, changes
+        self.state = book.state
+        self.actions = Actions(book, inbox, rt)
         self._plans: collections.OrderedDict[int, dict] = collections.OrderedDict()  # version -> dry-run plan
 
-    def regroup(self, job_id: str):
-        """Bring a running job's GPUs under fewer switches; it stalls for the dark window and goes on.
-        Returns the reconfiguration event, or None if its switch count cannot fall."""
-        return self.regroup_with_note(job_id)[0]
-
-    def regroup_with_note(self, job_id: str):
-        """`regroup`, and what happened in words (e.g. "cannot fall below 2 switches")."""
+    def regroup(self, reply: Reply, job_id: str) -> None:
+        """Bring a running job's GPUs under fewer switches; it stalls for the dark window and goes on. Answers (the
+        reconfiguration event or None if its switch count cannot fall, what happened in words)."""
         job = self.book.get(job_id)
         if job.state != "running":
             raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
-        plans = []
+        self.actions.start(job.id, "regroup.regrouped", self._regroup, job, reply, tracked=False)
+
+    def _regroup(self, job, reply: Reply) -> tuple:
+        try:
+            return reply, *self._change(job), None
+        except Exception as e:  # noqa: BLE001 (the caller's answer)
+            return reply, None, None, e
+
+    def _change(self, job) -> tuple:
+        plans: list = []
 
         def plan(current: CircuitMap) -> CircuitMap | None:
             if job.state != "running":
-                raise Conflict(f"{job_id} is {job.state}; only a running job can be regrouped")
+                raise Conflict(f"{job.id} is {job.state}; only a running job can be regrouped")
             p = policy.plan_regroup(self.book.occ(current), job.gpus)
             plans.append(p)
             return p.target(current) if p.changes else None
@@ -47,14 +59,21 @@ class Regroup:
             wait=RECONFIG_WAIT,
             note=lambda: displaced_note(self.state.rack, plans[-1].diff, job.gpus),
         )
-        p = plans[-1]
+        return plans[-1], ev
+
+    def regrouped(self, done: Done) -> None:
+        reply, p, ev, error = done.result
+        if error is not None:
+            reply.fail(error)
+            return
+        job = self.book.jobs[done.job]
         if ev is not None:
             job.switches, job.note = list(p.switches), f"regrouped: {p.note}"
             job.circuits = self.book.circuits_of(job)
             job.events.append(ev.id)
             self.book.save()
             LOG.info("%s regrouped under %s (%d circuit changes)", job.id, ",".join(p.switches), p.changes)
-        return ev, p.note
+        reply.set((ev, p.note))
 
     def _defrag_plan(self, current: CircuitMap) -> tuple[defrag.Defrag, dict]:
         """The joint regrouping of every running job, planned from `current`, and its description."""
@@ -85,12 +104,21 @@ class Regroup:
         """What a plan changes: the jobs it moves with their circuits, and every circuit."""
         return ([(m["job"], m["circuits_removed"], m["circuits_added"]) for m in body["jobs_moved"]], body["circuits"])
 
-    def regroup_all(self, dry_run: bool = False, version: int | None = None) -> dict:
-        """Defragment: one joint plan for all running jobs, applied in one bulk OCS change.
+    def regroup_all(self, reply: Reply, dry_run: bool = False, version: int | None = None) -> None:
+        """Defragment: one joint plan for all running jobs, applied in one bulk OCS change; answers its description.
 
-        `dry_run` returns the plan (with the circuit map's version) and changes nothing; `version`
-        applies exactly the dry-run plan made from that version, or raises Conflict if the map
+        `dry_run` answers the plan (with the circuit map's version) and changes nothing; `version`
+        applies exactly the dry-run plan made from that version, or refuses (Conflict) if the map
         or the running jobs changed since."""
+        self.actions.start("defrag", "regroup.defragmented", self._defrag, reply, dry_run, version, tracked=False)
+
+    def _defrag(self, reply: Reply, dry_run: bool, version: int | None) -> tuple:
+        try:
+            return reply, *self._defrag_change(dry_run, version), None
+        except Exception as e:  # noqa: BLE001 (the caller's answer)
+            return reply, None, None, e
+
+    def _defrag_change(self, dry_run: bool, version: int | None) -> tuple:
         result: dict = {}
         decided: dict = {}
 
@@ -126,6 +154,14 @@ class Regroup:
             return displaced_note(self.state.rack, decided["defrag"].diff, gpus)
 
         ev = self.changes.change(plan, "regroup", reason, job=None, wait=RECONFIG_WAIT, note=note)
+        result.update(applied=not dry_run, event=ev.to_json() if ev else None)
+        return result, ev
+
+    def defragmented(self, done: Done) -> None:
+        reply, result, ev, error = done.result
+        if error is not None:
+            reply.fail(error)
+            return
         if ev is not None:
             for m in result["jobs_moved"]:
                 job = self.book.jobs[m["job"]]
@@ -137,12 +173,10 @@ class Regroup:
                 job.events.append(ev.id)
             self.book.save()
             LOG.info("%s (%d circuit changes, one reconfiguration)", ev.reason, result["circuits_changed"])
-        result.update(
-            applied=not dry_run, event=ev.to_json() if ev else None, circuits_version=self.state.circuits_version
-        )
-        if not dry_run:
-            self.drain()
-        return result
+        result["circuits_version"] = self.state.circuits_version
+        if result["applied"]:
+            self.inbox.post(Drain())
+        reply.set(result)
 
     def fragmentation(self) -> dict:
         return policy.fragmentation(self.book.occ())

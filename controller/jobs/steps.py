@@ -8,13 +8,13 @@ from controller.core import placement as policy
 from controller.core.circuits import displaced
 from controller.core.errors import Conflict, OcsUnavailable, ReconfigFailed
 from controller.core.jobs import Job
-from controller.drivers.containers import ContainerError
+from controller.jobs.ports import ContainerError, EngineDown
 
 LOG = logging.getLogger("optirack.placement")
 RECONFIG_WAIT = 120.0  # seconds a job waits for another reconfiguration to finish
 LOG_LINES = 50  # last lines of each worker's output kept when its job ends
 KEPT_PLANS = 8  # defragmentation plans remembered for `POST /regroup {"version": N}`
-EXPECTED = (policy.PlacementError, ReconfigFailed, OcsUnavailable, Conflict, ContainerError)
+EXPECTED = (policy.PlacementError, ReconfigFailed, OcsUnavailable, Conflict, ContainerError, EngineDown)
 
 
 def _reason(e: BaseException) -> str:

@@ -9,7 +9,8 @@ import pytest
 
 from controller.core.emulated import RECEIVE_BUFFER, nic_port
 from controller.core.rack import load_rack
-from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer, container_name, sandbox_name
+from controller.drivers.containers import ContainerDriver, container_name, sandbox_name
+from controller.jobs.ports import ContainerError, GpuContainer
 from emulation import netns as ns
 from emulation.shaping import WINDOW_SEGMENTS
 from tests.integration.helpers import PAPER, ping, sh, wait_for, worker_image

@@ -143,7 +143,7 @@ def test_a_controller_killed_while_a_job_recovers(bed):
     """kill -9 of the controller while a job is `recovering` (held, by the fault hook, once its spare is swapped in
     and recorded): the new controller carries the recovery on from the job's record, and the job ends done with
     both attempts in it."""
-    client = bed.restart("--optirack-fault-hold-recovering")
+    client = bed.restart("--optirack-fault-hold-recovering", "swapped")
     job = _kill_gpu2_of_a_running_job(client, 40)
 
     def held() -> bool:

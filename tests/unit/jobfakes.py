@@ -26,18 +26,25 @@ class FakeContainer:
         self.labels = dict(labels or {})
         self.pace = 0.0
         self.pos = 0  # lines printed so far
+        self.waiting = False  # a warm spare: it waits for its rank (a regroup) once its lines are printed
 
     def _follow(self, data):
         self.pos = 0
-        while self.pos < len(self.lines):  # read as it goes: a regroup replaces the lines not yet printed
-            if self.pace:  # one line per `pace` seconds (a worker that trains on the runtime's clock)
-                self.sleep(self.pace)
-                if self.killed:
-                    return
+        while True:
+            while self.pos < len(self.lines):  # read as it goes: a regroup replaces the lines not yet printed
+                if self.pace:  # one line per `pace` seconds (a worker that trains on the runtime's clock)
+                    self.sleep(self.pace)
+                    if self.killed:
+                        return
+                if self.vanished:
+                    raise ConnectionError("connection reset by peer")
+                self.pos += 1
+                yield (self.lines[self.pos - 1] + "\n").encode()
+            if not self.waiting or self.killed:
+                break
+            self.sleep(0.01)  # a warm spare waiting for its rank
             if self.vanished:
                 raise ConnectionError("connection reset by peer")
-            self.pos += 1
-            yield (self.lines[self.pos - 1] + "\n").encode()
         while self.block and not self.killed:  # a worker that runs until it is killed
             self.sleep(0.01)
             if self.vanished:
@@ -51,7 +58,7 @@ class FakeContainer:
         return b"".join(data if tail == "all" else data[-tail:])
 
     def wait(self, **_):
-        while self.block and not self.killed and not self.vanished:
+        while (self.block or self.waiting) and not self.killed and not self.vanished:
             self.sleep(0.01)
         if self.vanished:
             raise ConnectionError("connection reset by peer")
@@ -75,7 +82,7 @@ class FakeEngines:
         self._returning: set[str] = set()
 
     def ping(self, server):
-        from controller.drivers.engines import RETURNING
+        from controller.jobs.ports import RETURNING
         if server in self.down and server in self.back:
             self.down[server] = RETURNING
             self._returning.add(server)
@@ -83,6 +90,11 @@ class FakeEngines:
 
     def mark_down(self, server, why):
         self.down[server] = why
+
+    def answers(self, server, timeout):
+        return server not in self.down and server not in self.hung
+
+    hung: set = set()  # servers whose engine does not answer in time (a hung server), though not refused
 
     def returning(self):
         return sorted(self._returning)
@@ -120,7 +132,7 @@ class FakeDriver:
             raise self.faults["client"]
 
     def check_engines(self, servers):
-        from controller.drivers.engines import EngineDown
+        from controller.jobs.ports import EngineDown
         for s in sorted(servers):
             self._engine(s)
             if s in self.engines.down:
@@ -136,7 +148,8 @@ class FakeDriver:
     def start(self, spec, image=None, reuse=False):
         import json
 
-        from controller.drivers.containers import ContainerError, container_name
+        from controller.drivers.containers import container_name
+        from controller.jobs.ports import ContainerError
         self._engine(spec.server)
         fault = self.faults.get("start")
         if isinstance(fault, dict):
@@ -159,6 +172,7 @@ class FakeDriver:
         self.running[name] = FakeContainer(name, lines, self.exit_codes.get(spec.gpu, 0), self.block,
                                            self.stderr.get(spec.gpu, ()), self.sleep, labels)
         self.running[name].pace = self.pace
+        self.running[name].waiting = "--warm" in spec.command
         self.started.append((spec.job, spec.gpu, spec.command))
         return name
 
@@ -217,10 +231,11 @@ class FakeDriver:
         import json
         import types
 
-        from controller.drivers.containers import ContainerError
+        from controller.jobs.ports import ContainerError
         c = self._get(job, gpu, server)
-        if c.killed or c.vanished or c.pos >= len(c.lines):
+        if c.killed or c.vanished or (c.pos >= len(c.lines) and not c.waiting):
             raise ContainerError(f"the worker of {gpu} has exited")
+        c.waiting = False
         spec = types.SimpleNamespace(command=argv, gpu=gpu)
         c.lines = c.lines[:c.pos] + [json.dumps({**json.loads(line), "attempt": attempt})
                                      for line in self._training(spec)]

@@ -239,7 +239,7 @@ def test_the_wiring_builds_each_part_from_the_parts_it_needs(tmp_path):
     driver = FakeDriver()
     ctx = Optirack(rack=RACK, state_dir=tmp_path, containers=driver)
     assert ctx.changes is ctx.ocs.changes and ctx.changes.fabric is ctx.fabric and ctx.changes.state is ctx
-    assert ctx.jobs.queue.changes is ctx.changes and ctx.jobs.workers.containers is driver and ctx.jobs.state is ctx
+    assert ctx.jobs.runs.changes is ctx.changes and ctx.jobs.runs.workers.containers is driver and ctx.jobs.state is ctx
     ocs_app = OcsApp(optirack=ctx)
     assert ocs_app.devices is ctx.ocs and FabricApp(optirack=ctx).fabric is ctx.fabric
     seen = []

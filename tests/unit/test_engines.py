@@ -10,8 +10,9 @@ import yaml
 
 from controller.core.emulated import RECEIVE_BUFFER
 from controller.core.rack import RackError, load_rack, parse_rack
-from controller.drivers.containers import ContainerDriver, ContainerError, GpuContainer, container_name, sandbox_name
-from controller.drivers.engines import EngineDown, Engines
+from controller.drivers.containers import ContainerDriver, container_name, sandbox_name
+from controller.drivers.engines import Engines
+from controller.jobs.ports import ContainerError, EngineDown, GpuContainer
 from emulation.engines import engine_plans
 
 ROOT = Path(__file__).resolve().parents[2]

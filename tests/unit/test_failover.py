@@ -1,4 +1,4 @@
-"""Failover (controller/jobs/failover.py) of the job service built alone, on virtual time, with a fake circuit-change
+"""Recovery (controller/jobs/recovery.py) of the job service built alone, on virtual time, with a fake circuit-change
 port and fake workers that train on the
 runtime's clock (one iteration a second, a checkpoint line every K): a server's death, a NIC's link drop and a
 killed worker are detected within 2 s, the lost GPUs swapped for spares under the job's switch in one circuit change,
@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY, JobRequest
 from controller.core.perf import iteration_seconds
 from controller.core.rack import PortRef
-from controller.jobs import failover
+from controller.jobs import recovery
 from profiles import WORKLOADS
 from tests.unit.jobfakes import FakeDriver
 from tests.unit.test_jobs import RACK, finished, make, req
@@ -46,7 +46,9 @@ def test_a_dead_server_is_detected_and_its_gpu_swapped_for_a_spare_under_the_job
     assert RACK.server_of[spare] != "srv2" and spare in job.gpus and "gpu2" not in job.gpus
     assert rec["detected_at"] - killed_at <= 2.0
     assert rec["resumed_from"] == 10 and 0 <= rec["iterations_redone"] <= 5  # K = 5
-    assert job.switches == [switch] and spare == "gpu5" and rec["event"] is None  # a spare already under as1
+    assert job.switches == [switch] and spare == "gpu5"  # a spare already under as1
+    fence = ctx.events.get(rec["event"])  # the one change: the lost GPU's circuit taken away (fenced), nothing added
+    assert fence.kind == "failover" and fence.added == [] and [c[0] for c in fence.removed] == ["ocs1:2"], fence
     where = ctx.circuits.gpu_locations(RACK)
     assert {where[g][0] for g in job.gpus} == {switch}
     # every rank restarted from iteration 10: the survivors from their own copy, the spare from a survivor's
@@ -57,8 +59,8 @@ def test_a_dead_server_is_detected_and_its_gpu_swapped_for_a_spare_under_the_job
         assert source == "local" if g != spare else source in {RACK.addresses[s][0] for s in job.gpus if s != spare}
     assert [i["iteration"] for i in job.iterations()] == list(range(30))
     assert placement.busy_gpus() == {}
-    driver.engines.down.pop("srv2")  # the server is back: empty, its GPU free, not the job's
-    placement.recovery.sweep("srv2")
+    driver.engines.back.add("srv2")  # the server answers again: swept, then its GPU is free, not the job's
+    vrt.run(lambda: "srv2" not in placement.down_servers(), what="srv2 swept and up")
     assert not [c for c in driver.running.values() if c.labels["server"] == "srv2"]
     again = placement.submit(req(gpus=["gpu2"], workload={"iterations": 2}))
     vrt.run(finished(placement, again.id))
@@ -112,7 +114,8 @@ def test_a_link_drop_and_a_killed_worker_are_losses_too(tmp_path, vrt):
     job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"])
     vrt.run(lambda: len(job.iterations()) >= 6)
     placement.link_changed(RACK.gpu_port("gpu3"), False)  # the OCS sees gpu3's NIC drop (test_apps: its handler)
-    assert job.state == "recovering" and "gpu3's NIC" in job.reason
+    vrt.run(lambda: job.state == "recovering", what="the link's drop to be taken")
+    assert "gpu3's NIC" in job.reason
     vrt.run(lambda: job.state == "running")
     assert set(job.recoveries[0]["lost"]) == {"gpu3"}
     vrt.run(lambda: len(job.iterations()) >= 12)
@@ -124,7 +127,7 @@ def test_a_link_drop_and_a_killed_worker_are_losses_too(tmp_path, vrt):
     vrt.run(finished(placement, job.id))
     assert job.state == "done" and set(job.recoveries[1]["lost"]) == {victim}
     placement.link_changed(PortRef("ocs1", 3), True)
-    assert str(PortRef("ocs1", 3)) not in placement.failover._links_down
+    vrt.run(lambda: str(PortRef("ocs1", 3)) not in placement.book.links_down, what="the link back up")
 
 
 def test_with_no_spare_the_job_waits_at_the_head_of_the_queue_and_goes_on_when_gpus_free(tmp_path, vrt):
@@ -207,7 +210,7 @@ def test_a_job_queued_behind_one_waiting_for_a_spare_starts_once_that_one_has_it
     """The head of the queue: a job that waits for an M40 spare holds back a queued job that free Titan V would take;
     once an M40 frees and the waiting job has it, the queued one starts, while the first still runs (the waiting job
     tries again well after the freed GPU's job has ended and found the queue held back)."""
-    monkeypatch.setattr(failover, "WAIT_POLL", 5.0)
+    monkeypatch.setattr(recovery, "WAIT_POLL", 5.0)
     driver = FakeDriver(pace=PACE)
     ctx, placement, _ = make(tmp_path, driver, vrt)
     job = job_of(placement, ["gpu1", "gpu2", "gpu3"], iterations=60, gpu_model="M40")
@@ -309,7 +312,7 @@ def test_a_controller_restarted_while_a_job_recovers_carries_the_recovery_on(tmp
 
     driver = FakeDriver(pace=PACE)
     ctx, placement, _ = make(tmp_path, driver, vrt)
-    placement.failover.hold_at = step
+    placement.recovery.hold_at = step
     job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"], iterations=30)
     vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
     driver.kill_server("srv2")
@@ -407,7 +410,7 @@ def test_survivors_keep_their_workers_and_the_jobs_warm_spare_takes_the_lost_ran
     assert told[warm][told[warm].index("--rank") + 1] == "2"  # the lost rank's place: the last
     assert [i["iteration"] for i in job.iterations()] == list(range(30))
     assert len([g for j, g, c in driver.started if j == job.id and "--warm" in c]) == 1  # no M40 left to keep warm
-    assert placement.busy_gpus() == {} and not placement.workers.warm
+    assert placement.busy_gpus() == {} and not placement.book.warm
 
 
 def test_a_swap_with_no_warm_spare_starts_a_container_and_says_so(tmp_path, vrt):
@@ -437,16 +440,16 @@ def test_a_job_keeps_warm_spares_per_gpu_model_and_switch_it_spans(tmp_path, vrt
     placement, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
     vrt.advance(0)
     job = job_of(placement, ["gpu1", "gpu5"], iterations=200)
-    vrt.run(lambda: len(job.iterations()) >= 2 and len(placement.workers.warm) >= 2, what="two warm spares")
-    warm = sorted(g for g, j in placement.workers.warm.items() if j == job.id)
+    vrt.run(lambda: len(job.iterations()) >= 2 and len(placement.book.warm) >= 2, what="two warm spares")
+    warm = sorted(g for g, j in placement.book.warm.items() if j == job.id)
     assert sorted(RACK.gpus[g].model for g in warm) == ["M40", "TitanV"], warm
     placement.stop(job.id)
     vrt.run(finished(placement, job.id), what="the job to stop")
-    assert not placement.workers.warm
+    assert not placement.book.warm
     job = job_of(placement, ["gpu1", "gpu2"], iterations=200, warm_spares=2)  # two M40s under one switch
-    vrt.run(lambda: len(job.iterations()) >= 2 and len(placement.workers.warm) >= 2, what="two warm spares")
+    vrt.run(lambda: len(job.iterations()) >= 2 and len(placement.book.warm) >= 2, what="two warm spares")
     vrt.advance(5)
-    warm = sorted(g for g, j in placement.workers.warm.items() if j == job.id)
+    warm = sorted(g for g, j in placement.book.warm.items() if j == job.id)
     assert len(warm) == 2 and all(RACK.gpus[g].model == "M40" for g in warm), warm
 
 
@@ -461,4 +464,4 @@ def test_a_job_keeps_no_warm_spare_of_another_model(tmp_path, vrt):
     job = job_of(placement, ["gpu5", "gpu6"], iterations=200)
     vrt.run(lambda: len(job.iterations()) >= 2, what="two iterations")
     vrt.advance(5)
-    assert placement.workers.warm == {} and not [c for j, g, c in driver.started if "--warm" in c]
+    assert placement.book.warm == {} and not [c for j, g, c in driver.started if "--warm" in c]

@@ -21,8 +21,7 @@ from controller.core import placement as policy
 from controller.core.forwarding import compute_tables
 from controller.core.jobs import JobRequest
 from controller.core.rack import load_rack
-from controller.drivers.containers import ContainerError
-from controller.drivers.engines import EngineDown
+from controller.jobs.ports import ContainerError, EngineDown
 from tests.unit.fakes import FakeDriver, FakeSwitch
 from tests.unit.test_rack import PAPER
 
@@ -171,10 +170,12 @@ def test_a_bug_in_the_fabric_closes_the_event_and_rolls_back(tmp_path, monkeypat
 def test_a_bug_while_following_the_workers(tmp_path, monkeypatch, vrt):
     rig = Rig(tmp_path, FakeDriver(block=True), vrt)
 
-    def broken(job, gpu):
+    from controller.jobs.inbox import WorkerLine
+
+    def broken(event):
         raise TypeError("bad log line")
 
-    monkeypatch.setattr(rig.placement.lifecycle, "_follow", broken)
+    rig.placement.loop.handlers[WorkerLine] = [broken]  # the step that takes a worker's line has a bug
     job = rig.wait_end(rig.submit())
     rig.assert_clean(job, "TypeError: bad log line", circuits_back=False)
 

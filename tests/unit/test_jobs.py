@@ -128,8 +128,12 @@ def test_a_queued_job_survives_a_restart(tmp_path, vrt):
     assert waiting.state == "queued"
     rt2 = VirtualRuntime()  # a restart: the first controller's threads never run again
     ctx2, placement2, _ = make(tmp_path, FakeDriver(block=True), rt2)  # the first job's containers are gone
-    rt2.run(lambda: placement2.get(waiting.id).state == "running", what="the queued job to start after the restart")
-    assert placement2.get(first.id).state == "failed"
+    again = placement2.get(first.id)
+    rt2.run(lambda: again.state == "running" and again.recoveries, what="the first job recovered after the restart")
+    assert sorted(again.recoveries[-1]["restarted"]) == sorted(again.gpus)  # every worker went: each on its own GPU
+    assert placement2.get(waiting.id).state == "queued" and placement2.get(waiting.id).position == 1
+    placement2.stop(first.id)
+    rt2.run(lambda: placement2.get(waiting.id).state == "running", what="the queued job to start after the first")
     placement2.stop(waiting.id)
 
 
@@ -242,7 +246,7 @@ def _held_at_configuring(tmp_path, vrt, driver):
     """A regroup job stopped at configuring by the fault hook, its circuits and containers in place."""
     ctx, placement, ocs = make(tmp_path, driver, vrt)
     before = ctx.circuits
-    placement.lifecycle.hold_configuring = True
+    placement.runs.hold_configuring = True
     job = placement.submit(req(gpus=["gpu1", "gpu2", "gpu3", "gpu4"], policy="regroup"))
     vrt.run(lambda: len(driver.started) == 4, what="the held job's containers")
     vrt.advance(5)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from controller.drivers.containers import ContainerError, container_name
+from controller.drivers.containers import container_name
+from controller.jobs.ports import ContainerError
+from controller.jobs.inbox import Call
 from tests.unit.jobfakes import FakeDriver, service
 from tests.unit.test_jobs import RACK, finished, req
 from tests.unit.virtual import VirtualRuntime
@@ -25,6 +27,7 @@ class SlowRemoval(FakeDriver):
         super().__init__(**kw)
         self.removing: set[str] = set()
         self.refused: list[tuple[str, str]] = []
+        self.gone: list = []  # the containers removed, themselves (a warm spare started again has the same name)
 
     def remove(self, job, gpu, server):
         name = container_name(job, gpu)
@@ -36,6 +39,7 @@ class SlowRemoval(FakeDriver):
         self.removing.add(name)
         try:
             self.sleep(REMOVE_S)
+            self.gone.append(self.running[name])
             super().remove(job, gpu, server)
         finally:
             self.removing.discard(name)
@@ -47,9 +51,11 @@ def test_a_restart_s_sweep_and_a_new_job_on_a_warm_spare_s_gpu_remove_it_once(tm
     old, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
     vrt.advance(0)
     running = old.submit(req(gpus=["gpu1", "gpu3"], policy="fixed", workload={"iterations": 200}))
-    vrt.run(lambda: len(running.iterations()) >= 2 and len(old.workers.warm) == 2, what="two warm spares")
-    assert old.workers.warm == {"gpu2": running.id, "gpu4": running.id}  # an M40 under each of its switches
+    vrt.run(lambda: len(running.iterations()) >= 2 and len(old.book.warm) == 2 and len(driver.running) == 4,
+            what="two warm spares")
+    assert old.book.warm == {"gpu2": running.id, "gpu4": running.id}  # an M40 under each of its switches
     spare = container_name(running.id, "gpu2")
+    old = {g: driver.running[container_name(running.id, g)] for g in ("gpu2", "gpu4")}  # the old controller's
 
     rt = VirtualRuntime()  # the controller is killed; a new one starts on the same state and engines
     jobs, _, _ = service(tmp_path, RACK, driver, rt, keep_survivors=True, start=False)
@@ -58,15 +64,16 @@ def test_a_restart_s_sweep_and_a_new_job_on_a_warm_spare_s_gpu_remove_it_once(tm
         rt.run(lambda: spare in driver.removing, what="the sweep removing the warm spare on gpu2")
         new = jobs.submit(req(gpus=["gpu2", "gpu4"], policy="fixed", workload={"iterations": 3}))
     else:  # the restart's reconciling is slow to reach its sweep: the new job's start gets there first
-        found = jobs.recovery.found()  # what start() takes before any thread runs
+        jobs.start(restart=False)
         new = jobs.submit(req(gpus=["gpu2", "gpu4"], policy="fixed", workload={"iterations": 3}))
         rt.run(lambda: spare in driver.removing, what="the new job removing the warm spare on gpu2")
-        rt.spawn(jobs.recovery.recover, found)
+        jobs.inbox.post(Call("restart.begin"))
     rt.run(finished(jobs, new.id), what="the new job to end")
     assert new.state == "done", new.reason
-    assert driver.refused == []
-    assert driver.removed.count((running.id, "gpu2")) == 1 and driver.removed.count((running.id, "gpu4")) == 1
-    assert spare not in driver.running
+    assert driver.refused == []  # never two removals of one container at once
+    assert [driver.gone.count(c) for c in old.values()] == [1, 1]  # each old warm spare removed once
+    assert not [c for c in driver.running.values() if c.labels["gpu"] in ("gpu2", "gpu4")
+                and c.labels["job"] == running.id]  # and none of the running job's left on the new job's GPUs
     adopted = jobs.get(running.id)
     assert adopted.state == "running" and adopted.gpus == ["gpu1", "gpu3"]  # adopted after the restart
     rt.close()

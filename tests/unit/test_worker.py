@@ -18,7 +18,9 @@ def run_ranks(n: int, *args: str, timeout: float = 120) -> list[list[dict]]:
     for p in procs:
         stdout, stderr = p.communicate(timeout=timeout)
         assert p.returncode == 0, stderr[-2000:]
-        out.append([json.loads(line) for line in stdout.splitlines()])
+        lines = [json.loads(line) for line in stdout.splitlines()]
+        assert any(r["event"] == "alive" for r in lines), "no heartbeat"  # the failure detector's (detect.py)
+        out.append([r for r in lines if r["event"] != "alive"])
     return out
 
 
