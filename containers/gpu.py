@@ -3,6 +3,7 @@ on a real one) and its utilization (NVML's counter where a GPU is visible, else 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 
 class Utilization:
@@ -42,12 +43,27 @@ class Utilization:
 
 
 class Wait:
-    """Profile mode's compute phase on an emulated GPU: wait it out (the host's cores stay free)."""
+    """Profile mode's compute phase on an emulated GPU: wait it out (the host's cores stay free). An emulated GPU can
+    be throttled, as a hot or failing one is: a factor in the file SLOWDOWN of the worker's control directory (handed
+    in as the controller's commands are) multiplies its compute time from the next iteration on; the fault tests and
+    benchmarks make stragglers so (controller/jobs/detect.py reports them)."""
 
     name = "wait"
+    SLOWDOWN = "slowdown"
+
+    def __init__(self, control_dir: str | None = None):
+        self.slowdown = Path(control_dir) / self.SLOWDOWN if control_dir else None
+
+    def factor(self) -> float:
+        if self.slowdown is None:
+            return 1.0
+        try:
+            return max(1.0, float(self.slowdown.read_text()))
+        except (OSError, ValueError):
+            return 1.0
 
     def __call__(self, seconds: float) -> None:
-        time.sleep(seconds)
+        time.sleep(seconds * self.factor())
 
 
 class BusyGpu:
@@ -82,5 +98,5 @@ class BusyGpu:
                 self.per_slice //= 2
 
 
-def compute_phase(torch, device):
-    return BusyGpu(torch, device) if device.type == "cuda" else Wait()
+def compute_phase(torch, device, control_dir: str | None = None):
+    return BusyGpu(torch, device) if device.type == "cuda" else Wait(control_dir)

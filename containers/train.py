@@ -54,7 +54,7 @@ def run_profile(args, ring, torch, device, util, work=None, ckpt=None, restored=
         profile_restored(torch, restored, elements, start)
     grad = torch.empty(elements, dtype=torch.float32, device=device)
     n, rank = ring.size, ring.rank
-    work = work or compute_phase(torch, device)
+    work = work or compute_phase(torch, device, getattr(args, "control_dir", None))
     emit(
         {
             "event": "start",

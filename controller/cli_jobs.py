@@ -161,7 +161,10 @@ def _regroup(args) -> int:
         )
     else:
         body = {"version": args.version} if args.version is not None else None
-        data = client.request("POST", "/regroup", body or {}, **({"dry_run": "true"} if args.dry_run else {}))
+        if args.dry_run:
+            data = client.request("POST", "/regroup", body or {}, dry_run="true")
+        else:
+            data = client.request("POST", "/regroup", body or {})
         text = _plan_text(data)
     _print(args, data, text)
     return 0

@@ -132,7 +132,14 @@ def _cmd_server(args) -> int:
         )
         return 2
     plan, rack = plans[args.server], load_rack(state.rack_file)
-    if args.action == "kill":
+    if args.action == "hang":
+        r = servers.hang(plan)
+        print(f"server {plan.server} hung: {r['stopped']} process(es) stopped (engine, containerd, shims, workers), "
+              "links up; `optirack-rack server wake` continues them")
+    elif args.action == "wake":
+        r = servers.wake(plan)
+        print(f"server {plan.server} woke: {r['continued']} process(es) continued")
+    elif args.action == "kill":
         r = servers.kill(rack, plan)
         engine = "killed" if r["engine"] else "was not running"
         print(
@@ -285,9 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("server", help="server name, e.g. srv2")
     sp.set_defaults(func=_cmd_engine)
     sp = sub.add_parser(
-        "server", help="kill a whole server (engine, containerd, shims, workers; NIC ports down) or start it empty"
+        "server", help="kill a whole server (engine, containerd, shims, workers; NIC ports down) or start it empty; "
+        "hang it (every process stopped, links up) or wake it"
     )
-    sp.add_argument("action", choices=["kill", "start"])
+    sp.add_argument("action", choices=["kill", "start", "hang", "wake"])
     sp.add_argument("server", help="server name, e.g. srv2")
     sp.set_defaults(func=_cmd_server)
     sp = sub.add_parser("status", help="bridges, ports, line rates, circuits, controller connections")

@@ -54,7 +54,7 @@ def shim_pids(plan: EnginePlan) -> list[int]:
     return shims
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
@@ -63,14 +63,14 @@ def _children(pid: int) -> list[int]:
 
 def container_inits(plan: EnginePlan) -> list[int]:
     """The init process of every container this engine's shims run."""
-    return [c for shim in shim_pids(plan) for c in _children(shim)]
+    return [c for shim in shim_pids(plan) for c in children(shim)]
 
 
 def kill_shims(plan: EnginePlan) -> int:
     """Kill the containerd shims of this engine (named by its exec root) and the containers they ran."""
     shims = shim_pids(plan)
     for shim in shims:
-        for pid in [*_children(shim), shim]:  # a container's init first: its PID namespace goes with it
+        for pid in [*children(shim), shim]:  # a container's init first: its PID namespace goes with it
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -1,4 +1,5 @@
-"""A whole emulated server dies, and comes back empty (`optirack-rack server kill|start SERVER`).
+"""A whole emulated server dies, and comes back empty (`optirack-rack server kill|start SERVER`); or hangs, and wakes
+(`optirack-rack server hang|wake SERVER`).
 
 Killing a server's Docker Engine alone is not a server's death: its containers run on under containerd. `kill` ends,
 with SIGKILL and by what the rack itself started (PID files and the engine's own exec root, never a process name):
@@ -43,6 +44,85 @@ def kill(rack: Rack, plan: engines.EnginePlan) -> dict:
         ports.append(nic.port)
     return {"engine": engine, "containerd": pid is not None, "shims": shims, "ports_down": ports,
             "nics_dropped": dropped, "seconds": time.monotonic() - t0}
+
+
+def processes(plan: engines.EnginePlan) -> list[int]:
+    """Every process of the server, as the rack started them (its engine's PID file, its containerd, the shims named
+    by its exec root) and everything its containers run, engine first."""
+    top = [p for p in (engines.pid_of(plan), engine_procs.containerd_pid(plan)) if p is not None]
+    out, todo = list(top), engine_procs.shim_pids(plan)
+    while todo:
+        pid = todo.pop(0)
+        if pid not in out:
+            out.append(pid)
+            todo += engine_procs.children(pid)
+    return out
+
+
+def hang(plan: engines.EnginePlan) -> dict:
+    """The server hangs, as a wedged kernel or host looks: every process of it stopped (SIGSTOP), its links up, so
+    nothing is refused and no link goes down: its engine simply does not answer, and its workers print nothing."""
+    t0 = time.monotonic()
+    stopped = _signal(processes(plan), signal.SIGSTOP)
+    return {"stopped": stopped, "seconds": time.monotonic() - t0}
+
+
+def wake(plan: engines.EnginePlan) -> dict:
+    """A hung server wakes: every process of it continued (SIGCONT) where it stopped."""
+    t0 = time.monotonic()
+    continued = _signal(list(reversed(processes(plan))), signal.SIGCONT)
+    return {"continued": continued, "seconds": time.monotonic() - t0}
+
+
+def kill_containers(plan: engines.EnginePlan) -> int:
+    """Kill (SIGKILL) what the server's containers run, its engine alive: the first thing a host on its way down
+    often shows (a cascade: its engine's daemons die a moment later, `kill`). The number of processes killed."""
+    return _signal(engine_procs.container_inits(plan), signal.SIGKILL)
+
+
+def worker_pid(rack: Rack, job: str, gpu: str) -> int:
+    """The host PID of the process a job's worker container runs for `gpu` (asked of its server's engine, and checked
+    to be the worker: never looked up by name)."""
+    from controller.drivers.containers import container_name
+    from controller.drivers.engines import engine_client
+
+    c = engine_client(rack, rack.server_of[gpu], 30).containers.get(container_name(job, gpu))
+    pid = c.attrs["State"]["Pid"]
+    cmdline = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    if "containers.worker" not in cmdline:
+        raise RuntimeError(f"the container of {gpu} runs {cmdline!r}, not the worker")
+    return pid
+
+
+def throttle(rack: Rack, job: str, gpu: str, factor: float) -> None:
+    """Slow a worker's emulated GPU by `factor` (its compute phase; containers/gpu.py), as a hot or failing GPU is: a
+    file handed into the worker's control directory through its engine, as the controller's commands are."""
+    import io
+    import tarfile
+
+    from controller.drivers.containers import container_name
+    from controller.drivers.control import CONTROL_NAME, CONTROL_PARENT
+    from controller.drivers.engines import engine_client
+
+    data, buf = f"{factor}\n".encode(), io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(f"{CONTROL_NAME}/slowdown")
+        info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    c = engine_client(rack, rack.server_of[gpu], 30).containers.get(container_name(job, gpu))
+    if not c.put_archive(CONTROL_PARENT, buf.getvalue()):
+        raise RuntimeError(f"could not hand the slowdown to the worker of {gpu}")
+
+
+def _signal(pids: list[int], sig: int) -> int:
+    sent = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            sent += 1
+        except ProcessLookupError:
+            pass
+    return sent
 
 
 def _drop_nics(rack: Rack, plan: engines.EnginePlan) -> list[str]:

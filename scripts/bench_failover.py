@@ -13,8 +13,15 @@ survivors and the job's warm spare told their ranks; a spare with no warm worker
 started), state fetch (until the last rank has its checkpoint: survivors from their own memory, the spare from a
 peer's memory) and rendezvous (until every rank has begun its first iteration); plus the iterations redone
 (checkpoints every iteration by default). Each phase and the total are given as p50 and p99 over the rounds.
-`--fault worker` kills one worker instead (`kill -9` of the process its container runs, its host PID found from the
-container on that server's engine): its server lives on, and its GPU is swapped as well.
+The faults (`--fault`), each on a live host: `server` kills the server's daemons and workers (`optirack-rack server
+kill`: engine, containerd, shims, containers, SIGKILL; NIC ports down), so every connection to it is refused at once;
+`worker` kills one worker (`kill -9` of the process its container runs, its host PID found from the container on that
+server's engine): its server lives on, and its GPU is swapped as well; `cascade` kills the server's workers first and
+its daemons 50-200 ms later (the order a host on its way down often shows); `hang` stops every process of the server
+(SIGSTOP, links up: nothing is refused, no link goes down), then wakes it once the job iterates again and checks that
+its stale workers were removed and recorded nothing; `restart` runs the controller with the fault hook holding
+recoveries at one persisted step (each step in turn, round by round), kills a server, kills the controller (`kill -9`)
+once the recovery is held there, starts it again, and measures from the controller back to every rank iterating.
 
 `--checkpoint-cost` measures what saving checkpoints costs instead: the same job (or `--gpus`) run to its end with
 checkpoints every K iterations (`--checkpoint-every`, here 20 by default, the controller's default) and with none
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import statistics
 import sys
@@ -53,6 +61,8 @@ except ModuleNotFoundError:  # run as a file (python scripts/bench_….py): scri
 
 RACK_FILE = ROOT / "topologies" / "paper-spares.yaml"
 JOB_GPUS = ["gpu1", "gpu2", "gpu3", "gpu4"]
+FAULTS = ("server", "worker", "cascade", "hang", "restart")
+STEPS = ("detected", "assessed", "swapped", "told", "restarting")  # controller/jobs/recovery.py's persisted steps
 VICTIMS = ["srv2", "srv4"]  # servers holding one GPU of the job each (srv1 and srv3 also hold a Titan V)
 WORKER_VICTIMS = ["gpu2", "gpu4", "gpu1", "gpu3"]  # --fault worker: the rank killed, in turn
 PHASES = ("detection_s", "planning_s", "ocs_s", "containers_s", "restore_s", "rendezvous_s")
@@ -72,25 +82,73 @@ def kill_worker(tb: Testbed, job: str, gpu: str) -> int:
     return pid
 
 
+def victims_of(rack, gpus: list[str], fault: str) -> list[str]:
+    """What each round strikes, in turn: a rank's worker (`worker`), else a server holding a rank but the first."""
+    if gpus == JOB_GPUS and rack.name == load_rack(RACK_FILE).name:
+        return WORKER_VICTIMS if fault == "worker" else VICTIMS
+    if fault == "worker":
+        return gpus[1:] + gpus[:1]
+    first = rack.server_of[gpus[0]]
+    return list(dict.fromkeys(rack.server_of[g] for g in gpus if rack.server_of[g] != first))
+
+
 CURRENT: dict = {}  # the job of the round under way (what a failed round's diagnostics keep)
 
 
-def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: int, iterations: int) -> dict:
+def inject(tb: Testbed, plans: dict, fault: str, victim: str, jid: str, number: int) -> dict:
+    """The fault, as its name says (see above); what it did, with the time it struck."""
+    at: dict = {"at": time.time()}
+    if fault == "worker":
+        kill_worker(tb, jid, victim)
+    elif fault == "cascade":
+        gap = random.Random(number).uniform(0.05, 0.2)
+        at["workers_killed"] = servers.kill_containers(plans[victim])
+        time.sleep(gap)
+        servers.kill(tb.rack, plans[victim])
+        at["gap_s"] = gap
+    elif fault == "hang":
+        at["stopped"] = servers.hang(plans[victim])["stopped"]
+    else:  # server, restart
+        servers.kill(tb.rack, plans[victim])
+    return at
+
+
+def restart_at(tb: Testbed, jid: str, step: str) -> float:
+    """The controller, held at `step` of the job's recovery by the fault hook, killed (`kill -9`) there and started
+    again without the hook; when its REST API answered again."""
+    held = f"{jid}: recovery held at step {step}"
+    wait_for(lambda: held in tb.controller.output(), 60, f"the recovery held at {step}", interval=0.05)
+    tb.controller.kill()
+    tb.controller.extra = []
+    tb.controller.start()
+    tb.client = tb.controller.client()
+    return time.time()
+
+
+def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: int, iterations: int,
+              fault: str = "server", number: int = 0, gpus: list[str] = JOB_GPUS) -> dict:
+    step = STEPS[number % len(STEPS)] if fault == "restart" else None
+    if step is not None:  # the controller with the hook holding this round's recoveries at `step`
+        tb.controller.stop()
+        tb.controller.extra = ["--optirack-fault-hold-recovering", step]
+        tb.controller.start()
+        tb.client = tb.controller.client()
+        wait_for(tb._ready, 30, "the rack to be in step with the controller")
     client = tb.client
     # the rack file's cabling again (circuits outlive jobs): the spares under as2, the job to be placed under as1,
     # so that every round moves a spare's circuit
     client.put("/ocs/circuits", {"circuits": CircuitMap.initial(tb.rack).to_json()})
-    job = client.post(
-        "/jobs",
-        {"gpus": JOB_GPUS, "gpu_model": "M40", "checkpoint_every": every, "workload": {"iterations": iterations}},
-    )["job"]
+    models = {tb.rack.gpus[g].model for g in gpus}
+    job = client.post("/jobs", {"gpus": gpus, "checkpoint_every": every, "workload": {"iterations": iterations},
+                                **({"gpu_model": models.pop()} if len(models) == 1 else {})})["job"]
     jid = CURRENT["job"] = job["id"]
     wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["iterations_done"] >= before_kill, 300, "iterations")
-    killed_at = time.time()
-    if victim in plans:
-        servers.kill(tb.rack, plans[victim])
-    else:
-        kill_worker(tb, jid, victim)
+    fault_at = inject(tb, plans, fault, victim, jid, number)
+    killed_at = fault_at["at"]
+    back_at = None
+    if step is not None:
+        back_at = restart_at(tb, jid, step)
+        client = tb.client
     wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["recoveries"], 120, "the recovery", interval=0.05)
     rec = client.get(f"/jobs/{jid}")["job"]["recoveries"][0]
 
@@ -107,8 +165,18 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
                 and r.get("attempt") == rec["attempt"]]
     restored_at = max(restored) if len(restored) == len(j["gpus"]) else rec["running_at"]
     ended = ("done", "failed", "stopped")
+    woke: dict = {}
+    if fault == "hang":  # it wakes: swept by the controller before its GPUs are free, its stale workers fenced out
+        woke_at = time.time()
+        servers.wake(plans[victim])
+        wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 60, f"{victim} swept and up")
+        woke = {"swept_s": time.time() - woke_at, "left": stale_containers(tb, victim, jid)}
     final = wait_for(lambda: (j := client.get(f"/jobs/{jid}")["job"])["state"] in ended and j, 600, "the job to end")
-    if victim in plans:
+    if fault == "hang":
+        detail = client.get(f"/jobs/{jid}")["job"]
+        woke["recorded_after_wake"] = sum(1 for g in rec["lost"] for r in detail["ranks"].get(g, [])
+                                          if r.get("t_start", 0) > woke_at)
+    elif victim in plans:
         servers.start(tb.rack, plans[victim], f"{CONTAINER_LABEL}={tb.rack.name}")
         wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 30, f"{victim} up")
     detection = rec["detected_at"] - killed_at
@@ -138,7 +206,19 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
         "switches_after": j["switches"],
         "circuit_event": rec["event"],
         "mean_iteration_s": final["mean_iteration_s"],
+        "fault": fault,
+        "replans": rec.get("replans", 0),
+        **({"gap_s": fault_at["gap_s"]} if "gap_s" in fault_at else {}),
+        **({"held_at": step, "back_s": iterating_at - back_at} if step is not None else {}),
+        **({"woke": woke} if woke else {}),
     }
+
+
+def stale_containers(tb: Testbed, server: str, jid: str) -> int:
+    """Our containers of job `jid` left on `server` (a woken server's stale workers: the controller removes them)."""
+    client = engine_client(tb.rack, server, 30)
+    return len(client.containers.list(all=True, filters={"label": [f"{CONTAINER_LABEL}={tb.rack.name}",
+                                                                   f"org.optirack.job={jid}"]}))
 
 
 def failed_round(tb: Testbed, plans: dict, victim: str, number: int, error: Exception) -> dict:
@@ -184,13 +264,13 @@ def run_to_end(tb: Testbed, gpus: list[str], every: int, iterations: int) -> dic
 
 
 def checkpoint_cost(args) -> int:
-    rack = load_rack(RACK_FILE)
+    rack = load_rack(args.rack)
     gpus = args.gpus.split(",")
     never = args.iterations + 1
     print(f"checkpoint cost: {len(gpus)} GPUs ({args.gpus}), {args.iterations} iterations, K = {args.checkpoint_every}"
           f" against none, {args.pairs} pairs", flush=True)
     pairs = []
-    with tempfile.TemporaryDirectory() as tmp, Testbed(rack, RACK_FILE, Path(tmp)) as tb:
+    with tempfile.TemporaryDirectory() as tmp, Testbed(rack, args.rack, Path(tmp)) as tb:
         for i in range(args.pairs):
             # each first in turn
             order = (args.checkpoint_every, never) if i % 2 == 0 else (never, args.checkpoint_every)
@@ -226,36 +306,47 @@ def main(argv: list[str] | None = None) -> int:
                    "the controller's)")
     p.add_argument("--kill-after", type=int, default=14, help="iterations before the kill (default %(default)s)")
     p.add_argument("--iterations", type=int, default=30, help="the job's iterations; it runs to its end")
-    p.add_argument("--fault", choices=("server", "worker"), default="server",
-                   help="kill a server under the job, or one of its workers with SIGKILL (default %(default)s)")
+    p.add_argument("--fault", choices=FAULTS, default="server",
+                   help="what strikes the job (see above): a server killed, a worker killed, a cascade, a server hung, "
+                   "or the controller killed at each step of a recovery (default %(default)s)")
     c = p.add_argument_group("--checkpoint-cost")
     c.add_argument("--checkpoint-cost", action="store_true", help="measure what saving checkpoints costs (see above)")
     c.add_argument("--pairs", type=int, default=3, help="jobs with and without checkpoints (default %(default)s)")
-    c.add_argument("--gpus", default=",".join(JOB_GPUS), help="the job's GPUs (default %(default)s)")
+    p.add_argument("--rack", type=Path, default=RACK_FILE,
+                   help="the rack file (default %(default)s; e.g. topologies/trace16.yaml, 16 GPUs of two models)")
+    p.add_argument("--gpus", default=",".join(JOB_GPUS),
+                   help="the job's GPUs, of one model for spares of its model (default %(default)s); the faults strike "
+                   "the servers of all but the first")
     add_json_option(p)
     args = p.parse_args(argv)
+    gpus = args.gpus.split(",")
+    try:
+        unknown = sorted(set(gpus) - set(load_rack(args.rack).gpus))
+    except Exception as e:  # noqa: BLE001 (a rack file that does not load: its error names the file and field)
+        p.error(f"--rack: {e}")
+    if unknown:
+        p.error(f"--gpus: {', '.join(unknown)} not in {args.rack.name}")
     if args.checkpoint_every is None:
         args.checkpoint_every = DEFAULT_CHECKPOINT_EVERY if args.checkpoint_cost else 1
     if args.checkpoint_cost:
         if args.pairs < 1 or args.checkpoint_every < 1 or args.iterations <= args.checkpoint_every:
             p.error("--pairs and --checkpoint-every take positive integers, and --iterations more than K")
-        unknown = sorted(set(args.gpus.split(",")) - set(load_rack(RACK_FILE).gpus))
-        if unknown:
-            p.error(f"--gpus: {', '.join(unknown)} not in {RACK_FILE.name}")
         return checkpoint_cost(args)
     if min(args.rounds, args.checkpoint_every, args.kill_after) < 1 or args.iterations <= args.kill_after:
         p.error("--rounds, --checkpoint-every and --kill-after take positive integers, and --iterations more than "
                 "--kill-after")
-    rack = load_rack(RACK_FILE)
+    rack = load_rack(args.rack)
     plans = {pl.server: pl for pl in engines.engine_plans(rack)}
     rows = []
-    victims = VICTIMS if args.fault == "server" else WORKER_VICTIMS
-    print(f"failover: a {args.fault} killed under a 4-GPU job on {RACK_FILE.name}, {args.rounds} rounds", flush=True)
-    with tempfile.TemporaryDirectory() as tmp, Testbed(rack, RACK_FILE, Path(tmp)) as tb:
+    victims = victims_of(rack, gpus, args.fault)
+    print(f"failover: fault {args.fault} under a {len(gpus)}-GPU job on {args.rack.name}, {args.rounds} rounds",
+          flush=True)
+    with tempfile.TemporaryDirectory() as tmp, Testbed(rack, args.rack, Path(tmp)) as tb:
         for i in range(args.rounds):
             victim = victims[i % len(victims)]
             try:
-                r = one_round(tb, plans, victim, args.checkpoint_every, args.kill_after, args.iterations)
+                r = one_round(tb, plans, victim, args.checkpoint_every, args.kill_after, args.iterations, args.fault, i,
+                              gpus)
             except (TimeoutError, RuntimeError) as e:  # a round that did not recover: kept, with what explains it
                 r = failed_round(tb, plans, victim, i + 1, e)
                 rows.append(r)
@@ -275,16 +366,19 @@ def main(argv: list[str] | None = None) -> int:
     if not good:
         print("no round recovered", file=sys.stderr)
         return 1
+    if args.fault == "restart":
+        keys = (*keys, "back_s")
     median = {k: statistics.median(r[k] for r in good) for k in keys}
     p99 = {k: percentile([r[k] for r in good], 99) for k in keys}
-    print(f"{'phase':<12} {'p50 s':>7} {'p99 s':>7}")
-    for k in ("total_s", *PHASES):
-        print(f"{LABELS[k]:<12} {median[k]:>7.3f} {p99[k]:>7.3f}")
+    worst = {k: max(r[k] for r in good) for k in keys}  # with tens of rounds, the worst one: named so, not p99
+    print(f"{'phase':<12} {'p50 s':>7} {f'max of {len(good)}':>10}")
+    for k in ("total_s", *PHASES, *(("back_s",) if args.fault == "restart" else ())):
+        print(f"{LABELS.get(k, 'from the restart'):<12} {median[k]:>7.3f} {worst[k]:>10.3f}")
     print(f"iterations redone: p50 {median['iterations_redone']:g}, max {max(r['iterations_redone'] for r in good)};"
           f" warm spares used in {sum(all(r['warm'].values()) and bool(r['warm']) for r in good)}/{len(rows)} rounds;"
           f" {len(rows) - len(good)} round(s) did not recover")
     print("median: " + ", ".join(f"{k} {v:.2f}" for k, v in median.items()))
-    write_json(args.json, {"fault": args.fault, "rounds": rows, "median": median, "p99": p99})
+    write_json(args.json, {"fault": args.fault, "rounds": rows, "median": median, "p99": p99, "max": worst})
     bad = [str(r["job"]) for r in rows if r["state"] != "done" or r["recoveries"] != 1]
     if bad:
         print(f"not done after one recovery: {', '.join(bad)}", file=sys.stderr)

@@ -20,6 +20,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ryu import cfg
 
@@ -94,7 +95,7 @@ class Optirack(RackState):
         self.state_dir = Path(state_dir or c.state_dir)
         self.token = _load_token(Path(c.token_file) if c.token_file else self.state_dir / "token")
         self.known = rack.datapaths()  # dpid -> ("ocs" | "switch", name)
-        self.datapaths: dict[int, object] = {}  # connected ones, dpid -> ryu Datapath
+        self.datapaths: dict[int, Any] = {}  # connected ones, dpid -> ryu Datapath
         self.ports = PortHistory(c.monitor_history)
         self.rt = runtime or HUB  # threads, sleeps, locks: Ryu's hub, or a test's virtual clock
         super().__init__(rack, open_store(self.state_dir, rack.name, clock), clock, self.rt.lock())

@@ -29,8 +29,8 @@ class PruneRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)  # JSON types as the OpenAPI document says
     # Absent means "no such limit"; null is not a number (the document says so too).
-    older_than_s: float = Field(None, ge=0, description="ended at least this many seconds ago")
-    keep: int = Field(None, ge=0, description="always keep the newest this many finished jobs")
+    older_than_s: float = Field(None, ge=0, description="ended at least this many seconds ago")  # type: ignore[assignment]
+    keep: int = Field(None, ge=0, description="always keep the newest this many finished jobs")  # type: ignore[assignment]
     events: bool = Field(False, description="also forget reconfiguration events older than older_than_s")
 
     @model_validator(mode="after")
@@ -46,7 +46,8 @@ class RegroupBody(BaseModel):
     """The optional body of POST /regroup: apply the dry-run plan made from this circuit-map version."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    version: int = Field(None, ge=0)  # absent: plan afresh; null is not a version (the document says so)
+    # absent: plan afresh; null is not a version (the document says so): no None in the type, only as the default
+    version: int = Field(None, ge=0)  # type: ignore[assignment]
 
 
 def _bool_param(req, name: str) -> bool:

@@ -1,6 +1,6 @@
 """The OCS app: hands the OpenFlow OCS that connect and go, their replies, and their ports' link changes to the parts
 the controller's wiring (controller/apps/context.py) built: the OCS keeper (controller/devices/ocs.py) and the job
-service (a GPU's NIC whose link drops is lost to its job: controller/jobs/failover.py)."""
+service (a GPU's NIC whose link drops is lost to its job: controller/jobs/recovery.py)."""
 from __future__ import annotations
 
 import logging
@@ -42,7 +42,7 @@ class OcsApp(ConfirmingApp, app_manager.RyuApp):
 
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def _port_status(self, ev):
-        """A port of an OCS changed: a GPU's NIC whose link drops is lost to its job (controller/jobs/failover.py)."""
+        """A port of an OCS changed: a GPU's NIC whose link drops is lost to its job (controller/jobs/recovery.py)."""
         kind, name = self.ctx.known.get(ev.msg.datapath.id, (None, None))
         if kind != "ocs":
             return

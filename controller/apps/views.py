@@ -88,17 +88,18 @@ def check_protected(ctx: Optirack, current: CircuitMap, target: CircuitMap) -> N
 
 
 def port_stats(ctx: Optirack, history: int = 0) -> dict:
-    datapaths = {}
+    datapaths: dict[str, dict[str, dict]] = {}
     for dpid, port in ctx.ports.ports():
         latest = ctx.ports.latest(dpid, port)
-        datapaths.setdefault(ctx.name_of(dpid), {})[str(port)] = latest.to_json()
+        if latest is not None:
+            datapaths.setdefault(ctx.name_of(dpid), {})[str(port)] = latest.to_json()
     gpus = {}
     for name, g in ctx.rack.gpus.items():
         ref = g.nic.ocs_port
         dpid = ctx.rack.ocs[ref.device].dpid
         latest = ctx.ports.latest(dpid, ref.port)
         # Seen from the OCS port facing the NIC: what the OCS receives, the NIC sent.
-        entry = {
+        entry: dict[str, object] = {
             "ocs_port": str(ref),
             "tx_bps": latest.rx_bps if latest else None,
             "rx_bps": latest.tx_bps if latest else None,

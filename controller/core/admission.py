@@ -1,5 +1,5 @@
 """Admission: which queued job is tried next, and when the queue stops. One definition, called by the controller's
-placement (controller/jobs/queue.py) and by the simulator (simulator/model/engine.py).
+placement (controller/jobs/admission.py) and by the simulator (simulator/model/engine.py).
 
 A policy is a function `drain(queue, attempt, cluster=None)`: it calls `attempt(job)` for the jobs it chooses, in its
 order, and takes out of `queue` each job whose attempt did not answer WAIT. `attempt` places the job (PLACED), or

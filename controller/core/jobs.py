@@ -3,7 +3,7 @@
 States: [queued ->] pending -> configuring -> running [<-> recovering] -> done | failed (with the reason) | stopped
 (POST /jobs/{id}/stop; DELETE also forgets the job). A running job that loses GPUs (a server dies, a worker exits
 with an error, a NIC's link drops) goes `recovering`: spares are swapped in and every rank goes on from the last
-checkpoint (controller/jobs/failover.py); `recoveries` records each swap. A job that cannot be placed when it arrives
+checkpoint (controller/jobs/recovery.py); `recoveries` records each swap. A job that cannot be placed when it arrives
 waits `queued` (first in, first out) unless it asked not to (`queue: false`).
 A job's record keeps its GPUs in rank order, the switches and circuits it used, its times, and
 each rank's per-iteration reports (compute and communication time, GPU utilization).
@@ -135,7 +135,7 @@ class Job:
     image: str | None = None  # the worker image the job ran (repo@digest where a registry serves it)
     attempt: int = 0  # how many times its ranks were restarted from a checkpoint
     recoveries: list[dict] = field(default_factory=list)  # each swap: what was lost, why, the spares, the times
-    # The recovery under way while `recovering` (controller/jobs/failover.py): its step (detected, assessed, swapped),
+    # The recovery under way while `recovering` (controller/jobs/recovery.py): its step (detected, assessed, swapped, told, restarting),
     # the signs, the GPUs lost, the spares, the attempt; persisted, so that a restarted controller carries it on. Not
     # shown (to_json): once the job runs again it is one of `recoveries`.
     recovery: dict | None = None

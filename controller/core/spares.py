@@ -1,5 +1,5 @@
 """The one rule for spare GPUs: which free GPUs take the place of a job's lost ones. Pure: the controller's fail-over
-(controller/jobs/failover.py) and the simulator hand it what they know of the rack now.
+(controller/jobs/recovery.py) and the simulator hand it what they know of the rack now.
 
 For each lost GPU, in the job's rank order: of the job's model if it asked for one (only those are candidates), of
 the lost GPU's model first, under one of the job's switches first, then the fastest for the job's workload, then by

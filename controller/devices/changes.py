@@ -147,6 +147,7 @@ class CircuitChanges:
             ev.fabric_confirmed_at = state.clock()
 
         fabric = _WhenDark(self.rt, program, len(parts))
+        joined = False
         try:
             state.record_event(ev)
             # Every OCS starts (its old circuits go dark); meanwhile the switches' new entries are computed and
@@ -164,7 +165,7 @@ class CircuitChanges:
             ev.ocs_confirmed_at = state.clock()
             state.save(events=[ev])  # the new circuits and the event that made them: one transaction
             fabric.join()
-            fabric = None
+            joined = True
             if self.fabric.remove_left():  # the entries of addresses that left
                 ev.fabric_confirmed_at = state.clock()
             ev.flows_confirmed_at = state.clock()
@@ -180,12 +181,12 @@ class CircuitChanges:
             )
             return ev
         except DEVICE_ERRORS as e:
-            _join_quietly(fabric)
+            _join_quietly(None if joined else fabric)
             self._abandon(ev, str(e), previous, list(diff.by_ocs()))
             raise ReconfigFailed(ev) from None
         except Exception as e:  # a bug: the event still ends, the devices are still put back
             LOG.exception("reconfiguration %d (%s) raised", ev.id, reason)
-            _join_quietly(fabric)
+            _join_quietly(None if joined else fabric)
             self._abandon(ev, f"internal error: {type(e).__name__}: {e}", previous, list(diff.by_ocs()))
             raise
         finally:

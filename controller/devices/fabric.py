@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from typing import Any
 
 from controller.core.forwarding import Table, compute_tables
 from controller.drivers import openflow as of
@@ -19,7 +20,7 @@ LOG = logging.getLogger("optirack.fabric")
 def table_changes(installed: Table, desired: Table) -> list[bytes]:
     """Flow-mods that turn `installed` into `desired`: deletions for addresses that leave, and adds
     (which replace a rule with the same match) for those that are new or move."""
-    msgs = []
+    msgs: list[bytes] = []
     for ip in installed:
         if ip not in desired:
             msgs += of.forward_delete(ip)
@@ -35,19 +36,20 @@ class Fabric:
         self.rpc = of.OfRpc(self.rt.event)
         self.installed: dict[str, Table] = {}  # confirmed tables of connected switches
         self._left: dict[str, set[str]] = {}  # addresses add_new kept for remove_left
-        self.dps: dict[str, object] = {}
-        self._locks = defaultdict(self.rt.lock)
+        self.dps: dict[str, Any] = {}  # connected switches: name -> Ryu's Datapath
+        self._locks: defaultdict[str, Any] = defaultdict(self.rt.lock)
 
     def connected(self, name: str, dp) -> None:
         """Switch `name` (re)connected: its full table, in the background."""
         self.dps[name] = dp
         self.rt.spawn(self._resync_quietly, name)
 
-    def disconnected(self, name: str, dp) -> None:
-        if self.dps.get(name) is dp:
+    def disconnected(self, name: str, dp: Any) -> None:
+        current = self.dps.get(name)
+        if current is not None and current is dp:
             del self.dps[name]
             self.installed.pop(name, None)
-            self.rpc.on_disconnect(dp.id)
+            self.rpc.on_disconnect(current.id)
 
     def desired(self, circuits=None) -> dict[str, Table]:
         return compute_tables(self.state.rack, self.state.circuits if circuits is None else circuits)

@@ -19,6 +19,7 @@ from controller.core.jobs import QUEUED, TERMINAL, Job, JobTable
 from controller.core.occupancy import Occupancy
 from controller.core.rack import PortRef, Rack
 from controller.jobs.errors import UnknownJob
+from controller.jobs.runtime import Lock
 from controller.jobs.steps import LOG
 
 RECENT = 8  # iterations of a rank its recent median is taken over
@@ -68,7 +69,7 @@ class JobBook:
         self.tokens = itertools.count(1)
         self.followers: dict[tuple[str, str], int] = {}  # (job, GPU) -> the follower whose word counts
         self.fids = itertools.count(1)
-        self.owners: dict[str, object] = {}  # GPU -> the lock of whoever removes or starts a leftover there
+        self.owners: dict[str, Lock] = {}  # GPU -> the lock of whoever removes or starts a leftover there
         self.occupancy = Occupancy(state.rack, state.circuits, self.busy_gpus())
 
     @property

@@ -47,7 +47,8 @@ class External:
         jid = external_id(scheduler, job_id)
         if jid in self.book.jobs and self.book.jobs[jid].active:
             raise Conflict(f"{scheduler} job {job_id} is already placed ({jid})")
-        request = JobRequest(name=f"{scheduler} {job_id}", gpus=gpus, policy=policy_name, queue=False).model_dump()
+        request = JobRequest.model_validate({"name": f"{scheduler} {job_id}", "gpus": gpus, "policy": policy_name,
+                                             "queue": False}).model_dump()
         request["external"] = {"scheduler": scheduler, "job": job_id, "user": user}
         req = policy.Request(tuple(gpus), policy_name, None, "vgg16")
         try:

@@ -95,7 +95,11 @@ class ContainersPort(Protocol):
     """One container per GPU on its server's engine (controller/drivers/containers.py)."""
 
     image: str
-    engines: EnginesPort
+
+    @property
+    def engines(self) -> EnginesPort:
+        """The servers' engines: which answer now."""
+        ...
 
     def check_engines(self, servers: Iterable[str]) -> None:
         """Raise EngineDown naming the first server whose engine does not answer."""

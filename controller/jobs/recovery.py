@@ -108,7 +108,10 @@ class Recovery:
             self.book.resuming.discard(job.id)
             return self.resume(job)
         if rec["step"] == self.hold_at and not rec.get("resumed"):
-            return  # held by the fault hook, as if the controller died here
+            if not rec.get("held"):  # held by the fault hook, as if the controller died here
+                rec["held"] = True
+                LOG.warning("%s: recovery held at step %s by the fault hook", job.id, rec["step"])
+            return
         step = rec["step"]
         if step == "detected":
             sure = any(sign[1] for sign in rec["signs"].values())
@@ -223,7 +226,7 @@ class Recovery:
         can be and taking the circuits of the GPUs fenced out; their containers removed where their server lives."""
         self.workers.kill(job, stop)
         model, workload = job.request.get("gpu_model"), job.request["workload"].get("model", "vgg16")
-        rack, decided = self.book.rack, {}
+        rack, decided = self.book.rack, dict[str, object]()
         ports = {rack.gpu_port(g) for g in fence}
 
         def plan(current: CircuitMap) -> CircuitMap:
@@ -340,7 +343,7 @@ class Recovery:
         rec.update(step="restarting", kept_now=kept)
         self.book.save()
         if self.hold_at == "restarting" and not rec.get("resumed"):
-            return
+            return self.reconcile(job)  # held (and said so) by the fault hook
         for g in cold:
             self.book.followers.pop((job.id, g), None)
         if cold:

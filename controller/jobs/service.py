@@ -33,6 +33,8 @@ Built from what it needs, handed in by the controller's wiring (controller/apps/
 
 from __future__ import annotations
 
+import builtins
+
 from controller.core import placement as policy
 from controller.core.circuits import CircuitMap
 from controller.core.jobs import Job, JobRequest
@@ -162,11 +164,11 @@ class JobService:
         self.stop(job_id)
         return self._call("records.forget", job_id)
 
-    def prune(self, older_than_s: float | None, keep: int | None) -> list[str]:
+    def prune(self, older_than_s: float | None, keep: int | None) -> builtins.list[str]:
         """Forget finished jobs that ended more than `older_than_s` ago, keeping the newest `keep`; their ids."""
         return self._call("records.prune", older_than_s, keep)
 
-    def logs(self, job: Job, tail: int = LOG_LINES) -> tuple[dict[str, list[str]], str]:
+    def logs(self, job: Job, tail: int = LOG_LINES) -> tuple[dict[str, builtins.list[str]], str]:
         """A running job's live log lines, else those kept when it ended; and which."""
         return self.runs.workers.logs(job, tail)
 

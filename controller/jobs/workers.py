@@ -281,6 +281,9 @@ class Workers:
                         self.inbox.post(WorkerLine(job, gpu, fid, data, self.book.clock()))
             code = self.containers.wait(job, gpu, server)
             why = f"the worker on {gpu} exited with {code}"
-        except Exception as e:  # noqa: BLE001 (the container vanished, or its engine went down)
+        except Exception as e:  # noqa: BLE001 (the container vanished, or its engine went down: asked which)
             why = str(e) or e.__class__.__name__
+            if not self.containers.engines.ping(server):
+                down = self.containers.down_servers().get(server, "it does not answer")
+                why = f"the Docker Engine of server {server} went down ({down})"
         self.inbox.post(WorkerEnded(job, gpu, fid, code, why))

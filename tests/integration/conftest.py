@@ -101,3 +101,41 @@ def controller(tmp_path):
     proc.start()
     yield proc
     proc.stop()
+
+
+FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
+              ["ocs1:6", "ocs1:22"], ["ocs1:4", "ocs1:23"]]
+
+
+@pytest.fixture
+def fresh(bed):
+    """The shared testbed (its paper rack is the four-engine one) with the fragmented start, every server awake and
+    every engine up, no job active; afterwards the same (pass or fail), then the `bed` fixture's cleaning: a test that
+    hangs or kills a server need not bring it back itself."""
+    from emulation import engines, servers
+    from tests.integration.helpers import rack_cli, wait_for
+
+    plans = {p.server: p for p in engines.engine_plans(bed.rack)}
+
+    def settle():
+        for server, plan in plans.items():
+            servers.wake(plan)  # a hung one continues (nothing to continue on the others)
+            if engines.pid_of(plan) is None:
+                rack_cli("server", "start", server)
+        wait_for(lambda: not any(j["state"] in ("pending", "configuring", "running", "recovering")
+                                 for j in bed.client.get("/jobs")["jobs"]), 120, "earlier jobs to end")
+        wait_for(lambda: all(s["engine"]["up"] for s in bed.client.get("/topology")["servers"].values()), 60,
+                 "the controller to see every engine up")
+    settle()
+    bed.client.put("/ocs/circuits", {"circuits": FRAGMENTED})
+    yield bed
+    settle()
+
+
+@pytest.fixture
+def driver(bed):
+    """The container driver itself, on the shared rack's engines."""
+    from controller.drivers.containers import ContainerDriver
+    from tests.integration.helpers import worker_image
+
+    return ContainerDriver(bed.rack, worker_image())

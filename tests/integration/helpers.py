@@ -137,3 +137,22 @@ def our_containers() -> dict[str, list]:
                 all=True, ignore_removed=True, filters={"label": LABEL_RACK}
             )
     return {k: v for k, v in found.items() if v}
+
+
+def rack_cli(*args: str) -> str:
+    """`optirack-rack ARGS` as a user runs it; its output (the test fails naming it if it exits with an error)."""
+    return optirack_rack(*args).stdout
+
+
+def seen_up(client, *servers: str) -> None:
+    """Wait until the controller shows each server's engine up: it does once it has swept what the server ran before
+    (its own helper containers for that run meanwhile, which a look at the engines would count)."""
+    wait_for(lambda: all(client.get("/topology")["servers"][s]["engine"]["up"] for s in servers), 30,
+             f"{', '.join(servers)} seen up, swept")
+
+
+def wait_job(client, job_id: str, timeout: float = 300) -> dict:
+    wait_for(lambda: client.get(f"/jobs/{job_id}")["job"]["state"] not in ("pending", "configuring", "running",
+                                                                             "recovering"),
+             timeout, f"{job_id} to end")
+    return client.get(f"/jobs/{job_id}")["job"]

@@ -13,10 +13,10 @@ from controller.client import ApiError
 from controller.core.circuits import CircuitMap
 from controller.core.emulated import netns_of
 from controller.core.rack import load_rack
-from controller.drivers.containers import ContainerDriver, container_name, sandbox_name
+from controller.drivers.containers import container_name, sandbox_name
 from emulation import engine_procs, engines, ovs, registry
 from emulation import netns as ns
-from tests.integration.helpers import BIN, PAPER, ROOT, sh, wait_for, worker_image
+from tests.integration.helpers import BIN, PAPER, ROOT, rack_cli, seen_up, sh, wait_for, wait_job
 
 RACK = load_rack(PAPER)
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
@@ -24,35 +24,6 @@ FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"
 SPREAD = ["gpu1", "gpu5", "gpu2", "gpu3"]  # srv1 (2), srv2, srv3: three servers, two switches
 PLANS = {p.server: p for p in engines.engine_plans(RACK)}
 TLS = RACK.spec.engines.tls
-
-
-@pytest.fixture
-def fresh(bed):
-    """The shared testbed (its paper rack is the four-engine one) with the fragmented start, every
-    engine up, no job active; afterwards the same (pass or fail), then the `bed` fixture's cleaning."""
-    def settle():
-        for server, plan in PLANS.items():
-            if engines.pid_of(plan) is None:
-                optirack_rack("server", "start", server)
-        wait_for(lambda: not any(j["state"] in ("pending", "configuring", "running", "recovering")
-                                 for j in bed.client.get("/jobs")["jobs"]), 120, "earlier jobs to end")
-        wait_for(lambda: all(s["engine"]["up"] for s in bed.client.get("/topology")["servers"].values()), 30,
-                 "the controller to see every engine up")
-    settle()
-    bed.client.put("/ocs/circuits", {"circuits": FRAGMENTED})
-    yield bed
-    settle()
-
-
-@pytest.fixture
-def driver():
-    return ContainerDriver(RACK, worker_image())
-
-
-def optirack_rack(*args: str) -> str:
-    proc = subprocess.run([str(BIN / "optirack-rack"), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert proc.returncode == 0, f"optirack-rack {' '.join(args)}: {proc.stdout}{proc.stderr}"
-    return proc.stdout
 
 
 def docker_cli(server: str, *args: str) -> str:
@@ -63,20 +34,6 @@ def docker_cli(server: str, *args: str) -> str:
 
 def ours_on_every_engine(driver) -> dict[str, list]:
     return {s: driver.workers(s) for s in RACK.servers}
-
-
-def seen_up(client, *servers: str) -> None:
-    """Wait until the controller shows each server's engine up: it does once it has swept what the server ran before
-    (its own helper containers for that run meanwhile, which a look at the engines would count)."""
-    wait_for(lambda: all(client.get("/topology")["servers"][s]["engine"]["up"] for s in servers), 30,
-             f"{', '.join(servers)} seen up, swept")
-
-
-def wait_job(client, job_id: str, timeout: float = 300) -> dict:
-    wait_for(lambda: client.get(f"/jobs/{job_id}")["job"]["state"] not in ("pending", "configuring", "running",
-                                                                             "recovering"),
-             timeout, f"{job_id} to end")
-    return client.get(f"/jobs/{job_id}")["job"]
 
 
 def rack_check(*extra: str) -> subprocess.CompletedProcess:
@@ -125,10 +82,10 @@ def test_rack_check_asks_every_engine(fresh, driver):
     assert [line.split()[0] for line in lines] == list(RACK.servers) and all(" ok: " in line for line in lines)
     assert all("CNI host-device, static" in line for line in lines)
     # one engine stopped
-    optirack_rack("engine", "stop", "srv3")
+    rack_cli("engine", "stop", "srv3")
     out = rack_check()
     assert out.returncode == 1 and "srv3: engine unreachable" in out.stderr, out.stdout + out.stderr
-    optirack_rack("engine", "start", "srv3")
+    rack_cli("engine", "start", "srv3")
     # the plugins missing from one server: its engine lacks the helper that carries them, and the
     # registry is down so it cannot pull it (the others still have theirs)
     helper = f"{RACK.spec.engines.registry}/{RACK.spec.engines.helper_image}"
@@ -153,7 +110,7 @@ def test_rack_check_asks_every_engine(fresh, driver):
 
 def test_an_engine_down_before_submit_is_refused_and_avoided(fresh, driver):
     client = fresh.client
-    optirack_rack("engine", "stop", "srv2")
+    rack_cli("engine", "stop", "srv2")
     with pytest.raises(ApiError) as info:
         client.post("/jobs", {"gpus": ["gpu1", "gpu2"], "policy": "fixed"})
     assert info.value.status == 409 and "server srv2" in info.value.message and "gpu2" in info.value.message
@@ -161,7 +118,7 @@ def test_an_engine_down_before_submit_is_refused_and_avoided(fresh, driver):
     job = client.post("/jobs", {"gpus": 5, "policy": "regroup", "workload": {"iterations": 3}})["job"]
     assert "gpu2" not in job["gpus"]
     assert wait_job(client, job["id"])["state"] == "done"
-    optirack_rack("engine", "start", "srv2")
+    rack_cli("engine", "start", "srv2")
     seen_up(client, "srv2")
     assert all(v == [] for v in ours_on_every_engine(driver).values())
 
@@ -170,13 +127,13 @@ def test_an_engine_down_between_admission_and_start_fails_the_job_at_once(bed, d
     bed.restart("--optirack-engine-poll", "3600")  # placement learns of it only at the start
     try:
         client = bed.client
-        optirack_rack("engine", "stop", "srv3")
+        rack_cli("engine", "stop", "srv3")
         job = client.post("/jobs", {"gpus": 4, "policy": "fixed", "workload": {"iterations": 3}})["job"]
         assert "gpu3" in job["gpus"]  # admitted: the controller had not asked srv3 since
         done = wait_job(client, job["id"], 60)
         assert done["state"] == "failed" and "server srv3" in done["reason"], done["reason"]
         assert all(g["job"] is None for g in client.get("/topology")["gpus"].values())
-        optirack_rack("engine", "start", "srv3")
+        rack_cli("engine", "start", "srv3")
         assert all(v == [] for v in ours_on_every_engine(driver).values())
     finally:
         bed.restart()
@@ -192,7 +149,7 @@ def test_a_server_killed_mid_job_is_swapped_for_a_spare_and_comes_back_empty(fre
          "workload": {"iterations": 30, "compute_seconds": 0.1}},
     )["job"]
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["iterations_done"] >= 12, 120, "12 iterations")
-    out = optirack_rack("server", "kill", "srv2")
+    out = rack_cli("server", "kill", "srv2")
     assert "NIC ports down: gpu2-port" in out or "NIC ports down" in out, out
     assert engines.pid_of(PLANS["srv2"]) is None and engine_procs.containerd_pid(PLANS["srv2"]) is None
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["state"] != "running", 10, "the loss to be seen")
@@ -206,7 +163,7 @@ def test_a_server_killed_mid_job_is_swapped_for_a_spare_and_comes_back_empty(fre
     restored = {g: [r for r in ranks[g] if r["event"] == "restored"] for g in done["gpus"]}
     assert all(len(r) == 1 and r[0]["iteration"] == rec["resumed_from"] for r in restored.values()), restored
     assert all(g["job"] is None for g in client.get("/topology")["gpus"].values())
-    out = optirack_rack("server", "start", "srv2")  # back, empty: nothing of the failed attempt on any engine
+    out = rack_cli("server", "start", "srv2")  # back, empty: nothing of the failed attempt on any engine
     seen_up(client, "srv2")
     assert driver.workers("srv2") == [] and all(v == [] for v in ours_on_every_engine(driver).values())
     assert RACK.addresses["gpu2"][0] in sh("ip", "-n", "optirack-srv2", "-o", "addr", "show", "dev", "gpu2")
@@ -261,14 +218,14 @@ def test_two_servers_killed_one_after_the_other_in_one_job_are_both_recovered(fr
     )["job"]
     jid = job["id"]
     wait_for(lambda: saved_in(client.get(f"/jobs/{jid}")["job"], 0, 0), 120, "a first checkpoint")
-    optirack_rack("server", "kill", "srv2")
+    rack_cli("server", "kill", "srv2")
     wait_for(lambda: client.get(f"/jobs/{jid}")["job"]["recoveries"], 60, "the first recovery")
     first = client.get(f"/jobs/{jid}")["job"]["recoveries"][0]
     assert set(first["lost"]) == {"gpu2"} and died(first["lost"]["gpu2"], "srv2", "gpu2"), first
     wait_for(lambda: saved_in(client.get(f"/jobs/{jid}")["job"], first["attempt"], first["resumed_from"]), 120,
              "a checkpoint of the new attempt on every rank")
     assert "gpu4" in client.get(f"/jobs/{jid}")["job"]["gpus"]
-    optirack_rack("server", "kill", "srv4")
+    rack_cli("server", "kill", "srv4")
     done = wait_job(client, jid, 240)
     assert done["state"] == "done" and done["iterations_done"] == 40, (done["state"], done["reason"])
     first, second = done["recoveries"]
@@ -286,7 +243,7 @@ def test_two_servers_killed_one_after_the_other_in_one_job_are_both_recovered(fr
     assert where_the_ocs_puts(done["gpus"]) == set(done["switches"])
     assert all(g["job"] is None for g in client.get("/topology")["gpus"].values())
     for server in ("srv2", "srv4"):  # back, empty
-        optirack_rack("server", "start", server)
+        rack_cli("server", "start", server)
     seen_up(client, "srv2", "srv4")
     assert all(v == [] for v in ours_on_every_engine(driver).values())
 
@@ -308,7 +265,7 @@ def test_a_job_with_no_spare_waits_at_the_head_of_the_queue_and_goes_on_when_a_g
     oid = other["job"]["id"]
     wait_for(lambda: saved_in(client.get(f"/jobs/{jid}")["job"], 0, 0), 120, "a first checkpoint")
     assert client.get(f"/jobs/{oid}")["job"]["state"] == "running"
-    optirack_rack("server", "kill", "srv2")
+    rack_cli("server", "kill", "srv2")
     wait_for(lambda: "waiting at the head of the queue" in (client.get(f"/jobs/{jid}")["job"]["note"] or ""), 60,
              "the job to wait for a spare")
     waiting = client.get(f"/jobs/{jid}")["job"]
@@ -329,7 +286,7 @@ def test_a_job_with_no_spare_waits_at_the_head_of_the_queue_and_goes_on_when_a_g
     queued = wait_job(client, later["id"])
     assert queued["state"] == "done" and queued["gpus"][0] in ("gpu5", "gpu6"), queued
     assert queued["started_at"] < done["ended_at"]  # it went once the job had its spare, not when it ended
-    optirack_rack("server", "start", "srv2")
+    rack_cli("server", "start", "srv2")
     seen_up(client, "srv2")
     assert all(v == [] for v in ours_on_every_engine(driver).values())
 

@@ -27,6 +27,7 @@ class FakeContainer:
         self.pace = 0.0
         self.pos = 0  # lines printed so far
         self.waiting = False  # a warm spare: it waits for its rank (a regroup) once its lines are printed
+        self.hung = False  # stopped (SIGSTOP, or its whole server hung): prints nothing, never ends
 
     def _follow(self, data):
         self.pos = 0
@@ -36,6 +37,10 @@ class FakeContainer:
                     self.sleep(self.pace)
                     if self.killed:
                         return
+                while self.hung and not self.killed:
+                    self.sleep(0.01)
+                if self.killed:
+                    return
                 if self.vanished:
                     raise ConnectionError("connection reset by peer")
                 self.pos += 1
@@ -74,15 +79,23 @@ def _arg(command, flag, default=None):
     return command[command.index(flag) + 1] if flag in command else default
 
 class FakeEngines:
-    """Every engine answers unless a test marks its server down."""
+    """Every engine answers unless a test marks its server down, or hung (it answers nothing: a ping times out)."""
 
-    def __init__(self):
+    PING_TIMEOUT = 3.0  # as the engine client's (controller/drivers/engines.py)
+
+    def __init__(self, sleep=None):
         self.down: dict[str, str] = {}
         self.back: set[str] = set()  # down servers answering again (shown down until swept)
         self._returning: set[str] = set()
+        self.hung: set[str] = set()
+        self.sleep = sleep
 
     def ping(self, server):
         from controller.jobs.ports import RETURNING
+        if server in self.hung:
+            self.sleep(self.PING_TIMEOUT)
+            self.down[server] = "timed out"
+            return False
         if server in self.down and server in self.back:
             self.down[server] = RETURNING
             self._returning.add(server)
@@ -92,9 +105,10 @@ class FakeEngines:
         self.down[server] = why
 
     def answers(self, server, timeout):
-        return server not in self.down and server not in self.hung
-
-    hung: set = set()  # servers whose engine does not answer in time (a hung server), though not refused
+        if server in self.hung:
+            self.sleep(timeout)
+            return False
+        return server not in self.down
 
     def returning(self):
         return sorted(self._returning)
@@ -125,11 +139,14 @@ class FakeDriver:
         self.stderr = stderr or {}
         self.running: dict[str, FakeContainer] = {}
         self.started, self.removed, self.volumes_removed, self.regrouped = [], [], [], []
-        self.engines = FakeEngines()
+        self.engines = FakeEngines(sleep)
 
     def _engine(self, server):
         if "client" in self.faults:
             raise self.faults["client"]
+        if server in self.engines.hung:  # a call to a hung engine waits for the client's timeout
+            self.sleep(self.engines.PING_TIMEOUT)
+            raise TimeoutError(f"the engine of {server} did not answer (timed out)")
 
     def check_engines(self, servers):
         from controller.jobs.ports import EngineDown
@@ -241,6 +258,24 @@ class FakeDriver:
                                      for line in self._training(spec)]
         self.regrouped.append((job, gpu, argv))
 
+    def hang_server(self, server):
+        """Every process of the server stopped, links up: nothing refused, nothing printed, nothing ends."""
+        self.engines.hung.add(server)
+        for c in self.running.values():
+            if c.labels.get("server") == server:
+                c.hung = True
+
+    def wake_server(self, server):
+        self.engines.hung.discard(server)
+        self.engines.down.pop(server, None)
+        for c in self.running.values():
+            if c.labels.get("server") == server:
+                c.hung = False
+
+    def stop_worker(self, job, gpu, server):
+        """SIGSTOP of one worker: it prints nothing more, its engine answers."""
+        self._get(job, gpu, server).hung = True
+
     def kill9(self, job, gpu, server):
         """`kill -9` of one worker from outside: it exits 137 (the controller did not stop it)."""
         c = self._get(job, gpu, server)
@@ -324,7 +359,7 @@ def service(tmp_path: Path, rack, driver: FakeDriver, rt, engine_poll: float = 1
     `tmp_path`), a FakeChanges, `driver` and runtime `rt`; a second one on the same `tmp_path` and a new runtime is
     a restart (the first one's threads never run again). `keep_survivors`: survivors regroup in their processes
     (FakeDriver.regroup) instead of being restarted. Returns (service, state, changes)."""
-    driver.sleep = rt.sleep
+    driver.sleep = driver.engines.sleep = rt.sleep
     for container in driver.running.values():  # a restart on the same engines: their workers go on
         container.sleep = rt.sleep
     state = RackState(rack, open_store(Path(tmp_path), rack.name, rt.clock), rt.clock, rt.lock())

@@ -136,7 +136,8 @@ def test_the_headline_shows_the_current_model_s_records_once_there_are_any(tmp_p
 # Tables that hold no measured figure (what a page offers, where files are, which metrics exist): the only ones
 # allowed outside a report block.
 NOT_RESULTS = {"| page | what you can do with it |", "| path | what |", "| metric | type | labels | what |",
-               "| process | where | why so |", "| probe | what it runs |"}
+               "| process | where | why so |", "| probe | what it runs |",
+               "| step | what is done | on a new loss meanwhile |"}
 
 
 def test_every_table_of_figures_in_the_readme_and_docs_is_a_report_block():
