@@ -128,6 +128,12 @@ class Testbed:
             raise
         return self
 
+    def _devices_ready(self) -> bool:
+        """Every datapath connected and in step (whatever the engines)."""
+        topo = self.client.get("/topology")
+        return all(d["connected"] and d["synchronised"] for d in list(topo["ocs"].values()) +
+                   list(topo["switches"].values()))
+
     def _ready(self) -> bool:
         topo = self.client.get("/topology")
         devices = list(topo["ocs"].values()) + list(topo["switches"].values())

@@ -184,7 +184,12 @@ def remove_our_volumes(rack: Rack, plan: engines.EnginePlan, label: str) -> int:
     from controller.drivers.engines import engine_client
 
     client = engine_client(rack, plan.server, timeout=30)
+    import docker
+
     found = client.volumes.list(filters={"label": label})
     for v in found:
-        v.remove(force=True)
+        try:
+            v.remove(force=True)
+        except docker.errors.NotFound:  # removed meanwhile (the controller sweeps a server that answers again)
+            pass
     return len(found)

@@ -7,6 +7,10 @@ Runs optirack-worker's ranks by hand on loopback on a machine with one CUDA GPU 
               over TCP from a worker's checkpoint server (`--restore-from 127.0.0.1`): each starts at that
               iteration and its losses match the uninterrupted run's for the same iterations (the weights and
               the optimizer's momentum came back);
+  regroup     a rank told to regroup (the controller's command after a peer's loss: containers/worker.py) leaves its
+              NCCL communicator and forms a new one in the same process, going on from the checkpoint in its memory
+              with the uninterrupted run's losses (one GPU: a ring of one, the old communicator destroyed and a new
+              one made; a ring that lost a peer on NCCL needs two GPUs);
   profile     profile mode keeps the GPU computing for the profile's compute time (NVML's median >= 30 %);
   two-on-one  two ranks on one GPU end with exit 4 and a line of ours saying so (NCCL refuses them).
 
@@ -74,6 +78,51 @@ def one_rank(port: int, extra: list[str]) -> list[str]:
         BACKEND,
         *extra,
     ]
+
+
+def regroup(results: dict, rank, n: int, k: int, tmp: Path, losses: dict[int, float]) -> None:
+    """One rank in real mode; once it has saved a checkpoint, its regroup command for attempt 1 (as the controller
+    hands it: a file in its control directory) on another port, going on from that checkpoint (in its memory)."""
+    import math
+
+    control, ck = tmp / "control", tmp / "ck-regroup"
+    args = ["--mode", "real", "--iterations", str(n), "--checkpoint-dir", str(ck), "--checkpoint-every", str(k),
+            "--checkpoint-port", "29661", "--control-dir", str(control)]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "containers.worker", *rank(29660, args)], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines, told, deadline = [], None, time.monotonic() + 300
+    assert p.stdout is not None
+    for raw in p.stdout:
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        lines.append(line)
+        if told is None and line.get("event") == "checkpoint":
+            told = line["iteration"]
+            argv = rank(29670, [*args, "--attempt", "1", "--resume-from", str(told)])
+            control.mkdir(parents=True, exist_ok=True)
+            (control / "regroup-1.json.tmp").write_text(json.dumps({"argv": argv}))
+            (control / "regroup-1.json.tmp").rename(control / "regroup-1.json")
+        if time.monotonic() > deadline:
+            p.kill()
+            break
+    rc, err = p.wait(), (p.stderr.read() if p.stderr else "")[-300:]
+    moved = events(lines, "regroup")
+    restored = [e for e in events(lines, "restored") if e.get("attempt") == 1]
+    after = {e["iteration"]: e["loss"] for e in events(lines, "iteration") if e.get("attempt") == 1}
+    worst = max((abs(after[i] - losses[i]) / max(1e-9, abs(losses[i])) for i in after if i in losses), default=None)
+    check(
+        results,
+        "regroup: a new NCCL communicator in the same process, from the checkpoint in memory",
+        rc == 0 and told is not None and len(moved) == 1 and moved[0].get("pid") == p.pid
+        and bool(restored) and restored[0].get("from") == "memory" and sorted(after) == list(range(told, n))
+        and worst is not None and math.isfinite(worst) and worst < 1e-2,
+        rc=rc, told_at=told, left_s=moved[0].get("leave_s") if moved else None,
+        restored_from=restored[0].get("from") if restored else None, iterations_after=len(after),
+        worst_relative_loss_difference=worst, stderr=err if rc else "",
+    )
 
 
 def check(results: dict, name: str, ok: bool, **facts) -> None:
@@ -202,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                 worst_relative_loss_difference=worst,
                 stderr=err[-300:] if rc else "",
             )
+        regroup(results, one_rank, n, k, Path(tmp), dict(enumerate(results["real"]["losses"])))
         # profile mode: the compute phase keeps the GPU busy (NVML averages over up to a second: run for about 3 s
         # and judge the last third, so the idle start-up is out of its window)
         rc, lines, err = worker(

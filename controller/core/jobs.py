@@ -135,17 +135,23 @@ class Job:
     image: str | None = None  # the worker image the job ran (repo@digest where a registry serves it)
     attempt: int = 0  # how many times its ranks were restarted from a checkpoint
     recoveries: list[dict] = field(default_factory=list)  # each swap: what was lost, why, the spares, the times
-    # The recovery under way while `recovering` (controller/jobs/recovery.py): its step (detected, assessed, swapped, told, restarting),
-    # the signs, the GPUs lost, the spares, the attempt; persisted, so that a restarted controller carries it on. Not
-    # shown (to_json): once the job runs again it is one of `recoveries`.
+    # The recovery under way while `recovering` (controller/jobs/recovery.py): its step (detected, assessed, swapped,
+    # told, restarting), the signs, the GPUs lost, the spares, the attempt; persisted, so that a restarted controller
+    # carries it on. Not shown (to_json): once the job runs again it is one of `recoveries`.
     recovery: dict | None = None
-    # Stragglers (controller/jobs/detect.py): GPU -> how its rank lags (its compute time against the job's median),
+    # Stragglers (controller/jobs/detect.py): GPU -> how its rank lags (its compute time against the other ranks'),
     # reported while it still progresses, never swapped.
     lagging: dict[str, str] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:
         return self.state in ACTIVE
+
+    @property
+    def kind(self) -> str:
+        """What runs its ranks: "containers" (ours, one per GPU), or "external" (a scheduler outside placed it and runs
+        them: controller/jobs/external.py; its request says which, and its job id there)."""
+        return "external" if self.request.get("external") else "containers"
 
     def record(self, gpu: str, line: dict) -> None:
         self.reports.setdefault(gpu, []).append(line)

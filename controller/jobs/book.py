@@ -87,6 +87,10 @@ class JobBook:
             raise UnknownJob(job_id)
         return self.jobs[job_id]
 
+    def of(self, kind: str, *states: str) -> list[Job]:
+        """The jobs of a kind ("containers", "external": Job.kind) in `states`, oldest first."""
+        return [j for j in self.jobs.values() if j.kind == kind and j.state in states]
+
     def busy_gpus(self) -> dict[str, str]:
         """GPU -> the job holding it (its GPUs, and the spares its recovery has chosen but not yet placed)."""
         held = [j for j in self.jobs.values() if j.active or j.id in self.stopping]

@@ -12,8 +12,8 @@ a heartbeat every 0.1 s besides its iterations, containers/worker.py):
 - hung: a rank silent for a longer deadline (HUNG_FACTOR times its recent median iteration, at least HUNG_MIN_S) while
   its engine answers is a hung worker: lost as a killed one is (restarted on its own GPU, or swapped for a spare of its
   model if one is free).
-- lagging: a rank whose recent median compute time is STRAGGLER_FACTOR times its job's median is a straggler, still
-  progressing: named in the job's record (`lagging`) and on the live page, never swapped.
+- lagging: a rank whose recent median compute time is STRAGGLER_FACTOR times its job's other ranks' is a straggler,
+  still progressing: named in the job's record (`lagging`) and on the live page, never swapped.
 - an engine down, a link down: every GPU of the job there is lost (sure); a server that answers again is swept of what
   it ran (its stale workers stopped, fenced out) before its GPUs are free again; an external job's scheduler is told
   (SchedulerPort) that its node is lost, and back.
@@ -38,7 +38,7 @@ SILENT_S = 0.5  # a rank with no line this long is suspect (five heartbeats miss
 PROBE_TIMEOUT = 0.3  # a suspect rank's engine must answer within this long, or its server is hung
 HUNG_MIN_S = 5.0  # a rank silent this long (at least) while its engine answers is a hung worker
 HUNG_FACTOR = 4.0  # ... or this many times its recent median iteration time, if longer
-STRAGGLER_FACTOR = 2.0  # a rank whose recent median compute time is this many times its job's median lags
+STRAGGLER_FACTOR = 2.0  # a rank whose recent median compute time is this many times the other ranks' lags
 STRAGGLER_SAMPLES = 3  # iterations of each rank before it is judged
 
 
@@ -109,18 +109,13 @@ class Detector:
         self._sweep(ev.server)
 
     def _lose_server(self, server: str, why: str) -> None:
-        for job in [j for j in self.book.jobs.values() if j.state in ("running", "recovering")]:
-            here = [g for g in job.gpus if self.book.rack.server_of[g] == server]
-            if not here:
-                continue
-            external = job.request.get("external")
-            if external:
-                if self.scheduler is not None:
-                    self.actions.start(job.id, "detect.told_scheduler", self.scheduler.node_lost, external["job"],
-                                       server, why, tracked=False)
-                continue
-            for g in here:
+        for job in self.book.of("containers", "running", "recovering"):
+            for g in [g for g in job.gpus if self.book.rack.server_of[g] == server]:
                 self.inbox.post(Lost(job.id, g, why, sure=True))
+        for job in self.book.of("external", "running"):  # its scheduler runs its ranks: it is told
+            if self.scheduler is not None and any(self.book.rack.server_of[g] == server for g in job.gpus):
+                self.actions.start(job.id, "detect.told_scheduler", self.scheduler.node_lost,
+                                   job.request["external"]["job"], server, why, tracked=False)
 
     def _sweep(self, server: str) -> None:
         if server in self.sweeping:
@@ -153,9 +148,8 @@ class Detector:
             return
         self.book.links_down.add(ev.port)
         gpu = next((g for g in self.book.rack.gpus if str(self.book.rack.gpu_port(g)) == ev.port), None)
-        for job in list(self.book.jobs.values()):
-            if gpu is not None and gpu in job.gpus and job.state in ("running", "recovering") \
-                    and not job.request.get("external"):
+        for job in self.book.of("containers", "running", "recovering"):
+            if gpu is not None and gpu in job.gpus:
                 self.inbox.post(Lost(job.id, gpu, f"the link of {gpu}'s NIC ({ev.port}) went down", sure=True))
 
     # --- silent, hung, lagging ---------------------------------------------------------------------
@@ -164,8 +158,7 @@ class Detector:
         for server, why in list(self.book.down.items()):
             if why == RETURNING and server not in self.sweeping:
                 self._sweep(server)  # a sweep that failed: again
-        for job in [j for j in self.book.jobs.values() if j.state == "running" and not j.request.get("external")
-                    and j.id not in self.book.ending]:
+        for job in [j for j in self.book.of("containers", "running") if j.id not in self.book.ending]:
             for g in job.gpus:
                 rank = self.book.rank(job, g)
                 if rank is None or rank.ended or rank.alive_at is None:
@@ -210,10 +203,12 @@ class Detector:
         if len(ranks) < 2:
             return
         medians = {g: r.median_compute_s() or 0.0 for g, r in ranks.items()}
-        typical = statistics.median(medians.values())
-        lagging = {g: f"rank {job.gpus.index(g)} on {g}: compute {m:.2f} s per iteration, {m / typical:.1f}x the "
-                      f"job's median ({typical:.2f} s)"
-                   for g, m in medians.items() if typical > 0 and m >= STRAGGLER_FACTOR * typical}
+        lagging = {}
+        for g, m in medians.items():
+            others = statistics.median(x for h, x in medians.items() if h != g)  # the job's other ranks
+            if others > 0 and m >= STRAGGLER_FACTOR * others:
+                lagging[g] = (f"rank {job.gpus.index(g)} on {g}: compute {m:.2f} s per iteration, {m / others:.1f}x "
+                              f"the other ranks' median ({others:.2f} s)")
         if set(lagging) != set(job.lagging):
             if lagging:
                 LOG.warning("%s: straggler(s): %s", job.id, "; ".join(lagging.values()))

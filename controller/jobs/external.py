@@ -2,8 +2,9 @@
 circuits and flows, regrouped under one switch in one circuit change, and are held while the job runs; no container is
 started (the scheduler runs the ranks), and the job is ended from outside, which releases its GPUs and circuits.
 
-An external job is a kind of job: its request says so (`request["external"]`: the scheduler, its job id there, the
-user), and the steps that follow containers pass it over (runs.py, recovery.py, warm.py). Its server's death is told
+An external job is a kind of job (`Job.kind`, from its request: `request["external"]`, the scheduler, its job id
+there, the user): the loop reconciles jobs by kind and state, and none of the steps that follow containers is handed
+one (service.py). Its server's death is told
 to its scheduler (detect.py, through the SchedulerPort), which ends or requeues it. It is in the job book like any
 other job, so GET /jobs, `optirack jobs` and the live page show it. Steps of the loop: `begin` decides and registers
 the job, the circuit change is an action, `placed` answers the scheduler's prolog; `end` releases it.
@@ -23,10 +24,6 @@ from controller.jobs.runtime import Runtime
 from controller.jobs.steps import LOG, RECONFIG_WAIT, _reason, displaced_note
 
 FINAL = {"COMPLETED": "done", "CANCELLED": "stopped"}  # any other end (FAILED, TIMEOUT, NODE_FAIL, ...): failed
-
-
-def is_external(job: Job) -> bool:
-    return bool(job.request.get("external"))
 
 
 def external_id(scheduler: str, job: str) -> str:

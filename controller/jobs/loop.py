@@ -19,11 +19,11 @@ Step = Callable[..., Any]
 
 class Loop:
     def __init__(self, inbox: Inbox, book: JobBook, handlers: dict[type, list[Step]], steps: dict[str, object],
-                 reconcilers: dict[str, list[Step]]):
+                 reconcilers: dict[tuple[str, str], list[Step]]):
         self.inbox, self.book = inbox, book
         self.handlers = handlers  # event type -> the steps that take it, in order
         self.steps = steps  # part name -> the part whose methods a Call or a Done names ("runs.started")
-        self.reconcilers = reconcilers  # job state -> the steps that reconcile a job in it
+        self.reconcilers = reconcilers  # (job kind, job state) -> the steps that reconcile such a job
         self.taken = 0  # events taken so far
 
     def run(self) -> None:
@@ -72,7 +72,7 @@ class Loop:
         if isinstance(event, Reconcile):
             job = self.book.jobs.get(event.job)
             if job is not None:
-                for reconcile in self.reconcilers.get(job.state, []):
+                for reconcile in self.reconcilers.get((job.kind, job.state), []):
                     reconcile(job)
             return
         for take in self.handlers.get(type(event), []):

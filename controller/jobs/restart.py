@@ -8,6 +8,7 @@ of what jobs that are over left there, and the queue is tried once the OCS are b
 
 from __future__ import annotations
 
+from controller.core.jobs import ACTIVE
 from controller.jobs.actions import Actions
 from controller.jobs.book import JobBook
 from controller.jobs.inbox import Done, Drain, End, Inbox, Reconcile, Reply
@@ -28,13 +29,11 @@ class Restart:
 
     def begin(self, reply: Reply | None = None) -> None:
         """Every active job to the loop; every server swept; the queue once the OCS are back."""
-        external = []
         for job in [j for j in self.book.jobs.values() if j.active]:
-            if job.request.get("external"):
-                external.append(job.request["external"]["job"])
-            elif job.state == "recovering":
+            if job.state == "recovering":
                 self.book.resuming.add(job.id)
-            self.inbox.post(Reconcile(job.id))
+            self.inbox.post(Reconcile(job.id))  # what reconciles it is its kind's and state's (service.py)
+        external = [j.request["external"]["job"] for j in self.book.of("external", *ACTIVE)]
         for server in self.book.rack.servers:
             self.actions.start(server, "restart.swept", self.workers.sweep, server, tracked=False)
         if external and self.scheduler is not None:
@@ -55,7 +54,7 @@ class Restart:
         if done.error is not None:
             LOG.error("asking the scheduler which of its jobs ended: %s", done.error)
             return
-        for job in [j for j in self.book.jobs.values() if j.active and j.request.get("external")]:
+        for job in self.book.of("external", *ACTIVE):
             state = done.result.get(job.request["external"]["job"])
             if state is not None:
                 LOG.info("%s ended while the controller was down (%s): released", job.id, state)

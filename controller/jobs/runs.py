@@ -51,7 +51,7 @@ class Runs:
 
     # --- reconciling ----------------------------------------------------------------------------
     def reconcile(self, job: Job) -> None:
-        if self.actions.busy(job.id) or job.id in self.book.ending or job.request.get("external"):
+        if self.actions.busy(job.id) or job.id in self.book.ending:
             return
         if job.state == "pending":
             self._place(job)
@@ -293,7 +293,7 @@ class Runs:
         checkpoints removed (an engine that is down is swept when it is back)."""
         if ev.undo is not None:
             self._reverse(job, ev.undo)
-        if not job.request.get("external"):
+        if job.kind == "containers":
             self.workers.kill(job, job.gpus)
             job.logs.update(self.workers.tails(job, job.gpus))
             self.workers.remove(job, list(job.gpus))

@@ -100,9 +100,12 @@ class JobService:
             steps={"admission": self.admission, "runs": self.runs, "recovery": self.recovery,
                    "detect": self.detector, "warm": self.warm, "regroup": self.regrouper, "external": self.external,
                    "restart": self.restart, "records": self.records},
-            reconcilers={"pending": [self.runs.reconcile], "configuring": [self.runs.reconcile],
-                         "running": [self.runs.reconcile, self.warm.reconcile],
-                         "recovering": [self.recovery.reconcile]},
+            reconcilers={  # by the job's kind (Job.kind) and state; an external job's ranks are its scheduler's
+                ("containers", "pending"): [self.runs.reconcile],
+                ("containers", "configuring"): [self.runs.reconcile],
+                ("containers", "running"): [self.runs.reconcile, self.warm.reconcile],
+                ("containers", "recovering"): [self.recovery.reconcile],
+            },
         )
 
     def start(self, restart: bool = True) -> None:

@@ -118,15 +118,17 @@ class SharedTestbed(harness.Testbed):
         self.ensure_up()
 
     # --- the controller --------------------------------------------------------------------
-    def restart(self, *extra: str) -> Client:
-        """Stop the controller and start it again on the same ports and state, with `extra` options."""
+    def restart(self, *extra: str, engines: bool = True) -> Client:
+        """Stop the controller and start it again on the same ports and state, with `extra` options; wait until its
+        datapaths are in step and (`engines`) it sees every engine up (not where a test left a server dead)."""
         old = self.controller
         old.stop()
         self.controller = harness.ControllerProcess(old.state_dir.parent, self.rack_file, list(extra), old.of_port,
                                                     old.rest_port)
         self.controller.start()
         self.client = self.controller.client()
-        harness.wait_for(self._ready, 30, "the restarted controller to resynchronise")
+        harness.wait_for(self._ready if engines else self._devices_ready, 30,
+                         "the restarted controller to resynchronise")
         return self.client
 
     @contextmanager

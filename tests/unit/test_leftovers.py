@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from controller.drivers.containers import container_name
-from controller.jobs.ports import ContainerError
 from controller.jobs.inbox import Call
+from controller.jobs.ports import ContainerError
 from tests.unit.jobfakes import FakeDriver, service
 from tests.unit.test_jobs import RACK, finished, req
 from tests.unit.virtual import VirtualRuntime

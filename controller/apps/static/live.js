@@ -258,7 +258,11 @@ function drawJobs() {
     name.appendChild(document.createTextNode(label));
     const st = htmlEl(tr, "td");
     htmlEl(st, "span", {class: `state state-${j.state}`, title: j.reason || j.note || ""}, j.state);
-    htmlEl(tr, "td", {}, (j.gpus || []).join(", "));
+    const gpus = htmlEl(tr, "td", {}, (j.gpus || []).join(", "));
+    const lagging = Object.keys(j.lagging || {});  // stragglers: slow ranks, reported, not swapped
+    if (lagging.length) {
+      htmlEl(gpus, "span", {class: "lagging", title: Object.values(j.lagging).join("; ")}, ` (lagging: ${lagging.join(", ")})`);
+    }
     htmlEl(tr, "td", {}, (j.switches || []).join(", "));
     htmlEl(tr, "td", {}, ext ? `ranks run by ${ext.scheduler}; circuit events ${(j.events || []).join(", ") || "none"}`
       : `${j.iterations_done ?? 0} / ${j.iterations_total ?? "?"}`);
