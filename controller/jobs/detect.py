@@ -66,17 +66,16 @@ class Detector:
             self.inbox.post(Tick())
 
     def _watch(self) -> None:
-        """Ping engines and post what changed (the watcher's own memory of what it posted; never the book's)."""
-        posted: dict[str, bool] = {}
+        """Ping engines and post what they say that the book does not know yet: a server down it holds up, a server
+        answering again that it holds down (a sweep under way is not started twice: engine_changed)."""
         pinging: set[str] = set()
         waited = self.engine_poll
 
         def ping(server: str) -> None:
             try:
                 up = self.containers.engines.ping(server)
-                if not up and server not in self.containers.engines.returning() and posted.get(server, True):
+                if not up and server not in self.containers.engines.returning() and server not in self.book.down:
                     why = self.containers.down_servers().get(server, "it does not answer")
-                    posted[server] = False
                     self.inbox.post(EngineChanged(server, False, why))
             finally:
                 pinging.discard(server)
@@ -93,8 +92,7 @@ class Detector:
                     pinging.add(server)
                     self.rt.spawn(ping, server)
                 for server in self.containers.engines.returning():
-                    if posted.get(server) is not True:
-                        posted[server] = True
+                    if self.book.down.get(server) != RETURNING:
                         self.inbox.post(EngineChanged(server, True, RETURNING))
             except Exception:  # noqa: BLE001 (the watch goes on)
                 LOG.exception("watching the engines")
@@ -102,6 +100,8 @@ class Detector:
     # --- engines and links ------------------------------------------------------------------------
     def engine_changed(self, ev: EngineChanged) -> None:
         if not ev.up:
+            if self.book.down.get(ev.server) not in (None, RETURNING):
+                return  # known down already
             self.book.down[ev.server] = ev.why
             self._lose_server(ev.server, f"the Docker Engine of server {ev.server} went down ({ev.why})")
             return

@@ -136,7 +136,21 @@ def our_containers() -> dict[str, list]:
             found[e["server"]] = engine_client(rack, e["server"], 30).containers.list(
                 all=True, ignore_removed=True, filters={"label": LABEL_RACK}
             )
-    return {k: v for k, v in found.items() if v}
+    return {k: [Named(c) for c in v] for k, v in found.items() if v}
+
+
+class Named:
+    """A container as an assertion shows it: its name, status and our labels (not only its id)."""
+
+    def __init__(self, c):
+        self.c = c
+
+    def __repr__(self) -> str:
+        labels = {k.rsplit(".", 1)[-1]: v for k, v in (self.c.labels or {}).items() if k.startswith("org.optirack")}
+        return f"<{self.c.name} {self.c.status} {labels}>"
+
+    def __getattr__(self, name):
+        return getattr(self.c, name)
 
 
 def rack_cli(*args: str) -> str:
