@@ -54,7 +54,8 @@ class CircuitMap:
             if not isinstance(item, (list, tuple)) or len(item) != 2:
                 raise CircuitError(f"{field}[{i}]", "expected a pair of ports like [\"ocs1:1\", \"ocs1:11\"]")
             try:
-                pairs.append(tuple(_port_ref(x) for x in item))
+                a, b = (_port_ref(x) for x in item)
+                pairs.append((a, b))
             except ValueError as e:
                 raise CircuitError(f"{field}[{i}]", str(e)) from None
         check_circuits(rack, pairs, field)

@@ -58,11 +58,12 @@ def plan_defrag(occ: Occupancy, jobs: Mapping[str, Sequence[str]]) -> Defrag:
     kept = {j: "already under one switch" for j, s in before.items() if len(s) <= 1 and -1 not in s}
     orders = [sorted(jobs, key=lambda j: (-len(ids[j]), -len(before[j]))),
               sorted(jobs, key=lambda j: (-len(before[j]), -len(ids[j])))]
-    best = None
+    best: Defrag | None = None
     for order in orders:
         d = _plan_in_order(occ, ids, before, dict(kept), order)
         if best is None or (d.switches_after, d.changes) < (best.switches_after, best.changes):
             best = d
+    assert best is not None  # two orders were tried
     return best
 
 
@@ -94,7 +95,9 @@ def _plan_in_order(occ: Occupancy, ids, before, kept: dict[str, str], order: lis
 def _result(occ: Occupancy, ids, before, kept, movers, original: dict[int, int]) -> Defrag:
     """Read the plan off `occ` (inside the tentative change)."""
     ix = occ.ix
-    remove, add, owner = set(), set(), {}
+    remove: set[Circuit] = set()
+    add: set[Circuit] = set()
+    owner: dict[int, str] = {}
     for j in movers:
         owner.update({gi: j for gi in ids[j]})
     per_job: dict[str, tuple[set, set]] = {j: (set(), set()) for j in movers}

@@ -37,7 +37,7 @@ def next_hop_ports(rack: Rack) -> dict[str, dict[str, int]]:
                 queue.append(n)
         while queue:
             s = queue.popleft()
-            for n in sorted(links[s], key=links[s].get):
+            for n in sorted(links[s], key=lambda k: links[s][k]):
                 if n != src and n not in first:
                     first[n] = first[s]
                     queue.append(n)

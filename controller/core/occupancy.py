@@ -53,7 +53,7 @@ class RackIndex:
         self.gpu_port = [self.port_id[rack.gpu_port(g)] for g in self.gpus]
         self.gpu_group = [self.port_group[p] for p in self.gpu_port]
         self.gpu_model = [self.model_id[rack.gpus[g].model] for g in self.gpus]
-        self.downlinks = [[[] for _ in self.groups] for _ in self.switches]  # [switch][group] -> port ids
+        self.downlinks: list[list[list[int]]] = [[[] for _ in self.groups] for _ in self.switches]  # [switch][group]
         for i in sorted(range(n), key=lambda i: self.switch_port[i]):
             if self.port_switch[i] >= 0:
                 self.downlinks[self.port_switch[i]][self.port_group[i]].append(i)
@@ -85,9 +85,10 @@ class Occupancy:
         self.holder: list[str | None] = [None] * len(ix.gpus)
         self.loc = [-1] * len(ix.gpus)  # switch id, or -1 without a circuit
         self.empty = [[set(ix.downlinks[w][g]) for g in range(ng)] for w in range(nw)]
-        self.idle = [[set() for _ in range(ng)] for _ in range(nw)]
-        self.free_under = [[[set() for _ in range(nm)] for _ in range(ng)] for _ in range(nw)]
-        self.free_loose = [[set() for _ in range(nm)] for _ in range(ng)]
+        self.idle: list[list[set[int]]] = [[set() for _ in range(ng)] for _ in range(nw)]
+        self.free_under: list[list[list[set[int]]]] = [
+            [[set() for _ in range(nm)] for _ in range(ng)] for _ in range(nw)]
+        self.free_loose: list[list[set[int]]] = [[set() for _ in range(nm)] for _ in range(ng)]
         self.free_wired = [[0] * nm for _ in range(ng)]
         self.free_model = [0] * nm
         # the sizes of `free_under`, `empty` and `idle` as arrays, so that planners weigh every switch at once
@@ -173,6 +174,7 @@ class Occupancy:
     def _unhold(self, gi: int) -> None:
         ix = self.ix
         job = self.holder[gi]
+        assert job is not None, f"GPU {ix.gpus[gi]} is not held"
         g, m, w = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi]
         self.holder[gi] = None
         held = self.jobs[job]
@@ -196,7 +198,7 @@ class Occupancy:
     def move(self, gi: int, d: int) -> list[tuple[int, int]]:
         """Circuit GPU `gi` to downlink `d`, cutting what either had; returns the (gpu port, downlink) cut."""
         ix = self.ix
-        cut = []
+        cut: list[tuple[int, int]] = []
         old = self.partner[ix.gpu_port[gi]]
         if old == d:
             return cut

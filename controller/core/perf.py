@@ -24,9 +24,9 @@ def switch_routes(rack: Rack) -> dict[str, dict[str, list[str]]]:
         for u in sorted(w.uplinks, key=lambda u: u.port):
             if u.peer.device not in links[w.name]:
                 links[w.name].append(u.peer.device)
-    routes = {}
+    routes: dict[str, dict[str, list[str]]] = {}
     for src in links:
-        prev = {src: None}
+        prev: dict[str, str | None] = {src: None}
         queue = deque([src])
         while queue:
             s = queue.popleft()
@@ -36,7 +36,8 @@ def switch_routes(rack: Rack) -> dict[str, dict[str, list[str]]]:
                     queue.append(n)
         routes[src] = {}
         for dst in prev:
-            path, at = [], dst
+            path: list[str] = []
+            at: str | None = dst
             while at is not None:
                 path.append(at)
                 at = prev[at]
@@ -45,7 +46,7 @@ def switch_routes(rack: Rack) -> dict[str, dict[str, list[str]]]:
 
 
 def _link_rates(rack: Rack) -> dict[tuple[str, str], float]:
-    rates = {}
+    rates: dict[tuple[str, str], float] = {}
     for w in rack.spec.switches:
         for u in sorted(w.uplinks, key=lambda u: u.port):
             rates.setdefault((w.name, u.peer.device), u.rate_gbps)

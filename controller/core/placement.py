@@ -120,18 +120,18 @@ def plan(occ: Occupancy, req: Request) -> Plan:
             "gpu_model",
         )
     if isinstance(req.gpus, int):
-        return _plan_count(occ, req)
-    return _plan_named(occ, req)
+        return _plan_count(occ, req, req.gpus)
+    return _plan_named(occ, req, req.gpus)
 
 
-def _plan_named(occ: Occupancy, req: Request) -> Plan:
+def _plan_named(occ: Occupancy, req: Request, names: tuple[str, ...]) -> Plan:
     ix = occ.ix
-    unknown = [g for g in req.gpus if g not in ix.gpu_id]
+    unknown = [g for g in names if g not in ix.gpu_id]
     if unknown:
         raise InvalidRequest(f"unknown GPU {', '.join(unknown)} (rack {occ.rack.name} has {', '.join(ix.gpus)})")
-    if len(set(req.gpus)) != len(req.gpus):
+    if len(set(names)) != len(names):
         raise InvalidRequest("a GPU is named twice")
-    ids = [ix.gpu_id[g] for g in req.gpus]
+    ids = [ix.gpu_id[g] for g in names]
     if req.gpu_model is not None:
         other = [
             f"{ix.gpus[gi]} is a {ix.models[ix.gpu_model[gi]]}"
@@ -159,8 +159,8 @@ def _plan_named(occ: Occupancy, req: Request) -> Plan:
     return _with_note(p, _switch_note(occ, ids, len(p.switches), p.changes))
 
 
-def _plan_count(occ: Occupancy, req: Request) -> Plan:
-    ix, n = occ.ix, req.gpus
+def _plan_count(occ: Occupancy, req: Request, n: int) -> Plan:
+    ix = occ.ix
     if n < 1:
         raise InvalidRequest("at least 1 GPU")
     fixed = req.policy == "fixed"
@@ -178,7 +178,7 @@ def _plan_count(occ: Occupancy, req: Request) -> Plan:
             raise NoRoomNow(f"{n} x {req.gpu_model} asked for, {free[m]} free{wired} (free: {free_text})")
         candidates = [[m]]
     else:
-        candidates = [[m] for m in sorted(range(len(free)), key=speed.get) if free[m] >= n]
+        candidates = [[m] for m in sorted(range(len(free)), key=lambda m: speed[m]) if free[m] >= n]
         if not candidates:
             if sum(free) < n:
                 raise NoRoomNow(f"{n} GPUs asked for, {sum(free)} free{wired} (free: {free_text})")
@@ -214,7 +214,7 @@ def _free(occ: Occupancy, fixed: bool) -> list[int]:
 def _fastest_mix(free: list[int], speed: dict[int, float], n: int) -> list[int]:
     """The models of the fastest GPUs that add up to `n`: every set drawn from them has the fastest slowest GPU."""
     models, have = [], 0
-    for m in sorted(range(len(free)), key=speed.get):
+    for m in sorted(range(len(free)), key=lambda m: speed[m]):
         if free[m]:
             models.append(m)
             have += free[m]

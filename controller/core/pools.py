@@ -101,8 +101,8 @@ class _Named:
         for w, per in self.under.items():
             for g, ids in per.items():
                 under[w, g] = len(ids)
-        for w, per in self.idle_under.items():
-            for g, k in per.items():
+        for w, idle_per in self.idle_under.items():
+            for g, k in idle_per.items():
                 idle_under[w, g] = k
         return _best(occ, need, fixed, used, under, idle_under, self.n_loose, self.n_wired)
 

@@ -13,6 +13,7 @@ from typing import Literal, Optional, Union
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from controller.core.cabling import CircuitError, check_circuits
 from controller.core.rackspec import (  # noqa: F401 (the rack file's names, as core has always given them)
@@ -140,7 +141,7 @@ def _loc(loc: tuple) -> str:
     return out
 
 
-def _pydantic_message(err: dict) -> str:
+def _pydantic_message(err: ErrorDetails) -> str:
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         return "unknown key"
@@ -153,7 +154,7 @@ def _pydantic_message(err: dict) -> str:
 
 def _check_unique_names(spec: RackSpec, src: str) -> None:
     seen: dict[str, str] = {}
-    named = [(f"servers[{i}]", s) for i, s in enumerate(spec.servers)]
+    named: list[tuple[str, Server | Gpu | Ocs | Switch]] = [(f"servers[{i}]", s) for i, s in enumerate(spec.servers)]
     named += [(f"servers[{i}].gpus[{j}]", g) for i, s in enumerate(spec.servers) for j, g in enumerate(s.gpus)]
     named += [(f"ocs[{i}]", o) for i, o in enumerate(spec.ocs)]
     named += [(f"switches[{i}]", w) for i, w in enumerate(spec.switches)]
@@ -162,12 +163,12 @@ def _check_unique_names(spec: RackSpec, src: str) -> None:
             raise RackError(src, f"{field}.name", f"duplicate name {obj.name!r} (also {seen[obj.name]})")
         seen[obj.name] = field
     dpids: dict[int, str] = {}
-    for field, obj in [(f"ocs[{i}]", o) for i, o in enumerate(spec.ocs)] + [
-        (f"switches[{i}]", w) for i, w in enumerate(spec.switches)
-    ]:
-        if obj.dpid in dpids:
-            raise RackError(src, f"{field}.dpid", f"duplicate datapath id {obj.dpid:#x} (also {dpids[obj.dpid]})")
-        dpids[obj.dpid] = field
+    datapaths: list[tuple[str, Ocs | Switch]] = [(f"ocs[{i}]", o) for i, o in enumerate(spec.ocs)]
+    datapaths += [(f"switches[{i}]", w) for i, w in enumerate(spec.switches)]
+    for field, dp in datapaths:
+        if dp.dpid in dpids:
+            raise RackError(src, f"{field}.dpid", f"duplicate datapath id {dp.dpid:#x} (also {dpids[dp.dpid]})")
+        dpids[dp.dpid] = field
 
 
 def _check_ocs_port(spec: RackSpec, src: str, field: str, ref: PortRef) -> None:
@@ -210,15 +211,14 @@ def _check_cabling(spec: RackSpec, src: str) -> None:
         ports: set[int] = set()
         if w.role == "core" and w.downlinks:
             raise RackError(src, f"switches[{i}].downlinks", "a core switch has no OCS downlinks")
-        for kind, links in (("downlinks", w.downlinks), ("uplinks", w.uplinks)):
-            for j, link in enumerate(links):
-                if link.port in ports:
-                    raise RackError(
-                        src, f"switches[{i}].{kind}[{j}].port", f"port {link.port} of {w.name} is used twice"
-                    )
-                ports.add(link.port)
-                if kind == "downlinks":
-                    cable(f"switches[{i}].downlinks[{j}].ocs_port", link.ocs_port)
+        links: list[tuple[str, int, Downlink | Uplink]] = [("downlinks", j, d) for j, d in enumerate(w.downlinks)]
+        links += [("uplinks", j, u) for j, u in enumerate(w.uplinks)]
+        for kind, j, link in links:
+            if link.port in ports:
+                raise RackError(src, f"switches[{i}].{kind}[{j}].port", f"port {link.port} of {w.name} is used twice")
+            ports.add(link.port)
+            if isinstance(link, Downlink):
+                cable(f"switches[{i}].downlinks[{j}].ocs_port", link.ocs_port)
 
 
 def _check_uplinks(spec: RackSpec, src: str) -> None:

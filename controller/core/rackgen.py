@@ -42,7 +42,7 @@ def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int =
             for g in range(s * gpus_per_server, (s + 1) * gpus_per_server)]})
     sw = []
     for w in range(switches):
-        downlinks = []
+        downlinks: list[dict] = []
         for o in range(ocs):
             for d in range(per_switch_per_ocs):
                 downlinks.append({"port": len(downlinks) + 1, "rate_gbps": nic_gbps,
@@ -57,7 +57,8 @@ def rack_spec(gpus: int, gpus_per_server: int = 4, switches: int = 4, ocs: int =
             "uplinks": [{"port": w + 1, "peer": f"a{w + 1}:9000", "rate_gbps": uplink_gbps} for w in range(switches)],
         }
     )
-    circuits, used = [], {}
+    circuits: list[list[str]] = []
+    used: dict[tuple[int, int], int] = {}
     for g in range(gpus):
         o = g % ocs
         w = min(g * switches // gpus, switches - 1)
