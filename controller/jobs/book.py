@@ -19,8 +19,10 @@ from controller.core.jobs import QUEUED, TERMINAL, Job, JobTable
 from controller.core.occupancy import Occupancy
 from controller.core.rack import PortRef, Rack
 from controller.jobs.errors import UnknownJob
+from controller.jobs.inbox import End
 from controller.jobs.runtime import Lock
 from controller.jobs.steps import LOG
+from controller.state import RackState
 
 RECENT = 8  # iterations of a rank its recent median is taken over
 
@@ -46,7 +48,7 @@ class Rank:
 
 
 class JobBook:
-    def __init__(self, state):
+    def __init__(self, state: RackState) -> None:
         self.state = state  # the rack state (controller/state.py): the jobs are saved with the circuits
         self.jobs = JobTable(Job.from_state(j) for j in state.saved.get("jobs", []))
         start = max((int(j.split("-")[-1]) for j in self.jobs if j.split("-")[-1].isdigit()), default=0) + 1
@@ -57,6 +59,8 @@ class JobBook:
         self.stopping: set[str] = set()  # jobs ended whose containers are still being removed: GPUs still held
         self.awaiting: set[str] = set()  # recovering jobs waiting for spares at the head of the queue
         self.ending: dict[str, list] = {}  # jobs whose end is under way -> the replies to answer once it is done
+        self.deferred: dict[str, End] = {}  # job -> its End, taken once the action it has in flight is done
+        self.waiting: dict[str, list] = {}  # job -> the replies its deferred End will answer
         self.admitted: dict[str, object] = {}  # pending job -> its admission's plan (to restate against the placement)
         self.down: dict[str, str] = {}  # servers observed down (engine, or hung): server -> why
         self.links_down: set[str] = set()  # OCS ports whose link is down

@@ -67,6 +67,9 @@ class Loop:
                     LOG.debug("%s: a stale %s outcome, passed over", event.job, event.step)
                     return
                 del self.book.inflight[event.job]
+                if event.job in self.book.deferred:  # the job was ended meanwhile: its end now, not the next step
+                    self.inbox.post(self.book.deferred.pop(event.job))
+                    return
             self._method(event.step)(event)
             return
         if isinstance(event, Reconcile):

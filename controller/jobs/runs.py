@@ -274,8 +274,11 @@ class Runs:
             if ev.reply is not None and job is not None:
                 self.book.ending[job.id].append(ev.reply) if job.id in self.book.ending else ev.reply.set(job)
             return
-        self.book.ending[job.id] = [r for r in (reply, ev.reply) if r is not None]
-        self.book.inflight.pop(job.id, None)  # whatever was in flight is stale now
+        if self.actions.busy(job.id):  # its action (containers starting, a circuit change) ends first, then this
+            self.book.deferred.setdefault(job.id, ev)
+            self.book.waiting.setdefault(job.id, []).extend(r for r in (reply, ev.reply) if r is not None)
+            return
+        self.book.ending[job.id] = [r for r in (*self.book.waiting.pop(job.id, []), reply, ev.reply) if r is not None]
         self.book.awaiting.discard(job.id)
         for key in [k for k in self.book.followers if k[0] == job.id]:
             del self.book.followers[key]
@@ -286,11 +289,14 @@ class Runs:
         servers = {self.workers.server(g) for g in job.gpus}
         for r in job.recoveries:
             servers |= {self.workers.server(g) for g in r.get("lost", {})}
-        self.actions.start(job.id, "runs.torn_down", self._teardown, job, ev, warm, servers)
+        left = [g for g in (job.recovery or {}).get("old_gpus", []) if g not in job.gpus]  # lost mid-recovery
+        self.actions.start(job.id, "runs.torn_down", self._teardown, job, ev, warm + left, servers | {
+            self.workers.server(g) for g in left})
 
     def _teardown(self, job: Job, ev: End, warm: list[str], servers: set[str]) -> End:
-        """The action: circuits put back (if the End says), the workers' last lines kept, containers, warm spares and
-        checkpoints removed (an engine that is down is swept when it is back)."""
+        """The action: circuits put back (if the End says), the workers' last lines kept, containers, warm spares (and
+        what GPUs lost in a recovery under way left) and checkpoints removed (an engine that is down is swept when it
+        is back)."""
         if ev.undo is not None:
             self._reverse(job, ev.undo)
         if job.kind == "containers":
