@@ -465,3 +465,27 @@ def test_a_job_keeps_no_warm_spare_of_another_model(tmp_path, vrt):
     vrt.run(lambda: len(job.iterations()) >= 2, what="two iterations")
     vrt.advance(5)
     assert placement.book.warm == {} and not [c for j, g, c in driver.started if "--warm" in c]
+
+
+def test_a_job_stopped_while_its_containers_start_leaves_none(tmp_path, vrt):
+    """Stopped while a recovery's containers are starting (an action in flight): the stop waits for that action,
+    then removes what it started; nothing of the job is left on a live engine."""
+    from tests.unit.jobfakes import service
+
+    class SlowStart(FakeDriver):
+        def start(self, spec, image=None, reuse=False):
+            self.sleep(3.0)
+            return super().start(spec, image, reuse)
+
+    driver = SlowStart(pace=PACE)
+    placement, _, _ = service(tmp_path, RACK, driver, vrt)
+    vrt.advance(0)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"], warm_spares=0)
+    vrt.run(lambda: len(job.iterations()) >= 6, what="6 iterations")
+    driver.kill_server("srv2")
+    vrt.run(lambda: placement.book.inflight.get(job.id, ("",))[0] == "recovery.restarted", what="the restart")
+    stopped = placement.stop(job.id)  # answered once the job has ended, after the start it waited for
+    assert stopped.state == "stopped" and placement.busy_gpus() == {}
+    vrt.advance(10)  # whatever was still starting has started by now
+    left = [c for c in driver.running.values() if c.labels["job"] == job.id and c.labels["server"] != "srv2"]
+    assert left == [], [c.name for c in left]
