@@ -360,13 +360,19 @@ class ContainerDriver:
     def sweep(self, server: str, keep_jobs: set[str], keep_gpus: set[tuple[str, str]] | None = None) -> list[str]:
         """Remove our containers of jobs not in `keep_jobs` (NIC given back first), and those of (job, GPU) pairs
         not in `keep_gpus` where it is given (a GPU swapped out of a job that goes on), and the checkpoint volumes
-        of jobs not in `keep_jobs`; returns the GPUs whose containers went."""
-        stale = {(w["job"], w["gpu"]) for w in self.workers(server) if w["job"] and (
+        of jobs not in `keep_jobs`, and NIC helpers that have exited (a controller killed while one ran never removed
+        it); returns the GPUs whose containers went."""
+        found = self.workers(server)
+        stale = {(w["job"], w["gpu"]) for w in found if w["job"] and (
             w["job"] not in keep_jobs or (keep_gpus is not None and (w["job"], w["gpu"]) not in keep_gpus))}
         for job, gpu in sorted(stale):
             LOG.warning("removing stale containers of %s (GPU %s) on %s", job, gpu, server)
             self.remove(job, gpu, server)
         client = self.client(server)
+        ours = {"label": f"{LABEL_RACK}={self.rack.name}"}
+        for c in client.containers.list(all=True, ignore_removed=True, filters=ours):
+            if (c.labels or {}).get(LABEL_ROLE) == "helper" and c.status in ("exited", "dead"):
+                self._remove_container(client, c.name, server)
         for v in client.volumes.list(filters={"label": f"{LABEL_RACK}={self.rack.name}"}):
             if (v.attrs.get("Labels") or {}).get(LABEL_JOB) not in keep_jobs:
                 LOG.warning("removing the stale checkpoint volume %s on %s", v.name, server)

@@ -28,7 +28,9 @@ from __future__ import annotations
 from controller.core import placement as policy
 from controller.core import spares as spare_rule
 from controller.core.circuits import CircuitMap
+from controller.core.errors import Busy, OcsUnavailable
 from controller.core.jobs import Job, transition
+from controller.jobs import assess
 from controller.jobs.actions import Actions
 from controller.jobs.book import JobBook
 from controller.jobs.inbox import Done, Drain, End, Inbox, Lost, Reconcile
@@ -42,6 +44,7 @@ SETTLE = 0.3  # at most this long a recovery waits for a sure sign when its firs
 WAIT_POLL = 0.5  # seconds between two tries of a job waiting for spares, or retrying a step the devices refused
 MAX_RECOVERIES = 5  # a job that keeps losing workers fails after this many recoveries, with the last reason
 MAX_TRIES = 5  # a step that fails this many times with no new loss to explain it fails the job
+DEVICES_WAIT = 60.0  # seconds a step waits for the OCS to be reachable (after a restart) before the job fails
 STEPS = ("detected", "assessed", "swapped", "told", "restarting")
 
 
@@ -126,7 +129,8 @@ class Recovery:
                 rec["replans"] = rec.get("replans", 0) + 1
             self._assess(job, rec)
             return self.reconcile(job)
-        if job.id in self.book.awaiting and self.book.clock() - rec.get("tried_at", 0.0) < WAIT_POLL:
+        waiting = job.id in self.book.awaiting or "devices_since" in rec
+        if waiting and self.book.clock() - rec.get("tried_at", 0.0) < WAIT_POLL:
             return
         if step == "assessed":
             self._swap(job, rec)
@@ -139,46 +143,14 @@ class Recovery:
         return {**self.containers.down_servers(), **self.book.down}
 
     def _losses(self, job: Job, rec: dict) -> dict[str, str]:
-        """The job's GPUs lost now: a sure sign, a server observed down, a link down."""
-        rack, down = self.book.rack, self._down()
-        out = {g: s[0] for g, s in rec["signs"].items() if s[1] and g in job.gpus}
-        for g in job.gpus:
-            s = rack.server_of[g]
-            if s in down:
-                out.setdefault(g, f"the Docker Engine of server {s} is down ({down[s]})")
-            elif str(rack.gpu_port(g)) in self.book.links_down:
-                out.setdefault(g, f"the link of {g}'s NIC went down")
-        return out
+        return assess.losses(job, rec, self.book.rack, self._down(), self.book.links_down)
 
     def _newly_lost(self, job: Job, rec: dict) -> list[str]:
-        """GPUs of the job lost now that the current plan does not already replace (or restart in place)."""
-        handled = set(rec.get("lost", {})) if rec["step"] != "detected" else set()
-        restarting = set(rec.get("restarted", {}))
-        return sorted(g for g in self._losses(job, rec) if g not in handled or g in restarting
-                      and self.book.rack.server_of[g] in self._down())
+        return assess.newly_lost(job, rec, self.book.rack, self._down(), self.book.links_down)
 
     def _assess(self, job: Job, rec: dict) -> None:
         """Which GPUs are lost now, which may be their own spare, the new attempt: the plan from here."""
-        rack = self.book.rack
-        losses = self._losses(job, rec)
-        down = sorted({rack.server_of[g] for g in job.gpus} & set(self._down()))
-        killed = [g for g, s in rec["signs"].items() if s[2]]
-        links = [g for g in job.gpus if str(rack.gpu_port(g)) in self.book.links_down]
-        previous = [g for r in job.recoveries for g in r.get("restarted", {})]  # restarted so in an earlier one
-        first = next(iter(rec["signs"].values()))[0] if rec["signs"] else job.reason
-        reached = max((r["iteration"] + 1 for g in job.gpus for r in job.reports.get(g, [])
-                       if r.get("event") == "iteration" and r.get("attempt", 0) == job.attempt), default=0)
-        rec.pop("stopped", None)
-        rec.update(
-            step="assessed", attempt=job.attempt + 1, reason=rec.get("reason") or first, old_gpus=list(job.gpus),
-            lost={**rec.get("lost", {}), **losses},
-            losing={g: losses[g] for g in job.gpus if g in losses},
-            restartable=spare_rule.restartable([g for g in job.gpus if g in losses], killed, down, links,
-                                               rack.server_of, previous),
-            errors={g: s[0] for g, s in rec["signs"].items() if not s[1] and g in job.gpus and g not in losses},
-            servers_down=down, reached=max(reached, rec.get("reached", 0)), spares={}, restarted={},
-        )
-        rec.setdefault("assessed_at", self.book.clock())
+        assess.assess(job, rec, self.book.rack, self._down(), self.book.links_down, self.book.clock())
         self.book.save()
         LOG.warning("%s: assessed: lost %s; attempt %d", job.id, ", ".join(rec["losing"]) or "none", rec["attempt"])
 
@@ -259,6 +231,7 @@ class Recovery:
             job.events.append(ev.id)
         job.circuits = self.book.circuits_of(job)
         now = self.book.clock()
+        rec.pop("devices_since", None)
         rec.update(step="swapped", tries=0, event=ev.id if ev is not None else None, switches=list(p.switches),
                    planning_s=done.result["t1"] - rec["planned_at"], ocs_s=now - done.result["t1"])
         self.book.save()
@@ -283,6 +256,11 @@ class Recovery:
         if isinstance(e, policy.NoRoomNow):
             self._wait(job, rec, str(e))
             return
+        now = self.book.clock()
+        if isinstance(e, (OcsUnavailable, Busy)) and now - rec.setdefault("devices_since", now) < DEVICES_WAIT:
+            rec["tried_at"] = now  # the OCS not connected yet (a restart), or another change: tried again shortly
+            LOG.warning("%s: %s: %s; trying again", job.id, what, e)
+            return
         rec["tries"] = rec.get("tries", 0) + 1
         LOG.warning("%s: %s failed (%s), try %d: observing its servers again", job.id, what, _reason(e), rec["tries"])
         if rec["tries"] >= MAX_TRIES or (_unexpected(e) and not isinstance(e, (OSError, RuntimeError))):
@@ -292,7 +270,12 @@ class Recovery:
         self.actions.start(job.id, "recovery.observed", self._probe, job)
 
     def _probe(self, job: Job) -> dict[str, str | None]:
-        """The action: ask the engine of every server the job holds or held now: server -> why it is down (None: up)."""
+        """The action: ask the engine of every server the job holds or held now: server -> why it is down (None: up).
+        After a restart it first waits (at most DEVICES_WAIT s) for the OCS to be back in step."""
+        waited = 0.0
+        while (job.recovery or {}).get("resumed") and not self.changes.ready() and waited < DEVICES_WAIT:
+            self.rt.sleep(0.2)
+            waited += 0.2
         rack = self.book.rack
         servers = {rack.server_of[g] for g in job.gpus + (job.recovery or {}).get("old_gpus", [])}
         out: dict[str, str | None] = {}

@@ -104,7 +104,8 @@ def test_a_slow_rank_is_reported_a_stopped_one_restarted_and_a_hung_server_swapp
     wait_for(lambda: client.get(f"/jobs/{job['id']}")["job"]["recoveries"], 60, "the stopped worker to be lost")
     rec = client.get(f"/jobs/{job['id']}")["job"]["recoveries"][0]
     assert "(hung)" in rec["lost"]["gpu2"] and "while its server answers" in rec["lost"]["gpu2"], rec
-    assert rec["detected_at"] - stopped_at >= 5.0, rec  # the longer deadline (detect.HUNG_MIN_S), not the probe's
+    # the longer deadline (detect.HUNG_MIN_S, 5 s from its last line), not the probe's (under a second)
+    assert rec["detected_at"] - stopped_at >= 4.0, rec
     j = client.get(f"/jobs/{job['id']}")["job"]
     victim = next(g for g in j["gpus"] if RACK.server_of[g] != "srv2")
     server = RACK.server_of[victim]
