@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from controller.core.circuits import CircuitError, CircuitMap
+from controller.core.cabling import CircuitError
+from controller.core.circuits import CircuitMap
 from controller.core.events import EventLog, ReconfigEvent
 from controller.core.rack import Rack
 from controller.store import Store, StoreError

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from controller.core.cabling import CircuitError, check_circuits  # noqa: F401 (the circuits' names)
+from controller.core.cabling import CircuitError, check_circuits
 from controller.core.rack import PortRef, Rack, _port_ref
 
 Circuit = tuple[PortRef, PortRef]  # always (lower, higher)

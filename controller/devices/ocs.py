@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from controller.core.circuits import CircuitError, CircuitMap
+from controller.core.cabling import CircuitError
+from controller.core.circuits import CircuitMap
 from controller.devices.changes import DEVICE_ERRORS, CircuitChanges, pairs
 from controller.drivers.netconf import NetconfOcs
 from controller.drivers.ocs import OcsDriver, OpenFlowOcs

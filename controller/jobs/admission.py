@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from controller.core import admission
 from controller.core import placement as policy
+from controller.core.errors import Conflict
 from controller.core.jobs import QUEUED, Job, JobRequest, transition
 from controller.jobs.book import JobBook
-from controller.jobs.errors import Conflict
 from controller.jobs.inbox import Inbox, Reconcile, Reply
 from controller.jobs.ports import ContainersPort
 from controller.jobs.runtime import Runtime

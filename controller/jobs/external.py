@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from controller.core import placement as policy
 from controller.core.circuits import CircuitMap
+from controller.core.errors import Conflict
 from controller.core.jobs import Job, JobRequest, transition
 from controller.jobs.actions import Actions
 from controller.jobs.book import JobBook
-from controller.jobs.errors import Conflict
 from controller.jobs.inbox import Done, End, Inbox, Reply
 from controller.jobs.ports import CircuitChangesPort
 from controller.jobs.runtime import Runtime

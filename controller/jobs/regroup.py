@@ -11,9 +11,9 @@ import collections
 from controller.core import defrag
 from controller.core import placement as policy
 from controller.core.circuits import CircuitMap
+from controller.core.errors import Conflict
 from controller.jobs.actions import Actions
 from controller.jobs.book import JobBook
-from controller.jobs.errors import Conflict
 from controller.jobs.inbox import Done, Drain, Inbox, Reply
 from controller.jobs.ports import CircuitChangesPort
 from controller.jobs.runtime import Runtime

@@ -17,12 +17,12 @@ decides from the job's record and the book, and starts at most one action (actio
 from __future__ import annotations
 
 from controller.core import placement as policy
-from controller.core.circuits import CircuitDiff, CircuitError, CircuitMap
-from controller.core.errors import OcsUnavailable
+from controller.core.cabling import CircuitError
+from controller.core.circuits import CircuitDiff, CircuitMap
+from controller.core.errors import Conflict, OcsUnavailable, ReconfigFailed
 from controller.core.jobs import QUEUED, Job, transition
 from controller.jobs.actions import Actions
 from controller.jobs.book import JobBook
-from controller.jobs.errors import Conflict, ReconfigFailed
 from controller.jobs.inbox import Done, Drain, End, Inbox, Lost, Reconcile, Reply, WorkerEnded, WorkerLine
 from controller.jobs.ports import CircuitChangesPort, ContainersPort
 from controller.jobs.runtime import Runtime

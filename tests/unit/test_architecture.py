@@ -280,7 +280,7 @@ def _errors_reexported(module: str) -> list[str]:
 
 def test_each_error_has_one_home():
     """An exception class is defined once and imported from where it is defined, not handed on by another module
-    (controller/jobs and controller/drivers keep theirs for now: the recovery and southbound work homes them)."""
+    (controller/drivers keeps its own for now: the southbound work homes them)."""
     defined: dict[str, list[str]] = {}
     for m, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -289,11 +289,6 @@ def test_each_error_has_one_home():
                 defined.setdefault(node.name, []).append(m)
     twice = {name: where for name, where in defined.items() if len(where) > 1}
     assert not twice, twice
-    handed_on = [r for m in MODULES if not _under(m, "controller.jobs") and not _under(m, "controller.drivers")
-                 for r in _errors_reexported(m)]
-    assert set(handed_on) <= KEPT_FOR_JOBS, handed_on
-
-
-# handed on only because controller/jobs (recovery.py) imports it from there; the recovery work moves that import
-KEPT_FOR_JOBS = {"controller.core.circuits: CircuitError"}
+    handed_on = [r for m in MODULES if not _under(m, "controller.drivers") for r in _errors_reexported(m)]
+    assert not handed_on, handed_on
 

@@ -1,7 +1,8 @@
 """The circuit map: validation against the rack, diffs, and where each GPU ends up."""
 import pytest
 
-from controller.core.circuits import CircuitError, CircuitMap
+from controller.core.cabling import CircuitError
+from controller.core.circuits import CircuitMap
 from controller.core.rack import PortRef, load_rack
 from tests.unit.test_rack import PAPER
 
