@@ -64,6 +64,6 @@ def address(ifname: str, netns: str | None, cidr: str) -> None:
     """Give an interface its one address, bring it up, and turn transmit checksum offload off
     (TCP through userspace OVS over veth stalls with it on)."""
     ip("addr", "flush", "dev", ifname, netns=netns)
-    ip("addr", "add", cidr, "dev", ifname, netns=netns)
+    ip("addr", "replace", cidr, "dev", ifname, netns=netns)  # one another actor (the NIC helper) gave it meanwhile
     ip("link", "set", "dev", ifname, "up", netns=netns)
     in_netns(netns, "ethtool", "-K", ifname, "tx", "off", check=False)
