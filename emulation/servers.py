@@ -74,9 +74,11 @@ def wake(plan: engines.EnginePlan) -> dict:
     return {"continued": continued, "seconds": time.monotonic() - t0}
 
 
-def kill_containers(plan: engines.EnginePlan) -> int:
+def kill_containers(rack: Rack, plan: engines.EnginePlan) -> int:
     """Kill (SIGKILL) what the server's containers run, its engine alive: the first thing a host on its way down
-    often shows (a cascade: its engine's daemons die a moment later, `kill`). The number of processes killed."""
+    often shows (a cascade: its engine's daemons die a moment later, `kill`). Their NICs die with them, as in `kill`
+    (left in a dying namespace, a NIC's MAC stays taken on its port). The number of processes killed."""
+    _drop_nics(rack, plan)
     return _signal(engine_procs.container_inits(plan), signal.SIGKILL)
 
 

@@ -102,7 +102,7 @@ def inject(tb: Testbed, plans: dict, fault: str, victim: str, jid: str, number: 
         kill_worker(tb, jid, victim)
     elif fault == "cascade":
         gap = random.Random(number).uniform(0.05, 0.2)
-        at["workers_killed"] = servers.kill_containers(plans[victim])
+        at["workers_killed"] = servers.kill_containers(tb.rack, plans[victim])
         time.sleep(gap)
         servers.kill(tb.rack, plans[victim])
         at["gap_s"] = gap

@@ -39,7 +39,7 @@ def test_a_server_whose_workers_die_before_its_engine_is_recovered(fresh):
     still answers; the engine's death joins the recovery, and the job goes on under one switch."""
     client = fresh.client
     job = _running(client)
-    assert servers.kill_containers(PLANS["srv2"]) >= 1
+    assert servers.kill_containers(RACK, PLANS["srv2"]) >= 1
     time.sleep(0.1)
     rack_cli("server", "kill", "srv2")
     done = _done_on_live_servers(client, job["id"], {"srv2"})
