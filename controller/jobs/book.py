@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import json
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -72,6 +73,7 @@ class JobBook:
         self.serves: dict[str, tuple] = {}  # a warm spare's GPU -> the (GPU model, switch) of the GPUs it stands by
         self.tokens = itertools.count(1)
         self.followers: dict[tuple[str, str], int] = {}  # (job, GPU) -> the follower whose word counts
+        self.replay: dict[tuple[str, str], set[str]] = {}  # (job, GPU) followed again: the lines already recorded
         self.fids = itertools.count(1)
         self.owners: dict[str, Lock] = {}  # GPU -> the lock of whoever removes or starts a leftover there
         self.occupancy = Occupancy(state.rack, state.circuits, self.busy_gpus())
@@ -194,9 +196,20 @@ class JobBook:
         for g in gpus:
             self.ranks[(job.id, g)] = Rank(job.attempt, self.clock())
 
+    def refollow(self, job: Job, gpus: Iterable[str]) -> None:
+        """The workers of `gpus` are followed again (after a restart): their output comes from its start, and what
+        is recorded of it already is not recorded twice."""
+        for g in gpus:
+            self.replay[(job.id, g)] = {line_key(r) for r in job.reports.get(g, [])}
+
     def rank(self, job: Job, gpu: str) -> Rank | None:
         r = self.ranks.get((job.id, gpu))
         return r if r is not None and r.attempt == job.attempt else None
+
+
+def line_key(line: dict) -> str:
+    """A worker's line as it is recorded (its own attempt in it), to tell one already recorded."""
+    return json.dumps(line, sort_keys=True)
 
 
 def requested(job: Job) -> list[str]:

@@ -155,12 +155,13 @@ class Recovery:
         LOG.warning("%s: assessed: lost %s; attempt %d", job.id, ", ".join(rec["losing"]) or "none", rec["attempt"])
 
     def _kept(self, job: Job, rec: dict) -> list[str]:
-        """The GPUs whose workers keep their processes: not lost, no error of their own, on a live server (none after a
-        restart, or where survivors are restarted)."""
-        if not self.keep_survivors or rec.get("resumed"):
+        """The GPUs whose workers keep their processes: not lost, no error of their own, on a live server, and after a
+        restart still running (none where survivors are restarted)."""
+        if not self.keep_survivors:
             return []
+        alive = rec.get("alive") if rec.get("resumed") else None  # after a restart: those still running only
         return [g for g in rec["old_gpus"] if g not in rec["losing"] and g not in rec["errors"]
-                and self.book.rack.server_of[g] not in rec["servers_down"]]
+                and self.book.rack.server_of[g] not in rec["servers_down"] and (alive is None or g in alive)]
 
     # --- swapped: spares chosen and placed in one circuit change ------------------------------------------
     def _swap(self, job: Job, rec: dict) -> None:
@@ -190,7 +191,7 @@ class Recovery:
         gpus = [g for g in rec["old_gpus"] if g not in losing or spares[g] == g] + list(rec["spares"].values())
         fence = [g for g in losing if g not in rec["restarted"]]
         gone = [g for g in fence if rack.server_of[g] not in down]  # lost on a live server: its containers go
-        rec["planned_at"] = self.book.clock()
+        rec["swap_started"] = self.book.clock()
         self.actions.start(job.id, "recovery.swapped", self._change, job, rec, gpus, fence, stop, gone)
 
     def _change(self, job: Job, rec: dict, gpus: list[str], fence: list[str], stop: list[str], gone: list[str]):
@@ -233,7 +234,8 @@ class Recovery:
         now = self.book.clock()
         rec.pop("devices_since", None)
         rec.update(step="swapped", tries=0, event=ev.id if ev is not None else None, switches=list(p.switches),
-                   planning_s=done.result["t1"] - rec["planned_at"], ocs_s=now - done.result["t1"])
+                   planning_s=done.result["t1"] - rec.pop("swap_started", done.result["t1"]),
+                   ocs_s=now - done.result["t1"], planned_at=now)  # planned: spares chosen and placed
         self.book.save()
         if job.id in self.book.awaiting:  # it held the queue back: with its spares taken, the others may go
             self.book.awaiting.discard(job.id)
@@ -269,9 +271,10 @@ class Recovery:
             return
         self.actions.start(job.id, "recovery.observed", self._probe, job)
 
-    def _probe(self, job: Job) -> dict[str, str | None]:
-        """The action: ask the engine of every server the job holds or held now: server -> why it is down (None: up).
-        After a restart it first waits (at most DEVICES_WAIT s) for the OCS to be back in step."""
+    def _probe(self, job: Job) -> dict:
+        """The action: ask the engine of every server the job holds or held now: {"down": server -> why it is down
+        (None: up), "alive": the GPUs whose worker of the job runs, after a restart}. After a restart it first waits
+        (at most DEVICES_WAIT s) for the OCS to be back in step."""
         waited = 0.0
         while (job.recovery or {}).get("resumed") and not self.changes.ready() and waited < DEVICES_WAIT:
             self.rt.sleep(0.2)
@@ -281,15 +284,31 @@ class Recovery:
         out: dict[str, str | None] = {}
         for s in sorted(servers):
             out[s] = None if self.containers.engines.ping(s) else self.containers.down_servers().get(s, "down")
-        return out
+        rec = job.recovery or {}
+        mine = set(job.gpus) | set(rec.get("old_gpus", [])) | set(rec.get("spares", {}).values())
+        alive = self.workers.running(job, [g for g in mine if out[rack.server_of[g]] is None]) if rec.get(
+            "resumed") else []
+        return {"down": out, "alive": alive}
 
     def observed(self, done: Done) -> None:
         job = self.book.jobs[done.job]
-        for server, why in (done.result or {}).items():
+        result = done.result or {"down": {}, "alive": []}
+        for server, why in result["down"].items():
             if why is not None:
                 self.book.down.setdefault(server, why)
-        if job.recovery is not None and job.recovery["step"] == "detected" and job.recovery.get("resumed"):
-            job.recovery["detected_at"] -= SETTLE  # a restart settles nothing: go on
+        rec = job.recovery
+        if rec is not None and rec.get("resumed") and "alive" not in rec:  # after a restart: its workers still there
+            alive = [g for g in result["alive"] if (job.id, g) not in self.book.followers]
+            rec["alive"] = sorted(result["alive"])
+            if alive:
+                LOG.info("%s: the workers of %s still run after the restart: followed again, kept in their processes",
+                         job.id, ", ".join(alive))
+            self.book.refollow(job, alive)
+            for g in alive:
+                fid = self.book.followers[(job.id, g)] = next(self.book.fids)
+                self.workers.follow(job, g, fid)
+            if rec["step"] == "detected":
+                rec["detected_at"] -= SETTLE  # a restart settles nothing: go on
         self.reconcile(job)
 
     # --- told, restarting: every rank in the new ring -----------------------------------------------
@@ -300,7 +319,9 @@ class Recovery:
         for s in warm:  # its warm spare is one of its ranks from here
             del self.book.warm[s]
             self.book.serves.pop(s, None)
-        told = [g for g in self._kept(job, rec) if g in job.gpus] + warm if not rec.get("resumed") else []
+        if rec.get("resumed"):  # after a restart: a spare whose worker still runs (warm, or told before) is told too
+            warm += [s for s in rec["spares"].values() if s in rec.get("alive", []) and s not in warm]
+        told = [g for g in self._kept(job, rec) if g in job.gpus] + warm
         rec["warm_told"] = warm
         self.actions.start(job.id, "recovery.told", self.workers.regroup, job, told, restores, self.book.clock)
 

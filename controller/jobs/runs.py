@@ -22,7 +22,7 @@ from controller.core.circuits import CircuitDiff, CircuitMap
 from controller.core.errors import Conflict, OcsUnavailable, ReconfigFailed
 from controller.core.jobs import QUEUED, Job, transition
 from controller.jobs.actions import Actions
-from controller.jobs.book import JobBook
+from controller.jobs.book import JobBook, line_key
 from controller.jobs.inbox import Done, Drain, End, Inbox, Lost, Reconcile, Reply, WorkerEnded, WorkerLine
 from controller.jobs.ports import CircuitChangesPort, ContainersPort
 from controller.jobs.runtime import Runtime
@@ -193,6 +193,7 @@ class Runs:
         if found:
             LOG.info("%s: the workers of %s are still there after the restart; following them again", job.id,
                      ", ".join(found))
+        self.book.refollow(job, found)
         self.follow(job, found)
         for g in job.gpus:
             if g not in found:
@@ -206,6 +207,9 @@ class Runs:
         if job is None or self.book.followers.get((ev.job, ev.gpu)) != ev.fid or ev.gpu not in job.gpus:
             return  # a follower no longer current (its GPU swapped out, its attempt stopped), or a warm spare's
         line = {"attempt": job.attempt, **ev.line}
+        replay = self.book.replay.get((ev.job, ev.gpu))
+        if replay is not None and line_key(line) in replay:
+            return  # a line recorded before a restart, read again from the start of the worker's output
         if line.get("event") not in KEPT_LINES:
             job.record(ev.gpu, line)
         rank = self.book.rank(job, ev.gpu)

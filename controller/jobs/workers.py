@@ -247,6 +247,19 @@ class Workers:
                 LOG.error("cannot list containers on %s: %s", server, e)
         return found
 
+    def running(self, job: Job, gpus: Iterable[str]) -> list[str]:
+        """Of `gpus`, those whose worker of `job` runs now on its server's engine (a server that does not answer:
+        none of its)."""
+        gpus = set(gpus)
+        found = []
+        for server in sorted({self.server(g) for g in gpus}):
+            try:
+                found += [w["gpu"] for w in self.containers.workers(server, job.id)
+                          if w["role"] == "worker" and w["gpu"] in gpus and w["status"] == "running"]
+            except Exception as e:  # noqa: BLE001 (its engine does not answer: none of its workers counts)
+                LOG.debug("cannot list containers on %s: %s", server, e)
+        return sorted(found)
+
     def sweep(self, server: str) -> list[str]:
         """Remove what is left on `server` of jobs that are over, and of GPUs a job that goes on no longer holds,
         holding the server's GPUs from deciding what is stale to the end (so a job starting there meanwhile, or a warm

@@ -18,7 +18,7 @@ RACK = load_rack(PAPER)
 
 PLANS = {p.server: p for p in engines.engine_plans(RACK)}
 JOB = {"gpus": ["gpu1", "gpu2"], "policy": "regroup", "checkpoint_every": 3,
-       "workload": {"iterations": 40, "compute_seconds": 0.05}}
+       "workload": {"iterations": 24, "compute_seconds": 0.05}}
 
 
 def _running(client, iterations: int = 6, body: dict | None = None) -> dict:
@@ -29,7 +29,7 @@ def _running(client, iterations: int = 6, body: dict | None = None) -> dict:
 
 def _done_on_live_servers(client, job_id: str, down: set[str]) -> dict:
     done = wait_job(client, job_id, 300)
-    assert done["state"] == "done" and done["iterations_done"] == 40, (done["state"], done["reason"])
+    assert done["state"] == "done" and done["iterations_done"] == 24, (done["state"], done["reason"])
     assert not {RACK.server_of[g] for g in done["gpus"]} & down and len(done["switches"]) == 1, done
     return done
 

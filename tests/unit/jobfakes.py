@@ -201,16 +201,19 @@ class FakeDriver:
         cmd = spec.command
         total, start = int(_arg(cmd, "--iterations")), int(_arg(cmd, "--resume-from", 0))
         every, peer = int(_arg(cmd, "--checkpoint-every", 0)), _arg(cmd, "--checkpoint-peer")
+        attempt = int(_arg(cmd, "--attempt", 0))  # every line of a real worker says its attempt
         lines = []
         if start:
             lines.append(json.dumps({"event": "restored", "iteration": start, "from": _arg(cmd, "--restore-from"),
-                                     "writer": _arg(cmd, "--restore-writer")}))
+                                     "writer": _arg(cmd, "--restore-writer"), "attempt": attempt}))
         for i in range(start, total):
             lines.append(json.dumps({"event": "iteration", "iteration": i, "t_start": 10.0 + i, "t_end": 11.0 + i,
-                                     "compute_s": 0.6, "comm_s": 0.4, "iter_s": 1.0, "gpu_util": 0.6, "bytes": 1}))
+                                     "compute_s": 0.6, "comm_s": 0.4, "iter_s": 1.0, "gpu_util": 0.6, "bytes": 1,
+                                     "attempt": attempt}))
             if every and (i + 1) % every == 0 and i + 1 < total:
-                lines.append(json.dumps({"event": "checkpoint", "iteration": i + 1, "writer": spec.gpu, "peer": peer}))
-        lines.append(json.dumps({"event": "done", "check": "ok"}))
+                lines.append(json.dumps({"event": "checkpoint", "iteration": i + 1, "writer": spec.gpu, "peer": peer,
+                                         "attempt": attempt}))
+        lines.append(json.dumps({"event": "done", "check": "ok", "attempt": attempt}))
         return lines
 
     def kill_server(self, server, why="connection refused"):
@@ -290,7 +293,8 @@ class FakeDriver:
         self._engine(server)
         return [
             {"job": c.labels["job"], "gpu": c.labels["gpu"], "role": "worker",
-             "status": "exited" if c.killed or not c.block else "running"}
+             "status": "exited" if c.killed or c.vanished or not (c.block or c.waiting or c.pos < len(c.lines))
+             else "running"}
             for c in self.running.values() if c.labels.get("server") == server and job in (None, c.labels["job"])
         ]
 

@@ -489,3 +489,36 @@ def test_a_job_stopped_while_its_containers_start_leaves_none(tmp_path, vrt):
     vrt.advance(10)  # whatever was still starting has started by now
     left = [c for c in driver.running.values() if c.labels["job"] == job.id and c.labels["server"] != "srv2"]
     assert left == [], [c.name for c in left]
+
+
+@pytest.mark.parametrize("step", ["assessed", "swapped", "told"])
+def test_after_a_restart_mid_recovery_the_survivors_keep_their_processes_and_nothing_is_recorded_twice(
+        tmp_path, vrt, step):
+    """The controller killed at a step of a recovery: the new one finds the survivors' workers still running, follows
+    them again (their output from its start, nothing of it recorded twice) and tells them the new ring: they keep their
+    processes; only the lost rank's spare starts a container."""
+    from tests.unit.jobfakes import service
+    from tests.unit.virtual import VirtualRuntime
+
+    driver = FakeDriver(pace=PACE)
+    old, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
+    vrt.advance(0)
+    old.recovery.hold_at = step
+    job = job_of(old, ["gpu1", "gpu2", "gpu3"], warm_spares=0)
+    vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
+    driver.kill_server("srv2")
+    vrt.run(lambda: job.recovery is not None and job.recovery["step"] == step, what=f"the recovery held at {step}")
+    rt = VirtualRuntime()
+    jobs, _, _ = service(tmp_path, RACK, driver, rt, keep_survivors=True)
+    again = jobs.get(job.id)
+    rt.run(finished(jobs, job.id), what="the job to end after the restart")
+    assert again.state == "done", again.reason
+    (rec,) = again.recoveries
+    assert rec["resumed"] and sorted(rec["kept"]) == ["gpu1", "gpu3"], rec
+    starts = [g for j, g, c in driver.started if j == job.id]
+    assert sorted(starts) == sorted(["gpu1", "gpu2", "gpu3", rec["spares"]["gpu2"]]), starts  # survivors once each
+    lines = [(g, r["attempt"], r["iteration"]) for g, rs in again.reports.items() for r in rs
+             if r.get("event") == "iteration"]
+    assert len(lines) == len(set(lines)), "a line recorded twice"
+    assert [i["iteration"] for i in again.iterations()] == list(range(30))
+    rt.close()
