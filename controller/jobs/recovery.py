@@ -19,9 +19,8 @@ hung, its NIC's link is down. The steps, each persisted before the next begins:
 
 Fencing: a GPU swapped out is no longer the job's; its follower is dropped, so nothing it prints is recorded; its
 circuit is gone; its containers are removed once its server answers again (detect.py sweeps it before its GPUs are
-free). A restarted controller carries a recovery on from the record, re-observing first and restarting every rank
-(its followers are gone): it never trusts the step it finds to still describe the world.
-"""
+free). A restarted controller carries a recovery on from the record, observing first (the OCS, the engines, which
+of the job's workers still run: those are followed again and told, the rest start cold): no step it finds is trusted."""
 
 from __future__ import annotations
 
