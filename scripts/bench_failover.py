@@ -12,7 +12,9 @@ stopping the lost workers and choosing the spares), the OCS change (circuits and
 survivors and the job's warm spare told their ranks; a spare with no warm worker gets its sandbox, NIC and worker
 started), state fetch (until the last rank has its checkpoint: survivors from their own memory, the spare from a
 peer's memory) and rendezvous (until every rank has begun its first iteration); plus the iterations redone
-(checkpoints every iteration by default). Each phase and the total are given as p50 and p99 over the rounds.
+(checkpoints every iteration by default). Each phase and the total are given as p50 and max over the rounds; where
+phases overlap (after a restart kept workers restore while cold ones start) a phase counts from the end of the one
+before, so phases are never negative and sum to the total.
 The faults (`--fault`), each on a live host: `server` kills the server's daemons and workers (`optirack-rack server
 kill`: engine, containerd, shims, containers, SIGKILL; NIC ports down), so every connection to it is refused at once;
 `worker` kills one worker (`kill -9` of the process its container runs, its host PID found from the container on that
@@ -179,8 +181,13 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
     elif victim in plans:
         servers.start(tb.rack, plans[victim], f"{CONTAINER_LABEL}={tb.rack.name}")
         wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 30, f"{victim} up")
-    detection = rec["detected_at"] - killed_at
-    planning = rec["planned_at"] - rec["detected_at"] - rec.get("ocs_s", 0.0)
+    # The phases' boundaries in order; after a restart they may overlap (kept workers restore while cold ones start),
+    # so each is taken no earlier than the one before it: the phases are never negative and sum to the total.
+    bounds = [killed_at, rec["detected_at"], rec["planned_at"] - rec.get("ocs_s", 0.0), rec["planned_at"],
+              rec["running_at"], restored_at, iterating_at]
+    for i in range(1, len(bounds)):
+        bounds[i] = max(bounds[i], bounds[i - 1])
+    detection, planning, ocs, containers, restore, rendezvous = (bounds[i + 1] - bounds[i] for i in range(6))
     return {
         "job": jid,
         "state": final["state"],
@@ -199,10 +206,10 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
         "total_s": iterating_at - killed_at,
         "detection_s": detection,
         "planning_s": planning,
-        "ocs_s": rec.get("ocs_s", 0.0),
-        "containers_s": rec["containers_s"],
-        "restore_s": restored_at - rec["running_at"],
-        "rendezvous_s": iterating_at - restored_at,
+        "ocs_s": ocs,
+        "containers_s": containers,
+        "restore_s": restore,
+        "rendezvous_s": rendezvous,
         "switches_after": j["switches"],
         "circuit_event": rec["event"],
         "mean_iteration_s": final["mean_iteration_s"],

@@ -117,7 +117,7 @@ class Recovery:
         step = rec["step"]
         if step == "detected":
             sure = any(sign[1] for sign in rec["signs"].values())
-            if not sure and self.book.clock() - rec["detected_at"] < SETTLE:
+            if not sure and not rec.get("settled") and self.book.clock() - rec["detected_at"] < SETTLE:
                 return  # a worker's error of its own may follow another's loss: wait for a sure sign
             self._assess(job, rec)
             return self.reconcile(job)
@@ -306,8 +306,7 @@ class Recovery:
             for g in alive:
                 fid = self.book.followers[(job.id, g)] = next(self.book.fids)
                 self.workers.follow(job, g, fid)
-            if rec["step"] == "detected":
-                rec["detected_at"] -= SETTLE  # a restart settles nothing: go on
+            rec["settled"] = True  # a restart settles nothing: go on
         self.reconcile(job)
 
     # --- told, restarting: every rank in the new ring -----------------------------------------------
