@@ -8,6 +8,10 @@ import time
 
 from controller.cli_common import _client, _print
 
+# the controller's queue disciplines, as `optirack jobs` shows them
+QUEUES = {"fifo": "fifo (first in, first out)", "backfill": "backfill (EASY backfilling, by estimate_s)",
+          "sjf": "sjf (shortest estimated job first)"}
+
 
 def _job_line(j: dict) -> str:
     done = f"{j['iterations_done']}/{j['iterations_total']}"
@@ -36,7 +40,8 @@ def _jobs(args) -> int:
     }
     data = _client(args).get("/jobs", **params)
     more = f"\n(older jobs: optirack jobs --before {data['older']})" if data.get("older") else ""
-    _print(args, data, ("\n".join(_job_line(j) for j in data["jobs"]) or "no jobs") + more)
+    queue = f"queue: {QUEUES.get(data['queue'], data['queue'])}\n" if data.get("queue") else ""
+    _print(args, data, queue + ("\n".join(_job_line(j) for j in data["jobs"]) or "no jobs") + more)
     return 0
 
 
@@ -84,6 +89,8 @@ def _submit(args) -> int:
     body = {"gpus": gpus, "policy": args.policy, "workload": workload, "name": args.name, "queue": not args.no_queue}
     if args.checkpoint_every is not None:
         body["checkpoint_every"] = args.checkpoint_every
+    if args.estimate is not None:
+        body["estimate_s"] = args.estimate
     if args.gpu_model:
         body["gpu_model"] = args.gpu_model
     job = client.post("/jobs", body)["job"]
@@ -171,7 +178,7 @@ def _regroup(args) -> int:
 
 
 def add_job_commands(sub) -> None:
-    p = sub.add_parser("jobs", help="list jobs, the newest last")
+    p = sub.add_parser("jobs", help="the controller's queue discipline, then its jobs, the newest last")
     p.add_argument("--state", help="only jobs in these states, e.g. running or done,failed")
     p.add_argument("--limit", type=int, default=100, help="how many (default %(default)s)")
     p.add_argument("--before", metavar="JOB", help="the page of jobs created before JOB")
@@ -207,6 +214,13 @@ def add_job_commands(sub) -> None:
         "--no-queue",
         action="store_true",
         help="fail (409) if it cannot be placed now, instead of waiting its turn in the queue",
+    )
+    p.add_argument(
+        "--estimate",
+        type=float,
+        metavar="SECONDS",
+        help="how long the job is expected to run (as Slurm's --time); required by a controller that queues by "
+        "backfill or sjf",
     )
     p.add_argument("--mode", choices=["profile", "real"], default="profile")
     p.add_argument("--model", default="vgg16", help="profile mode's workload (default %(default)s)")

@@ -59,6 +59,14 @@ OPTS = [
         "left 'recovering', as if the controller died there",
     ),
     cfg.StrOpt(
+        "queue",
+        default="fifo",
+        choices=["fifo", "backfill", "sjf"],
+        help="the queue's discipline (controller/core/admission.py, as the simulator's): fifo, first come first "
+        "served; backfill, EASY backfilling; sjf, shortest estimated job first. backfill and sjf need each job's "
+        "estimate_s. las, which preempts, is the simulator's only",
+    ),
+    cfg.StrOpt(
         "worker-image",
         default=f"optirack-worker:{os.environ.get('OPTIRACK_IMAGE_TAG', 'latest')}",
         help="Docker image of the GPU worker (on a rack with a registry: its name there, resolved to a digest "

@@ -110,6 +110,7 @@ class Optirack(RackState):
             engine_poll=engine_poll or c.engine_poll,
             hold_configuring=c.fault_hold_configuring,
             hold_recovering=c.fault_hold_recovering,
+            queue=c.queue,
         )
         self.metrics = Metrics(self)  # what GET /metrics shows (controller/apps/metrics.py), read when scraped
 

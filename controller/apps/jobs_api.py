@@ -96,7 +96,8 @@ class JobsApi(OptirackController):
         if before is not None and before not in self.placement.jobs:
             raise RequestRefused(404, f"no job {before!r} (it may have been pruned)", "before")
         jobs, older = self.placement.list(int_param(req, "limit", 100, hi=10_000), before, states)
-        return json_response({"jobs": [j.to_json() for j in jobs], "older": older})
+        return json_response({"jobs": [j.to_json() for j in jobs], "older": older,
+                              "queue": self.placement.admission.discipline})
 
     @route("jobs_prune", PREFIX + "/jobs/prune", methods=["POST"])
     @api(mutation=True)

@@ -4,7 +4,8 @@ States: [queued ->] pending -> configuring -> running [<-> recovering] -> done |
 (POST /jobs/{id}/stop; DELETE also forgets the job). A running job that loses GPUs (a server dies, a worker exits
 with an error, a NIC's link drops) goes `recovering`: spares are swapped in and every rank goes on from the last
 checkpoint (controller/jobs/recovery.py); `recoveries` records each swap. A job that cannot be placed when it arrives
-waits `queued` (first in, first out) unless it asked not to (`queue: false`).
+waits `queued` unless it asked not to (`queue: false`), and starts in the order of the controller's queue discipline
+(controller/jobs/admission.py).
 A job's record keeps its GPUs in rank order, the switches and circuits it used, its times, and
 each rank's per-iteration reports (compute and communication time, GPU utilization).
 """
@@ -88,7 +89,11 @@ class JobRequest(BaseModel):
     gpu_model: str | None = Field(
         None, description="only GPUs of this model; default: any, one model if one has enough"
     )
-    queue: bool = Field(True, description="wait (first in, first out) if it cannot be placed now; false: 409 instead")
+    queue: bool = Field(True, description="wait in the queue if it cannot be placed now; false: 409 instead")
+    estimate_s: float | None = Field(
+        None, gt=0, le=10_000_000, description="seconds the job is expected to run (as Slurm's --time); required when "
+        "the controller queues by backfill or sjf"
+    )
     workload: Workload = Workload()
     checkpoint_every: int = Field(
         DEFAULT_CHECKPOINT_EVERY,
@@ -128,7 +133,7 @@ class Job:
     started_at: float | None = None  # containers started
     ended_at: float | None = None
     events: list[int] = field(default_factory=list)  # reconfiguration event ids
-    position: int | None = None  # place in the queue (1 = next) while queued
+    position: int | None = None  # place in the queue by arrival while queued (1: the next to start under fifo)
     reports: dict[str, list[dict]] = field(default_factory=dict)  # gpu -> worker JSON lines
     exit_codes: dict[str, int] = field(default_factory=dict)
     logs: dict[str, list[str]] = field(default_factory=dict)  # gpu -> last lines of its output, kept at the end

@@ -1,10 +1,11 @@
 """The job service: the jobs users submit, from admission to their end, free of Ryu and eventlet.
 
-Admit or queue (first in, first out) -> plan (core.placement) -> circuit change (the OCS and the packet switches,
-confirmed) -> one container per GPU -> follow the workers -> clean up, and start the queued jobs that fit now. A loss
-(a worker killed, a server down or hung, a link down) is recovered by swapping spares in and restarting the ranks from
-the newest checkpoint; a failure at any step of a job's start undoes what was done. Defragmentation (core.defrag)
-moves running jobs in one change. Jobs and circuits are persisted, so a restarted controller takes its jobs back.
+Admit or queue (first in, first out, or by backfill or shortest job first) -> plan (core.placement) -> circuit change
+(the OCS and the packet switches, confirmed) -> one container per GPU -> follow the workers -> clean up, and start the
+queued jobs that fit now. A loss (a worker killed, a server down or hung, a link down) is recovered by swapping spares
+in and restarting the ranks from the newest checkpoint; a failure at any step of a job's start undoes what was done.
+Defragmentation (core.defrag) moves running jobs in one change. Jobs and circuits are persisted, so a restarted
+controller takes its jobs back.
 
 One inbox, one loop (inbox.py, loop.py): threads that follow workers, watch engines, tick the clock, run actions and
 serve the API only post events; the loop takes them one at a time and hands each to the steps of the parts below,
@@ -12,7 +13,7 @@ which decide from the job book (book.py) and the world as observed, and start th
 (actions.py) whose outcomes come back as events. Every part is built from ports (ports.py), the book, the inbox, the
 runtime (runtime.py) and its settings, never from another part: they meet only through the book and the inbox.
 
-    admission   submit, the queue (admission.py)
+    admission   submit, the queue and its discipline (admission.py)
     runs        place, start, follow, end, stop (runs.py)
     recovery    a loss reconciled step by step (recovery.py)
     detector    engines, links, silent and hung ranks, stragglers; the ticker and the engine watcher (detect.py)
@@ -71,11 +72,11 @@ from controller.jobs.warm import Warm
 class JobService:
     def __init__(self, state, changes: CircuitChangesPort, containers: ContainersPort, runtime: Runtime,
                  engine_poll: float, hold_configuring: bool = False, hold_recovering: str | None = None,
-                 keep_survivors: bool = True, scheduler: SchedulerPort | None = None):
+                 keep_survivors: bool = True, scheduler: SchedulerPort | None = None, queue: str = "fifo"):
         self.state, self.rt, self.containers = state, runtime, containers
         self.book = book = JobBook(state)
         self.inbox = inbox = Inbox(runtime)
-        self.admission = Admission(book, inbox, runtime, containers)
+        self.admission = Admission(book, inbox, runtime, containers, queue)
         self.runs = Runs(book, inbox, runtime, changes, containers, hold_configuring)
         self.recovery = Recovery(book, inbox, runtime, changes, containers, hold_recovering, keep_survivors)
         self.detector = Detector(book, inbox, runtime, containers, scheduler, engine_poll)

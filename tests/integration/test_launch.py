@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.integration.helpers import ControllerProcess, sh, wait_for
+from tests.integration.helpers import BIN, ControllerProcess, sh, wait_for
 
 BRIDGES = {"ortest0": 0x100, "ortest1": 0x201}  # datapath ids of ocs1 and as1 in the paper rack
 
@@ -89,3 +89,22 @@ def test_a_signal_stops_an_idle_controller_at_once(tmp_path, sig):
         assert code == 0, proc.output()[-2000:]
     finally:
         proc.stop()
+
+
+def test_the_queue_discipline_is_the_controllers_flag_and_the_cli_shows_it(tmp_path):
+    """--optirack-queue sjf: `optirack jobs` says so, a submission without --estimate is refused naming estimate_s
+    (nothing queued); a discipline the controller does not offer (las) stops it at once, naming the choices."""
+    proc = ControllerProcess(tmp_path, extra=["--optirack-queue", "sjf"])
+    proc.start()
+    try:
+        cli = [str(BIN / "optirack"), "--url", proc.url, "--token-file", str(proc.state_dir / "token")]
+        listed = subprocess.run([*cli, "jobs"], capture_output=True, text=True, timeout=30)
+        assert listed.returncode == 0 and listed.stdout.splitlines()[0] == "queue: sjf (shortest estimated job first)"
+        refused = subprocess.run([*cli, "submit", "--gpus", "2"], capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 1 and "400: estimate_s: required: this controller queues by sjf" in refused.stderr
+        assert proc.client().get("/jobs")["jobs"] == []
+    finally:
+        proc.stop()
+    las = subprocess.run([str(BIN / "optirack-controller"), "--optirack-queue", "las"], capture_output=True,
+                         text=True, timeout=30)
+    assert las.returncode != 0 and "las" in las.stderr and "fifo" in las.stderr, las.stderr[-2000:]

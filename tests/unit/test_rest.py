@@ -24,6 +24,10 @@ CONTROLLERS = (Api, JobsApi, SlurmApi)  # every REST controller but NotFound; ad
 
 @pytest.fixture
 def app(tmp_path):
+    return _app(tmp_path)
+
+
+def _app(tmp_path):
     from ryu.app.wsgi import WSGIApplication
 
     ctx = Optirack(rack=RACK, state_dir=tmp_path, containers=FakeDriver())
@@ -155,3 +159,37 @@ def test_the_served_document_names_the_racks_gpus_and_ports(app):
     assert sorted(schemas["GpuName"]["enum"]) == ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5", "gpu6"]
     assert "ocs1:1" in schemas["PortName"]["enum"] and "ocs1:11" in schemas["PortName"]["enum"]
     assert "ocs1:300" not in schemas["PortName"]["enum"]
+
+
+def test_get_jobs_shows_the_queue_discipline_the_document_lists(app):
+    from controller.config import OPTS
+
+    resp, body = call(app, "/api/v1/jobs")
+    assert resp.status_int == 200 and body["queue"] == "fifo"  # the default
+    doc = DOC["paths"]["/jobs"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]["properties"]
+    (opt,) = [o for o in OPTS if o.name == "queue"]
+    assert doc["queue"]["enum"] == list(opt.type.choices)
+    estimate = DOC["components"]["schemas"]["JobRequest"]["properties"]["estimate_s"]
+    assert (estimate["minimum"], estimate["exclusiveMinimum"], estimate["maximum"]) == (0, True, 10_000_000)
+
+
+@pytest.mark.parametrize("queue", ["sjf", "backfill"])
+def test_a_job_without_estimate_s_is_400_naming_it_where_the_controller_queues_by_it(tmp_path, queue):
+    from ryu import cfg
+
+    import controller.config  # noqa: F401  (registers the [optirack] options)
+
+    cfg.CONF.set_override("queue", queue, group="optirack")
+    try:
+        app = _app(tmp_path)
+    finally:
+        cfg.CONF.clear_override("queue", group="optirack")
+    token = {"Authorization": "Bearer " + (tmp_path / "token").read_text().strip()}
+    assert call(app, "/api/v1/jobs")[1]["queue"] == queue
+    resp, body = call(app, "/api/v1/jobs", "POST", headers=token, json={"gpus": 2})
+    assert resp.status_int == 400 and _is_error(body, 400) and body["error"]["field"] == "estimate_s", body
+    assert f"this controller queues by {queue}" in body["error"]["message"]
+    assert call(app, "/api/v1/jobs")[1]["jobs"] == []  # nothing changed
+    for bad in (0, -1, 1e8, "soon"):  # the document's bounds: > 0, <= 10,000,000 seconds
+        resp, body = call(app, "/api/v1/jobs", "POST", headers=token, json={"gpus": 2, "estimate_s": bad})
+        assert resp.status_int == 400 and body["error"]["field"] == "estimate_s", (bad, body)
