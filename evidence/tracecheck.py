@@ -11,10 +11,11 @@ the replay's); `compare` sets the two side by side, all in rack seconds:
   it, else the containers' start (`started_at`; records made before admitted_at was recorded);
 - makespan (the last job's end): the relative error;
 - the order in which jobs start (GPUs granted, as above): the same list, or the pairs of jobs the two order
-  differently. The scheduler's order is the admission's: the controller's queue (controller/jobs/queue.py through
-  controller/core/admission.py's `fifo`) admits the jobs of one drain one after the other in queue order, each
-  with its own `admitted_at`, where the simulator places them at one instant (a tie, ordered by trace index, i.e.
-  queue order); their containers may then start in another order, which the containers' start would count;
+  differently. The scheduler's order is the admission's: the controller's queue (controller/jobs/admission.py,
+  through the policy of controller/core/admission.py it runs: `fifo` unless started with another) admits the jobs of
+  one drain one after the other in the policy's order, each with its own `admitted_at`, where the simulator places
+  them at one instant (a tie, ordered by trace index); their containers may then start in another order, which the
+  containers' start would count;
 - circuit changes: removed plus added circuits over the run, each side.
 `checks` holds a comparison to the literal bars (evidence/bars/, read by evidence/tracebars.py: median and p90 of
 |error|, the makespan's error, the same start order); `table` renders comparisons for `make report`.
