@@ -181,12 +181,13 @@ def one_round(tb: Testbed, plans: dict, victim: str, every: int, before_kill: in
     elif victim in plans:
         servers.start(tb.rack, plans[victim], f"{CONTAINER_LABEL}={tb.rack.name}")
         wait_for(lambda: client.get("/topology")["servers"][victim]["engine"]["up"], 30, f"{victim} up")
-    # The phases' boundaries in order; after a restart they may overlap (kept workers restore while cold ones start),
-    # so each is taken no earlier than the one before it: the phases are never negative and sum to the total.
+    # The phases' boundaries in order; after a restart they may overlap (kept workers restore while cold ones start;
+    # ranks told before the controller died iterate before the new one records the job running), so each is taken no
+    # earlier than the one before it and no later than every rank iterating: phases never negative, summing to the total
     bounds = [killed_at, rec["detected_at"], rec["planned_at"] - rec.get("ocs_s", 0.0), rec["planned_at"],
               rec["running_at"], restored_at, iterating_at]
     for i in range(1, len(bounds)):
-        bounds[i] = max(bounds[i], bounds[i - 1])
+        bounds[i] = min(max(bounds[i], bounds[i - 1]), iterating_at)
     detection, planning, ocs, containers, restore, rendezvous = (bounds[i + 1] - bounds[i] for i in range(6))
     return {
         "job": jid,
