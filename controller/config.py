@@ -7,6 +7,7 @@ from pathlib import Path
 from ryu import cfg
 
 from controller.bundled import DEFAULT_RACK
+from controller.core.emulated import RUN_DIR
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -65,6 +66,13 @@ OPTS = [
         help="the queue's discipline (controller/core/admission.py, as the simulator's): fifo, first come first "
         "served; backfill, EASY backfilling; sjf, shortest estimated job first. backfill and sjf need each job's "
         "estimate_s. las, which preempts, is the simulator's only",
+    ),
+    cfg.StrOpt(
+        "slurm-conf",
+        default=str(RUN_DIR / "slurm" / "slurm.conf"),
+        help="slurm.conf of the Slurm that schedules the rack (default: the emulated rack's): the controller tells it "
+        "of dead servers under its jobs and keeps topology.conf beside it to the live circuits when it names "
+        "TopologyPlugin=topology/tree (docs/slurm.md); 'none' leaves Slurm alone",
     ),
     cfg.StrOpt(
         "worker-image",

@@ -34,6 +34,7 @@ DEFAULT_APPS = [
     "controller.apps.rest",  # the REST API
     "controller.apps.metrics",  # GET /metrics for Prometheus
     "controller.apps.live",  # the live page at /
+    "controller.apps.slurm_api",  # beside Slurm: topology.conf kept to the live circuits
 ]
 
 

@@ -4,9 +4,10 @@
 Killing a server's Docker Engine alone is not a server's death: its containers run on under containerd. `kill` ends,
 with SIGKILL and by what the rack itself started (PID files and the engine's own exec root, never a process name):
 the engine, its containerd, its containerd shims and the containers they run (the workers), then takes the server's
-NIC ports down, so that the OCS sees each GPU's link drop. `start` brings the ports up, starts the engine, removes
+NIC ports down, so that the OCS sees each GPU's link drop, and, where Slurm runs on the rack, kills the node's slurmd
+and its job steps (emulation/slurm.py). `start` brings the ports up, starts the engine, removes
 every container and checkpoint volume of ours left there (the server comes back empty: nothing of the jobs it ran),
-and puts the GPUs' NICs back at home.
+puts the GPUs' NICs back at home and starts the node's slurmd again where Slurm runs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 
 from controller.core.emulated import netns_of, nic_plans
 from controller.core.rack import Rack
-from emulation import engine_procs, engines, nics
+from emulation import engine_procs, engines, nics, slurm
 from emulation import netns as ns
 
 
@@ -42,8 +43,9 @@ def kill(rack: Rack, plan: engines.EnginePlan) -> dict:
     for nic in _server_nics(rack, plan.server):
         ns.ip("link", "set", "dev", nic.port, "down", netns=netns_of(plan.server), check=False)
         ports.append(nic.port)
+    node = slurm.kill_node(plan.server)  # after the ports: its ranks' peers hear nothing, as from a dead host
     return {"engine": engine, "containerd": pid is not None, "shims": shims, "ports_down": ports,
-            "nics_dropped": dropped, "seconds": time.monotonic() - t0}
+            "nics_dropped": dropped, "slurm": node, "seconds": time.monotonic() - t0}
 
 
 def processes(plan: engines.EnginePlan) -> list[int]:
@@ -165,7 +167,9 @@ def start(rack: Rack, plan: engines.EnginePlan, label: str) -> dict:
     volumes = remove_our_volumes(rack, plan, label)
     for nic in _server_nics(rack, plan.server):
         _make_nic(nic, rack)
-    return {"containers_removed": removed, "volumes_removed": volumes, "seconds": time.monotonic() - t0}
+    slurmd = slurm.start_node(plan.server)
+    return {"containers_removed": removed, "volumes_removed": volumes, "slurmd": slurmd,
+            "seconds": time.monotonic() - t0}
 
 
 def _make_nic(nic, rack: Rack, timeout: float = 30.0) -> None:

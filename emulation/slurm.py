@@ -30,6 +30,7 @@ from controller.slurm import conf
 from emulation import engines, procs, slurmdb
 
 LAYOUT = conf.Layout(RUN_DIR / "slurm")
+HOOK_LOG = LAYOUT.root / "hooks.log"
 NVIDIA_MAJOR = 195  # the stand-ins carry the major number of NVIDIA's devices; nothing opens them
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
@@ -59,28 +60,43 @@ class Hook:
     rack_file: str
     url: str | None = None
     token_file: str | None = None
-    topology: bool = True  # rewrite topology.conf after a circuit change (and have Slurm reload it)
 
     def argv(self, kind: str) -> list[str]:
         out = [self.program, kind, "--rack", self.rack_file]
-        out += ["--topology", str(LAYOUT.topology)] if self.topology else []
         out += ["--url", self.url] if self.url else []
         return out + (["--token-file", self.token_file] if self.token_file else [])
 
 
 def hook_scripts(hook: Hook | None) -> tuple[str | None, str | None]:
     """PrologSlurmctld and EpilogSlurmctld: small scripts that run `hook prolog|epilog` (Slurm runs
-    a program by path, without arguments, in an environment of its own)."""
+    a program by path, without arguments, in an environment of its own). Each notes when it started
+    and ended in HOOK_LOG (bash's clock: no process started for it), which is what the prolog's cost
+    is measured from (scripts/slurm_experiment.py --prolog-cost)."""
     if hook is None:
         return None, None
     paths = []
     for kind in ("prolog", "epilog"):
         path = LAYOUT.root / f"{kind}-slurmctld"
-        path.write_text(f"#!/bin/sh\nexport SLURM_CONF={shlex.quote(str(LAYOUT.conf))}\n"
-                        f"exec {shlex.join(hook.argv(kind))}\n")
+        path.write_text(f"#!/bin/bash\nt0=$EPOCHREALTIME\nexport SLURM_CONF={shlex.quote(str(LAYOUT.conf))}\n"
+                        f"{shlex.join(hook.argv(kind))}\nrc=$?\n"
+                        f'echo "$SLURM_JOB_ID {kind} $t0 $EPOCHREALTIME $rc" >> {shlex.quote(str(HOOK_LOG))}\n'
+                        "exit $rc\n")
         path.chmod(0o755)
         paths.append(str(path))
     return paths[0], paths[1]
+
+
+def hook_times() -> list[dict]:
+    """What the hook scripts noted: one dict per run (job, kind, started, seconds, exit code)."""
+    try:
+        lines = HOOK_LOG.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        job, kind, t0, t1, rc = line.split()
+        out.append({"job": job, "kind": kind, "started": float(t0), "seconds": float(t1) - float(t0), "rc": int(rc)})
+    return out
 
 
 def write_files(rack: Rack, hook: Hook | None = None, circuits: CircuitMap | None = None,
@@ -250,6 +266,37 @@ def _end(pids: list[int], timeout: float) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def running() -> bool:
+    """Whether our slurmctld runs (Slurm is up on the emulated rack)."""
+    return _pid(LAYOUT.ctld_pid, "slurmctld") is not None
+
+
+def kill_node(server: str) -> dict[str, int]:
+    """The node dies with its server: its slurmd and every job step in the server's namespace (slurmstepd and the
+    ranks it started), by SIGKILL, as a power loss would; nothing is told to slurmctld. Nothing to do without Slurm."""
+    pid = _pid(LAYOUT.node_dir(server) / "slurmd.pid", "slurmd")
+    try:
+        steps = _steps_in({os.stat(f"/run/netns/{netns_of(server)}").st_ino})
+    except OSError:
+        steps = []
+    for p in ([pid] if pid else []) + steps:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return {"slurmd": int(pid is not None), "steps": len(steps)}
+
+
+def start_node(server: str) -> bool:
+    """The server is back: its slurmd again (it registers with slurmctld, which resumes the node if it was down for
+    not responding, ReturnToService=1; one the controller set DOWN waits for the controller to resume it). False
+    when our Slurm is not running or the slurmd was running already."""
+    if not running() or _pid(LAYOUT.node_dir(server) / "slurmd.pid", "slurmd"):
+        return False
+    start_slurmd(server)
+    return True
 
 
 def stop(quiet: bool = False, servers: list[str] | None = None, log=print) -> dict[str, int]:

@@ -6,7 +6,17 @@
   the last one's end, in rack seconds) and the saving, over repeats.
 - `--topology-mix`: the same mix of sbatch jobs (GPUs by count, or one GPU on each of two nodes; held for a few
   seconds), all submitted at once, with the hooks, once with topology.conf (the tree from the live circuits,
-  reloaded after each change) and once without a topology plugin: circuit changes and dark-window seconds of each.
+  reloaded after each change) and once without a topology plugin: circuit changes and dark-window seconds of each,
+  and the nodes Slurm chose for each job.
+- `--failover`: a node lost under the example batch script's 4-GPU job (`--requeue`, checkpoints every 5 of 40
+  iterations; scripts/slurm_failover.py), `--repeats` times with the controller telling Slurm at once (optirack) and
+  as many with the controller leaving Slurm alone (`--optirack-slurm-conf none`: Slurm finds the node dead after its
+  SlurmdTimeout, 30 s in our slurm.conf); both hold the requeued job for cred_expire (10 s in our slurm.conf): the
+  time from the server's death to the job requeued, running again and iterating again, and the iterations lost.
+- `--prolog-cost`: `--jobs` sbatch jobs (1 to 4 GPUs, a second or two each) submitted at once with the hooks: each
+  PrologSlurmctld's wall time (what it adds to the job's start), slurmctld's answer time to `squeue` (asked every
+  0.1 s) while topology.conf is rewritten and reloaded and otherwise, the reloads (`scontrol reconfigure`) and the
+  nodes Slurm chose for each job.
 
 Prints the figures and writes a record under results/slurm/ (never overwriting one).
 """
@@ -17,13 +27,16 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from controller.core.rack import load_rack
+from controller.slurm.conf import CRED_EXPIRE_S
 from emulation import slurm
-from emulation.harness import Testbed, wait_for
+from emulation.harness import ControllerProcess, Testbed, wait_for
 from evidence.records import ROOT, utc_stamp, versions, write_new
+from scripts.stats import percentile
 
 PAPER = ROOT / "topologies" / "paper-testbed.yaml"
 TRAIN = ROOT / "scripts" / "slurm" / "train.sbatch"
@@ -68,7 +81,7 @@ def completion(out: Path, ranks: int) -> float:
 
 def start_slurm(tb: Testbed, hooks: bool, topology: bool = True) -> None:
     hook = slurm.Hook(str(BIN / "optirack-slurm-hook"), str(PAPER), tb.controller.url,
-                      str(tb.controller.state_dir / "token"), topology=topology) if hooks else None
+                      str(tb.controller.state_dir / "token")) if hooks else None
     slurm.start(tb.rack, hook, topology=topology, log=lambda _: None)
 
 
@@ -121,7 +134,24 @@ def mix_once(tb: Testbed, workdir: Path, topology: bool) -> dict:
     dark = sum(e["dark_window_s"] or 0 for e in events)
     states = slurm.run("sacct", "-X", "-n", "-P", "-o", "State", "-j", ",".join(jobs)).stdout.split()
     return {"topology": topology, "jobs": len(jobs), "states": states, "regroups": len(events),
-            "circuit_changes": changes, "dark_window_s": dark, "makespan_s": time.time() - t0}
+            "circuit_changes": changes, "dark_window_s": dark, "makespan_s": time.time() - t0,
+            "placed": placements(tb, jobs, events)}
+
+
+def placements(tb: Testbed, jobs: list[str], events: list[dict]) -> list[dict]:
+    """Slurm's node choice for each job (sacct's NodeList), the GPUs it got and where optirack wired them."""
+    nodes = {}
+    for line in slurm.run("sacct", "-X", "-n", "-P", "-o", "JobIDRaw,NodeList,Start", "-j", ",".join(jobs)).stdout \
+            .splitlines():
+        jid, node_list, start = (line.split("|") + ["", ""])[:3]
+        nodes[jid] = {"nodes": node_list, "start": start}
+    out = []
+    for j in jobs:
+        rec = next((x for x in tb.client.get("/jobs")["jobs"] if x["id"] == f"slurm-{j}"), None) or {}
+        moved = sum(len(e["removed"]) + len(e["added"]) for e in events if e.get("job") == f"slurm-{j}")
+        out.append({"job": j, **nodes.get(j, {}), "gpus": rec.get("gpus", []), "switches": rec.get("switches", []),
+                    "circuit_changes": moved})
+    return out
 
 
 def topology_mix(tb: Testbed, workdir: Path) -> dict:
@@ -135,17 +165,116 @@ def topology_mix(tb: Testbed, workdir: Path) -> dict:
     return {"mix": [[" ".join(args), s] for args, s in MIX], "runs": runs}
 
 
+def restart_controller(tb: Testbed, extra: list[str]) -> None:
+    """The testbed's controller again on its ports and state, with `extra` options."""
+    old = tb.controller
+    old.stop()
+    tb.controller = ControllerProcess(old.state_dir.parent, PAPER, extra, old.of_port, old.rest_port)
+    tb.controller.start()
+    tb.client = tb.controller.client()
+    wait_for(tb._ready, 60, "the controller to resynchronise")
+
+
+def failover(tb: Testbed, workdir: Path, repeats: int) -> dict:
+    from scripts.slurm_failover import lost_node
+
+    rounds = []
+    for arm, extra in (("optirack", []), ("slurm alone", ["--optirack-slurm-conf", "none"])):
+        restart_controller(tb, extra)
+        start_slurm(tb, hooks=True)
+        for rep in range(repeats):
+            tb.client.put("/ocs/circuits", {"circuits": [[str(a), str(b)] for a, b in tb.rack.spec.circuits]})
+            d = workdir / f"failover-{len(rounds)}"
+            d.mkdir()
+            d.chmod(0o755)
+            log(f"  {arm} #{rep + 1}:")
+            r = lost_node(tb.client, tb.rack, d, BIN.parent, PAPER, log=log)
+            r["arm"] = arm
+            rounds.append(r)
+            wait_for(lambda v=r["victim"]: slurm.node_states().get(v, "").rstrip("*") == "idle", 120,
+                     f"node {r['victim']} to be idle again", interval=0.5)
+    restart_controller(tb, [])
+    summary = {}
+    for arm in ("optirack", "slurm alone"):
+        mine = [r for r in rounds if r["arm"] == arm]
+        summary[arm] = {k: statistics.median(r[k] for r in mine) for k in
+                        ("requeued_s", "started_again_s", "iterating_again_s", "iterations_lost")}
+        log(f"{arm}: requeued {summary[arm]['requeued_s']:.2f} s after the server's death, iterating again at "
+            f"{summary[arm]['iterating_again_s']:.2f} s, {summary[arm]['iterations_lost']:g} iterations lost "
+            f"(medians of {len(mine)})")
+    return {"repeats": repeats, "slurmd_timeout_s": 30, "cred_expire_s": CRED_EXPIRE_S, "rounds": rounds,
+            "summary": summary}
+
+
+SIZES = (1, 2, 1, 3, 1, 2, 4, 1, 2, 1)  # GPUs of the prolog-cost jobs, in turn
+
+
+def prolog_cost(tb: Testbed, workdir: Path, jobs: int) -> dict:
+    tb.client.put("/ocs/circuits", {"circuits": [[str(a), str(b)] for a, b in tb.rack.spec.circuits]})
+    start_slurm(tb, hooks=True)
+    before = tb.client.get("/slurm/topology")
+    answers: list[list[float]] = []  # [asked at, seconds to answer]
+    stop = threading.Event()
+
+    def ask() -> None:
+        while not stop.is_set():
+            t = time.time()
+            slurm.run("squeue", "--noheader", "--format=%i", check=False)
+            answers.append([t, time.time() - t])
+            time.sleep(0.1)
+
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+    t0 = time.time()
+    try:
+        ids = [sbatch(workdir, f"--gpus={SIZES[i % len(SIZES)]}", wrap=f"sleep {1 + i % 2}") for i in range(jobs)]
+        wait_for(lambda: not (set(ids) & queued()), 900, f"the {jobs} jobs to end", interval=0.5)
+        time.sleep(1)  # the last epilog and reload
+    finally:
+        stop.set()
+        asker.join()
+    after = tb.client.get("/slurm/topology")
+    reloads = [h for h in after["history"] if h["started"] >= t0]
+    during = [a[1] for a in answers if any(h["started"] <= a[0] <= h["started"] + h["seconds"] for h in reloads)]
+    hooks = {(h["job"], h["kind"]): h for h in slurm.hook_times() if h["job"] in ids}
+    prologs = [hooks[(j, "prolog")]["seconds"] for j in ids if (j, "prolog") in hooks]
+    events = [e for e in tb.client.get("/events", limit=1000)["events"]
+              if e.get("job") in {f"slurm-{j}" for j in ids} and e["requested_at"] >= t0]
+    states = slurm.run("sacct", "-X", "-n", "-P", "-o", "State", "-j", ",".join(ids)).stdout.split()
+    counts = {k: after[k] - before[k] for k in ("refreshes", "unchanged", "reconfigures", "failed")}
+    summary = {"jobs": jobs, "prologs": len(prologs), "prolog_p50_s": percentile(prologs, 50),
+               "prolog_p99_s": percentile(prologs, 99), "prolog_max_s": max(prologs),
+               "squeue_p50_s": percentile([a[1] for a in answers], 50), "squeue_max_s": max(a[1] for a in answers),
+               "squeue_during_reload_p50_s": percentile(during, 50) if during else None,
+               "squeue_during_reload_max_s": max(during) if during else None, "squeue_asked": len(answers),
+               "squeue_during_reload": len(during), **counts, "most_in_flight": after["most_in_flight"],
+               "regroups": len(events), "completed": states.count("COMPLETED"), "makespan_s": time.time() - t0}
+    log(f"prolog over {len(prologs)} jobs: p50 {summary['prolog_p50_s']:.3f} s, p99 {summary['prolog_p99_s']:.3f} s, "
+        f"max {summary['prolog_max_s']:.3f} s; squeue answered in p50 {summary['squeue_p50_s']:.3f} s, max "
+        f"{summary['squeue_max_s']:.3f} s ({len(during)} answers during a reload, max "
+        f"{summary['squeue_during_reload_max_s'] or 0:.3f} s); {counts['reconfigures']} reconfigures, "
+        f"{counts['unchanged']} circuit changes left the tree as it was, most in flight {after['most_in_flight']}")
+    return {"summary": summary, "prologs": [hooks.get((j, "prolog")) for j in ids],
+            "reloads": reloads, "squeue": answers, "placed": placements(tb, ids, events), "sizes": list(SIZES)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m scripts.slurm_experiment", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--case", choices=["a"], help="the paper's case (a) through sbatch")
     p.add_argument("--topology-mix", action="store_true", help="circuit changes with and without topology.conf")
+    p.add_argument("--failover", action="store_true", help="a node lost under a --requeue job: optirack's notice "
+                   "against Slurm alone")
+    p.add_argument("--prolog-cost", action="store_true", help="what the prolog adds to each job's start")
+    p.add_argument("--jobs", type=int, default=50, help="jobs of --prolog-cost (%(default)s)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--iterations", type=int, default=12, help="iterations of the 4-GPU job (default 12, as make demo)")
     p.add_argument("--no-record", action="store_true", help="print only")
     args = p.parse_args(argv)
-    if not args.case and not args.topology_mix:
-        p.error("give --case a, --topology-mix, or both")
+    if not (args.case or args.topology_mix or args.failover or args.prolog_cost):
+        p.error("give --case a, --topology-mix, --failover or --prolog-cost (or several)")
+    if args.repeats < 1 or args.jobs < 1:
+        p.error("--repeats and --jobs must be 1 or more")
     record = {"versions": versions(), "started": utc_stamp()}
     with tempfile.TemporaryDirectory(prefix="optirack-slurm-") as tmp:
         workdir = Path(tmp)
@@ -156,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                 record["case_a"] = case_a(tb, workdir, args.repeats, args.iterations)
             if args.topology_mix:
                 record["topology_mix"] = topology_mix(tb, workdir)
+            if args.failover:
+                record["failover"] = failover(tb, workdir, args.repeats)
+            if args.prolog_cost:
+                record["prolog_cost"] = prolog_cost(tb, workdir, args.jobs)
         finally:
             slurm.stop(quiet=True)
             tb.__exit__(None, None, None)

@@ -1,15 +1,32 @@
-"""REST for jobs Slurm scheduled (controller/jobs/external.py): the PrologSlurmctld asks for the GPUs
-Slurm allocated to be regrouped, the EpilogSlurmctld says the job ended. GET /jobs lists them."""
+"""The controller beside Slurm. REST for jobs Slurm scheduled (controller/jobs/external.py): the PrologSlurmctld asks
+for the GPUs Slurm allocated to be regrouped, the EpilogSlurmctld says the job ended; GET /jobs lists them. The Slurm
+app keeps topology.conf to the live circuits (controller/slurm/topology.py): one thread looks at the circuits'
+version every POLL_S and refreshes the tree when it moved, whatever changed them (a job, a fail-over, a
+defragmentation, REST); GET /slurm/topology shows what it did. A second thread tells Slurm of dead servers under its
+jobs and reconciles them at start (controller/slurm/watch.py)."""
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from ryu.app.wsgi import route
+from ryu.base import app_manager
 
+from controller.apps.context import Optirack
 from controller.apps.http import PREFIX, OptirackController, RequestRefused, api, json_response, path_text, read_json
+from controller.config import conf
 from controller.core.placement import InvalidRequest
+from controller.drivers.engines import PING_TIMEOUT, engine_client
 from controller.jobs.errors import UnknownJob
+from controller.slurm import watch
+from controller.slurm.scheduler import configured
+from controller.slurm.topology import TopologyKeeper
+from controller.slurm.watch import SlurmWatch
+
+LOG = logging.getLogger("optirack.slurm")
+POLL_S = 0.2  # seconds between two looks at the circuits' version (a refresh follows a change within this)
 
 SLURM_JOB = {"slurm_job": r"[^/]+"}
 SLURM_ID = r"^[0-9]+([_+][0-9]+)?$"  # 12, an array task 12_3, a heterogeneous component 12+1
@@ -62,3 +79,75 @@ class SlurmApi(OptirackController):
         except UnknownJob:
             raise RequestRefused(404, f"no job of Slurm job {path_text(slurm_job)!r}", "slurm_job") from None
         return json_response({"job": job.to_json()})
+
+    @route("slurm_topology", PREFIX + "/slurm/topology", methods=["GET"])
+    @api()
+    def topology(self, req, **_):
+        keeper = getattr(self.ctx, "slurm_topology", None)
+        if keeper is None:
+            return json_response({"slurm_conf": None, "topology": None, "kept": False, "refreshes": 0, "unchanged": 0,
+                                  "reconfigures": 0, "failed": 0, "in_flight": 0, "most_in_flight": 0,
+                                  "history": []})
+        return json_response(keeper.status())
+
+
+def keep_topology(ctx, keeper: TopologyKeeper) -> None:
+    """The keeper's thread: a refresh whenever the circuits' version or slurm.conf moved since the last one (one at a
+    time: changes during a refresh are seen, together, by the next)."""
+    seen = None
+    while True:
+        key = (ctx.circuits_version, keeper.key())
+        if key != seen:
+            seen = key
+            try:
+                done = keeper.refresh()
+                if done in ("reconfigured", "failed"):
+                    last = keeper.history[-1]
+                    LOG.info("topology.conf rewritten, scontrol reconfigure %s in %.2f s%s", done, last["seconds"],
+                             f": {last['error']}" if last["error"] else "")
+            except Exception:  # noqa: BLE001 (the keeper goes on at the next change)
+                LOG.exception("keeping %s", keeper.path)
+        ctx.rt.sleep(POLL_S)
+
+
+def engine_ping(rack) -> Callable[[str], str | None]:
+    """None if the server's engine answers now, else why not (a client per server, kept)."""
+    clients: dict[str, object] = {}
+
+    def ping(server: str) -> str | None:
+        try:
+            if server not in clients:
+                clients[server] = engine_client(rack, server, PING_TIMEOUT)
+            clients[server].ping()
+            return None
+        except Exception as e:  # noqa: BLE001 (refused, timed out, TLS: not answering, with the reason)
+            text = str(e)
+            said = next((w for w in ("refused", "timed out", "Name or service not known") if w in text), text[:80])
+            return f"{e.__class__.__name__}: {said}"
+
+    return ping
+
+
+class SlurmApp(app_manager.RyuApp):
+    """Beside the Slurm whose slurm.conf the controller is given (--optirack-slurm-conf): keeps topology.conf to the
+    live circuits, tells Slurm of dead servers under its jobs and reconciles its jobs at start (controller/slurm/)."""
+
+    _CONTEXTS = {"optirack": Optirack}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.ctx: Optirack = kwargs["optirack"]
+        path = conf().slurm_conf
+        self.scheduler = configured(self.ctx.rack, path)
+        self.keeper = None if self.scheduler is None else TopologyKeeper(self.ctx.rack, path,
+                                                                          lambda: self.ctx.circuits)
+        self.ctx.slurm_topology = self.keeper
+
+    def start(self):
+        thread = super().start()
+        if self.scheduler is not None:
+            self.threads.append(self.ctx.rt.spawn(keep_topology, self.ctx, self.keeper))
+            if self.ctx.jobs is not None:
+                found = SlurmWatch(self.ctx.rack, self.scheduler, self.ctx.jobs, engine_ping(self.ctx.rack))
+                self.threads.append(self.ctx.rt.spawn(watch.run, found, self.ctx.rt.sleep))
+        return thread

@@ -15,6 +15,10 @@ from controller.core.circuits import CircuitMap
 from controller.core.rack import Rack
 
 GPU_GRES = "gpu"
+# A job step's credential lifetime, and so how long slurmctld holds a requeued batch job before it may start again
+# (Slurm's default is 120 s). Lowered so that a job requeued after a lost node runs again within seconds; a step
+# must still launch (prolog, environment) within it.
+CRED_EXPIRE_S = 10
 TOP_SWITCH = "fabric"  # topology.conf's root: every aggregator switch hangs under it
 
 
@@ -71,6 +75,13 @@ class Layout:
         return self.root / "db"
 
 
+def node_name(rack: Rack, server: str) -> str:
+    """The Slurm node of a server: the server's own name (slurm.conf's NodeName lines are written so)."""
+    if server not in rack.servers:
+        raise ValueError(f"{server!r} is not a server of rack {rack.name} (its servers: {', '.join(rack.servers)})")
+    return server
+
+
 def node_gres(rack: Rack, server: str) -> str:
     """`gpu:m40:1,gpu:titanv:1`: a node's GPUs by type, in the order of their first index."""
     gpus = sorted(rack.servers[server].gpus, key=lambda g: g.index)
@@ -86,7 +97,7 @@ def gres_conf(rack: Rack, layout: Layout | None = None) -> str:
              "AutoDetect=off"]
     for s in rack.spec.servers:
         for g in sorted(s.gpus, key=lambda g: g.index):
-            lines.append(f"NodeName={s.name} Name={GPU_GRES} Type={gres_type(g.model)} "
+            lines.append(f"NodeName={node_name(rack, s.name)} Name={GPU_GRES} Type={gres_type(g.model)} "
                          f"File={layout.device(s.name, g.index) if layout else f'/dev/nvidia{g.index}'}")
     return "\n".join(lines) + "\n"
 
@@ -99,10 +110,12 @@ def gpu_at(rack: Rack, server: str, gres_index: int) -> str | None:
 
 def slurm_conf(rack: Rack, layout: Layout, ctld_host: str, ctld_addr: str, node_addrs: dict[str, str], *,
                prolog: str | None = None, epilog: str | None = None, topology: bool = True,
-               hook_timeout_s: int = 60, dbd_port: int | None = None) -> str:
+               hook_timeout_s: int = 60, dbd_port: int | None = None, cred_expire_s: int = CRED_EXPIRE_S) -> str:
     """slurm.conf for a rack whose servers are the nodes (`node_addrs`: server -> address slurmctld
     reaches its slurmd at). Accounting through slurmdbd on this host at `dbd_port` (sacct shows the
-    GPUs a job held, AllocTRES gres/gpu, only with slurmdbd); without it none."""
+    GPUs a job held, AllocTRES gres/gpu, only with slurmdbd); without it none. `cred_expire_s`: how
+    long a job step's credential lives, which is also how long slurmctld holds a requeued batch job
+    before it may start again (Slurm's default 120 s)."""
     cpus = 2  # what the emulated servers declare (slurmd's own count is overridden; see below)
     types = sorted({gres_type(g.model) for g in rack.gpus.values()})
     lines = [
@@ -113,7 +126,7 @@ def slurm_conf(rack: Rack, layout: Layout, ctld_host: str, ctld_addr: str, node_
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={layout.munge_socket}",
+        f"AuthInfo=socket={layout.munge_socket},cred_expire={cred_expire_s}",
         f"StateSaveLocation={layout.state}",
         f"SlurmdSpoolDir={layout.root / 'nodes' / '%n' / 'spool'}",
         f"SlurmctldPidFile={layout.ctld_pid}",
@@ -131,7 +144,10 @@ def slurm_conf(rack: Rack, layout: Layout, ctld_host: str, ctld_addr: str, node_
         "SchedulerType=sched/backfill",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core",
-        "ReturnToService=2",
+        # A node down for not responding comes back when its slurmd registers again; one set DOWN with a reason (by
+        # the controller, for a dead server: controller/slurm/scheduler.py) only when resumed (2 would return it on
+        # any message from it, even one in flight from before its death, and Slurm would place the requeued job there)
+        "ReturnToService=1",
         "SlurmdTimeout=30",
         "InactiveLimit=0",
         "KillWait=5",
@@ -160,7 +176,7 @@ def slurm_conf(rack: Rack, layout: Layout, ctld_host: str, ctld_addr: str, node_
     if prolog or epilog:
         lines.append(f"PrologEpilogTimeout={hook_timeout_s}")
     for s in rack.spec.servers:
-        lines.append(f"NodeName={s.name} NodeAddr={node_addrs[s.name]} CPUs={cpus} RealMemory=1024 "
+        lines.append(f"NodeName={node_name(rack, s.name)} NodeAddr={node_addrs[s.name]} CPUs={cpus} RealMemory=1024 "
                      f"Gres={node_gres(rack, s.name)} State=UNKNOWN")
     lines.append(f"PartitionName=rack Nodes={','.join(rack.servers)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
@@ -241,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.what == "nodes":
         for s in rack.spec.servers:
-            print(f"NodeName={s.name} Gres={node_gres(rack, s.name)}")
+            print(f"NodeName={node_name(rack, s.name)} Gres={node_gres(rack, s.name)}")
     elif args.what == "gres":
         print(gres_conf(rack), end="")
     else:

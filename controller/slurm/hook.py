@@ -7,8 +7,8 @@ controller to regroup them under one aggregator switch; the epilog tells the con
 ended, which releases its circuits. What happened is written into the job's comment, which
 `scontrol show job` and `sacct --format Comment` show. Neither ever hangs a job: the controller
 is given a few seconds, and when it cannot be reached the job runs as Slurm placed it (or, with
-`--unreachable fail`, is requeued) and its comment says why. After each circuit change the
-fabric's tree is written to topology.conf and Slurm reloads it (`--topology`).
+`--unreachable fail`, is requeued) and its comment says why. topology.conf is not theirs: the
+controller keeps it to the live circuits after every change (controller/slurm/topology.py).
 """
 from __future__ import annotations
 
@@ -17,13 +17,10 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from controller.client import ApiError, Client, find_token
-from controller.core.circuits import CircuitMap
 from controller.core.rack import RackError, load_rack
 from controller.slurm.allocation import AllocationError, parse
-from controller.slurm.conf import topology_conf
 
 TIMEOUT_S = 20.0  # the controller's regroup is a dark window of tens of ms; PrologEpilogTimeout is 60 s
 HOLD_WORD = "optirack:hold"  # in a job's --comment: wait until it can be regrouped rather than run fragmented
@@ -42,21 +39,6 @@ def set_comment(job: str, note: str, old: str = "") -> None:
     proc = scontrol("update", f"JobId={job}", f"Comment={text}")
     if proc.returncode != 0:
         print(f"optirack-slurm-hook: job {job}: cannot set its comment: {proc.stderr.strip()}", file=sys.stderr)
-
-
-def refresh_topology(client: Client, rack, path: Path) -> bool:
-    """Rewrite topology.conf from the live circuits and have Slurm reload it (if it changed)."""
-    circuits = CircuitMap.parse(rack, client.get("/ocs/circuits")["circuits"])
-    text = topology_conf(rack, circuits)
-    if path.exists() and path.read_text() == text:
-        return False
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    # detached: slurmctld waits for this hook before it takes the reconfigure request
-    subprocess.Popen(["scontrol", "reconfigure"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
-    return True
 
 
 def prolog(args, client: Client, rack, job: str) -> int:
@@ -86,8 +68,6 @@ def prolog(args, client: Client, rack, job: str) -> int:
         set_comment(job, f"optirack: not regrouped, runs as Slurm placed it: {e.message}", alloc.comment)
         return 0
     set_comment(job, "optirack: " + job_view.get("note", "placed"), alloc.comment)
-    if args.topology:
-        _topology(client, rack, args.topology)
     return 0
 
 
@@ -118,17 +98,7 @@ def epilog(args, client: Client, rack, job: str) -> int:
     except ApiError as e:
         if e.status != 404:  # 404: the prolog never reached the controller; nothing is held
             print(f"optirack-slurm-hook: job {job}: circuits not released: {e}", file=sys.stderr)
-        return 0
-    if args.topology:
-        _topology(client, rack, args.topology)
     return 0
-
-
-def _topology(client: Client, rack, path: str) -> None:
-    try:
-        refresh_topology(client, rack, Path(path))
-    except (ApiError, OSError) as e:
-        print(f"optirack-slurm-hook: topology.conf not refreshed: {e}", file=sys.stderr)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,7 +108,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="the controller (default $OPTIRACK_URL or http://127.0.0.1:8080)")
     p.add_argument("--token-file",
                    help="the controller's token (default $OPTIRACK_TOKEN_FILE or /var/lib/optirack/token)")
-    p.add_argument("--topology", help="topology.conf to rewrite from the live circuits after a change (and reload)")
     p.add_argument("--fragmented", choices=["run", "hold"], default="run",
                    help="no switch can take all the job's GPUs: run fragmented, or requeue until one can "
                    "(a job asks for hold itself with --comment optirack:hold) (%(default)s)")

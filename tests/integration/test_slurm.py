@@ -1,10 +1,15 @@
 """Slurm schedules the rack, optirack wires it: a real slurmctld (with slurmdbd) and four slurmd, one in each
 server of the shared testbed, with optirack's PrologSlurmctld/EpilogSlurmctld calling the testbed's controller.
-Nothing here is a mock: sbatch, srun, scancel and sacct are Slurm's own."""
+Nothing here is a mock: sbatch, srun, scancel and sacct are Slurm's own, and a node is lost by killing its server.
+
+The four ways a job ends that a lab meets next (a time limit, a lost node, a hold then a requeue, an end while the
+controller is down) share one run of the rack (`endings`, side by side: the time-limited job runs through the
+others); each test then checks its own."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -14,8 +19,9 @@ from controller.cli import main as optirack
 from controller.core.circuits import CircuitMap
 from controller.core.emulated import netns_of
 from controller.slurm.conf import topology_conf
-from emulation import ovs
+from emulation import engines, ovs, servers
 from emulation import slurm as slurmmod
+from emulation.rack import CONTAINER_LABEL
 from tests.integration.helpers import BIN, PAPER, ROOT, wait_for
 
 TRAIN = ROOT / "scripts" / "slurm" / "train.sbatch"
@@ -28,15 +34,20 @@ def _slurm_stopped_after(testbed):
     assert not slurmmod.LAYOUT.root.exists() and not slurmmod.daemon_pids(), removed
 
 
+def _slurm_up(testbed) -> None:
+    """Slurm on the shared testbed's rack, its hooks pointed at the testbed's controller: started once, and again
+    if the testbed was rebuilt meanwhile (its rack-down stops Slurm too)."""
+    running = slurmmod.daemon_pids()
+    if "slurmctld" not in running or sum(n.startswith("slurmd ") for n in running) < len(testbed.rack.servers):
+        hook = slurmmod.Hook(str(BIN / "optirack-slurm-hook"), str(PAPER), testbed.controller.url,
+                             str(testbed.controller.state_dir / "token"))
+        slurmmod.start(testbed.rack, hook)
+
+
 @pytest.fixture
 def slurm(bed, _slurm_stopped_after):
-    """Slurm on the shared testbed's rack, its hooks pointed at the testbed's controller: started once, and again
-    if the testbed was rebuilt meanwhile (its rack-down stops Slurm too); stopped after the module."""
-    running = slurmmod.daemon_pids()
-    if "slurmctld" not in running or sum(n.startswith("slurmd ") for n in running) < len(bed.rack.servers):
-        hook = slurmmod.Hook(str(BIN / "optirack-slurm-hook"), str(PAPER), bed.controller.url,
-                             str(bed.controller.state_dir / "token"))
-        slurmmod.start(bed.rack, hook)
+    """Slurm on the shared testbed (see _slurm_up); stopped after the module."""
+    _slurm_up(bed)
     return slurmmod
 
 
@@ -142,13 +153,143 @@ def test_scancel_releases_the_circuits_at_once(bed, slurm, tmp_path):
     assert _leftovers(bed.rack) == []
 
 
-def test_a_job_started_with_the_controller_stopped_runs_and_says_why(bed, slurm, tmp_path):
-    bed.controller.stop()
+# --- every ending, side by side ----------------------------------------------------------------------------------
+BLOCKER = "999999"  # a Slurm job the controller still holds a GPU for (as after an epilog it never heard)
+
+
+def _squeue(job: str) -> str:
+    return run("squeue", "--noheader", "--states=all", "--jobs", job, "--format=%T").strip()
+
+
+def _record(client, job: str) -> dict:
+    return client.get(f"/jobs/slurm-{job}")["job"]
+
+
+def _holds(client, job: str) -> bool:
+    return any(j["id"] == f"slurm-{job}" and j["state"] == "running" for j in client.get("/jobs")["jobs"])
+
+
+def _shown(job: str, key: str) -> str:
+    m = re.search(rf"(?:^|\s){key}=(.*?)(?:\s+\w+=|$)", run("scontrol", "show", "job", job), re.M)
+    return m.group(1) if m else ""
+
+
+def _phase(seen: dict, name: str, fn, *args) -> None:
+    """One ending's run: what it saw, or the error that stopped it (its test raises it; the others go on)."""
     try:
-        job = sbatch(tmp_path, "-N1", "--gres=gpu:titanv:1", wrap="true")
-        wait_for(lambda: not in_queue(job), 60, "the job to end")
-        record = sacct(job)[job]
-        assert record["State"] == "COMPLETED", record
-        assert "not regrouped" in record["Comment"] and "cannot reach the controller" in record["Comment"], record
+        seen[name] = fn(*args)
+    except Exception as e:  # noqa: BLE001 (handed to that ending's test)
+        seen[name] = e
+
+
+def _hold_then_requeue(testbed, tmp: Path) -> dict:
+    client = testbed.client
+    client.post("/slurm/jobs", {"slurm_job": BLOCKER, "gpus": ["gpu2"]})
+    try:  # gpu2 (as1) and gpu3 (as2), asking to wait rather than run fragmented
+        job = sbatch(tmp, "-N2", "-w", "srv2,srv3", "--ntasks-per-node=1", "--gres=gpu:m40:1", "--comment",
+                     "optirack:hold", wrap="sleep 2")
+        wait_for(lambda: int(_shown(job, "Restarts") or 0) >= 1, 30, f"job {job} to be requeued")
+        held = {"comment": _shown(job, "Comment"), "state": _squeue(job), "held_record": _record(client, job)
+                if any(j["id"] == f"slurm-{job}" for j in client.get("/jobs")["jobs"]) else None}
     finally:
-        bed.restart()
+        client.post(f"/slurm/jobs/{BLOCKER}/end", {"state": "COMPLETED"})
+    wait_for(lambda: not in_queue(job), 60, f"job {job} to run again and end")
+    return {"job": job, **held, "sacct": sacct(job)[job], "record": _record(client, job)}
+
+
+def _ended_while_down(testbed, tmp: Path) -> dict:
+    flag = tmp / "end-now"
+    job = sbatch(tmp, "-w", "srv4", "--gres=gpu:m40:1", wrap=f"while [ ! -e {flag} ]; do sleep 0.1; done")
+    wait_for(lambda: _holds(testbed.client, job), 30, f"the controller to hold job {job}")
+    testbed.controller.stop()
+    try:
+        other = sbatch(tmp, "-N1", "--gres=gpu:titanv:1", wrap="true")  # one that starts while it is down
+        wait_for(lambda: not in_queue(other), 60, f"job {other} to end")
+        flag.touch()
+        wait_for(lambda: not in_queue(job), 30, f"job {job} to end")
+    finally:
+        client = testbed.restart()
+    record = wait_for(lambda: (r := _record(client, job))["ended_at"] and r, 30, f"slurm-{job} to be reconciled")
+    return {"job": job, "record": record, "busy": client.get("/jobs")["jobs"], "other": sacct(other)[other]}
+
+
+@pytest.fixture(scope="module")
+def endings(testbed, _slurm_stopped_after, tmp_path_factory):
+    """The four endings on one run of the rack: a job with a one-minute limit runs through the others, which go one
+    after the other (each needs GPUs the next would take)."""
+    from scripts.slurm_failover import lost_node
+
+    testbed.clean()
+    _slurm_up(testbed)
+    tmp = tmp_path_factory.mktemp("endings")
+    tmp.chmod(0o755)
+    seen: dict = {}
+    limited = sbatch(tmp, "--time=1", "-w", "srv1", "--gres=gpu:titanv:1", wrap="sleep 300")
+    t0 = time.time()
+    try:
+        wait_for(lambda: _holds(testbed.client, limited), 30, f"the controller to hold job {limited}")
+        _phase(seen, "hold", _hold_then_requeue, testbed, tmp)
+        _phase(seen, "down", _ended_while_down, testbed, tmp)
+        _phase(seen, "lost", lambda: lost_node(testbed.client, testbed.rack, tmp, BIN.parent, PAPER, gpus=4,
+                                               iterations=30, every=5, kill_after=12, victims=("srv2", "srv4"),
+                                               log=lambda _: None))
+
+        def limit():
+            wait_for(lambda: not in_queue(limited), max(1.0, t0 + 150 - time.time()), f"job {limited} to time out")
+            return {"job": limited, "sacct": sacct(limited)[limited], "record": _record(testbed.client, limited)}
+
+        _phase(seen, "limit", limit)
+        yield seen
+    finally:
+        left = run("squeue", "--noheader", "--format=%i").split()
+        if left:
+            slurmmod.run("scancel", *left, check=False)
+            wait_for(lambda: not run("squeue", "--noheader", "--format=%i").strip(), 60, "the jobs to leave")
+        for server in testbed.rack.servers:  # a lost node's server comes back
+            plan = next(e for e in engines.engine_plans(testbed.rack) if e.server == server)
+            if engines.pid_of(plan) is None:
+                servers.start(testbed.rack, plan, f"{CONTAINER_LABEL}={testbed.rack.name}")
+        testbed.clean()
+
+
+def _seen(endings: dict, name: str) -> dict:
+    if isinstance(endings.get(name), Exception):
+        raise endings[name]
+    return endings[name]
+
+
+def test_a_time_limit_ends_the_job_and_the_controller_releases_it(endings):
+    r = _seen(endings, "limit")
+    assert r["sacct"]["State"] == "TIMEOUT", r
+    assert r["record"]["state"] == "failed" and r["record"]["reason"].endswith("TIMEOUT"), r["record"]
+    assert r["record"]["ended_at"]
+
+
+def test_a_held_job_is_requeued_and_later_runs_under_one_switch(endings):
+    r = _seen(endings, "hold")
+    assert "held until its GPUs can be regrouped" in r["comment"] and "gpu2 is held" in r["comment"], r
+    assert r["held_record"] is None  # while held, the controller placed nothing for it
+    assert r["sacct"]["State"] == "COMPLETED", r
+    rec = r["record"]
+    assert rec["state"] == "done" and rec["gpus"] == ["gpu2", "gpu3"] and len(rec["switches"]) == 1, rec
+    assert rec["events"], rec  # gpu2 (as1) and gpu3 (as2) were brought under one switch by a circuit change
+
+
+def test_a_job_that_ends_while_the_controller_is_down_is_released_on_its_restart(endings):
+    r = _seen(endings, "down")
+    rec = r["record"]
+    assert rec["state"] == "done" and rec["request"]["external"]["state"] == "COMPLETED", rec
+    assert not [j for j in r["busy"] if j["state"] in ("running", "configuring") and "gpu4" in j["gpus"]]
+    # the job that started meanwhile ran as Slurm placed it, and its comment says why
+    assert r["other"]["State"] == "COMPLETED", r["other"]
+    assert "not regrouped" in r["other"]["Comment"] and "cannot reach the controller" in r["other"]["Comment"]
+
+
+def test_a_lost_node_requeues_the_job_at_once_and_it_goes_on_from_its_checkpoint_under_one_switch(endings):
+    r = _seen(endings, "lost")
+    assert r["final"] == "COMPLETED", r
+    assert r["requeued_s"] <= 2.0, r["states_seen"]  # the controller told Slurm; Slurm alone waits SlurmdTimeout
+    assert r["victim"] not in r["again_nodes"] and len(r["record"]["switches"]) == 1, r
+    assert r["resumed_from"] == r["saved_before_kill"] >= r["checkpoint_every"], r
+    assert 0 <= r["iterations_lost"] <= r["checkpoint_every"], r
+    assert r["record"]["state"] == "done" and r["record"]["gpus"] != r["first_record"]["gpus"], r["record"]
