@@ -13,6 +13,7 @@ runs it with the controller's notice.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -86,6 +87,17 @@ def saved(records: list[dict], ranks: int) -> int:
     return max(full) if full else 0
 
 
+def ctld_log(job: str, node: str, since: float) -> list[str]:
+    """slurmctld's log lines about the job or the node from `since` on: how Slurm saw the loss and the requeue."""
+    try:
+        text = (slurm.LAYOUT.root / "slurmctld.log").read_text(errors="replace")
+    except OSError:
+        return []
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+    pattern = re.compile(rf"JobId={job}\b|\b{node}\b|sched|backfill")
+    return [line for line in text.splitlines() if line[1:20] >= stamp and pattern.search(line)][:200]
+
+
 def node_gpus(text: str) -> list[str]:
     """`srv[1,3-4]` as node names (squeue's %N)."""
     from controller.slurm.allocation import hostnames
@@ -157,6 +169,7 @@ def lost_node(client, rack, workdir: Path, venv: Path, rack_file: Path, gpus: in
                                 "-j", job).stdout.strip().splitlines()
     result["final"] = slurm.run("sacct", "-X", "-n", "-P", "-o", "State", "-j", job).stdout.strip()
     result["record"] = client.get(f"/jobs/slurm-{job}")["job"]
+    result["slurmctld_log"] = ctld_log(job, victim, since=killed - 5)
     for key in ("node_down_at", "requeued_at", "started_again_at", "iterating_again_at"):
         if result.get(key) is not None:
             result[key.replace("_at", "_s")] = result[key] - killed

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from ryu.app.wsgi import route
@@ -112,7 +112,7 @@ def keep_topology(ctx, keeper: TopologyKeeper) -> None:
 
 def engine_ping(rack) -> Callable[[str], str | None]:
     """None if the server's engine answers now, else why not (a client per server, kept)."""
-    clients: dict[str, object] = {}
+    clients: dict[str, Any] = {}  # docker.DockerClient
 
     def ping(server: str) -> str | None:
         try:
@@ -138,16 +138,21 @@ class SlurmApp(app_manager.RyuApp):
         super().__init__(*args, **kwargs)
         self.ctx: Optirack = kwargs["optirack"]
         path = conf().slurm_conf
-        self.scheduler = configured(self.ctx.rack, path)
-        self.keeper = None if self.scheduler is None else TopologyKeeper(self.ctx.rack, path,
-                                                                          lambda: self.ctx.circuits)
+        self.keeper = None if not path or path == "none" else TopologyKeeper(self.ctx.rack, path,
+                                                                                lambda: self.ctx.circuits)
         self.ctx.slurm_topology = self.keeper
+        # Where the wiring gave the job service the scheduler port (ctx.scheduler), the service tells Slurm of dead
+        # servers and reconciles at a restart; until then this app does (controller/slurm/watch.py).
+        self.watch = None
+        if getattr(self.ctx, "scheduler", None) is None and self.ctx.jobs is not None:
+            scheduler = configured(self.ctx.rack, path)
+            if scheduler is not None:
+                self.watch = SlurmWatch(self.ctx.rack, scheduler, self.ctx.jobs, engine_ping(self.ctx.rack))
 
     def start(self):
         thread = super().start()
-        if self.scheduler is not None:
+        if self.keeper is not None:
             self.threads.append(self.ctx.rt.spawn(keep_topology, self.ctx, self.keeper))
-            if self.ctx.jobs is not None:
-                found = SlurmWatch(self.ctx.rack, self.scheduler, self.ctx.jobs, engine_ping(self.ctx.rack))
-                self.threads.append(self.ctx.rt.spawn(watch.run, found, self.ctx.rt.sleep))
+        if self.watch is not None:
+            self.threads.append(self.ctx.rt.spawn(watch.run, self.watch, self.ctx.rt.sleep))
         return thread

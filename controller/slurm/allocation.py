@@ -58,7 +58,7 @@ def hostnames(expr: str) -> list[str]:
 
 def indexes(text: str) -> list[int]:
     """`0-1,3` as [0, 1, 3]."""
-    out = []
+    out: list[int] = []
     for r in filter(None, text.split(",")):
         lo, _, hi = r.partition("-")
         out += range(int(lo), int(hi or lo) + 1)
@@ -67,7 +67,7 @@ def indexes(text: str) -> list[int]:
 
 def parse(rack: Rack, job: str, text: str) -> Allocation:
     """An allocation from `scontrol show job -d JOB`'s output."""
-    fields = {}
+    fields: dict[str, str] = {}
     for line in text.splitlines():
         if _NODES.match(line):
             continue
@@ -79,13 +79,13 @@ def parse(rack: Rack, job: str, text: str) -> Allocation:
     alloc = Allocation(job, fields.get("UserId", "").split("(")[0], fields.get("JobState", ""),
                        comment.group(1).strip() if comment and comment.group(1).strip() != "(null)" else "")
     for line in text.splitlines():
-        m = _NODES.match(line)
-        if not m:
+        nodes = _NODES.match(line)
+        if not nodes:
             continue
-        for node in hostnames(m["nodes"]):
+        for node in hostnames(nodes["nodes"]):
             if node not in rack.servers:
                 raise AllocationError(f"node {node} is not a server of rack {rack.name}")
-            for g in _GPU_IDX.finditer(m["gres"]):
+            for g in _GPU_IDX.finditer(nodes["gres"]):
                 for i in indexes(g["idx"]):
                     name = gpu_at(rack, node, i)
                     if name is None:

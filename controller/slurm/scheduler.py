@@ -105,24 +105,25 @@ class SlurmScheduler:
         wanted = [str(j) for j in jobs]
         if not wanted:
             return {}
-        listed = {}
+        listed: dict[str, str] = {}
         for line in self._ok(["squeue", "--noheader", "--all", "--states=all", "--format=%A|%T"]).splitlines():
             jid, _, state = line.strip().partition("|")
             listed[jid] = state.strip()
-        out, ask = {}, []
+        out: dict[str, str] = {}
+        ask: list[str] = []
         for jid in wanted:
-            state = listed.get(jid)
-            if state in HOLDING:
+            shown = listed.get(jid)
+            if shown in HOLDING:
                 continue
-            if state in AGAIN:
-                out[jid] = f"{state} (requeued)"
-            elif state is None or state == "COMPLETING":
+            if shown in AGAIN:
+                out[jid] = f"{shown} (requeued)"
+            elif shown is None or shown == "COMPLETING":
                 ask.append(jid)
             else:
-                out[jid] = state
+                out[jid] = shown
         accounted = self._accounted(ask) if ask else {}
         for jid in ask:
-            state = accounted.get(jid)
+            state = accounted.get(jid, "")
             if state and state.split()[0] not in HOLDING | AGAIN | {"COMPLETING"}:
                 out[jid] = state
             elif listed.get(jid) is None:  # slurmctld has forgotten it: over, however it ended

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from controller.core.jobs import Job
 from controller.slurm.scheduler import SchedulerError, SlurmScheduler
 
 LOG = logging.getLogger("optirack.slurm")
@@ -28,7 +29,7 @@ class SlurmWatch:
         self.rack, self.scheduler, self.jobs, self.ping = rack, scheduler, jobs, ping
         self.lost: dict[str, str] = {}  # server -> the Slurm job under which its node was set down
 
-    def held(self) -> dict[str, object]:
+    def held(self) -> dict[str, Job]:
         """Slurm job id -> the controller's job, for the Slurm jobs it holds GPUs for."""
         out = {}
         for job in list(self.jobs.jobs.values()):
