@@ -4,8 +4,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import requests
-
 DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_TOKEN_FILE = Path("/var/lib/optirack/token")
 
@@ -33,6 +31,9 @@ class Client:
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 120.0):
         self.url = (url or os.environ.get("OPTIRACK_URL") or DEFAULT_URL).rstrip("/") + "/api/v1"
         self.token, self.timeout = token, timeout
+        import requests  # here, not at the top: what only wants ApiError or find_token starts without it
+
+        self._requests = requests
         self.session = requests.Session()
 
     def request(self, method: str, path: str, body: dict | None = None, headers: dict | None = None, **params) -> dict:
@@ -40,7 +41,7 @@ class Client:
         try:
             resp = self.session.request(method, self.url + path, json=body, params=params or None,
                                         headers=headers, timeout=self.timeout)
-        except requests.ConnectionError:
+        except self._requests.ConnectionError:
             raise ApiError(0, f"cannot reach the controller at {self.url} (is it running? make controller)") from None
         try:
             data = resp.json()

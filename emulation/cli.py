@@ -34,7 +34,7 @@ def _cmd_up(args) -> int:
         state = up_bare(rack, args.controller, wait_connected=args.wait)
     else:
         state = up(rack, args.controller, wait_connected=args.wait, with_slurm=args.slurm,
-                   slurm_hook=_hook(args, rack.source) if args.slurm else None)
+                   slurm_hook=_hook(args) if args.slurm else None)
     connected = [b for b in state.bridges if ovs.controller_connected(b)]
     print(
         f"rack {state.name} is up in {state.up_seconds:.1f} s: {len(state.bridges)} bridges, "
@@ -53,12 +53,12 @@ def _default_hook() -> str | None:
     return str(path) if path.exists() else shutil.which("optirack-slurm-hook")
 
 
-def _hook(args, rack_file: str):
+def _hook(args):
     from emulation.slurm import Hook
 
     if not args.slurm_hook or args.slurm_hook == "none":
         return None
-    return Hook(args.slurm_hook, str(Path(rack_file).resolve()), args.controller_url, args.token_file)
+    return Hook(args.slurm_hook, args.controller_url, args.token_file)
 
 
 def _slurm_options(sp) -> None:
@@ -88,7 +88,7 @@ def _cmd_slurm(args) -> int:
     if state is None or state.status != "up":
         print("error: no rack is up (make rack-up)", file=sys.stderr)
         return 1
-    slurm.start(load_rack(state.rack_file), _hook(args, state.rack_file), log=print)
+    slurm.start(load_rack(state.rack_file), _hook(args), log=print)
     return 0
 
 

@@ -54,15 +54,14 @@ def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.Comple
 
 @dataclass(frozen=True)
 class Hook:
-    """The PrologSlurmctld/EpilogSlurmctld program and what it is told: the rack file, the controller."""
+    """The PrologSlurmctld/EpilogSlurmctld program and what it is told: the controller."""
 
     program: str
-    rack_file: str
     url: str | None = None
     token_file: str | None = None
 
     def argv(self, kind: str) -> list[str]:
-        out = [self.program, kind, "--rack", self.rack_file]
+        out = [self.program, kind]
         out += ["--url", self.url] if self.url else []
         return out + (["--token-file", self.token_file] if self.token_file else [])
 

@@ -80,7 +80,7 @@ def completion(out: Path, ranks: int) -> float:
 
 
 def start_slurm(tb: Testbed, hooks: bool, topology: bool = True) -> None:
-    hook = slurm.Hook(str(BIN / "optirack-slurm-hook"), str(PAPER), tb.controller.url,
+    hook = slurm.Hook(str(BIN / "optirack-slurm-hook"), tb.controller.url,
                       str(tb.controller.state_dir / "token")) if hooks else None
     slurm.start(tb.rack, hook, topology=topology, log=lambda _: None)
 
@@ -141,10 +141,10 @@ def mix_once(tb: Testbed, workdir: Path, topology: bool) -> dict:
 def placements(tb: Testbed, jobs: list[str], events: list[dict]) -> list[dict]:
     """Slurm's node choice for each job (sacct's NodeList), the GPUs it got and where optirack wired them."""
     nodes = {}
-    for line in slurm.run("sacct", "-X", "-n", "-P", "-o", "JobIDRaw,NodeList,Start", "-j", ",".join(jobs)).stdout \
-            .splitlines():
-        jid, node_list, start = (line.split("|") + ["", ""])[:3]
-        nodes[jid] = {"nodes": node_list, "start": start}
+    for line in slurm.run("sacct", "-X", "-n", "-P", "-o", "JobIDRaw,NodeList,Start,Comment", "-j",
+                          ",".join(jobs)).stdout.splitlines():
+        jid, node_list, start, comment = (line.split("|", 3) + ["", "", ""])[:4]  # a comment may hold a "|"
+        nodes[jid] = {"nodes": node_list, "start": start, "comment": comment}
     out = []
     for j in jobs:
         rec = next((x for x in tb.client.get("/jobs")["jobs"] if x["id"] == f"slurm-{j}"), None) or {}

@@ -133,6 +133,11 @@ def openapi_for(rack) -> dict:
     schemas["GpuName"]["enum"] = sorted(rack.gpus)
     schemas["PortName"]["enum"] = [str(p) for p in sorted(rack.endpoints, key=lambda p: (p.device, p.port))]
     schemas["JobRequest"]["properties"]["gpu_model"]["enum"] = sorted({g.model for g in rack.gpus.values()}) + [None]
+    nodes = schemas["SlurmJobRequest"]["properties"]["nodes"]  # Slurm's nodes are the servers, GRES index = GPU index
+    item = nodes.pop("additionalProperties")
+    nodes["properties"] = {s: {**item, "items": {"type": "integer", "enum": list(range(len(rack.servers[s].gpus)))}}
+                           for s in rack.servers}
+    nodes["additionalProperties"] = False
     return doc
 
 

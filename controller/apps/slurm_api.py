@@ -21,6 +21,7 @@ from controller.core.placement import InvalidRequest
 from controller.drivers.engines import PING_TIMEOUT, engine_client
 from controller.jobs.errors import UnknownJob
 from controller.slurm import watch
+from controller.slurm.allocation import AllocationError, gpus_of
 from controller.slurm.scheduler import configured
 from controller.slurm.topology import TopologyKeeper
 from controller.slurm.watch import SlurmWatch
@@ -38,7 +39,10 @@ class SlurmJobBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     slurm_job: str = Field(..., pattern=SLURM_ID, max_length=32)
     user: str = Field("", max_length=64)
-    gpus: list[str] = Field(..., min_length=1, max_length=4096)
+    gpus: list[str] | None = Field(None, min_length=1, max_length=4096, description="the rack's GPU names; or nodes")
+    nodes: dict[str, list[int]] | None = Field(None, min_length=1, max_length=4096,
+                                               description="Slurm's nodes and each one's GRES indexes of the job (what "
+                                               "scontrol show job -d prints as IDX), named into GPUs here; or gpus")
     hold: bool = Field(False, description="no switch can take every GPU: 409 instead of running fragmented")
     policy: Literal["regroup", "fixed"] = Field("regroup", description="fixed: hold the GPUs where they are")
 
@@ -60,10 +64,16 @@ class SlurmApi(OptirackController):
     @api(mutation=True)
     def begin(self, req, **_):
         body = read_json(req, SlurmJobBody)
-        if len(set(body.gpus)) != len(body.gpus):
-            raise RequestRefused(400, "a GPU is named twice", "gpus")
+        if (body.gpus is None) == (body.nodes is None):
+            raise RequestRefused(400, "give the job's gpus or its nodes, one of them", "gpus")
         try:
-            job = self.jobs.begin_external("slurm", body.slurm_job, body.user, body.gpus, body.hold, body.policy)
+            gpus = body.gpus if body.gpus is not None else gpus_of(self.ctx.rack, body.nodes or {})
+        except AllocationError as e:
+            raise RequestRefused(400, str(e), "nodes") from None
+        if len(set(gpus)) != len(gpus):
+            raise RequestRefused(400, "a GPU is named twice", "gpus" if body.gpus is not None else "nodes")
+        try:
+            job = self.jobs.begin_external("slurm", body.slurm_job, body.user, gpus, body.hold, body.policy)
         except InvalidRequest as e:
             raise RequestRefused(400, str(e), "gpus") from None
         resp = json_response({"job": job.to_json(), "note": job.note}, 201)

@@ -13,18 +13,54 @@ controller keeps it to the live circuits after every change (controller/slurm/to
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import subprocess
 import sys
 import time
+from urllib.parse import urlsplit
 
-from controller.client import ApiError, Client, find_token
-from controller.core.rack import RackError, load_rack
-from controller.slurm.allocation import AllocationError, parse
+# Only what starts fast: slurmctld waits for the prolog before the job's first task, so its own start is part of every
+# job's (no requests, no rack file: the controller names the GPUs behind Slurm's nodes and GRES indexes)
+from controller.client import DEFAULT_URL, ApiError, find_token
+from controller.slurm.allocation import AllocationError, read
 
 TIMEOUT_S = 20.0  # the controller's regroup is a dark window of tens of ms; PrologEpilogTimeout is 60 s
 HOLD_WORD = "optirack:hold"  # in a job's --comment: wait until it can be regrouped rather than run fragmented
 FIXED_WORD = "optirack:fixed"  # in a job's --comment: keep its GPUs where they are (hold them, no circuit change)
+
+
+class Controller:
+    """The controller's REST API, as much as the hooks need: POST with the token, within `timeout`. Raises ApiError
+    (status 0 when the controller cannot be reached or does not answer in time)."""
+
+    def __init__(self, url: str | None, token: str | None, timeout: float = 20.0):
+        self.url = (url or os.environ.get("OPTIRACK_URL") or DEFAULT_URL).rstrip("/")
+        self.token, self.timeout = token, timeout
+
+    def post(self, path: str, body: dict) -> dict:
+        where = urlsplit(self.url)
+        conn_cls = http.client.HTTPSConnection if where.scheme == "https" else http.client.HTTPConnection
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {self.token}"}
+                                                          if self.token else {})}
+        try:
+            conn = conn_cls(where.hostname or "127.0.0.1", where.port, timeout=self.timeout)
+            conn.request("POST", f"{where.path}/api/v1{path}", json.dumps(body), headers)
+            resp = conn.getresponse()
+            raw = resp.read()
+            conn.close()
+        except (OSError, http.client.HTTPException) as e:  # refused, unreachable, timed out, cut
+            raise ApiError(0, f"cannot reach the controller at {self.url} ({e.__class__.__name__}: {e})") from None
+        try:
+            data = json.loads(raw or b"{}")
+        except ValueError:
+            data = {}
+        if resp.status >= 400:
+            err = data.get("error", {}) if isinstance(data, dict) else {}
+            raise ApiError(resp.status, err.get("message", raw.decode(errors="replace").strip()[:200]),
+                           err.get("field"), data)
+        return data
 
 
 def scontrol(*args: str) -> subprocess.CompletedProcess:
@@ -41,20 +77,21 @@ def set_comment(job: str, note: str, old: str = "") -> None:
         print(f"optirack-slurm-hook: job {job}: cannot set its comment: {proc.stderr.strip()}", file=sys.stderr)
 
 
-def prolog(args, client: Client, rack, job: str) -> int:
+def prolog(args, client: Controller, job: str) -> int:
     proc = scontrol("show", "job", "-d", job)
     if proc.returncode != 0:
         print(f"optirack-slurm-hook: scontrol show job {job}: {proc.stderr.strip()}", file=sys.stderr)
         return 0
     try:
-        alloc = parse(rack, job, proc.stdout)
+        alloc = read(job, proc.stdout)
     except AllocationError as e:
         set_comment(job, f"optirack: not regrouped: {e}")
         return 0
-    if not alloc.gpus:
-        return 0  # no GPU of the rack: nothing to wire
+    if not any(alloc.nodes.values()):
+        return 0  # no GPU: nothing to wire
     hold = args.fragmented == "hold" or HOLD_WORD in alloc.comment
-    body = {"slurm_job": job, "user": os.environ.get("SLURM_JOB_USER") or alloc.user, "gpus": alloc.gpus,
+    body = {"slurm_job": job, "user": os.environ.get("SLURM_JOB_USER") or alloc.user,
+            "nodes": {n: idx for n, idx in alloc.nodes.items() if idx},
             "hold": hold, "policy": "fixed" if FIXED_WORD in alloc.comment else "regroup"}
     try:
         job_view = client.post("/slurm/jobs", body)
@@ -91,7 +128,7 @@ def final_state(job: str) -> str:
     return "COMPLETED" if os.environ.get("SLURM_JOB_EXIT_CODE2", "0:0") == "0:0" else "FAILED"
 
 
-def epilog(args, client: Client, rack, job: str) -> int:
+def epilog(args, client: Controller, job: str) -> int:
     state = final_state(job)
     try:
         client.post(f"/slurm/jobs/{job}/end", {"state": state})
@@ -104,7 +141,6 @@ def epilog(args, client: Client, rack, job: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="optirack-slurm-hook", description=__doc__.splitlines()[0])
     p.add_argument("kind", choices=["prolog", "epilog"], help="PrologSlurmctld or EpilogSlurmctld")
-    p.add_argument("--rack", required=True, help="the rack file the controller runs")
     p.add_argument("--url", help="the controller (default $OPTIRACK_URL or http://127.0.0.1:8080)")
     p.add_argument("--token-file",
                    help="the controller's token (default $OPTIRACK_TOKEN_FILE or /var/lib/optirack/token)")
@@ -123,13 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         print("optirack-slurm-hook: SLURM_JOB_ID is not set (slurmctld runs this as PrologSlurmctld/EpilogSlurmctld)",
               file=sys.stderr)
         return 2
-    try:
-        rack = load_rack(args.rack)
-    except RackError as e:
-        print(f"optirack-slurm-hook: {e}", file=sys.stderr)
-        return 0 if args.kind == "epilog" or args.unreachable == "run" else 1
-    client = Client(args.url, find_token(token_file=args.token_file), timeout=TIMEOUT_S)
-    return (prolog if args.kind == "prolog" else epilog)(args, client, rack, job)
+    client = Controller(args.url, find_token(token_file=args.token_file), timeout=TIMEOUT_S)
+    return (prolog if args.kind == "prolog" else epilog)(args, client, job)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ def _slurm_up(testbed) -> None:
     if the testbed was rebuilt meanwhile (its rack-down stops Slurm too)."""
     running = slurmmod.daemon_pids()
     if "slurmctld" not in running or sum(n.startswith("slurmd ") for n in running) < len(testbed.rack.servers):
-        hook = slurmmod.Hook(str(BIN / "optirack-slurm-hook"), str(PAPER), testbed.controller.url,
+        hook = slurmmod.Hook(str(BIN / "optirack-slurm-hook"), testbed.controller.url,
                              str(testbed.controller.state_dir / "token"))
         slurmmod.start(testbed.rack, hook)
 
@@ -72,7 +72,8 @@ def sacct(*jobs: str) -> dict[str, dict]:
               "-X")
     lines = out.strip().splitlines()
     names = lines[0].split("|")
-    return {r["JobID"]: r for r in (dict(zip(names, line.split("|"), strict=True)) for line in lines[1:])}
+    return {r["JobID"]: r for r in (dict(zip(names, line.split("|", len(names) - 1), strict=True))
+                                    for line in lines[1:])}  # the last field, the comment, may hold a "|"
 
 
 def _switches_on_flows(rack, flows_text: str, gpus: list[str]) -> set[str]:
@@ -121,12 +122,19 @@ def test_sbatch_jobs_are_regrouped_before_their_first_iteration_and_released_aft
     done = sacct(four, two)
     assert done[four]["State"] == done[two]["State"] == "COMPLETED", done
     assert "under as" in done[four]["Comment"], done[four]
-    # released: no job holds them, so the rack's starting circuits can be put back at once
+    # Slurm saw the fabric change: the controller rewrote topology.conf from the live circuits
+    live = CircuitMap.parse(rack, bed.client.get("/ocs/circuits")["circuits"])
+    assert topology_conf(rack, live) != topology_conf(rack, CircuitMap.initial(rack))  # srv3, srv4 moved to as1
+    wait_for(lambda: slurmmod.LAYOUT.topology.read_text() == topology_conf(rack, live), 5, "topology.conf")
+    # released: no job holds them, so the rack's starting circuits can be put back at once, and a change made
+    # through REST reaches Slurm's tree as well
     assert not [j for j in bed.client.get("/jobs")["jobs"] if j["state"] in ("running", "configuring")]
     bed.client.put("/ocs/circuits", {"circuits": bed.initial})
     assert bed.containers() == [] and _leftovers(rack) == []
-    # Slurm saw the fabric change: topology.conf was rewritten from the live circuits after the last change
-    assert slurmmod.LAYOUT.topology.read_text() != topology_conf(rack, CircuitMap.initial(rack))
+    wait_for(lambda: slurmmod.LAYOUT.topology.read_text() == topology_conf(rack, CircuitMap.initial(rack)), 5,
+             "topology.conf to follow the change made through REST")
+    kept = bed.client.get("/slurm/topology")
+    assert kept["kept"] and kept["reconfigures"] >= 2 and kept["most_in_flight"] == 1, kept
     # the simulator replays this run's own accounting
     dump = tmp_path / "sacct.txt"
     dump.write_text(run("sacct", "--parsable2", "--allusers", "--format",

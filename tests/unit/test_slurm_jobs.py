@@ -161,3 +161,14 @@ def test_rest_contract_of_slurm_jobs(rest):
     status, body = post("/slurm/jobs/5/end", {"state": "COMPLETED"})
     assert status == 200 and body["job"]["state"] == "done"
     assert post("/slurm/jobs/8/end", {})[0] == 404
+    # the prolog's form: Slurm's nodes and GRES indexes, named into the rack's GPUs here
+    status, body = post("/slurm/jobs", {"slurm_job": "9", "nodes": {"srv4": [0], "srv1": [0]}})
+    assert status == 201 and body["job"]["request"]["gpus"] == ["gpu4", "gpu1"], body  # in the order given
+    for bad, word in (({"srv9": [0]}, "node srv9 is not a server of rack paper"),
+                      ({"srv2": [1]}, "node srv2 has no GPU of GRES index 1"),
+                      ({"srv3": [0, 0]}, "a GPU is named twice")):
+        status, body = post("/slurm/jobs", {"slurm_job": "10", "nodes": bad})
+        assert status == 400 and word in body["error"]["message"] and body["error"]["field"] == "nodes", body
+    assert post("/slurm/jobs", {"slurm_job": "10"})[0] == 400  # neither gpus nor nodes
+    assert post("/slurm/jobs", {"slurm_job": "10", "gpus": ["gpu2"], "nodes": {"srv2": [0]}})[0] == 400  # both
+    assert "slurm-10" not in ctx.jobs.jobs  # nothing of a refused one is kept
