@@ -2,9 +2,9 @@
 server of the shared testbed, with optirack's PrologSlurmctld/EpilogSlurmctld calling the testbed's controller.
 Nothing here is a mock: sbatch, srun, scancel and sacct are Slurm's own, and a node is lost by killing its server.
 
-The four ways a job ends that a lab meets next (a time limit, a lost node, a hold then a requeue, an end while the
-controller is down) share one run of the rack (`endings`, side by side: the time-limited job runs through the
-others); each test then checks its own."""
+Every test shares one run of the rack (`endings`): two jobs on every GPU first, then the ways a job ends side by side
+(a job with a one-minute limit runs through a scancel, a hold then a requeue, an end while the controller is down and
+a lost node); each test then checks its own, or raises what stopped its part of the run."""
 from __future__ import annotations
 
 import json
@@ -44,11 +44,6 @@ def _slurm_up(testbed) -> None:
         slurmmod.start(testbed.rack, hook)
 
 
-@pytest.fixture
-def slurm(bed, _slurm_stopped_after):
-    """Slurm on the shared testbed (see _slurm_up); stopped after the module."""
-    _slurm_up(bed)
-    return slurmmod
 
 
 def run(*cmd: str) -> str:
@@ -84,14 +79,20 @@ def _switches_on_flows(rack, flows_text: str, gpus: list[str]) -> set[str]:
     return {where[g][0] for g in gpus if g in where}
 
 
-def _leftovers(rack) -> list[str]:
-    """Processes of a job (slurmstepd and what it ran) still in a server's namespace."""
+def _leftovers(rack, job: str | None = None) -> list[str]:
+    """Processes of jobs (slurmstepd and what it ran; of `job`: its slurmstepds) still in a server's namespace."""
     spaces = {os.stat(f"/run/netns/{netns_of(s)}").st_ino for s in rack.servers}
-    return [open(f"/proc/{p}/cmdline").read().replace("\0", " ")[:80] for p in slurmmod._steps_in(spaces)
-            if os.path.exists(f"/proc/{p}")]
+    found = []
+    for p in slurmmod._steps_in(spaces):
+        try:
+            found.append(open(f"/proc/{p}/cmdline").read().replace("\0", " ")[:80])
+        except OSError:
+            continue
+    return [c for c in found if job is None or f"[{job}." in c]
 
 
-def test_sbatch_jobs_are_regrouped_before_their_first_iteration_and_released_after(bed, slurm, tmp_path):
+def _regrouped_and_released(bed, tmp_path: Path) -> dict:
+    """Two sbatch jobs across both switches: regrouped before their batch scripts and first iterations, released."""
     rack = bed.rack
     script = tmp_path / "job.sbatch"  # the OCS bridge's own flows as the batch script starts, then the example
     script.write_text(f"#!/bin/bash\novs-ofctl -O OpenFlow13 dump-flows ocs1 > {tmp_path}/$SLURM_JOB_ID.flows\n"
@@ -144,9 +145,10 @@ def test_sbatch_jobs_are_regrouped_before_their_first_iteration_and_released_aft
                      "--out", str(out), "--quiet", "--no-plots", "--policies", "regroup"]) == 0
     workload = json.loads((out / "results.json").read_text())["workload"]
     assert workload["format"] == "sacct" and workload["jobs"] == 2, workload
+    return {"jobs": mine}
 
 
-def test_scancel_releases_the_circuits_at_once(bed, slurm, tmp_path):
+def _scancel(bed, tmp_path: Path) -> dict:
     job = sbatch(tmp_path, "-N2", "--ntasks-per-node=1", "--gres=gpu:m40:1", wrap="sleep 300")
     ours = f"slurm-{job}"
     wait_for(lambda: bed.client.get(f"/jobs/{ours}")["job"]["state"] == "running"
@@ -158,7 +160,8 @@ def test_scancel_releases_the_circuits_at_once(bed, slurm, tmp_path):
     assert ended <= left + 2.0
     record = bed.client.get(f"/jobs/{ours}")["job"]
     assert record["state"] == "stopped" and record["request"]["external"]["state"].startswith("CANCELLED"), record
-    assert _leftovers(bed.rack) == []
+    assert _leftovers(bed.rack, job) == []  # (the time-limited job runs on)
+    return {"job": job, "record": record}
 
 
 # --- every ending, side by side ----------------------------------------------------------------------------------
@@ -223,8 +226,8 @@ def _ended_while_down(testbed, tmp: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def endings(testbed, _slurm_stopped_after, tmp_path_factory):
-    """The four endings on one run of the rack: a job with a one-minute limit runs through the others, which go one
-    after the other (each needs GPUs the next would take)."""
+    """One run of the rack for every test here: first two jobs on every GPU; then a job with a one-minute limit
+    runs through the other endings, which go one after the other (each needs GPUs the next would take)."""
     from scripts.slurm_failover import lost_node
 
     testbed.clean()
@@ -232,10 +235,12 @@ def endings(testbed, _slurm_stopped_after, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("endings")
     tmp.chmod(0o755)
     seen: dict = {}
+    _phase(seen, "regrouped", _regrouped_and_released, testbed, tmp)
     limited = sbatch(tmp, "--time=1", "-w", "srv1", "--gres=gpu:titanv:1", wrap="sleep 300")
     t0 = time.time()
     try:
         wait_for(lambda: _holds(testbed.client, limited), 30, f"the controller to hold job {limited}")
+        _phase(seen, "scancel", _scancel, testbed, tmp)
         _phase(seen, "hold", _hold_then_requeue, testbed, tmp)
         _phase(seen, "down", _ended_while_down, testbed, tmp)
         _phase(seen, "lost", lambda: lost_node(testbed.client, testbed.rack, tmp, BIN.parent, PAPER, gpus=4,
@@ -264,6 +269,14 @@ def _seen(endings: dict, name: str) -> dict:
     if isinstance(endings.get(name), Exception):
         raise endings[name]
     return endings[name]
+
+
+def test_sbatch_jobs_are_regrouped_before_their_first_iteration_and_released_after(endings):
+    _seen(endings, "regrouped")  # its checks are in the run (_regrouped_and_released)
+
+
+def test_scancel_releases_the_circuits_at_once(endings):
+    _seen(endings, "scancel")  # its checks are in the run (_scancel)
 
 
 def test_a_time_limit_ends_the_job_and_the_controller_releases_it(endings):
