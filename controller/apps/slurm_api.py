@@ -22,7 +22,7 @@ from controller.drivers.engines import PING_TIMEOUT, engine_client
 from controller.jobs.errors import UnknownJob
 from controller.slurm import watch
 from controller.slurm.allocation import AllocationError, gpus_of
-from controller.slurm.scheduler import configured
+from controller.slurm.scheduler import SchedulerError, configured
 from controller.slurm.topology import TopologyKeeper
 from controller.slurm.watch import SlurmWatch
 
@@ -72,6 +72,7 @@ class SlurmApi(OptirackController):
             raise RequestRefused(400, str(e), "nodes") from None
         if len(set(gpus)) != len(gpus):
             raise RequestRefused(400, "a GPU is named twice", "gpus" if body.gpus is not None else "nodes")
+        self._release_ended(body.slurm_job, gpus)
         try:
             job = self.jobs.begin_external("slurm", body.slurm_job, body.user, gpus, body.hold, body.policy)
         except InvalidRequest as e:
@@ -79,6 +80,28 @@ class SlurmApi(OptirackController):
         resp = json_response({"job": job.to_json(), "note": job.note}, 201)
         resp.headers["Location"] = f"{PREFIX}/jobs/{job.id}"
         return resp
+
+    def _release_ended(self, slurm_job: str, gpus: list[str]) -> None:
+        """Slurm gives a GPU to one job at a time: one still held for another Slurm job means that job's end has not
+        reached the controller yet (slurmctld hands the GPUs on while the last job's EpilogSlurmctld still runs, or the
+        epilog never got through). Slurm is asked (squeue, sacct) and those it says ended are released first, with the
+        state it gives; one it says still runs is left held (the new job is then refused or runs fragmented)."""
+        scheduler = getattr(self.ctx, "slurm_scheduler", None)
+        busy = self.jobs.busy_gpus()
+        others = sorted({busy[g] for g in gpus if g in busy} - {f"slurm-{slurm_job}"})
+        held = {j: self.jobs.jobs[j].request["external"]["job"] for j in others if j in self.jobs.jobs
+                and (self.jobs.jobs[j].request.get("external") or {}).get("scheduler") == "slurm"}
+        if scheduler is None or not held:
+            return
+        try:
+            ended = scheduler.ended(sorted(held.values()))
+        except SchedulerError as e:
+            LOG.warning("Slurm job %s: cannot ask Slurm whether %s ended: %s", slurm_job, ", ".join(held), e)
+            return
+        for sid, state in ended.items():
+            self.jobs.end_external("slurm", sid, state)
+            LOG.info("slurm-%s ended (%s, as Slurm says) before its epilog came: its GPUs go to Slurm job %s", sid,
+                     state, slurm_job)
 
     @route("slurm_job_end", PREFIX + "/slurm/jobs/{slurm_job}/end", methods=["POST"], requirements=SLURM_JOB)
     @api(mutation=True)
@@ -153,11 +176,12 @@ class SlurmApp(app_manager.RyuApp):
         self.ctx.slurm_topology = self.keeper
         # Where the wiring gave the job service the scheduler port (ctx.scheduler), the service tells Slurm of dead
         # servers and reconciles at a restart; until then this app does (controller/slurm/watch.py).
+        given = getattr(self.ctx, "scheduler", None)
+        scheduler = given if given is not None else configured(self.ctx.rack, path)
+        self.ctx.slurm_scheduler = scheduler  # POST /slurm/jobs asks it whether a job holding its GPUs ended
         self.watch = None
-        if getattr(self.ctx, "scheduler", None) is None and self.ctx.jobs is not None:
-            scheduler = configured(self.ctx.rack, path)
-            if scheduler is not None:
-                self.watch = SlurmWatch(self.ctx.rack, scheduler, self.ctx.jobs, engine_ping(self.ctx.rack))
+        if given is None and scheduler is not None and self.ctx.jobs is not None:
+            self.watch = SlurmWatch(self.ctx.rack, scheduler, self.ctx.jobs, engine_ping(self.ctx.rack))
 
     def start(self):
         thread = super().start()

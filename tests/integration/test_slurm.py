@@ -165,9 +165,6 @@ def _scancel(bed, tmp_path: Path) -> dict:
 
 
 # --- every ending, side by side ----------------------------------------------------------------------------------
-BLOCKER = "999999"  # a Slurm job the controller still holds a GPU for (as after an epilog it never heard)
-
-
 def _squeue(job: str) -> str:
     return run("squeue", "--noheader", "--states=all", "--jobs", job, "--format=%T").strip()
 
@@ -194,8 +191,9 @@ def _phase(seen: dict, name: str, fn, *args) -> None:
 
 
 def _hold_then_requeue(testbed, tmp: Path) -> dict:
-    client = testbed.client
-    client.post("/slurm/jobs", {"slurm_job": BLOCKER, "gpus": ["gpu2"]})
+    client = testbed.client  # a job of optirack's own holds gpu2 (Slurm does not know of it)
+    mine = client.post("/jobs", {"gpus": ["gpu2"], "policy": "fixed", "warm_spares": 0,
+                                 "workload": {"iterations": 100000}})["job"]["id"]
     try:  # gpu2 (as1) and gpu3 (as2), asking to wait rather than run fragmented
         job = sbatch(tmp, "-N2", "-w", "srv2,srv3", "--ntasks-per-node=1", "--gres=gpu:m40:1", "--comment",
                      "optirack:hold", wrap="sleep 2")
@@ -203,9 +201,9 @@ def _hold_then_requeue(testbed, tmp: Path) -> dict:
         held = {"comment": _shown(job, "Comment"), "state": _squeue(job), "held_record": _record(client, job)
                 if any(j["id"] == f"slurm-{job}" for j in client.get("/jobs")["jobs"]) else None}
     finally:
-        client.post(f"/slurm/jobs/{BLOCKER}/end", {"state": "COMPLETED"})
+        client.post(f"/jobs/{mine}/stop")
     wait_for(lambda: not in_queue(job), 60, f"job {job} to run again and end")
-    return {"job": job, **held, "sacct": sacct(job)[job], "record": _record(client, job)}
+    return {"job": job, "blocker": mine, **held, "sacct": sacct(job)[job], "record": _record(client, job)}
 
 
 def _ended_while_down(testbed, tmp: Path) -> dict:
@@ -288,7 +286,8 @@ def test_a_time_limit_ends_the_job_and_the_controller_releases_it(endings):
 
 def test_a_held_job_is_requeued_and_later_runs_under_one_switch(endings):
     r = _seen(endings, "hold")
-    assert "held until its GPUs can be regrouped" in r["comment"] and "gpu2 is held" in r["comment"], r
+    assert "held until its GPUs can be regrouped" in r["comment"], r
+    assert f"gpu2 is held by {r['blocker']}" in r["comment"], r  # by a job of optirack's own
     assert r["held_record"] is None  # while held, the controller placed nothing for it
     assert r["sacct"]["State"] == "COMPLETED", r
     rec = r["record"]

@@ -172,3 +172,33 @@ def test_rest_contract_of_slurm_jobs(rest):
     assert post("/slurm/jobs", {"slurm_job": "10"})[0] == 400  # neither gpus nor nodes
     assert post("/slurm/jobs", {"slurm_job": "10", "gpus": ["gpu2"], "nodes": {"srv2": [0]}})[0] == 400  # both
     assert "slurm-10" not in ctx.jobs.jobs  # nothing of a refused one is kept
+
+
+@pytest.mark.parametrize("slurm_says, status", [("5|COMPLETING\n", 201), ("5|RUNNING\n", 409)])
+def test_a_gpu_still_held_for_a_slurm_job_that_ended_goes_to_the_next_one(rest, slurm_says, status):
+    """slurmctld hands a GPU on while the last job's EpilogSlurmctld runs: the controller asks Slurm and releases the
+    job it says ended (COMPLETING with its end in sacct); one Slurm says still runs keeps its GPU."""
+    import json
+
+    from webob import Request
+
+    from controller.slurm.scheduler import SlurmScheduler
+    from tests.unit.test_slurm_scheduler import Slurm
+
+    ctx, wsgi = rest
+    ctx.slurm_scheduler = SlurmScheduler(ctx.rack, Slurm(squeue=(0, slurm_says, ""), sacct=(0, "5|COMPLETED\n", "")))
+
+    def post(path, body):
+        resp = Request.blank("/api/v1" + path, method="POST", body=json.dumps(body).encode(),
+                             headers={"Authorization": f"Bearer {ctx.token}", "Content-Type": "application/json"}
+                             ).get_response(wsgi)
+        return resp.status_int, json.loads(resp.body)
+
+    assert post("/slurm/jobs", {"slurm_job": "5", "gpus": ["gpu1", "gpu3"]})[0] == 201
+    code, body = post("/slurm/jobs", {"slurm_job": "6", "nodes": {"srv1": [0]}})
+    assert code == status, body
+    old = ctx.jobs.jobs["slurm-5"]
+    if status == 201:
+        assert old.state == "done" and old.request["external"]["state"] == "COMPLETED"
+    else:
+        assert old.state == "running" and "gpu1 is held by slurm-5" in body["error"]["message"]
