@@ -28,6 +28,7 @@ from controller.slurm.watch import SlurmWatch
 
 LOG = logging.getLogger("optirack.slurm")
 POLL_S = 0.2  # seconds between two looks at the circuits' version (a refresh follows a change within this)
+EPILOG_WAIT_S = 2.0  # how long a prolog waits for the end of the Slurm job that held its GPUs before asking Slurm
 
 SLURM_JOB = {"slurm_job": r"[^/]+"}
 SLURM_ID = r"^[0-9]+([_+][0-9]+)?$"  # 12, an array task 12_3, a heterogeneous component 12+1
@@ -83,25 +84,35 @@ class SlurmApi(OptirackController):
 
     def _release_ended(self, slurm_job: str, gpus: list[str]) -> None:
         """Slurm gives a GPU to one job at a time: one still held for another Slurm job means that job's end has not
-        reached the controller yet (slurmctld hands the GPUs on while the last job's EpilogSlurmctld still runs, or the
-        epilog never got through). Slurm is asked (squeue, sacct) and those it says ended are released first, with the
-        state it gives; one it says still runs is left held (the new job is then refused or runs fragmented)."""
+        reached the controller yet: slurmctld hands the GPUs on while the last job's EpilogSlurmctld still runs, or
+        the epilog never got through. Its end is waited for up to EPILOG_WAIT_S (the epilog's call releasing it may
+        be under way); then Slurm is asked (squeue, sacct) and those it says ended are released, with the state it
+        gives; one it says still runs stays held (the new job is then refused or runs fragmented)."""
+        def held() -> dict[str, str]:
+            busy = self.jobs.busy_gpus()
+            others = {busy[g] for g in gpus if g in busy} - {f"slurm-{slurm_job}"}
+            jobs = {j: self.jobs.jobs.get(j) for j in others}
+            return {j: job.request["external"]["job"] for j, job in jobs.items()
+                    if job is not None and (job.request.get("external") or {}).get("scheduler") == "slurm"}
+
+        waited = 0.0
+        while held() and waited < EPILOG_WAIT_S:
+            self.ctx.rt.sleep(0.05)
+            waited += 0.05
+        left = held()
         scheduler = getattr(self.ctx, "slurm_scheduler", None)
-        busy = self.jobs.busy_gpus()
-        others = sorted({busy[g] for g in gpus if g in busy} - {f"slurm-{slurm_job}"})
-        held = {j: self.jobs.jobs[j].request["external"]["job"] for j in others if j in self.jobs.jobs
-                and (self.jobs.jobs[j].request.get("external") or {}).get("scheduler") == "slurm"}
-        if scheduler is None or not held:
+        if scheduler is None or not left:
             return
         try:
-            ended = scheduler.ended(sorted(held.values()))
+            ended = scheduler.ended(sorted(left.values()))
         except SchedulerError as e:
-            LOG.warning("Slurm job %s: cannot ask Slurm whether %s ended: %s", slurm_job, ", ".join(held), e)
+            LOG.warning("Slurm job %s: cannot ask Slurm whether %s ended: %s", slurm_job, ", ".join(left), e)
             return
         for sid, state in ended.items():
-            self.jobs.end_external("slurm", sid, state)
-            LOG.info("slurm-%s ended (%s, as Slurm says) before its epilog came: its GPUs go to Slurm job %s", sid,
-                     state, slurm_job)
+            if self.jobs.jobs[f"slurm-{sid}"].active:  # (its epilog may have come meanwhile)
+                self.jobs.end_external("slurm", sid, state)
+                LOG.warning("slurm-%s ended (%s, as Slurm says) and its epilog did not come: its GPUs go to Slurm job "
+                            "%s", sid, state, slurm_job)
 
     @route("slurm_job_end", PREFIX + "/slurm/jobs/{slurm_job}/end", methods=["POST"], requirements=SLURM_JOB)
     @api(mutation=True)

@@ -202,6 +202,9 @@ def _hold_then_requeue(testbed, tmp: Path) -> dict:
                 if any(j["id"] == f"slurm-{job}" for j in client.get("/jobs")["jobs"]) else None}
     finally:
         client.post(f"/jobs/{mine}/stop")
+        # stopped once its worker is gone and gpu2's NIC is back at home (the lost node's run may get gpu2 next)
+        wait_for(lambda: client.get(f"/jobs/{mine}")["job"]["ended_at"] and not testbed.containers(), 60,
+                 f"{mine} to stop")
     wait_for(lambda: not in_queue(job), 60, f"job {job} to run again and end")
     return {"job": job, "blocker": mine, **held, "sacct": sacct(job)[job], "record": _record(client, job)}
 

@@ -175,15 +175,19 @@ def test_rest_contract_of_slurm_jobs(rest):
 
 
 @pytest.mark.parametrize("slurm_says, status", [("5|COMPLETING\n", 201), ("5|RUNNING\n", 409)])
-def test_a_gpu_still_held_for_a_slurm_job_that_ended_goes_to_the_next_one(rest, slurm_says, status):
-    """slurmctld hands a GPU on while the last job's EpilogSlurmctld runs: the controller asks Slurm and releases the
-    job it says ended (COMPLETING with its end in sacct); one Slurm says still runs keeps its GPU."""
+def test_a_gpu_still_held_for_a_slurm_job_that_ended_goes_to_the_next_one(rest, slurm_says, status, monkeypatch):
+    """slurmctld hands a GPU on while the last job's EpilogSlurmctld runs, or the epilog never comes: after a short
+    wait for it, the controller asks Slurm and releases the job it says ended (COMPLETING with its end in sacct); one
+    Slurm says still runs keeps its GPU."""
     import json
 
     from webob import Request
 
+    from controller.apps import slurm_api
     from controller.slurm.scheduler import SlurmScheduler
     from tests.unit.test_slurm_scheduler import Slurm
+
+    monkeypatch.setattr(slurm_api, "EPILOG_WAIT_S", 0.2)
 
     ctx, wsgi = rest
     ctx.slurm_scheduler = SlurmScheduler(ctx.rack, Slurm(squeue=(0, slurm_says, ""), sacct=(0, "5|COMPLETED\n", "")))
