@@ -270,14 +270,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--iterations", type=int, default=12, help="iterations of the 4-GPU job (default 12, as make demo)")
     p.add_argument("--no-record", action="store_true", help="print only")
+    p.add_argument("--keep", metavar="DIR", help="run in this new directory and keep it: the jobs' outputs and "
+                   "checkpoints, the controller's log (tb/controller.log)")
     args = p.parse_args(argv)
     if not (args.case or args.topology_mix or args.failover or args.prolog_cost):
         p.error("give --case a, --topology-mix, --failover or --prolog-cost (or several)")
     if args.repeats < 1 or args.jobs < 1:
         p.error("--repeats and --jobs must be 1 or more")
     record = {"versions": versions(), "started": utc_stamp()}
+    if args.keep and Path(args.keep).exists():
+        p.error(f"--keep {args.keep}: it exists already (name a new directory)")
     with tempfile.TemporaryDirectory(prefix="optirack-slurm-") as tmp:
-        workdir = Path(tmp)
+        workdir = Path(args.keep or tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         workdir.chmod(0o755)
         tb = Testbed(load_rack(PAPER), PAPER, workdir / "tb").__enter__()
         try:
