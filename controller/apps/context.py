@@ -6,7 +6,8 @@ the parts it needs, in order, and holds them for the apps that adapt Ryu's event
     -> ocs: the OCS keeper (controller/devices/ocs.py), which builds the circuit changes over its drivers and the
        fabric (controller/devices/changes.py) = `changes`
     -> jobs: the job service (controller/jobs/service.py), from the rack state, the circuit changes, the containers
-       (controller/drivers/containers.py) and the runtime
+       (controller/drivers/containers.py), the runtime and the outside scheduler of external jobs, if one is
+       configured (`scheduler`: Slurm's port, controller/slurm/scheduler.py, for --optirack-slurm-conf)
     -> metrics: the Prometheus registry over all of them (controller/metrics.py).
 
 No part finds another through this object: each gets its collaborators in its constructor. Threads start when the
@@ -32,8 +33,10 @@ from controller.core.stats import PortHistory
 from controller.devices.fabric import Fabric
 from controller.devices.ocs import OcsDevices
 from controller.drivers.containers import ContainerDriver
+from controller.jobs.ports import SchedulerPort
 from controller.jobs.service import JobService
 from controller.metrics import Metrics
+from controller.slurm.scheduler import configured
 from controller.state import RackState, open_store
 
 LOG = logging.getLogger("optirack")
@@ -81,9 +84,10 @@ class Optirack(RackState):
         runtime=None,
         containers=None,
         engine_poll: float | None = None,
+        scheduler: SchedulerPort | None = None,
     ):
         c = conf()
-        if rack is None:  # the real controller, not a test's
+        if rack is None:  # the real controller, not a test's (a test hands in its scheduler, if any)
             ryu_conf = cfg.CONF
             _check_port_free(ryu_conf.ofp_listen_host or "0.0.0.0", ryu_conf.ofp_tcp_listen_port or 6653, "OpenFlow")
             _check_port_free(ryu_conf.wsapi_host, ryu_conf.wsapi_port, "REST")
@@ -92,6 +96,7 @@ class Optirack(RackState):
             except RackError as e:
                 LOG.error("cannot start: %s", e)
                 sys.exit(2)
+            scheduler = scheduler or configured(rack, c.slurm_conf)
         self.state_dir = Path(state_dir or c.state_dir)
         self.token = _load_token(Path(c.token_file) if c.token_file else self.state_dir / "token")
         self.known = rack.datapaths()  # dpid -> ("ocs" | "switch", name)
@@ -102,6 +107,7 @@ class Optirack(RackState):
         self.fabric = Fabric(self, self.rt, c.barrier_timeout)
         self.ocs = OcsDevices(self, self.fabric, self.rt, c)
         self.changes = self.ocs.changes
+        self.scheduler = scheduler
         self.jobs = JobService(
             self,
             self.changes,
@@ -111,6 +117,7 @@ class Optirack(RackState):
             hold_configuring=c.fault_hold_configuring,
             hold_recovering=c.fault_hold_recovering,
             queue=c.queue,
+            scheduler=scheduler,
         )
         self.metrics = Metrics(self)  # what GET /metrics shows (controller/apps/metrics.py), read when scraped
 

@@ -2,13 +2,14 @@
 for the GPUs Slurm allocated to be regrouped, the EpilogSlurmctld says the job ended; GET /jobs lists them. The Slurm
 app keeps topology.conf to the live circuits (controller/slurm/topology.py): one thread looks at the circuits'
 version every POLL_S and refreshes the tree when it moved, whatever changed them (a job, a fail-over, a
-defragmentation, REST); GET /slurm/topology shows what it did. A second thread tells Slurm of dead servers under its
-jobs and reconciles them at start (controller/slurm/watch.py)."""
+defragmentation, REST); GET /slurm/topology shows what it did. Fail-over is the job service's: its loop tells Slurm
+of a dead server under a Slurm job, and of its return, and reconciles the Slurm jobs a restarted controller holds
+(the scheduler port the wiring gave it, ctx.scheduler: controller/slurm/scheduler.py); at start, this app resumes the
+nodes a controller before this one left down whose servers answer again."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from ryu.app.wsgi import route
@@ -18,17 +19,16 @@ from controller.apps.context import Optirack
 from controller.apps.http import PREFIX, OptirackController, RequestRefused, api, json_response, path_text, read_json
 from controller.config import conf
 from controller.core.placement import InvalidRequest
-from controller.drivers.engines import PING_TIMEOUT, engine_client
+from controller.drivers.engines import PING_TIMEOUT
 from controller.jobs.errors import UnknownJob
-from controller.slurm import watch
 from controller.slurm.allocation import AllocationError, gpus_of
-from controller.slurm.scheduler import SchedulerError, configured
+from controller.slurm.scheduler import SchedulerError, SlurmScheduler
 from controller.slurm.topology import TopologyKeeper
-from controller.slurm.watch import SlurmWatch
 
 LOG = logging.getLogger("optirack.slurm")
 POLL_S = 0.2  # seconds between two looks at the circuits' version (a refresh follows a change within this)
 EPILOG_WAIT_S = 2.0  # how long a prolog waits for the end of the Slurm job that held its GPUs before asking Slurm
+RESUME_RETRY_S = 10.0  # seconds between two tries to resume the nodes left down, while Slurm does not answer
 
 SLURM_JOB = {"slurm_job": r"[^/]+"}
 SLURM_ID = r"^[0-9]+([_+][0-9]+)?$"  # 12, an array task 12_3, a heterogeneous component 12+1
@@ -100,7 +100,7 @@ class SlurmApi(OptirackController):
             self.ctx.rt.sleep(0.05)
             waited += 0.05
         left = held()
-        scheduler = getattr(self.ctx, "slurm_scheduler", None)
+        scheduler = getattr(self.ctx, "scheduler", None)
         if scheduler is None or not left:
             return
         try:
@@ -154,27 +154,21 @@ def keep_topology(ctx, keeper: TopologyKeeper) -> None:
         ctx.rt.sleep(POLL_S)
 
 
-def engine_ping(rack) -> Callable[[str], str | None]:
-    """None if the server's engine answers now, else why not (a client per server, kept)."""
-    clients: dict[str, Any] = {}  # docker.DockerClient
-
-    def ping(server: str) -> str | None:
+def resume_left_down(scheduler: SlurmScheduler, answers, sleep, retry_s: float = RESUME_RETRY_S) -> None:
+    """The app's thread at start: the nodes a controller before this one set down, whose servers answer again, are
+    resumed (again every `retry_s` while Slurm does not answer). A server that dies later is the job service's."""
+    while True:
         try:
-            if server not in clients:
-                clients[server] = engine_client(rack, server, PING_TIMEOUT)
-            clients[server].ping()
-            return None
-        except Exception as e:  # noqa: BLE001 (refused, timed out, TLS: not answering, with the reason)
-            text = str(e)
-            said = next((w for w in ("refused", "timed out", "Name or service not known") if w in text), text[:80])
-            return f"{e.__class__.__name__}: {said}"
-
-    return ping
+            scheduler.resume_answering(answers)
+            return
+        except SchedulerError as e:
+            LOG.error("cannot resume the nodes left down (trying again in %g s): %s", retry_s, e)
+            sleep(retry_s)
 
 
 class SlurmApp(app_manager.RyuApp):
     """Beside the Slurm whose slurm.conf the controller is given (--optirack-slurm-conf): keeps topology.conf to the
-    live circuits, tells Slurm of dead servers under its jobs and reconciles its jobs at start (controller/slurm/)."""
+    live circuits and, at start, resumes the nodes left down by a controller before this one (controller/slurm/)."""
 
     _CONTEXTS = {"optirack": Optirack}
 
@@ -185,19 +179,14 @@ class SlurmApp(app_manager.RyuApp):
         self.keeper = None if not path or path == "none" else TopologyKeeper(self.ctx.rack, path,
                                                                                 lambda: self.ctx.circuits)
         self.ctx.slurm_topology = self.keeper
-        # Where the wiring gave the job service the scheduler port (ctx.scheduler), the service tells Slurm of dead
-        # servers and reconciles at a restart; until then this app does (controller/slurm/watch.py).
-        given = getattr(self.ctx, "scheduler", None)
-        scheduler = given if given is not None else configured(self.ctx.rack, path)
-        self.ctx.slurm_scheduler = scheduler  # POST /slurm/jobs asks it whether a job holding its GPUs ended
-        self.watch = None
-        if given is None and scheduler is not None and self.ctx.jobs is not None:
-            self.watch = SlurmWatch(self.ctx.rack, scheduler, self.ctx.jobs, engine_ping(self.ctx.rack))
 
     def start(self):
         thread = super().start()
         if self.keeper is not None:
             self.threads.append(self.ctx.rt.spawn(keep_topology, self.ctx, self.keeper))
-        if self.watch is not None:
-            self.threads.append(self.ctx.rt.spawn(watch.run, self.watch, self.ctx.rt.sleep))
+        scheduler = self.ctx.scheduler
+        if isinstance(scheduler, SlurmScheduler) and self.ctx.jobs is not None:
+            engines = self.ctx.jobs.containers.engines
+            self.threads.append(self.ctx.rt.spawn(resume_left_down, scheduler,
+                                                  lambda s: engines.answers(s, PING_TIMEOUT), self.ctx.rt.sleep))
         return thread

@@ -8,6 +8,10 @@
 - `ended`: of the Slurm jobs the controller holds, those whose run is over and how, as `squeue` and `sacct` say; a
   controller that restarts releases them with no hand step.
 
+The job service calls these from its loop (controller/jobs/detect.py, restart.py). One thing the loop does not see is
+left to the Slurm app at start (`resume_answering`): the nodes a controller before this one set down, whose servers
+answer again, are resumed.
+
 A server is the Slurm node of its own name (controller/slurm/conf.py writes slurm.conf so). Every command runs with
 SLURM_CONF set to the slurm.conf given, as the user the controller runs as: marking nodes needs Slurm's operator
 rights (root, SlurmUser, or an AdminLevel given with sacctmgr). Nothing here waits for Slurm longer than `timeout`.
@@ -96,6 +100,14 @@ class SlurmScheduler:
         flags = set(state.split("+"))
         if reason.startswith(OURS) and flags & {"DOWN", "DRAIN", "DRAINED", "DRAINING"}:
             self._ok(["scontrol", "update", f"NodeName={node_name(self.rack, server)}", "State=RESUME"])
+
+    def resume_answering(self, answers: Callable[[str], bool]) -> list[str]:
+        """At start: every server whose engine answers (`answers(server)`) has its node resumed if it is down for us
+        (node_back leaves every other node as it is). Returns the servers asked about."""
+        asked = [s for s in self.rack.servers if answers(s)]
+        for server in asked:
+            self.node_back(server)
+        return asked
 
     def ended(self, jobs: list[str]) -> dict[str, str]:
         """Of `jobs` (Slurm job ids), those whose run is over: id -> the state Slurm gives (squeue's while slurmctld

@@ -358,18 +358,19 @@ class FakeChanges:
 
 
 def service(tmp_path: Path, rack, driver: FakeDriver, rt, engine_poll: float = 1.0, start: bool = True,
-            keep_survivors: bool = False, queue: str = "fifo"):
+            keep_survivors: bool = False, queue: str = "fifo", scheduler=None):
     """The job service alone, as the controller's wiring builds it, from the rack state (over a store in
     `tmp_path`), a FakeChanges, `driver` and runtime `rt` (`queue`: its queue's discipline); a second one on the same
     `tmp_path` and a new runtime is a restart (the first one's threads never run again). `keep_survivors`: survivors
-    regroup in their processes (FakeDriver.regroup) instead of being restarted. Returns (service, state, changes)."""
+    regroup in their processes (FakeDriver.regroup) instead of being restarted; `scheduler`: the outside scheduler's
+    port. Returns (service, state, changes)."""
     driver.sleep = driver.engines.sleep = rt.sleep
     for container in driver.running.values():  # a restart on the same engines: their workers go on
         container.sleep = rt.sleep
     state = RackState(rack, open_store(Path(tmp_path), rack.name, rt.clock), rt.clock, rt.lock())
     changes = FakeChanges(state)
     jobs = JobService(state, changes, driver, rt, engine_poll=engine_poll, keep_survivors=keep_survivors,
-                      queue=queue)
+                      queue=queue, scheduler=scheduler)
     if start:
         jobs.start()
     return jobs, state, changes

@@ -190,7 +190,7 @@ def test_a_gpu_still_held_for_a_slurm_job_that_ended_goes_to_the_next_one(rest, 
     monkeypatch.setattr(slurm_api, "EPILOG_WAIT_S", 0.2)
 
     ctx, wsgi = rest
-    ctx.slurm_scheduler = SlurmScheduler(ctx.rack, Slurm(squeue=(0, slurm_says, ""), sacct=(0, "5|COMPLETED\n", "")))
+    ctx.scheduler = SlurmScheduler(ctx.rack, Slurm(squeue=(0, slurm_says, ""), sacct=(0, "5|COMPLETED\n", "")))
 
     def post(path, body):
         resp = Request.blank("/api/v1" + path, method="POST", body=json.dumps(body).encode(),
@@ -206,3 +206,60 @@ def test_a_gpu_still_held_for_a_slurm_job_that_ended_goes_to_the_next_one(rest, 
         assert old.state == "done" and old.request["external"]["state"] == "COMPLETED"
     else:
         assert old.state == "running" and "gpu1 is held by slurm-5" in body["error"]["message"]
+
+
+class FakeScheduler:
+    """The job service's scheduler port (controller/jobs/ports.py) as a fake: what it was told, and which jobs it says
+    ended."""
+
+    def __init__(self, ended=None):
+        self.calls: list[tuple] = []
+        self.said_ended = ended or {}
+
+    def node_lost(self, job, server, why):
+        self.calls.append(("lost", job, server, why))
+
+    def node_back(self, server):
+        self.calls.append(("back", server))
+
+    def ended(self, jobs):
+        self.calls.append(("ended", sorted(jobs)))
+        return {j: s for j, s in self.said_ended.items() if j in jobs}
+
+
+def test_the_loop_tells_slurm_of_a_dead_server_under_its_job_once_and_of_its_return(tmp_path, vrt):
+    from tests.unit.jobfakes import service
+
+    slurm, driver = FakeScheduler(), FakeDriver()
+    jobs, state, _ = service(tmp_path, RACK, driver, vrt, scheduler=slurm)
+    vrt.advance(0)
+    job = _call(vrt, jobs.begin_external, "slurm", "12", "alice", ["gpu1", "gpu2", "gpu3", "gpu4"])
+    other = next(g for g in RACK.gpus if RACK.server_of[g] != "srv2" and g not in job.gpus)
+    _call(vrt, jobs.begin_external, "slurm", "13", "bob", [other])
+    driver.kill_server("srv2")
+    vrt.run(lambda: any(c[0] == "lost" for c in slurm.calls), what="Slurm to be told")
+    vrt.advance(10)  # the watches go on: told once, and the job is left to Slurm (its epilog ends it)
+    (lost,) = [c for c in slurm.calls if c[0] == "lost"]
+    assert lost[:3] == ("lost", "12", "srv2") and "srv2" in lost[3], lost
+    assert job.state == "running" and jobs.get("slurm-13").state == "running"
+    assert not any(c[0] == "back" for c in slurm.calls)
+    driver.engines.back.add("srv2")
+    vrt.run(lambda: ("back", "srv2") in slurm.calls, what="Slurm to be told the server is back")
+
+
+def test_a_restarted_controller_asks_slurm_and_releases_the_jobs_that_ended_meanwhile(tmp_path, vrt):
+    from tests.unit.jobfakes import service
+    from tests.unit.virtual import VirtualRuntime
+
+    jobs, _, _ = service(tmp_path, RACK, FakeDriver(), vrt)
+    vrt.advance(0)
+    for sid, gpus in (("3", ["gpu1", "gpu3"]), ("4", ["gpu2"]), ("5", ["gpu4"])):
+        _call(vrt, jobs.begin_external, "slurm", sid, "", gpus)
+    _call(vrt, jobs.end_external, "slurm", "5", "COMPLETED")  # ended before: not asked about
+    slurm, rt2 = FakeScheduler(ended={"3": "COMPLETED", "4": "PENDING (requeued)"}), VirtualRuntime()
+    again, _, _ = service(tmp_path, RACK, FakeDriver(), rt2, scheduler=slurm)
+    rt2.run(lambda: not again.get("slurm-3").active and not again.get("slurm-4").active, what="the release")
+    assert ("ended", ["3", "4"]) in slurm.calls
+    assert again.get("slurm-3").state == "done" and again.get("slurm-4").state == "failed"
+    assert "requeued" in again.get("slurm-4").reason and again.busy_gpus() == {}
+    rt2.close()

@@ -185,61 +185,22 @@ def test_a_requeued_job_goes_on_from_the_newest_checkpoint_every_rank_saved(tmp_
     assert rank.checkpoint_argv(p, None, 5) == []
 
 
-# --- the Slurm app's watch (until the job service's loop calls the port itself) ----------------------------------
-class _Job:
-    def __init__(self, sid, gpus, state="running", scheduler="slurm"):
-        self.request = {"external": {"scheduler": scheduler, "job": sid}}
-        self.gpus, self.state = gpus, state
-
-    @property
-    def active(self):
-        return self.state in ("configuring", "running")
-
-
-class _Jobs:
-    def __init__(self, *jobs):
-        self.jobs = {f"slurm-{j.request['external']['job']}": j for j in jobs}
-        self.jobs["job-1"] = _Job("x", ["gpu2"])  # a job of optirack's own: not Slurm's to hear of
-        self.jobs["job-1"].request = {}
-        self.ended: list[tuple] = []
-
-    def end_external(self, scheduler, sid, state):
-        self.ended.append((scheduler, sid, state))
-        self.jobs[f"slurm-{sid}"].state = "done"
-
-
-def test_a_dead_server_under_a_slurm_job_is_told_to_slurm_once_and_resumed_when_it_answers():
-    from controller.slurm.watch import SlurmWatch
-
-    dead = {"srv2": "ConnectionError: refused"}
-    slurm = Slurm(scontrol_show_node=(0, SHOW_NODE, ""))
-    jobs = _Jobs(_Job("12", ["gpu1", "gpu2"]), _Job("13", ["gpu3"]))
-    w = SlurmWatch(RACK, SlurmScheduler(RACK, slurm), jobs, lambda s: dead.get(s))
-    w.step()
-    w.step()  # the next look does not tell it again
-    downs = [c for c in slurm.calls if c[:2] == ["scontrol", "update"]]
-    assert downs == [["scontrol", "update", "NodeName=srv2", "State=DOWN", "Reason=optirack: the Docker Engine of "
-                      "server srv2 does not answer: ConnectionError: refused (Slurm job 12)"]]
-    dead.clear()
-    w.step()
-    assert slurm.calls[-1] == ["scontrol", "update", "NodeName=srv2", "State=RESUME"] and w.lost == {}
-
-
-def test_a_restarted_controller_releases_the_slurm_jobs_that_ended_meanwhile():
-    from controller.slurm.watch import SlurmWatch
-
-    slurm = Slurm(squeue=(0, "12|RUNNING\n", ""), sacct=(0, "13|COMPLETED\n", ""))
-    jobs = _Jobs(_Job("12", ["gpu1"]), _Job("13", ["gpu3"]), _Job("14", ["gpu4"], state="done"))
-    assert SlurmWatch(RACK, SlurmScheduler(RACK, slurm), jobs, lambda s: None).reconcile() == {"13": "COMPLETED"}
-    assert jobs.ended == [("slurm", "13", "COMPLETED")]
-    assert next(c for c in slurm.calls if c[0] == "sacct")[-1] == "13"  # 14 had ended already: not asked
-
-
-def test_a_restarted_controller_resumes_the_nodes_left_down_for_servers_that_answer():
-    from controller.slurm.watch import SlurmWatch
-
+# --- at start: the nodes left down by a controller before this one ---------------------------------------------
+def test_a_started_controller_resumes_the_nodes_left_down_for_servers_that_answer():
     slurm = Slurm(scontrol_show_node=(0, SHOW_NODE, ""))  # every node: down, for our reason
-    w = SlurmWatch(RACK, SlurmScheduler(RACK, slurm), _Jobs(), lambda s: "refused" if s == "srv4" else None)
-    assert w.resume_answering() == ["srv1", "srv2", "srv3"]  # srv4 is still dead: left down
+    assert SlurmScheduler(RACK, slurm).resume_answering(lambda s: s != "srv4") == ["srv1", "srv2", "srv3"]
     assert [c[2] for c in slurm.calls if c[-1] == "State=RESUME"] == ["NodeName=srv1", "NodeName=srv2",
-                                                                        "NodeName=srv3"]
+                                                                        "NodeName=srv3"]  # srv4 is still dead
+
+
+def test_the_app_tries_again_while_slurm_does_not_answer():
+    slurm = Slurm(scontrol_show_node=(1, "", "slurm_load_node error: Unable to contact slurm controller"))
+    slept: list[float] = []
+
+    def sleep(s):
+        slept.append(s)
+        if len(slept) == 2:
+            slurm.answers[("scontrol", "show", "node")] = (0, SHOW_NODE, "")
+
+    slurm_api.resume_left_down(SlurmScheduler(RACK, slurm), lambda s: s == "srv2", sleep, retry_s=7)
+    assert slept == [7, 7] and slurm.calls[-1] == ["scontrol", "update", "NodeName=srv2", "State=RESUME"]
