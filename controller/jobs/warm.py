@@ -41,7 +41,8 @@ class Warm:
 
     def reconcile(self, job: Job) -> None:
         each = job.request.get("warm_spares", DEFAULT_WARM_SPARES)
-        if not self.enabled or job.state != "running" or each <= 0 or job.id in self.book.ending:
+        if not self.enabled or job.kind != "containers" or job.state != "running" or each <= 0 \
+                or job.id in self.book.ending:  # an external job's ranks are its scheduler's: no worker of ours
             return
         book, rack = self.book, self.book.rack
         down = set(book.down) | set(self.containers.down_servers())

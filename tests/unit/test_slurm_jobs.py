@@ -263,3 +263,16 @@ def test_a_restarted_controller_asks_slurm_and_releases_the_jobs_that_ended_mean
     assert again.get("slurm-3").state == "done" and again.get("slurm-4").state == "failed"
     assert "requeued" in again.get("slurm-4").reason and again.busy_gpus() == {}
     rt2.close()
+
+
+def test_a_slurm_job_keeps_no_warm_spare_on_a_gpu_slurm_may_give_out(tmp_path, vrt):
+    from tests.unit.jobfakes import service
+
+    driver = FakeDriver()
+    jobs, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)  # warm spares on, as the controller's
+    vrt.advance(0)
+    _call(vrt, jobs.begin_external, "slurm", "12", "", ["gpu1", "gpu2"])
+    _call(vrt, jobs.begin_external, "slurm", "13", "", ["gpu3"])
+    _call(vrt, jobs.end_external, "slurm", "13", "COMPLETED")  # GPUs freed: running jobs short of spares get them
+    vrt.advance(10)
+    assert driver.started == [] and jobs.book.warm == {}  # its ranks are Slurm's: no worker of ours anywhere
