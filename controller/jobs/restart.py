@@ -58,6 +58,7 @@ class Restart:
             state = done.result.get(job.request["external"]["job"])
             if state is not None:
                 LOG.info("%s ended while the controller was down (%s): released", job.id, state)
+                job.request["external"]["state"] = state  # as an end told by the scheduler's hook records it
                 word = state.split()[0].upper()
                 final = {"COMPLETED": "done", "CANCELLED": "stopped"}.get(word, "failed")
                 self.inbox.post(End(job.id, final, None if final == "done" else f"{state} (while the controller "

@@ -262,6 +262,8 @@ def test_a_restarted_controller_asks_slurm_and_releases_the_jobs_that_ended_mean
     assert ("ended", ["3", "4"]) in slurm.calls
     assert again.get("slurm-3").state == "done" and again.get("slurm-4").state == "failed"
     assert "requeued" in again.get("slurm-4").reason and again.busy_gpus() == {}
+    assert [again.get(f"slurm-{j}").request["external"]["state"] for j in "345"] == [
+        "COMPLETED", "PENDING (requeued)", "COMPLETED"]  # Slurm's, as its epilog would have said it
     rt2.close()
 
 
