@@ -91,5 +91,4 @@ def prolog(_records_unused: list, directory: Path | None = None) -> str:
     return "\n".join(rows)
 
 
-# "slurm-failover" (failover) and "slurm-prolog" (prolog) join these with their first committed records
-BLOCKS: dict[str, Callable[[list], str]] = {"slurm": slurm}
+BLOCKS: dict[str, Callable[[list], str]] = {"slurm": slurm, "slurm-failover": failover, "slurm-prolog": prolog}
