@@ -143,6 +143,16 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, w
     return tracesim.simulate(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler)
 
 
+def estimates(rack_file: Path, trace: list[dict]) -> list[float]:
+    """Each job's run time (rack s) as the simulator's queue disciplines estimate a waiting job, calibrated as
+    `simulate` is (simulator/model/tracesim.py's `estimates`)."""
+    from controller.core.rack import load_rack
+    from simulator.model import tracesim
+
+    cal, _ = calibration_for(load_rack(rack_file).spec.emulation.fabric)
+    return tracesim.estimates(rack_file, trace, cal)
+
+
 def compare_record(record: dict, trace: list[dict], rack_file: Path, with_lags: bool = True,
                    one_step: bool = False) -> dict[str, dict]:
     """Every policy of a replay record beside the simulator's run of the same jobs under the queue discipline the

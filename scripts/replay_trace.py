@@ -6,12 +6,16 @@ it beside the simulator's run of the same trace on the same rack file).
 
     python scripts/replay_trace.py                        # traces/trace16.csv on topologies/trace16.yaml
     python scripts/replay_trace.py --jobs 5 --policies fixed --no-record   # a short slice
+    python scripts/replay_trace.py --trace traces/trace16-bursty.csv --queue backfill   # the controller's backfill
 
 For each policy a fresh testbed (controller + rack, the rack file's cabling) is brought up, the trace's jobs are
 submitted at their arrival times (rack seconds x the rack's time dilation, from the first submission) with
 `queue: true`, and the replay waits until every job has ended; then the rack is taken down. `fixed` and `regroup`
 are the jobs' placement policies; `defrag` submits with `regroup` and posts `POST /regroup` every
-`--defrag-interval` rack seconds while jobs run, as the simulator's defrag policy does. Each job saves no
+`--defrag-interval` rack seconds while jobs run, as the simulator's defrag policy does. `--queue backfill` (or
+`sjf`) starts the controller with that queue discipline and sends each job's `estimate_s`: the simulator's
+estimate of the job's run time while it waits (evidence/tracecheck.py's `estimates`, times the time dilation); the
+record's policy runs name the discipline (`scheduler`), which the trace check then simulates. Each job saves no
 checkpoint (K beyond its last iteration), as the demo's jobs. Times in the record are rack seconds from the
 first submission.
 
@@ -36,12 +40,13 @@ if str(ROOT) not in sys.path:  # run as a file: the project's packages from this
 
 from controller.client import ApiError  # noqa: E402
 from controller.core.rack import RackError, load_rack  # noqa: E402
-from evidence import fingerprint, modelhash, records  # noqa: E402
+from evidence import fingerprint, modelhash, records, tracecheck  # noqa: E402
 from simulator.inputs.workloads import TraceError, read_trace  # noqa: E402
 
 RACK_FILE = ROOT / "topologies" / "trace16.yaml"
 TRACE_FILE = ROOT / "traces" / "trace16.csv"
 POLICIES = ("fixed", "regroup", "defrag")
+QUEUES = ("fifo", "backfill", "sjf")  # the controller's queue disciplines (--optirack-queue)
 PLACEMENT = {"fixed": "fixed", "regroup": "regroup", "defrag": "regroup"}
 DEFRAG_INTERVAL_S = 30.0  # rack seconds between defragmentation rounds (simulate with --defrag-interval 30)
 ENDED = ("done", "failed", "stopped")
@@ -54,11 +59,15 @@ def log(msg: str) -> None:
 
 
 # --- pure parts (unit-tested) ---------------------------------------------------------------------------------
-def request(index: int, job: dict, policy: str) -> dict:
-    """The REST body that submits the trace's job `index` (0-based) under `policy`."""
-    return {"name": f"trace j{index + 1}", "gpus": job["gpus"], "policy": PLACEMENT[policy],
+def request(index: int, job: dict, policy: str, estimate_s: float | None = None) -> dict:
+    """The REST body that submits the trace's job `index` (0-based) under `policy`, with its `estimate_s` (emulated
+    seconds) where the controller's queue needs one."""
+    body = {"name": f"trace j{index + 1}", "gpus": job["gpus"], "policy": PLACEMENT[policy],
             "workload": {"model": job["model"], "iterations": job["iterations"]},
             "checkpoint_every": job["iterations"], "queue": True}  # no save within the job, as the demo's
+    if estimate_s is not None:
+        body["estimate_s"] = estimate_s
+    return body
 
 
 def due(trace: list[dict], submitted: int, elapsed_s: float, dilation: float) -> list[int]:
@@ -104,8 +113,10 @@ def summary(rows: list[dict], events: list[dict]) -> dict:
 
 
 # --- on the rack ----------------------------------------------------------------------------------------------
-def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, workdir: Path) -> dict:
-    """One policy's replay on a fresh testbed; the testbed is taken down, pass or fail."""
+def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, workdir: Path, queue: str = "fifo",
+           estimates: list[float] | None = None) -> dict:
+    """One policy's replay on a fresh testbed whose controller queues by `queue`, each job sent its estimate
+    (`estimates`, rack s) where given; the testbed is taken down, pass or fail."""
     from emulation.harness import Testbed
 
     rack = load_rack(rack_file)
@@ -114,7 +125,7 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
     started = time.time()
     for attempt in range(1, RACK_UP_TRIES + 1):  # Mininet's controller check reads the OpenFlow hello as UTF-8 and
         try:                                     # now and then fails on its bytes: the rack-up is tried again
-            tb = Testbed(rack, rack_file, workdir / f"{policy}-{attempt}").__enter__()
+            tb = Testbed(rack, rack_file, workdir / f"{policy}-{attempt}", ["--optirack-queue", queue]).__enter__()
             break
         except UnicodeDecodeError as exc:
             log(f"  {policy}: rack-up failed ({exc}); try {attempt} of {RACK_UP_TRIES}")
@@ -132,7 +143,8 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
         while True:
             elapsed = time.time() - t0
             for i in due(trace, len(ids), elapsed, dilation):
-                ids.append(tb.client.post("/jobs", request(i, trace[i], policy))["job"]["id"])
+                estimate = None if estimates is None else estimates[i] * dilation
+                ids.append(tb.client.post("/jobs", request(i, trace[i], policy, estimate))["job"]["id"])
             states = {j["id"]: j["state"] for j in tb.client.get("/jobs", limit=1000)["jobs"] if j["id"] in ids}
             running = [i for i in ids if states.get(i) not in ENDED]
             if elapsed >= next_round:
@@ -159,7 +171,8 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
                 for i, jid in enumerate(ids)]
     finally:
         tb.__exit__(None, None, None)  # the rack down and the controller stopped, pass or fail
-    out = {"policy": policy, "placement": PLACEMENT[policy], "testbed_up_s": up - started, "replay_wall_s": wall,
+    out = {"policy": policy, "placement": PLACEMENT[policy], "scheduler": queue, "estimates_rack_s": estimates,
+           "testbed_up_s": up - started, "replay_wall_s": wall,
            "defrag_interval_s": defrag_s if policy == "defrag" else None, "defrag_rounds": rounds,
            "jobs": rows, "events": [{k: e.get(k) for k in ("id", "kind", "job", "requested_at", "removed", "added",
                                                           "status")} for e in events]}
@@ -176,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated, of %(default)s")
     ap.add_argument("--defrag-interval", type=float, default=DEFRAG_INTERVAL_S,
                     help="defrag: rack seconds between rounds (%(default)s)")
+    ap.add_argument("--queue", default="fifo", help=f"the controller's queue discipline, of {', '.join(QUEUES)} "
+                    "(%(default)s); backfill and sjf send each job's estimate, the simulator's")
     ap.add_argument("--results", type=Path, default=ROOT / "results", help="the record goes to DIR/replay/")
     ap.add_argument("--no-record", action="store_true", help="write no record under --results")
     ap.add_argument("--json", type=Path, metavar="PATH", help="also write the record to PATH")
@@ -185,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         bad = [p for p in policies if p not in POLICIES]
         if bad or not policies:
             raise ValueError(f"--policies: unknown {', '.join(bad) or '(none)'} (choose from {', '.join(POLICIES)})")
+        if args.queue not in QUEUES:
+            raise ValueError(f"--queue: unknown {args.queue!r} (choose from {', '.join(QUEUES)})")
         if args.jobs is not None and args.jobs < 1:
             raise ValueError(f"--jobs must be at least 1, not {args.jobs}")
         if not args.defrag_interval > 0:
@@ -200,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     if too_big:
         print(f"replay_trace: jobs {too_big} ask for more GPUs than the rack's {len(rack.gpus)}", file=sys.stderr)
         return 2
+    estimates = None if args.queue == "fifo" else tracecheck.estimates(args.rack, trace)
     commit, dirty = records.git_state()
     started_utc = records.utc_stamp()
     record = {"kind": "trace replay", "started_utc": started_utc, "model_fingerprint": fingerprint.current(),
@@ -213,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="optirack-replay-") as tmp:
         for policy in policies:
             log(f"replaying {len(trace)} jobs under {policy}")
-            record["policies"][policy] = replay(args.rack, trace, policy, args.defrag_interval, Path(tmp))
+            record["policies"][policy] = replay(args.rack, trace, policy, args.defrag_interval, Path(tmp), args.queue,
+                                                estimates)
             s = record["policies"][policy]["summary"]
             log(f"  {policy}: {s['done']}/{s['jobs']} done, makespan {s['makespan_s']:.1f} rack s, "
                 f"{s['circuit_changes']} circuit changes, replay {record['policies'][policy]['replay_wall_s']:.0f} s")

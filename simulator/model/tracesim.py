@@ -21,14 +21,8 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, c
     for comparison); `one_step`: every ring step costs STEP_S whatever its chunk (the model before the small
     chunks' step, simulator/model/calibration.py); `scheduler`: the queue's discipline (controller/core/admission.py),
     each job's estimate the simulator's own."""
-    rack = load_rack(rack_file)
-    jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
-    charged = lags.for_rack(rack.spec.emulation.time_dilation) if with_lags else lags.NONE
-    net = cal.net(rack)
-    if one_step:
-        net = dataclasses.replace(net, small_step_latency_s=None)
-    run = with_scheduler(policies(defrag_s)[policy], scheduler)
-    out = Run(rack, jobs, run, Options(net=net, step_model="exact", lags=charged)).run()
+    jobs, run = _run(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler)
+    out = run.run()
     by_id = {j.id: j for j in out.jobs}
     rows = []
     for i, spec in enumerate(jobs):
@@ -36,3 +30,25 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, c
         rows.append({"index": i, "arrival_s": r.arrival_s, "admit_s": r.placed_s, "start_s": r.started_s,
                      "end_s": r.end_s if r.end_s >= 0 and not r.failed else None})
     return rows, out.circuits_changed
+
+
+def estimates(rack_file: Path, trace: list[dict], cal, with_lags: bool = True, one_step: bool = False) -> list[float]:
+    """Each of the trace's jobs' run time (rack s) as the simulator's queue disciplines estimate a job that waits
+    (simulator/model/schedview.py: its iterations at its iteration time alone on the rack's commonest GPU model, the
+    network calibrated by `cal`), before any job runs: what a replay under backfill or sjf sends the controller as each
+    job's `estimate_s` (times the time dilation), so that the jobs that wait are ordered by the same estimates on
+    both sides."""
+    _, run = _run(rack_file, trace, "fixed", 300.0, cal, with_lags, one_step, "backfill")
+    return [run.view.estimate(i) for i in range(len(trace))]
+
+
+def _run(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, cal, with_lags: bool, one_step: bool,
+         scheduler: str) -> tuple[list[JobSpec], Run]:
+    rack = load_rack(rack_file)
+    jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
+    charged = lags.for_rack(rack.spec.emulation.time_dilation) if with_lags else lags.NONE
+    net = cal.net(rack)
+    if one_step:
+        net = dataclasses.replace(net, small_step_latency_s=None)
+    run = with_scheduler(policies(defrag_s)[policy], scheduler)
+    return jobs, Run(rack, jobs, run, Options(net=net, step_model="exact", lags=charged))

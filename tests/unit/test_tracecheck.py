@@ -97,6 +97,41 @@ def test_the_replay_submits_each_job_when_its_arrival_comes():
     body = rt.request(3, {"gpus": 4, "model": "vgg16", "iterations": 50}, "defrag")
     assert body == {"name": "trace j4", "gpus": 4, "policy": "regroup", "checkpoint_every": 50, "queue": True,
                     "workload": {"model": "vgg16", "iterations": 50}}
+    assert rt.request(3, {"gpus": 4, "model": "vgg16", "iterations": 50}, "fixed", 12.5)["estimate_s"] == 12.5
+
+
+def test_a_replay_under_backfill_sends_the_simulators_estimate_of_each_waiting_job(monkeypatch):
+    """The estimates a replay under backfill or sjf sends are the simulator's own for a job that waits: its iterations
+    at its iteration time alone (so twice the iterations is twice the estimate), the ones the simulated discipline
+    orders the waiting jobs by."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    rack = root / "topologies" / "trace16.yaml"
+    trace = [{"arrival_s": 0.0, "gpus": 4, "model": "vgg16", "iterations": 20},
+             {"arrival_s": 1.0, "gpus": 4, "model": "vgg16", "iterations": 40},
+             {"arrival_s": 2.0, "gpus": 2, "model": "resnet50", "iterations": 20}]
+    est = tc.estimates(rack, trace)
+    assert len(est) == 3 and all(e > 0 for e in est)
+    assert est[1] == pytest.approx(2 * est[0], rel=1e-12) and est[2] != pytest.approx(est[0])
+
+    from simulator.model.schedview import SchedulerView
+
+    seen, real = {}, SchedulerView.estimate
+
+    def estimate(view, key):  # what the simulated backfill reads of a job that waits in its queue
+        value = real(view, key)
+        if key in view.run.queue:
+            seen.setdefault(key, value)
+        return value
+
+    first = [{"arrival_s": 0.0, "gpus": 12, "model": "vgg16", "iterations": 20},  # 4 of the 16 GPUs left free
+             {"arrival_s": 0.0, "gpus": 8, "model": "vgg16", "iterations": 20}]  # waits: the rest may backfill
+    trace = first + trace
+    expected = tc.estimates(rack, trace)
+    monkeypatch.setattr(SchedulerView, "estimate", estimate)
+    tc.simulate(rack, trace, "fixed", 300.0, scheduler="backfill")
+    assert seen and all(seen[k] == expected[k] for k in seen), (seen, expected)
 
 
 def test_a_replayed_jobs_row_counts_its_circuit_changes_in_rack_seconds():
@@ -115,6 +150,7 @@ def test_the_replay_refuses_bad_input_before_touching_the_rack(capsys):
     assert rt.main(["--policies", "fixed,bogus"]) == 2
     assert rt.main(["--jobs", "0"]) == 2
     assert rt.main(["--trace", "/nonexistent.csv"]) == 2
+    assert rt.main(["--queue", "las"]) == 2  # the controller does not offer it
     assert "replay_trace:" in capsys.readouterr().err
 
 
