@@ -238,7 +238,8 @@ def _steps_in(namespaces: set[int]) -> list[int]:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
             children.setdefault(ppid, []).append(int(entry))
-            if os.path.basename(os.readlink(f"/proc/{entry}/exe")) == "slurmstepd" \
+            # Debian's binary is slurmstepd-wlm (/usr/sbin/slurmstepd links to it through the alternatives)
+            if os.path.basename(os.readlink(f"/proc/{entry}/exe")).startswith("slurmstepd") \
                     and os.stat(f"/proc/{entry}/ns/net").st_ino in namespaces:
                 steps.append(int(entry))
         except (OSError, ValueError, IndexError):

@@ -313,6 +313,7 @@ def test_a_job_that_ends_while_the_controller_is_down_is_released_on_its_restart
 
 def test_a_lost_node_requeues_the_job_at_once_and_it_goes_on_from_its_checkpoint_under_one_switch(endings):
     r = _seen(endings, "lost")
+    assert r["kill"]["slurm"]["slurmd"] == 1 and r["kill"]["slurm"]["steps"] >= 2, r["kill"]  # a step and its rank
     assert r["final"] == "COMPLETED", r
     assert r["requeued_s"] <= 2.0, r["states_seen"]  # the controller told Slurm; Slurm alone waits SlurmdTimeout
     assert r["victim"] not in r["again_nodes"] and len(r["record"]["switches"]) == 1, r
