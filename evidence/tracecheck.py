@@ -192,6 +192,23 @@ def start_delays(run: dict) -> list[float]:
     return [j["first_iteration_s"] - j["start_s"] for j in run["jobs"] if j.get("first_iteration_s") is not None]
 
 
+def record_trace(record: dict, root: Path) -> Path:
+    """The trace a replay record replayed: its `trace_file` (relative to the repository, or as written), whose bytes
+    must still hash to its `trace_sha256` where the record has one."""
+    import hashlib
+
+    if "trace_file" not in record:
+        raise KeyError("the record names no trace_file: give --trace")
+    name = Path(record["trace_file"])
+    path = name if name.is_absolute() and name.exists() else root / name if (root / name).exists() else \
+        root / "traces" / name.name
+    want = record.get("trace_sha256")
+    if want and hashlib.sha256(path.read_bytes()).hexdigest() != want:
+        raise ValueError(f"{path} is not the trace the record replayed (its sha256 differs from trace_sha256): "
+                         "give the right one with --trace")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m evidence.tracecheck RECORD...`: each replay record beside the simulator, and each policy's start
     delays (start to first iteration)."""
@@ -203,19 +220,22 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m evidence.tracecheck", description=main.__doc__.splitlines()[0])
     ap.add_argument("records", nargs="+", type=Path, help="results/replay/*.json (scripts/replay_trace.py)")
-    ap.add_argument("--trace", type=Path, default=Path(__file__).resolve().parents[1] / "traces" / "trace16.csv")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="the trace the records replayed (default: each record's own trace_file, checked against its "
+                    "trace_sha256)")
     ap.add_argument("--no-lags", action="store_true",
                     help="simulate without the emulation's lags (simulator/model/lags.py): the model before them")
     ap.add_argument("--one-step", action="store_true",
                     help="every ring step costs STEP_S whatever its chunk (the model before SMALL_STEP_S)")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[1]
-    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
-             for j in sorted(read_trace(args.trace), key=lambda j: j.arrival_s)]
     out = []
     for path in args.records:
         try:
             record = json.loads(path.read_text())
+            trace_path = args.trace or record_trace(record, root)
+            trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+                     for j in sorted(read_trace(trace_path), key=lambda j: j.arrival_s)]
             out.append((path.stem, compare_record(record, trace, root / record["rack_file"], not args.no_lags,
                                                       args.one_step)))
         except (OSError, KeyError, ValueError) as e:

@@ -2,6 +2,8 @@
 on synthetic rows and records."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from evidence import tracecheck as tc
@@ -187,3 +189,19 @@ def test_on_the_bursty_trace_the_start_order_fails_a_simulation_of_the_wrong_dis
     assert tc.compare_record(record, trace, rack)["fixed"]["start_order_same"]
     del record["policies"]["fixed"]["scheduler"]  # a record without one ran fifo: judged so, the order differs
     assert not tc.compare_record(record, trace, rack)["fixed"]["start_order_same"]
+
+
+def test_a_record_is_checked_against_the_trace_it_replayed_not_a_default(tmp_path):
+    import hashlib
+
+    from evidence.tracecheck import record_trace
+
+    root = Path(__file__).resolve().parents[2]
+    bursty = root / "traces" / "trace16-bursty.csv"
+    sha = hashlib.sha256(bursty.read_bytes()).hexdigest()
+    # written on another machine: found by its name under traces/, its bytes checked
+    assert record_trace({"trace_file": "/elsewhere/traces/trace16-bursty.csv", "trace_sha256": sha}, root) == bursty
+    with pytest.raises(ValueError, match="not the trace the record replayed"):
+        record_trace({"trace_file": "/elsewhere/traces/trace16.csv", "trace_sha256": sha}, root)
+    with pytest.raises(KeyError, match="give --trace"):
+        record_trace({}, root)
