@@ -49,8 +49,8 @@ OPTS = [
     cfg.BoolOpt(
         "fault-hold-configuring",
         default=False,
-        help="for tests of reconciliation only: every job's thread stops once its circuits and containers are in "
-        "place, its state left 'configuring', as if the controller died there",
+        help="for tests of reconciliation only: the job service takes a job no further once its circuits and "
+        "containers are in place, its state left 'configuring', as if the controller died there",
     ),
     cfg.StrOpt(
         "fault-hold-recovering",
