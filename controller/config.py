@@ -8,6 +8,7 @@ from ryu import cfg
 
 from controller.bundled import DEFAULT_RACK
 from controller.core.emulated import RUN_DIR
+from controller.drivers import registry
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,10 +31,6 @@ OPTS = [
         default=30.0,
         help="longest wait between tries to reach a lost OCS (the wait doubles from 0.5 s up to this)",
     ),
-    cfg.StrOpt("tl1-user", default="admin", help="login for OCS driven by the tl1 driver"),
-    cfg.StrOpt("tl1-password", default="", secret=True, help="password for OCS driven by the tl1 driver"),
-    cfg.StrOpt("netconf-user", default="admin", help="login for OCS driven by the netconf driver"),
-    cfg.StrOpt("netconf-password", default="", secret=True, help="password for OCS driven by the netconf driver (SSH)"),
     cfg.StrOpt(
         "nic-home",
         default="emulated",
@@ -51,6 +48,12 @@ OPTS = [
         default=False,
         help="for tests of reconciliation only: the job service takes a job no further once its circuits and "
         "containers are in place, its state left 'configuring', as if the controller died there",
+    ),
+    cfg.BoolOpt(
+        "fault-hold-confirm",
+        default=False,
+        help="for tests of an OCS's own rollback only: every change of circuits stops once each OCS has taken it and "
+        "read it back, before it is confirmed, as if the controller died there (a NETCONF OCS then undoes it)",
     ),
     cfg.StrOpt(
         "fault-hold-recovering",
@@ -82,6 +85,14 @@ OPTS = [
     ),
 ]
 
+
+def _driver_option(driver: str, setting: registry.Setting):
+    """An OCS driver's setting (declared by the driver, controller/drivers/registry.py) as --optirack-DRIVER-NAME."""
+    kind = cfg.FloatOpt if isinstance(setting.default, float) else cfg.StrOpt
+    return kind(f"{driver}-{setting.name}", default=setting.default, secret=setting.secret, help=setting.help)
+
+
+OPTS += [_driver_option(driver, s) for driver, s in registry.settings()]
 cfg.CONF.register_cli_opts(OPTS, group="optirack")
 # Listed for --help only: controller.launch turns --bind into Ryu's --wsapi-host before parsing.
 cfg.CONF.register_cli_opt(

@@ -15,18 +15,21 @@ its `up` started. `python -m emulation.netconf_ocs serve` runs both in the foreg
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from controller.drivers.netconf import FILTER, NS, YANG, connect, parse_pairs
-from emulation import procs
+from controller.drivers.netconf import FILTER, NS, YANG, parse_pairs
+from controller.drivers.netconf_transport import SSH_PORT, Address, connect
+from emulation import netconf_ssh, procs
+from emulation.netconf_ssh import listening
 from emulation.ovs import circuit_cookie
 
 LOG = logging.getLogger("optirack.netconf-ocs")
@@ -34,6 +37,10 @@ USER = "optirack"  # the session user netconfd lets change its datastores (--sup
 COOKIE = "0x0c/0xff"  # the circuit flows, each with its per-port cookie (controller.drivers.openflow.circuit_cookie)
 PRIORITY = 100
 NETCONFD = "netconfd"
+TIMING = "timing"  # the agent's log line for each change it makes (scripts/bench_reconfig.py reads it)
+# netconfd's netconf-confirmed-commit notification when it undoes a commit nobody confirmed (RFC 6470): no
+# netconf-config-change comes with it
+ROLLED_BACK = re.compile(r"<confirm-event>\s*(timeout|cancel)\s*</confirm-event>")
 
 
 def startup_xml(pairs: set[tuple[int, int]]) -> str:
@@ -48,14 +55,12 @@ def _pid_file(run_dir: Path, what: str) -> Path:
     return Path(run_dir) / f"{what}.pid"
 
 
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None = None, timeout: float = 15) -> int:
-    """Start netconfd on 127.0.0.1:`port` with its files in `run_dir`; `startup` (if not None) replaces what the
-    startup file holds. Returns its PID once it listens."""
+def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None = None, timeout: float = 15,
+                 ssh_port: int = SSH_PORT) -> int:
+    """Start netconfd with its files in `run_dir`, on 127.0.0.1:`port` (its direct TCP port) or, with `port` 0, on its
+    socket `run_dir`/ncxserver.sock (for sshd's netconf-subsystem: netconfd serves one or the other); `startup` (if
+    not None) replaces what the startup file holds; sessions through SSH on `ssh_port` are let in. Returns its PID
+    once it listens."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "startup-cfg.xml"
@@ -71,21 +76,23 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
         pass
     log = open(run_dir / "netconfd.log", "ab")
     proc = subprocess.Popen(
-        [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--tcp-direct-port={port}",
-         "--tcp-direct-address=127.0.0.1", f"--ncxserver-sockname={sock}", f"--superuser={USER}", "--log-level=warn",
+        [NETCONFD, f"--module={YANG}", f"--startup={cfg}"]
+        + ([f"--tcp-direct-port={port}", "--tcp-direct-address=127.0.0.1"] if port else [])
+        + [f"--ncxserver-sockname={sock}", f"--superuser={USER}", "--log-level=warn",
          "--startup-error=stop", "--access-control=off",  # any login may change it: the controller's default too
-         f"--yuma-home={yuma}"],
+         f"--yuma-home={yuma}", f"--port={SSH_PORT}"] + ([f"--port={ssh_port}"] if ssh_port != SSH_PORT else []),
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         env={**os.environ, "HOME": str(run_dir)},  # and whatever else yuma keeps under $HOME/.yuma
     )
     log.close()
     _pid_file(run_dir, "netconfd").write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + timeout
-    while not listening(port):
+    while not (listening(port) if port else sock.exists()):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_pid(run_dir, "netconfd", NETCONFD)
             tail = (run_dir / "netconfd.log").read_text(errors="replace")[-800:]
-            raise RuntimeError(f"netconfd did not listen on 127.0.0.1:{port} (see {run_dir}/netconfd.log):\n{tail}")
+            where = f"127.0.0.1:{port}" if port else sock
+            raise RuntimeError(f"netconfd did not listen on {where} (see {run_dir}/netconfd.log):\n{tail}")
         time.sleep(0.05)
     return proc.pid
 
@@ -93,8 +100,9 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
 def start_agent(run_dir: Path, port: int, bridge: str | None, switching_ms: float) -> int:
     run_dir = Path(run_dir)
     log = open(run_dir / "agent.log", "ab")
-    cmd = [sys.executable, "-m", "emulation.netconf_ocs", "agent", "--port", str(port), "--switching-ms",
-           str(switching_ms), "--ready-file", str(run_dir / "agent.ready")]
+    cmd = [sys.executable, "-m", "emulation.netconf_ocs", "agent", "--switching-ms", str(switching_ms),
+           "--ready-file", str(run_dir / "agent.ready")]
+    cmd += ["--port", str(port)] if port else ["--socket", str(run_dir / "ncxserver.sock")]
     (run_dir / "agent.ready").unlink(missing_ok=True)
     proc = subprocess.Popen(cmd + (["--bridge", bridge] if bridge else []), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True,
@@ -105,9 +113,18 @@ def start_agent(run_dir: Path, port: int, bridge: str | None, switching_ms: floa
 
 
 def start(run_dir: Path, port: int, bridge: str | None, switching_ms: float,
-          startup: set[tuple[int, int]] | None = None, timeout: float = 15) -> None:
-    """netconfd and its agent; returns once the agent has made the bridge hold the datastore's cross-connects."""
-    start_server(run_dir, port, startup, timeout)
+          startup: set[tuple[int, int]] | None = None, timeout: float = 15, ssh: dict | None = None) -> None:
+    """netconfd on 127.0.0.1:`port` and its agent; with `ssh` (port, user, client_keys: see `netconf_ssh.start`)
+    netconfd on its socket instead (`port` is not used), our sshd in front of it, and the agent on the socket. Returns
+    once the agent has made the bridge hold the datastore's cross-connects."""
+    port = 0 if ssh else port
+    start_server(run_dir, port, startup, timeout, ssh_port=ssh["port"] if ssh else SSH_PORT)
+    if ssh:
+        try:
+            netconf_ssh.start(run_dir, ssh["port"], ssh["user"], ssh["client_keys"], timeout)
+        except BaseException:
+            stop(run_dir)
+            raise
     start_agent(run_dir, port, bridge, switching_ms)
     deadline = time.monotonic() + timeout
     while not (Path(run_dir) / "agent.ready").exists():
@@ -143,16 +160,38 @@ def stop_pid(run_dir: Path, what: str, name: str, sig: int = signal.SIGTERM, wai
 
 
 def stop(run_dir: Path) -> int:
-    """End the agent, then netconfd; returns how many were running."""
-    return stop_pid(run_dir, "agent", "emulation.netconf_ocs") + stop_pid(run_dir, "netconfd", NETCONFD)
+    """End the agent, our sshd and its sessions, then netconfd; returns how many were running."""
+    ended = stop_pid(run_dir, "agent", "emulation.netconf_ocs")
+    sshd = netconf_ssh.sshd_pid(run_dir)
+    if sshd is not None:
+        for child in _children(sshd):  # its sessions (and their netconf-subsystem) outlive the listener
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    ended += stop_pid(run_dir, "sshd", str(Path(run_dir) / "sshd_config"))
+    return ended + stop_pid(run_dir, "netconfd", NETCONFD)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 # --- the agent ---------------------------------------------------------------------------------------------------
 class Agent:
     """Follows the server's running datastore and makes the bridge hold its cross-connects."""
 
-    def __init__(self, port: int, bridge: str | None, switching_ms: float):
+    def __init__(self, port: int, bridge: str | None, switching_ms: float, socket: Path | None = None):
         self.port, self.bridge, self.switching_s = port, bridge, switching_ms / 1000.0
+        self.socket = socket  # netconfd's own socket, where it serves SSH's sessions and not a TCP port
         self.held: set[tuple[int, int]] | None = None  # what the bridge holds (None: not read yet)
         self.stopping = threading.Event()
 
@@ -170,24 +209,41 @@ class Agent:
                 flows[int(fields["in_port"])] = int(fields["actions"].split(":", 1)[1])
         return {(min(a, b), max(a, b)) for a, b in flows.items() if flows.get(b) == a}
 
-    def make(self, want: set[tuple[int, int]]) -> None:
-        """Dark first (the changed ports' flows go), the switching time, then the new cross-connects' flows."""
+    def make(self, want: set[tuple[int, int]]) -> dict[str, float]:
+        """Dark first (the changed ports' flows go), the switching time, then the new cross-connects' flows; returns
+        how long each step took (ms)."""
         t0 = time.monotonic()
         held = self.held if self.held is not None else self.read_bridge()
         gone, new = held - want, want - held
+        took = {"dark_flows_ms": 0.0, "switching_wait_ms": 0.0, "new_flows_ms": 0.0}
         if gone or new:
             LOG.info("cross-connects: -%d +%d", len(gone), len(new))
         if self.bridge and (gone or new):
             ports = sorted({p for pair in gone | new for p in pair})
             self._ofctl("--bundle", "add-flows", self.bridge, "-",
                         stdin="".join(f"delete_strict priority={PRIORITY},in_port={p}\n" for p in ports))
+            took["dark_flows_ms"] = 1000 * (time.monotonic() - t0)
         if new:
-            time.sleep(max(0.0, self.switching_s - (time.monotonic() - t0)))  # the mirrors move
+            wait = max(0.0, self.switching_s - (time.monotonic() - t0))
+            time.sleep(wait)  # the mirrors move
+            took["switching_wait_ms"] = 1000 * wait
+            t1 = time.monotonic()
             if self.bridge:
                 self._ofctl("--bundle", "add-flows", self.bridge, "-", stdin="".join(
                     f"cookie={circuit_cookie(x):#x},priority={PRIORITY},in_port={x},actions=output:{y}\n"
                     for a, b in sorted(new) for x, y in ((a, b), (b, a))))
+            took["new_flows_ms"] = 1000 * (time.monotonic() - t1)
         self.held = want
+        return took
+
+    def _follow(self, m, why: str) -> None:
+        """The datastore changed (`why`): make the bridge hold it; one timing line in the log (the benchmark's)."""
+        t0 = time.time()
+        want = self._running(m)
+        got = time.time()
+        took = self.make(want)
+        LOG.info("%s %s", TIMING, json.dumps({"why": why, "notified": t0, "get_config_ms": 1000 * (got - t0), **took,
+                                              "done": time.time()}))
 
     def follow(self, ready_file: Path | None = None) -> None:
         """Until stopped: connect (retrying while the server is down), make the bridge match, then again on every
@@ -195,7 +251,9 @@ class Agent:
         delay = 0.1
         while not self.stopping.is_set():
             try:
-                m = connect("tcp-ncx", "127.0.0.1", self.port, USER, "", 10)
+                where = Address("tcp-ncx", str(self.socket), 0) if self.socket else Address("tcp-ncx", "127.0.0.1",
+                                                                                              self.port)
+                m = connect(where, USER, timeout=10)
             except Exception as e:  # noqa: BLE001 (the server is down or starting: try again)
                 LOG.debug("cannot reach netconfd: %s", e)
                 self.stopping.wait(delay)
@@ -209,8 +267,13 @@ class Agent:
                     ready_file.touch()
                 while not self.stopping.is_set() and m.connected:
                     n = m.take_notification(block=True, timeout=0.5)
-                    if n is not None and "netconf-config-change" in n.notification_xml:
-                        self.make(self._running(m))
+                    if n is None:
+                        continue
+                    if "netconf-config-change" in n.notification_xml:
+                        self._follow(m, "config-change")
+                    elif (undone := ROLLED_BACK.search(n.notification_xml)) is not None:
+                        LOG.info("netconfd undid an unconfirmed commit (%s)", undone.group(1))
+                        self._follow(m, f"confirmed-commit {undone.group(1)}")
             except Exception as e:  # noqa: BLE001 (a lost session: reconnect and read the datastore again)
                 LOG.warning("session to netconfd lost: %s: %s", type(e).__name__, e)
             finally:
@@ -232,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         s = sub.add_parser(name, help="netconfd and the agent, in the foreground" if name == "serve" else
                            "the agent alone (netconfd already runs)")
         s.add_argument("--port", type=int, default=8830, help="netconfd's TCP port on 127.0.0.1 (default %(default)s)")
+        s.add_argument("--socket", type=Path, help="netconfd's socket, where it serves SSH's sessions (not --port)")
         s.add_argument("--bridge", help="make cross-connects on this OVS bridge as flows")
         s.add_argument("--switching-ms", type=float, default=25.0,
                        help="time to make cross-connects (default %(default)s)")
@@ -241,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                            help="netconfd's files (default %(default)s)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    agent = Agent(args.port, args.bridge, args.switching_ms)
+    agent = Agent(args.port, args.bridge, args.switching_ms, args.socket)
     signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
     if args.cmd == "serve":
         start_server(args.run_dir, args.port)

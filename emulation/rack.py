@@ -41,6 +41,7 @@ class RackState:
     registry: str | None = None  # the registry this rack started (ADDR:PORT)
     images: dict[str, str] = field(default_factory=dict)  # image name -> repo@digest the engines hold
     netconf: dict[str, str] = field(default_factory=dict)  # OCS -> run directory of its emulated NETCONF server
+    netconf_users: list[str] = field(default_factory=list)  # the login accounts rack-up made for their SSH servers
     status: str = "building"
     up_seconds: float = 0.0
 
@@ -201,36 +202,53 @@ def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5
 
 def start_netconf(rack: Rack, state: RackState) -> None:
     """For each OCS the rack file drives by NETCONF: netconfd holding the starting circuits, and the agent that
-    makes the OCS bridge follow it (emulation.netconf_ocs), their PID files in a run directory of the rack's."""
-    from controller.drivers.netconf import parse_address
-    from emulation import netconf_ocs
+    makes the OCS bridge follow it (emulation.netconf_ocs), their PID files in a run directory of the rack's. Over
+    SSH (`ssh://USER@127.0.0.1:PORT?known_hosts=FILE&keyfile=FILE`): our sshd in front of netconfd, the user made
+    if missing (and removed at rack-down), the key pair made at `keyfile`, the host key written to `known_hosts`."""
+    from controller.drivers.netconf_transport import parse_address
+    from emulation import netconf_ocs, netconf_ssh
 
     for o in rack.spec.ocs:
         if o.driver != "netconf":
             continue
-        transport, host, port = parse_address(o.address)
-        if transport != "tcp-ncx" or host not in ("127.0.0.1", "localhost"):
-            raise RackConflict(f"ocs {o.name}: the emulated NETCONF OCS listens on loopback: give it "
-                               f"'address: tcp-ncx://127.0.0.1:PORT' (not {o.address!r})")
-        if netconf_ocs.listening(port):
-            raise RackConflict(f"ocs {o.name}: something already listens on 127.0.0.1:{port}")
+        addr = parse_address(o.address)
+        ssh = addr.transport == "ssh"
+        named = addr.user and addr.known_hosts and addr.keyfile
+        if addr.host not in ("127.0.0.1", "localhost") or (ssh and not named):
+            raise RackConflict(f"ocs {o.name}: the emulated NETCONF OCS listens on loopback: give it 'address: "
+                               "ssh://USER@127.0.0.1:PORT?known_hosts=FILE&keyfile=FILE' or "
+                               f"'tcp-ncx://127.0.0.1:PORT' (not {o.address!r})")
+        if netconf_ocs.listening(addr.port):
+            raise RackConflict(f"ocs {o.name}: something already listens on 127.0.0.1:{addr.port}")
         run = RUN_DIR / f"netconf-{o.name}"
         state.netconf[o.name] = str(run)
+        if ssh and netconf_ssh.ensure_user(addr.user):
+            state.netconf_users.append(addr.user)
         state.save()
         starting = {(min(a.port, b.port), max(a.port, b.port)) for a, b in rack.spec.circuits if a.device == o.name}
-        netconf_ocs.start(run, port, o.name, o.switching_time_ms, startup=starting)
-        _log(f"  {o.name}: NETCONF on 127.0.0.1:{port} (netconfd + agent)")
+        if ssh:
+            run.mkdir(parents=True, exist_ok=True)
+            key = netconf_ssh.keygen(Path(addr.keyfile), f"optirack controller to {o.name}")
+            netconf_ocs.start(run, 0, o.name, o.switching_time_ms, startup=starting,
+                              ssh={"port": addr.port, "user": addr.user, "client_keys": [key]})
+            netconf_ssh.write_known_hosts(Path(addr.known_hosts), addr.host, addr.port, run / "ssh_host_ed25519_key")
+            _log(f"  {o.name}: NETCONF over SSH on 127.0.0.1:{addr.port} as {addr.user} (sshd, netconfd + agent)")
+        else:
+            netconf_ocs.start(run, addr.port, o.name, o.switching_time_ms, startup=starting)
+            _log(f"  {o.name}: NETCONF on 127.0.0.1:{addr.port} (netconfd + agent)")
 
 
 def _stop_netconf(state: RackState) -> int:
     import shutil
 
-    from emulation import netconf_ocs
+    from emulation import netconf_ocs, netconf_ssh
 
     ended = 0
     for run in state.netconf.values():
         ended += netconf_ocs.stop(Path(run))
         shutil.rmtree(run, ignore_errors=True)
+    for user in state.netconf_users:
+        netconf_ssh.remove_user(user)
     return ended
 
 

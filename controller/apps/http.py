@@ -15,8 +15,7 @@ from ryu.app.wsgi import Response
 from controller.apps.context import Optirack
 from controller.apps.metrics import CountedController
 from controller.core.cabling import CircuitError
-from controller.core.errors import Conflict, ReconfigFailed
-from controller.drivers.ocs import OcsUnavailable
+from controller.core.errors import Conflict, OcsUnavailable, ReconfigFailed
 
 LOG = logging.getLogger("optirack.rest")
 PREFIX = "/api/v1"

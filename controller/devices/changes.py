@@ -72,8 +72,10 @@ def _join_quietly(fabric) -> None:
 
 
 class CircuitChanges:
-    def __init__(self, state, drivers: dict, fabric, runtime, resynchronise_later: Callable[[str], None]):
+    def __init__(self, state, drivers: dict, fabric, runtime, resynchronise_later: Callable[[str], None],
+                 hold_before_confirm: bool = False):
         self.state, self.drivers, self.fabric, self.rt = state, drivers, fabric, runtime
+        self.hold_before_confirm = hold_before_confirm  # a fault hook for tests (--optirack-fault-hold-confirm)
         self._resynchronise_later = resynchronise_later  # an OCS whose state is unknown after a failed rollback
         self.synchronised: set[str] = set()  # OCS whose circuits match ours since they connected
 
@@ -161,6 +163,7 @@ class CircuitChanges:
                 ev.dark_start = min(x for x in (ev.dark_start, result.dark_start) if x is not None)
                 if result.dark_end is not None:
                     ev.dark_end = max(ev.dark_end or 0.0, result.dark_end)
+            self._confirm_all(parts)  # every OCS read its change back: now each may keep it
             state.circuits = target
             ev.ocs_confirmed_at = state.clock()
             state.save(events=[ev])  # the new circuits and the event that made them: one transaction
@@ -199,6 +202,15 @@ class CircuitChanges:
             for ocs, part in parts.items()
         ]
 
+    def _confirm_all(self, parts) -> None:
+        """Confirm each OCS's change (a NETCONF OCS undoes an unconfirmed one by itself), once all were read back."""
+        if self.hold_before_confirm:
+            LOG.warning("a change of circuits held before its confirm by --optirack-fault-hold-confirm")
+            while True:
+                self.rt.sleep(3600)
+        for ocs in parts:
+            self.drivers[ocs].confirm()
+
     @staticmethod
     def _wait_all(threads) -> list:
         """The OCS changes' results; raises the first device error, once all ended."""
@@ -231,6 +243,7 @@ class CircuitChanges:
         for ocs in touched:
             driver, want = self.drivers[ocs], pairs(previous.on(ocs))
             try:
+                driver.cancel()  # an unconfirmed change: the device undoes it itself
                 have = driver.read()
                 if have != want:
                     driver.apply(have - want, want - have)

@@ -11,10 +11,9 @@ import logging
 from controller.core.cabling import CircuitError
 from controller.core.circuits import CircuitMap
 from controller.devices.changes import DEVICE_ERRORS, CircuitChanges, pairs
-from controller.drivers.netconf import NetconfOcs
-from controller.drivers.ocs import OcsDriver, OpenFlowOcs
+from controller.drivers import registry
+from controller.drivers.ocs import OcsDriver
 from controller.drivers.openflow import OfRpc
-from controller.drivers.tl1 import Tl1Ocs
 
 LOG = logging.getLogger("optirack.ocs")
 
@@ -24,19 +23,13 @@ class OcsDevices:
         self.state, self.fabric, self.rt = state, fabric, runtime
         self.rpc = OfRpc(self.rt.event)
         c = conf
-        self.drivers: dict[str, OcsDriver] = {}
-        for spec in self.state.rack.spec.ocs:
-            if spec.driver == "tl1":
-                self.drivers[spec.name] = Tl1Ocs(
-                    spec, c.tl1_user, c.tl1_password, lock=self.rt.lock(), sleep=self.rt.sleep
-                )
-            elif spec.driver == "netconf":
-                self.drivers[spec.name] = NetconfOcs(
-                    spec, c.netconf_user, c.netconf_password, lock=self.rt.lock(), sleep=self.rt.sleep
-                )
-            else:
-                self.drivers[spec.name] = OpenFlowOcs(spec, self.rpc, c.barrier_timeout, sleep=self.rt.sleep)
-        self.changes = CircuitChanges(self.state, self.drivers, fabric, self.rt, self._resynchronise_later)
+        self.drivers: dict[str, OcsDriver] = {  # each by the rack file's driver name (controller/drivers/registry.py)
+            spec.name: registry.build(spec, c, lock=self.rt.lock, sleep=self.rt.sleep, of_rpc=self.rpc,
+                                      barrier_timeout=c.barrier_timeout)
+            for spec in self.state.rack.spec.ocs
+        }
+        self.changes = CircuitChanges(self.state, self.drivers, fabric, self.rt, self._resynchronise_later,
+                                      hold_before_confirm=c.fault_hold_confirm)
         self.synchronised = self.changes.synchronised  # OCS whose circuits match ours since they connected
         self.probe_interval, self.retry_max = c.device_probe_interval, c.device_retry_max
         self.keepers: list = []
@@ -44,17 +37,17 @@ class OcsDevices:
     def start(self) -> None:
         """Keep every OCS that does not connect to us (TL1, NETCONF) in step, each in a thread of its own."""
         self.keepers = [
-            self.rt.spawn(self._keep, name) for name, d in self.drivers.items() if not isinstance(d, OpenFlowOcs)
+            self.rt.spawn(self._keep, name) for name, d in self.drivers.items() if not d.connects_to_controller
         ]
 
     def connected(self, name: str, dp) -> None:
         """An OpenFlow OCS (re)connected: resynchronise it."""
-        if isinstance(self.drivers.get(name), OpenFlowOcs):
+        if name in self.drivers and self.drivers[name].connects_to_controller:
             self.drivers[name].datapath = dp
             self.rt.spawn(self._synchronise, name)
 
     def disconnected(self, name: str, dp) -> None:
-        if isinstance(self.drivers.get(name), OpenFlowOcs):
+        if name in self.drivers and self.drivers[name].connects_to_controller:
             self.drivers[name].datapath = None
             self.synchronised.discard(name)
             self.rpc.on_disconnect(dp.id)
@@ -154,7 +147,7 @@ class OcsDevices:
     def _resynchronise_later(self, name: str) -> None:
         """An OCS whose state is unknown: its keeper (TL1, NETCONF) or a retrier of ours (OpenFlow) restores it."""
         self.synchronised.discard(name)
-        if isinstance(self.drivers[name], OpenFlowOcs):
+        if self.drivers[name].connects_to_controller:
             self.rt.spawn(self._retry_synchronise, name)
 
     def _retry_synchronise(self, name: str, delay: float = 0.5) -> None:

@@ -1,60 +1,43 @@
 """NETCONF driver for MEMS switches that serve their cross-connects in a YANG model (Polatis style).
 
 The model is `yang/optirack-ocs.yang` beside this file: ``/cross-connects/pair`` keyed by ``ingress``, with an
-``egress``; the circuit ``(a, b)`` (``a < b``) is the pair ingress a, egress b. A change is one edit-config of the
-candidate datastore and one commit, with the candidate locked: the device makes every pair of it or none. After the
-commit the driver reads the running datastore back and checks the change is there. Sessions are NETCONF over SSH
-(RFC 6242, port 830: ``address: host[:port]`` or ``ssh://host[:port]``; the host key must be in the controller's
-``~/.ssh/known_hosts``), or yuma123 netconfd's direct TCP port (``tcp-ncx://host:port``, the emulated OCS on
-loopback: no authentication, so never across a network).
+``egress``; the circuit ``(a, b)`` (``a < b``) is the pair ingress a, egress b. A change is, with the candidate
+datastore locked, one edit-config and one commit: the device makes every pair of it or none. Where the device offers
+``:confirmed-commit`` (RFC 6241), the commit is a confirmed one: the device undoes it by itself unless it is confirmed
+within `confirm_timeout`, or at once if our session ends first; the driver reads the change back, and `confirm` (a
+second commit, then the unlock) keeps it, called by the change once every OCS of it has read its change back.
+Without the capability: commit, unlock, read-back. The RPCs of one change are lock, edit-config, commit, get-config,
+commit (the confirm) and unlock, and no others; each one's round trip is logged (`rpc_ms`) for the benchmark.
 
-Errors: an ``rpc-error`` (a refused edit or commit, the candidate locked by another session) is a NetconfError
-naming the operation and the port; a reply that does not parse, a lost session and a timeout leave the device's
-state unknown: the session is dropped and OcsUnavailable raised, so that the OCS app resynchronises the device.
-ncclient is imported when a session opens (it pulls in paramiko).
+Sessions (SSH with the host key checked, or yuma123's direct TCP port) are `netconf_transport`'s. Errors: an
+``rpc-error`` (a refused edit or commit, the candidate locked by another session) is a NetconfError naming the
+operation and the port; a reply that does not parse, a lost session and a timeout leave the device's state unknown:
+the session is dropped (an unconfirmed change with it, by the device) and OcsUnavailable raised, so that the OCS app
+resynchronises the device.
 """
 from __future__ import annotations
 
+import json
 import logging
 import re
-import select
-import socket
 import threading
+import time
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from controller.core.errors import DeviceError
-from controller.drivers.ocs import ApplyResult, OcsDriver, OcsUnavailable, Pair
+from controller.core.errors import OcsUnavailable
+from controller.drivers.errors import MalformedReply, NetconfError
+from controller.drivers.netconf_transport import FORMS, Address, connect, parse_address
+from controller.drivers.ocs import ApplyResult, OcsDriver, Pair
+from controller.drivers.registry import DriverKind, Setting
 
+LOG = logging.getLogger("optirack.netconf")
 NS = "urn:optirack:yang:optirack-ocs"
 YANG = Path(__file__).parent / "yang" / "optirack-ocs.yang"
-SSH_PORT = 830
 _NC = "urn:ietf:params:xml:ns:netconf:base:1.0"
 FILTER = f'<cross-connects xmlns="{NS}"/>'
 _INGRESS_IN_PATH = re.compile(r"ingress\s*=\s*['\"]?(\d+)")
-_NCX_MAGIC = "x56o8937ab17eg922z34rwhobskdbyswfehkpsqq3i55a0an960ccw24a4ek864aOpal1t2p"
-
-
-class NetconfError(DeviceError):
-    """The device answered and refused (an rpc-error); what it holds is what it held before."""
-
-
-class MalformedReply(DeviceError):
-    pass
-
-
-def parse_address(address: str | None) -> tuple[str, str, int]:
-    """(transport, host, port) of the rack file's ``address``; ValueError names what is wrong."""
-    text = (address or "").strip()
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        scheme, rest = "ssh", text
-    if scheme not in ("ssh", "tcp-ncx"):
-        raise ValueError(f"unknown NETCONF transport {scheme!r} in {address!r} (ssh:// or tcp-ncx://)")
-    host, _, port = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
-    if not host or (scheme == "tcp-ncx" and not port) or (port and not port.isdigit()):
-        raise ValueError(f"bad NETCONF address {address!r}: host[:port], ssh://host[:port] or tcp-ncx://host:port")
-    return scheme, host, int(port) if port else SSH_PORT
+CONFIRMED = ":confirmed-commit"
 
 
 def edit_config(remove: set[Pair], add: set[Pair]) -> str:
@@ -112,117 +95,25 @@ def _refusal(error, ports: str) -> str:
     return "; ".join(dict.fromkeys(parts))
 
 
-def _sessions():
-    """ncclient's SSH session, and one over yuma123's direct TCP port; both send a message at once (ncclient's own
-    loop sends only when it next wakes, every 0.1 s)."""
-    from ncclient.transport.session import NetconfBase
-    from ncclient.transport.ssh import END_DELIM, MSG_DELIM, SSHSession
-
-    class Direct(SSHSession):
-        def send(self, message):
-            data = message.encode()
-            if self._base == NetconfBase.BASE_11:
-                data = b"\n#%d\n%s%s" % (len(data), data, END_DELIM)
-            else:
-                data += MSG_DELIM
-            with self._sending:
-                self._channel.sendall(data)
-
-    class Channel:  # what ncclient's loop uses of a paramiko channel, on a socket
-        def __init__(self, sock: socket.socket):
-            self.sock = sock
-
-        def fileno(self):
-            return self.sock.fileno()
-
-        def recv(self, n):
-            return self.sock.recv(n)
-
-        def send(self, data):
-            return self.sock.send(data)
-
-        def sendall(self, data):
-            self.sock.sendall(data)
-
-        def send_ready(self):
-            return True
-
-        def get_name(self):
-            return "tcp-ncx"
-
-        def close(self):
-            self.sock.close()
-
-    class Ending:  # what ncclient's close uses of a paramiko transport: shutting the socket ends its loop's recv
-        def __init__(self, sock: socket.socket):
-            self.sock = sock
-
-        def is_active(self):
-            return self.sock.fileno() >= 0
-
-        def close(self):
-            try:
-                self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    class TcpNcx(Direct):
-        """yuma123's netconfd on its --tcp-direct-port: an <ncx-connect> naming the user (and the SSH port netconfd
-        allows, as its own SSH subsystem does), then plain NETCONF."""
-
-        def connect(self, host, port, username, timeout):
-            sock = socket.create_connection((host, port), timeout=timeout)
-            sock.settimeout(None)
-            sock.sendall(b'<?xml version="1.0" encoding="UTF-8"?>\n<ncx-connect xmlns="http://netconfcentral.org/ns/'
-                         b'yuma-ncx" version="1" user="%s" address="%s" magic="%s" transport="ssh" port="%d" />\n%s'
-                         % (username.encode(), host.encode(), _NCX_MAGIC.encode(), SSH_PORT, MSG_DELIM))
-            # Our <hello> only once the server's is here: netconfd sends its own when it has taken the
-            # <ncx-connect>, and drops a client <hello> that comes before that (the session then never answers).
-            if not select.select([sock], [], [], timeout)[0]:
-                sock.close()
-                raise TimeoutError(f"no <hello> from {host}:{port} within {timeout:g} s")
-            self._host, self._channel, self._transport = host, Channel(sock), Ending(sock)
-            self._connected = True
-            self._post_connect()
-            self.parser = self._device_handler.get_xml_parser(self)
-
-    return Direct, TcpNcx
-
-
-def connect(transport: str, host: str, port: int, user: str, password: str, timeout: float):
-    """A ncclient Manager on a new session."""
-    logging.getLogger("ncclient").setLevel(logging.WARNING)  # it logs every RPC at INFO
-    from ncclient.devices.default import DefaultDeviceHandler
-    from ncclient.manager import Manager
-
-    direct, tcp_ncx = _sessions()
-    handler = DefaultDeviceHandler()
-    session = (tcp_ncx if transport == "tcp-ncx" else direct)(handler)
-    session._sending = threading.Lock()
-    try:
-        if transport == "tcp-ncx":
-            session.connect(host, port, user, timeout)
-        else:
-            session.load_known_hosts()
-            session.connect(host, port, user, password, timeout=timeout, allow_agent=False, look_for_keys=False)
-    except BaseException:
-        if session.transport is not None:
-            session.close()
-        raise
-    return Manager(session, handler, timeout=timeout)
-
-
 class NetconfOcs(OcsDriver):
-    """A NETCONF OCS; `spec.address` as in `parse_address`, credentials from the controller's options."""
+    """A NETCONF OCS; `spec.address` as in `netconf_transport.parse_address`, credentials from the controller's
+    options (a private key file, a password, or both: the key is tried first)."""
 
-    def __init__(self, spec, user: str, password: str, timeout: float = 30.0, lock=None, connector=connect, **kw):
+    def __init__(self, spec, user: str, password: str = "", key: str = "", timeout: float = 30.0,
+                 confirm_timeout: float = 10.0, lock=None, connector=connect, **kw):
         super().__init__(spec, **kw)
         try:
-            self.transport, self.host, self.port = parse_address(spec.address)
+            self.address: Address = parse_address(spec.address)
         except ValueError as e:
             raise ValueError(f"OCS {spec.name}: {e}") from None
-        self.user, self.password, self.timeout, self.connector = user, password, timeout, connector
+        # the address's own user and key file (a rack file's), else the controller's options
+        self.user, self.key = self.address.user or user, self.address.keyfile or key
+        self.password, self.timeout = password, timeout
+        self.confirm_timeout, self.connector = max(1, round(confirm_timeout)), connector
         self.manager = None
+        self.confirmed = False  # the device offers :confirmed-commit (known once a session is open)
+        self._pending: str | None = None  # the ports of a change the device undoes unless confirmed
+        self.rpc_ms: dict[str, float] = {}  # the last change: each RPC's round trip, the switching wait, the whole
         self._exchange = lock if lock is not None else threading.Lock()  # one operation of ours at a time
 
     @property
@@ -231,29 +122,33 @@ class NetconfOcs(OcsDriver):
 
     def _session(self):
         if not self.connected:
+            self._pending = None  # a session that ended took its unconfirmed change with it
             try:
-                self.manager = self.connector(self.transport, self.host, self.port, self.user, self.password,
-                                              self.timeout)
-            except Exception as e:  # noqa: BLE001 (ncclient raises its own, socket and paramiko errors: all mean unreachable)
-                self._lost(f"cannot reach NETCONF at {self.spec.address}: {type(e).__name__}: {e}")
+                self.manager = self.connector(self.address, self.user, self.password, self.key, self.timeout)
+            except OcsUnavailable as e:  # LoginRefused is one: its kind is kept
+                self._lost(str(e), type(e))
+            except Exception as e:  # noqa: BLE001 (a connector's own failure: the device is unreachable)
+                self._lost(f"cannot reach NETCONF at {self.address}: {type(e).__name__}: {e}")
+            self.confirmed = CONFIRMED in self.manager.server_capabilities
         return self.manager
 
-    def _lost(self, why: str):
-        manager, self.manager = self.manager, None
+    def _lost(self, why: str, kind: type[OcsUnavailable] = OcsUnavailable):
+        manager, self.manager, self._pending = self.manager, None, None
         if manager is not None:
             try:
                 manager.close_session() if manager.connected else None
             except Exception:  # noqa: BLE001 (it is being dropped)
                 pass
         self.last_error = why
-        raise OcsUnavailable(f"OCS {self.spec.name}: {why}") from None
+        raise kind(f"OCS {self.spec.name}: {why}") from None
 
-    def _call(self, operation: str, ports: str, fn, *args, **kwargs):
-        """One RPC; its errors become the driver's, naming `operation` and the port (from the error's path, else
-        `ports`)."""
+    def _call(self, rpc: str, operation: str, ports: str, fn, *args, **kwargs):
+        """One RPC (`rpc`: its name in `rpc_ms`); its errors become the driver's, naming `operation` and the port (from
+        the error's path, else `ports`)."""
         from ncclient.operations import RPCError, TimeoutExpiredError
         from ncclient.transport import TransportError
 
+        t0 = time.perf_counter()
         try:
             reply = fn(*args, **kwargs)
         except RPCError as e:
@@ -264,6 +159,7 @@ class NetconfOcs(OcsDriver):
             self._lost(f"NETCONF session lost during {operation} ({ports}): {type(e).__name__}: {e}")
         except Exception as e:  # noqa: BLE001 (ncclient's parser fails on a broken reply with whatever it raises)
             self._lost(f"malformed reply to {operation} ({ports}): {type(e).__name__}: {e}")
+        self.rpc_ms[rpc] = 1000 * (time.perf_counter() - t0)
         self.seen()
         return reply
 
@@ -271,7 +167,8 @@ class NetconfOcs(OcsDriver):
         """The running datastore's pairs (only those with these ingress ports, if given: a subtree filter by key)."""
         where = FILTER if ingress is None else (f'<cross-connects xmlns="{NS}">' + "".join(
             f"<pair><ingress>{a}</ingress></pair>" for a in sorted(ingress)) + "</cross-connects>")
-        reply = self._call(operation, ports, self._session().get_config, source="running", filter=("subtree", where))
+        m = self._session()
+        reply = self._call("get-config", operation, ports, m.get_config, source="running", filter=("subtree", where))
         try:
             return parse_pairs(reply.data_xml)
         except MalformedReply as e:
@@ -282,31 +179,90 @@ class NetconfOcs(OcsDriver):
             return self._read()
 
     def apply(self, remove: set[Pair], add: set[Pair], on_dark=None) -> ApplyResult:
+        """The change, committed (confirmed, where the device offers it) and read back; unconfirmed, the candidate
+        stays locked until `confirm` or `cancel`."""
         with self._exchange:
-            ports = _ports(remove | add)
+            if self._pending is not None:
+                raise NetconfError(f"OCS {self.spec.name}: the change at {self._pending} is not confirmed yet")
+            t0, ports, self.rpc_ms = time.perf_counter(), _ports(remove | add), {}
             m = self._session()
-            self._call("lock of the candidate datastore", ports, m.lock, target="candidate")
+            self._call("lock", "lock of the candidate datastore", ports, m.lock, target="candidate")
+            committed, locked = False, True
             try:
                 try:
-                    self._call("edit-config", ports, m.edit_config, target="candidate",
+                    self._call("edit-config", "edit-config", ports, m.edit_config, target="candidate",
                                config=edit_config(remove, add), default_operation="none")
                     dark_start = self.clock()  # the commit: old pairs go, mirrors move, new pairs are made
                     if on_dark is not None:
                         on_dark()
-                    self._call("commit", ports, m.commit)
+                    if self.confirmed:
+                        self._call("commit", "confirmed commit", ports, m.commit, confirmed=True,
+                                   timeout=str(self.confirm_timeout))
+                    else:
+                        self._call("commit", "commit", ports, m.commit)
+                    committed = True
                 except NetconfError:
                     self._quietly(m.discard_changes)
                     raise
-            finally:
-                self._quietly(m.unlock, target="candidate")
-            switching = self.switching_time_s(len(add))
-            self.sleep(max(0.0, switching - (self.clock() - dark_start)))  # what the device promises
-            have = self._read("read-back after commit", ports, ingress={a for a, _ in remove | add})
-            wrong = have ^ add  # the changed ingress ports hold exactly the new pairs
-            if wrong:
-                raise NetconfError(f"OCS {self.spec.name}: after the commit the device holds other cross-connects "
-                                   f"at {_ports(wrong)} than were committed")
+                if not self.confirmed:
+                    self._unlock(m)
+                    locked = False
+                switching = self.switching_time_s(len(add))
+                wait = max(0.0, switching - (self.clock() - dark_start))
+                self.sleep(wait)  # what the device promises
+                self.rpc_ms["switching-wait"] = 1000 * wait
+                have = self._read("read-back after commit", ports, ingress={a for a, _ in remove | add})
+                wrong = have ^ add  # the changed ingress ports hold exactly the new pairs
+                if wrong:
+                    raise NetconfError(f"OCS {self.spec.name}: after the commit the device holds other "
+                                       f"cross-connects at {_ports(wrong)} than were committed")
+            except BaseException:
+                if committed and self.confirmed:
+                    self._quietly(m.cancel_commit)  # the device puts back what it held
+                if locked:
+                    self._unlock(m)
+                raise
+            self.rpc_ms["total"] = 1000 * (time.perf_counter() - t0)
+            if self.confirmed:
+                self._pending = ports
+            else:
+                LOG.info("OCS %s: NETCONF change (ms) %s", self.spec.name, json.dumps(self.rpc_ms))
             return ApplyResult(dark_start, self.clock() if add else None, switching)
+
+    def confirm(self) -> None:
+        """Keep the change `apply` committed (the confirming commit), then unlock; nothing if none waits."""
+        with self._exchange:
+            if self._pending is None:
+                return
+            t0, ports, self._pending = time.perf_counter(), self._pending, None
+            m = self.manager
+            try:
+                self._call("confirm", "confirming commit", ports, m.commit)
+            finally:
+                self._unlock(m)
+            self.rpc_ms["total"] += 1000 * (time.perf_counter() - t0)
+            LOG.info("OCS %s: NETCONF change (ms) %s", self.spec.name, json.dumps(self.rpc_ms))
+
+    def cancel(self) -> bool:
+        """The device undoes the unconfirmed change now: cancel-commit (`:confirmed-commit:1.1`), else by our session's
+        end, which undoes it as well."""
+        with self._exchange:
+            if self._pending is None:
+                return False
+            self._pending = None
+            if self.connected:
+                if f"{CONFIRMED}:1.1" in self.manager.server_capabilities:
+                    self._quietly(self.manager.cancel_commit)
+                    self._unlock(self.manager)
+                else:
+                    manager, self.manager = self.manager, None
+                    self._quietly(manager.close_session)
+            return True
+
+    def _unlock(self, m) -> None:
+        t0 = time.perf_counter()
+        self._quietly(m.unlock, target="candidate")
+        self.rpc_ms["unlock"] = 1000 * (time.perf_counter() - t0)
 
     def _quietly(self, fn, **kwargs) -> None:
         if not self.connected:
@@ -320,9 +276,27 @@ class NetconfOcs(OcsDriver):
         current = self.read()
         if current != circuits:
             self.apply(current - circuits, circuits - current)
+            self.confirm()
 
     def close(self) -> None:
         with self._exchange:
             if self.connected:
                 self._quietly(self.manager.close_session)
-            self.manager = None
+            self.manager, self._pending = None, None
+
+
+DRIVER = DriverKind(
+    "netconf",
+    "switches that serve their cross-connects over NETCONF (Polatis style), over SSH or yuma123's direct TCP port",
+    address=FORMS,
+    check=lambda spec: parse_address(spec.address) and None,
+    build=lambda spec, w: NetconfOcs(spec, w.settings["user"], w.settings["password"], w.settings["key"],
+                                     confirm_timeout=w.settings["confirm_timeout"], lock=w.lock(), sleep=w.sleep),
+    settings=(
+        Setting("user", "admin", "login for OCS driven by the netconf driver"),
+        Setting("password", "", "password for OCS driven by the netconf driver (SSH)", secret=True),
+        Setting("key", "", "private key file for OCS driven by the netconf driver (SSH; tried before the password)"),
+        Setting("confirm-timeout", 10.0, "seconds a NETCONF OCS keeps a change before undoing it by itself unless "
+                "the controller confirms it (confirmed commit), at least 1"),
+    ),
+)

@@ -28,7 +28,7 @@ from ryu.ofproto import ofproto_v1_3 as ofp
 from ryu.ofproto import ofproto_v1_3_parser as parser
 # isort: on
 
-from controller.core.errors import DeviceError
+from controller.drivers.errors import SwitchError
 
 LOG = logging.getLogger("optirack.openflow")
 
@@ -47,14 +47,6 @@ _ONF = 0x4F4E4600  # ONF experimenter id
 _BUNDLE = struct.Struct("!IIIHH")  # experimenter, exp_type, bundle id, ctrl type (add: pad), flags
 _BUNDLE_FLAGS = 3  # atomic | ordered
 _OPEN, _COMMIT, _DISCARD = 0, 4, 6
-
-
-class SwitchError(DeviceError):
-    """A switch refused a message, did not confirm in time, or went away; `datapaths`: which ones."""
-
-    def __init__(self, message: str, datapaths: set[int] | None = None):
-        super().__init__(message)
-        self.datapaths = datapaths or set()
 
 
 # --- encoding ---------------------------------------------------------------------------------

@@ -12,17 +12,15 @@ import re
 import socket
 import threading
 
-from controller.core.errors import DeviceError
-from controller.drivers.ocs import ApplyResult, OcsDriver, OcsUnavailable, Pair
+from controller.core.errors import OcsUnavailable
+from controller.drivers.errors import Tl1Error
+from controller.drivers.ocs import ApplyResult, OcsDriver, Pair
+from controller.drivers.registry import DriverKind, Setting
 
 DEFAULT_PORT = 3082
 _RESPONSE_END = re.compile(rb"\r?\n;")
 _STATUS = re.compile(r"^M\s+(\S+)\s+(COMPLD|DENY)", re.M)
 _QUOTED = re.compile(r'^\s+"([^"]*)"', re.M)
-
-
-class Tl1Error(DeviceError):
-    pass
 
 
 class Tl1Client:
@@ -74,6 +72,14 @@ class Tl1Client:
         return text.decode(errors="replace")
 
 
+def parse_address(address: str | None) -> tuple[str, int]:
+    """(host, port) of the rack file's ``address: host[:port]``; ValueError says what is wrong."""
+    host, colon, port = (address or "").strip().partition(":")
+    if not host or (colon and not (port.isdigit() and 0 < int(port) < 65536)):
+        raise ValueError(f"bad TL1 address {address!r}: host[:port] (port {DEFAULT_PORT} if none)")
+    return host, int(port) if port else DEFAULT_PORT
+
+
 def parse_patches(lines: list[str]) -> set[Pair]:
     pairs = set()
     for line in lines:
@@ -89,10 +95,8 @@ class Tl1Ocs(OcsDriver):
 
     def __init__(self, spec, user: str, password: str, timeout: float = 30.0, lock=None, **kw):
         super().__init__(spec, **kw)
-        host, _, port = (spec.address or "").partition(":")
-        if not host:
-            raise ValueError(f"OCS {spec.name}: the tl1 driver needs 'address: host[:port]' in the rack file")
-        self.client = Tl1Client(host, int(port or DEFAULT_PORT), timeout, lock)
+        host, port = parse_address(spec.address)
+        self.client = Tl1Client(host, port, timeout, lock)
         self.user, self.password = user, password
         self._logged_in = False
 
@@ -154,3 +158,16 @@ class Tl1Ocs(OcsDriver):
                 pass
         self.client.close()
         self._logged_in = False
+
+
+DRIVER = DriverKind(
+    "tl1",
+    "MEMS switches that speak TL1 over TCP (Calient/Polatis style)",
+    address=f"host[:port], TCP, port {DEFAULT_PORT} if none",
+    check=lambda spec: parse_address(spec.address) and None,
+    build=lambda spec, w: Tl1Ocs(spec, w.settings["user"], w.settings["password"], lock=w.lock(), sleep=w.sleep),
+    settings=(
+        Setting("user", "admin", "login for OCS driven by the tl1 driver"),
+        Setting("password", "", "password for OCS driven by the tl1 driver", secret=True),
+    ),
+)

@@ -14,7 +14,8 @@ import yaml
 
 from controller.client import ApiError
 from controller.core.rack import Ocs
-from controller.drivers.netconf import NetconfOcs, connect
+from controller.drivers.netconf import NetconfOcs
+from controller.drivers.netconf_transport import Address, connect
 from emulation import netconf_ocs
 from tests.integration.helpers import PAPER, ControllerProcess, free_port, wait_for
 
@@ -83,7 +84,7 @@ def test_a_regroup_is_one_commit_on_the_server(netconf_controller):
 def test_a_locked_candidate_refuses_the_change_and_nothing_moves(netconf_controller):
     _, client, device = netconf_controller
     before = _circuits(client)
-    other = connect("tcp-ncx", "127.0.0.1", device.port, "operator", "", 10)  # someone else's session
+    other = connect(Address("tcp-ncx", "127.0.0.1", device.port), "operator", timeout=10)  # someone else's session
     other.lock(target="candidate")
     try:
         with pytest.raises(ApiError) as info:

@@ -14,7 +14,9 @@ import pytest
 
 from controller.core.errors import DeviceError, OcsUnavailable
 from controller.core.rack import Ocs
-from controller.drivers.netconf import YANG, NetconfError, NetconfOcs, edit_config, parse_address, parse_pairs
+from controller.drivers.errors import NetconfError
+from controller.drivers.netconf import YANG, NetconfOcs, edit_config, parse_pairs
+from controller.drivers.netconf_transport import Address, parse_address
 
 NS = "urn:optirack:yang:optirack-ocs"
 DELIM = b"]]>]]>"
@@ -212,15 +214,18 @@ def test_parse_pairs_reads_pairs_in_either_order():
 
 
 @pytest.mark.parametrize("address, expected", [
-    ("ocs.lab", ("ssh", "ocs.lab", 830)),
-    ("ssh://ocs.lab:2830", ("ssh", "ocs.lab", 2830)),
-    ("tcp-ncx://127.0.0.1:8830", ("tcp-ncx", "127.0.0.1", 8830)),
+    ("ocs.lab", Address("ssh", "ocs.lab", 830)),
+    ("ssh://ocs.lab:2830", Address("ssh", "ocs.lab", 2830)),
+    ("ssh://admin@ocs.lab?known_hosts=/etc/optirack/known_hosts&keyfile=/etc/optirack/id",
+     Address("ssh", "ocs.lab", 830, "admin", "/etc/optirack/known_hosts", "/etc/optirack/id")),
+    ("tcp-ncx://127.0.0.1:8830", Address("tcp-ncx", "127.0.0.1", 8830)),
 ])
 def test_addresses(address, expected):
     assert parse_address(address) == expected
 
 
-@pytest.mark.parametrize("address", ["", "telnet://x:1", "tcp-ncx://127.0.0.1", "ssh://host:port"])
+@pytest.mark.parametrize("address", ["", "telnet://x:1", "tcp-ncx://127.0.0.1", "ssh://host:port", "ssh://h?x=1",
+                                     "ssh://h?known_hosts=relative", "tcp-ncx://u@h:1", "tcp-ncx://h:1?keyfile=/k"])
 def test_bad_addresses_say_what_is_wrong(address):
     with pytest.raises(ValueError, match="NETCONF"):
         parse_address(address)

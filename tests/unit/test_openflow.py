@@ -170,7 +170,7 @@ def test_an_ocs_change_darkens_each_changed_port_by_block_and_a_flow_of_another_
     """The OCS driver deletes by cookie in blocks of ports; a flow its read() found with another cookie (as an older
     rack-up installed them: 0x0c alone) goes by a strict delete, so no changed port stays lit."""
     from controller.core.rack import load_rack
-    from controller.drivers.ocs import OpenFlowOcs
+    from controller.drivers.ocs_openflow import OpenFlowOcs
     from tests.unit.test_rack import PAPER
 
     rpc = of.OfRpc(HUB.event)

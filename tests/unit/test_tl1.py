@@ -3,9 +3,10 @@ import time
 
 import pytest
 
+from controller.core.errors import OcsUnavailable
 from controller.core.rack import Ocs
-from controller.drivers.ocs import OcsUnavailable
-from controller.drivers.tl1 import Tl1Client, Tl1Error, Tl1Ocs
+from controller.drivers.errors import Tl1Error
+from controller.drivers.tl1 import Tl1Client, Tl1Ocs
 from emulation.tl1_ocs import Tl1Ocs as Device
 from emulation.tl1_ocs import Tl1Server
 
