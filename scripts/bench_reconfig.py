@@ -10,6 +10,11 @@ Two figures per change, side by side:
 Besides, how much controller work the dark window hid: the packet switches are re-programmed once the
 changed circuits are dark, while the emulated OCS sleeps out its switching time, so that part costs
 nothing until it outlasts the window (programming_in_dark_ms; what ran after it, programming_after_dark_ms).
+Over NETCONF (the emulated NETCONF OCS, reached over SSH as a lab's is), where the time beyond switching goes, from
+timestamps of the measured changes: the driver's whole time, each RPC's round trip (lock, edit-config, the confirmed
+commit, get-config, the confirm, unlock: the controller's log), the client's own time (the driver's less its RPCs and
+its wait for the mirrors), the CPU time netconfd, our sshd with its sessions, and the emulation's agent spent per change
+(/proc), and the agent's own steps (its log): the emulation's share apart from the driver's.
 Both clocks are the host's wall clock (the controller runs on this host). Measured for
 one circuit moved and for every circuit moved at once, in one call (PUT /ocs/circuits), on the
 paper rack, on a generated 64-GPU rack, and on a generated 512-GPU rack whose OCS has 1,024
@@ -20,6 +25,8 @@ takes minutes. Needs root (it brings racks up).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import tempfile
@@ -73,6 +80,72 @@ def _programming(ev: dict) -> tuple[float, float, float]:
     return end - start, inside, max(0.0, end - max(start, hi))
 
 
+RPCS = ("lock", "edit-config", "commit", "get-config", "confirm", "unlock")
+DRIVER_LINE = "NETCONF change (ms) "  # controller.drivers.netconf logs one per change
+AGENT_STEPS = ("get_config_ms", "dark_flows_ms", "switching_wait_ms", "new_flows_ms")
+
+
+def _cpu_ms(pid: int) -> float:
+    """CPU time (user + system) process `pid` has used, in ms (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return 1000.0 * (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    from emulation.netconf_ocs import _children
+
+    found, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+class NetconfProbe:
+    """What a NETCONF OCS's changes cost, between `start` and `stop`: the driver's log lines, the agent's, and the CPU
+    of netconfd, of our sshd's sessions (their netconf-subsystem) and of the agent."""
+
+    def __init__(self, controller, run_dir: Path):
+        self.controller, self.run = controller, Path(run_dir)
+
+    def _pids(self) -> dict[str, list[int]]:
+        pid = lambda what: int((self.run / f"{what}.pid").read_text())  # noqa: E731
+        return {"netconfd": [pid("netconfd")], "ssh": _descendants(pid("sshd")), "agent": [pid("agent")]}
+
+    def _cpu(self) -> dict[str, float]:
+        return {k: sum(_cpu_ms(p) for p in pids) for k, pids in self._pids().items()}
+
+    def start(self) -> None:
+        self.lines = len(self.controller.output().splitlines())
+        self.agent_lines = len((self.run / "agent.log").read_text().splitlines())
+        self.cpu0 = self._cpu()
+
+    def stop(self, changes: int) -> dict:
+        cpu = self._cpu()
+        driver = [json.loads(x.split(DRIVER_LINE, 1)[1]) for x in self.controller.output().splitlines()[self.lines:]
+                  if DRIVER_LINE in x]
+        agent = [json.loads(x.split(" timing ", 1)[1]) for x in
+                 (self.run / "agent.log").read_text().splitlines()[self.agent_lines:] if " timing " in x]
+        med = lambda xs: round(statistics.median(xs), 2) if xs else None  # noqa: E731
+        client = [d["total"] - sum(d.get(r, 0.0) for r in RPCS) - d.get("switching-wait", 0.0) for d in driver]
+        return {
+            "changes_logged": len(driver),
+            "driver_ms_median": med([d["total"] for d in driver]),
+            "rpc_ms_median": {r: med([d[r] for d in driver if r in d]) for r in RPCS},
+            "rpcs_ms_median": med([sum(d.get(r, 0.0) for r in RPCS) for d in driver]),
+            "client_ms_median": med(client),
+            "switching_wait_ms_median": med([d.get("switching-wait", 0.0) for d in driver]),
+            # CPU per change: the device's (netconfd), the SSH transport's (sshd's sessions), the emulation's agent
+            "cpu_ms_per_change": {k: round((cpu[k] - self.cpu0[k]) / changes, 2) for k in cpu},
+            "agent_ms_median": {k: med([a[k] for a in agent]) for k in AGENT_STEPS},
+            "agent_after_commit_ms_median": med([1000 * (a["done"] - a["notified"]) for a in agent]),
+        }
+
+
 def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path, bare: bool) -> list[dict]:
     rows = []
     t0 = time.monotonic()
@@ -84,6 +157,10 @@ def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path, bare: bool) -
             overheads, totals, rest, phases, e2e, before, programming = [], [], [], [], [], [], []
             tb.client.put("/ocs/circuits", {"circuits": target.to_json()})  # warm-up, not counted
             tb.client.put("/ocs/circuits", {"circuits": start.to_json()})
+            probe = None
+            if rack.spec.ocs[0].driver == "netconf":
+                probe = NetconfProbe(tb.controller, tb.state.netconf[rack.spec.ocs[0].name])
+                probe.start()
             for _ in range(rounds):
                 for t in (target, start):  # both ways change the same number of circuits
                     sent, c0 = time.time(), time.perf_counter()
@@ -105,6 +182,7 @@ def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path, bare: bool) -
             row = {
                 "rack": rack.name,
                 "driver": rack.spec.ocs[0].driver,
+                "transport": rack.spec.ocs[0].address.split("://")[0] if rack.spec.ocs[0].address else None,
                 "gpus": len(rack.gpus),
                 "ports": rack.spec.ocs[0].ports,
                 "change": kind,
@@ -133,6 +211,9 @@ def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path, bare: bool) -
                     for i, k in enumerate(("teardown", "dark", "ocs_confirmed", "flows_after_ocs"))
                 },
             }
+            if probe is not None:
+                row["netconf"] = probe.stop(len(overheads))
+                print(f"    {kind}: NETCONF split (ms): {json.dumps(row['netconf'])}", flush=True)
             rows.append(row)
             print(
                 f"    {kind}: {row['circuits']} circuits, end to end median {row['e2e_median_ms']:.1f} ms, event "
@@ -161,9 +242,9 @@ def main(argv: list[str] | None = None) -> int:
         help="bring racks of this many GPUs or more up bare (default %(default)s)",
     )
     p.add_argument("--driver", default="openflow",
-                   help="how the controller drives the OCS: openflow, or netconf to the emulated NETCONF OCS "
-                   "(netconfd and its agent, emulation/netconf_ocs.py); several, comma-separated, one after the "
-                   "other into one record, e.g. openflow,netconf (default %(default)s)")
+                   help="how the controller drives the OCS: openflow, or netconf to the emulated NETCONF OCS over "
+                   "SSH (our sshd, netconfd and its agent, emulation/netconf_ocs.py); several, comma-separated, one "
+                   "after the other into one record, e.g. openflow,netconf (default %(default)s)")
     add_json_option(p)
     args = p.parse_args(argv)
     try:
@@ -183,9 +264,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 big = n >= 256  # 512 GPUs: 512 downlinks, a 1,024-port OCS
                 data = rack_spec(n, gpus_per_server=8 if big else 4, switches=8, spare=1 if big else 2, name=f"gen{n}")
-            if driver == "netconf":
+            if driver == "netconf":  # over SSH, as a lab's: rack-up makes the user, key and known_hosts named here
                 for o in data["ocs"]:
-                    o.update(driver="netconf", address=f"tcp-ncx://127.0.0.1:{free_port()}")
+                    run = f"/run/optirack/netconf-{o['name']}"
+                    o.update(driver="netconf", address=f"ssh://optirack-nc@127.0.0.1:{free_port()}?known_hosts={run}/"
+                             f"known_hosts&keyfile={run}/controller-key")
             path.write_text(yaml.safe_dump(data))
             rack = parse_rack(yaml.safe_load(path.read_text()), str(path))
             rows += bench(rack, path, args.rounds, Path(tmp) / f"{rack.name}-{driver}", bare=n >= args.bare_from)

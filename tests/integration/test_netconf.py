@@ -1,70 +1,113 @@
-"""The controller (a real process) drives a NETCONF OCS: Debian's netconfd serving optirack's model, with the
-emulation's agent following its datastore (no bridge: nothing here touches the shared rack). A regroup, a change
-refused because another session holds the candidate's lock, and netconfd killed in the middle of a change: each
-change is all or nothing, and a server that comes back without its cross-connects gets them restored."""
+"""The controller (a real process) drives a NETCONF OCS as a lab's is reached: over SSH to our own sshd (Debian's
+OpenSSH, its host key checked against a known_hosts file, a key-based user), whose netconf-subsystem hands the session
+to Debian's netconfd serving optirack's model, with the emulation's agent following the datastore. A regroup; a change
+refused because another session holds the candidate's lock; netconfd killed in the middle of a change; a wrong host
+key, a refused user and a closed port; the controller killed (kill -9) between the confirmed commit and its confirm,
+the switch undoing the change by itself, on its datastore and on an OVS bridge of the test's own."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
+import subprocess
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 from controller.client import ApiError
+from controller.core.errors import OcsUnavailable
 from controller.core.rack import Ocs
+from controller.drivers.errors import LoginRefused
 from controller.drivers.netconf import NetconfOcs
 from controller.drivers.netconf_transport import Address, connect
-from emulation import netconf_ocs
+from emulation import netconf_ocs, netconf_ssh
+from emulation.netconf_ocs import Agent
 from tests.integration.helpers import PAPER, ControllerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
 REGROUPED = [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"], ["ocs1:3", "ocs1:13"], ["ocs1:4", "ocs1:14"],
              ["ocs1:5", "ocs1:21"], ["ocs1:6", "ocs1:22"]]
+USER = "optirack-nct"  # the test's login on its sshd (made if missing, removed if made)
+RPCS = {"lock", "edit-config", "commit", "get-config", "confirm", "unlock"}
+
+
+def _pairs(circuits) -> set[tuple[int, int]]:
+    return {tuple(sorted(int(x.split(":")[1]) for x in c)) for c in circuits}
 
 
 class Device:
-    """netconfd and the agent, and a session of the test's own to read what the server holds."""
+    """sshd, netconfd and the agent (on `bridge`, if given), in a run directory under /run (the SSH user reads its
+    authorized_keys and reaches netconfd's socket there), and the test's own reads of what the server holds."""
 
-    def __init__(self, run_dir, port: int, starting):
-        self.run_dir, self.port = run_dir, port
-        netconf_ocs.start(run_dir, port, None, 25, startup=starting)
+    def __init__(self, starting, bridge: str | None = None, confirm_timeout: float = 10):
+        self.run_dir = Path(tempfile.mkdtemp(dir="/run", prefix="optirack-nctest-"))
+        self.port, self.bridge = free_port(), bridge
+        self.key = netconf_ssh.keygen(self.run_dir / "client-key", "optirack test")
+        self.known_hosts = self.run_dir / "known_hosts"
+        netconf_ocs.start(self.run_dir, 0, bridge, 25, startup=starting,
+                          ssh={"port": self.port, "user": USER, "client_keys": [self.key]})
+        netconf_ssh.write_known_hosts(self.known_hosts, "127.0.0.1", self.port, self.run_dir / "ssh_host_ed25519_key")
+        self.address = f"ssh://{USER}@127.0.0.1:{self.port}?known_hosts={self.known_hosts}&keyfile={self.key}"
+
+    def driver(self, address: str | None = None, **kw) -> NetconfOcs:
+        spec = Ocs(name="ocs1", ports=320, dpid=1, driver="netconf", address=address or self.address)
+        return NetconfOcs(spec, USER, timeout=10, **kw)
 
     def circuits(self) -> list[list[str]]:
-        spec = Ocs(name="ocs1", ports=320, dpid=1, driver="netconf", address=f"tcp-ncx://127.0.0.1:{self.port}")
-        d = NetconfOcs(spec, netconf_ocs.USER, "", timeout=10)
+        d = self.driver()
         try:
             return sorted([f"ocs1:{a}", f"ocs1:{b}"] for a, b in d.read())
         finally:
             d.close()
 
-    def pid(self) -> int:
+    def netconfd(self) -> int:
         return int((self.run_dir / "netconfd.pid").read_text())
+
+    def stop(self) -> None:
+        netconf_ocs.stop(self.run_dir)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ssh_user():
+    made = netconf_ssh.ensure_user(USER)
+    yield USER
+    if made:
+        netconf_ssh.remove_user(USER)
+
+
+def _controller(tmp_path, device: Device, extra=()):
+    data = yaml.safe_load(PAPER.read_text())
+    data["ocs"][0].update(driver="netconf", address=device.address)
+    rack_file = tmp_path / "netconf-rack.yaml"
+    rack_file.write_text(yaml.safe_dump(data))
+    return ControllerProcess(tmp_path, rack_file, ["--optirack-device-probe-interval", "0.5",
+                                                   "--optirack-device-retry-max", "1", *extra])
+
+
+def _starting() -> set[tuple[int, int]]:
+    return _pairs(yaml.safe_load(PAPER.read_text())["circuits"])
 
 
 @pytest.fixture
-def netconf_controller(tmp_path):
-    port = free_port()
-    data = yaml.safe_load(PAPER.read_text())
-    data["ocs"][0].update(driver="netconf", address=f"tcp-ncx://127.0.0.1:{port}")
-    rack_file = tmp_path / "netconf-rack.yaml"
-    rack_file.write_text(yaml.safe_dump(data))
-    starting = {(int(a.split(":")[1]), int(b.split(":")[1])) for a, b in data["circuits"]}
-    device = Device(tmp_path / "ocs1", port, {(min(p), max(p)) for p in starting})
-    ctl = ControllerProcess(tmp_path, rack_file, ["--optirack-netconf-user", netconf_ocs.USER,
-                                                  "--optirack-device-probe-interval", "0.5",
-                                                  "--optirack-device-retry-max", "1"])
+def netconf_controller(tmp_path, ssh_user):
+    device = Device(_starting())
+    ctl = _controller(tmp_path, device)
     try:
         ctl.start()
         client = ctl.client()
-        wait_for(lambda: client.get("/topology")["ocs"]["ocs1"]["synchronised"], 30, "first contact over NETCONF")
+        wait_for(lambda: client.get("/topology")["ocs"]["ocs1"]["synchronised"], 30, "first contact over SSH")
         yield ctl, client, device
     finally:
         ctl.stop()
-        netconf_ocs.stop(device.run_dir)
-        assert not netconf_ocs.listening(port), "netconfd still listens after stop"
+        device.stop()
+        assert not netconf_ocs.listening(device.port), "sshd still listens after stop"
 
 
 def _circuits(client) -> list[list[str]]:
@@ -77,6 +120,10 @@ def test_a_regroup_is_one_commit_on_the_server(netconf_controller):
     assert ev["status"] == "ok" and ev["dark_window_s"] >= 0.025
     assert device.circuits() == sorted(REGROUPED) == _circuits(client)
     assert "Traceback" not in ctl.output()
+    # over SSH, one confirmed commit: lock, edit-config, commit, get-config, the confirm, unlock (the driver's log)
+    line = [x for x in ctl.output().splitlines() if "NETCONF change (ms)" in x][-1]
+    assert set(json.loads(line.split("NETCONF change (ms) ", 1)[1])) == RPCS | {"switching-wait", "total"}, line
+    assert f"Accepted publickey for {USER}" in (device.run_dir / "sshd.log").read_text()
     # netconfd keeps its transaction id in the server's run directory (--yuma-home), not in root's ~/.yuma
     assert (device.run_dir / "yuma" / "data" / "startup-cfg-txid.txt").read_text().strip().isdigit()
 
@@ -84,7 +131,8 @@ def test_a_regroup_is_one_commit_on_the_server(netconf_controller):
 def test_a_locked_candidate_refuses_the_change_and_nothing_moves(netconf_controller):
     _, client, device = netconf_controller
     before = _circuits(client)
-    other = connect(Address("tcp-ncx", "127.0.0.1", device.port), "operator", timeout=10)  # someone else's session
+    sock = Address("tcp-ncx", str(device.run_dir / "ncxserver.sock"), 0)
+    other = connect(sock, "operator", timeout=10)  # someone else's session, on netconfd's own socket
     other.lock(target="candidate")
     try:
         with pytest.raises(ApiError) as info:
@@ -104,7 +152,7 @@ def test_a_locked_candidate_refuses_the_change_and_nothing_moves(netconf_control
 def test_the_server_killed_mid_change_leaves_all_or_nothing_and_is_restored(netconf_controller):
     ctl, client, device = netconf_controller
     before = _circuits(client)
-    os.kill(device.pid(), signal.SIGSTOP)  # the server hangs: the change waits in the middle of its RPCs
+    os.kill(device.netconfd(), signal.SIGSTOP)  # the server hangs: the change waits in the middle of its RPCs
     outcome = {}
 
     def change():
@@ -118,7 +166,7 @@ def test_the_server_killed_mid_change_leaves_all_or_nothing_and_is_restored(netc
     wait_for(lambda: [e["status"] for e in client.get("/events", limit=1)["events"]] == ["running"], 15,
              "the change to start")
     time.sleep(0.3)
-    os.kill(device.pid(), signal.SIGKILL)  # power cut in the middle of the change
+    os.kill(device.netconfd(), signal.SIGKILL)  # power cut in the middle of the change
     t.join(30)
     assert "error" in outcome, outcome
     ev = client.get("/events", limit=1)["events"][-1]
@@ -127,7 +175,7 @@ def test_the_server_killed_mid_change_leaves_all_or_nothing_and_is_restored(netc
     wait_for(lambda: not client.get("/topology")["ocs"]["ocs1"]["connected"], 15, "the lost session to show")
 
     (device.run_dir / "startup-cfg.xml").unlink()  # it comes back having lost its cross-connects
-    netconf_ocs.start_server(device.run_dir, device.port)
+    netconf_ocs.start_server(device.run_dir, 0, ssh_port=device.port)
     wait_for(lambda: device.circuits() == before, 30, "the controller to restore the server's cross-connects")
     # the server holds them once committed; the restore event ends after the driver's read-back
     last = lambda: client.get("/events", limit=1)["events"][-1]  # noqa: E731
@@ -137,25 +185,121 @@ def test_the_server_killed_mid_change_leaves_all_or_nothing_and_is_restored(netc
     assert "Traceback" not in ctl.output()
 
 
-def test_the_paper_rack_behind_netconf_follows_the_server_and_rack_down_ends_it(tmp_path):
-    """topologies/paper-netconf.yaml brought up bare (its bridges, no servers): the rack starts netconfd and the
-    agent, a regroup reaches the OCS bridge's flows through them, and rack-down ends both."""
+def test_the_paper_rack_behind_netconf_over_ssh_follows_the_server_and_rack_down_ends_it(tmp_path):
+    """topologies/paper-netconf.yaml brought up bare (its bridges, no servers): rack-up starts sshd, netconfd and the
+    agent and makes the rack file's user, key and known_hosts; a regroup over SSH reaches the OCS bridge's flows;
+    rack-down ends the three and removes the user it made."""
     from controller.core.emulated import RUN_DIR
     from controller.core.rack import load_rack
+    from controller.drivers.netconf_transport import parse_address
     from emulation.harness import Testbed
-    from emulation.netconf_ocs import Agent
     from tests.integration.helpers import ROOT
 
     rack_file = ROOT / "topologies" / "paper-netconf.yaml"
     rack = load_rack(rack_file)
-    port = int(rack.spec.ocs[0].address.rsplit(":", 1)[1])
+    address = parse_address(rack.spec.ocs[0].address)
+    assert address.transport == "ssh" and address.known_hosts and address.keyfile
     run = RUN_DIR / "netconf-ocs1"
-    bridge = Agent(port, "ocs1", 25)
+    bridge = Agent(0, "ocs1", 25)
+    existed = _user_exists(address.user)
     with Testbed(rack, rack_file, tmp_path, bare=True) as tb:
-        assert (run / "netconfd.pid").exists() and (run / "agent.pid").exists()
+        assert all((run / f"{p}.pid").exists() for p in ("netconfd", "agent", "sshd"))
+        assert Path(address.known_hosts).exists() and _user_exists(address.user)
         starting = {(min(a.port, b.port), max(a.port, b.port)) for a, b in rack.spec.circuits}
         assert bridge.read_bridge() == starting
         tb.client.put("/ocs/circuits", {"circuits": REGROUPED})
-        want = {(int(a.split(":")[1]), int(b.split(":")[1])) for a, b in REGROUPED}
-        wait_for(lambda: bridge.read_bridge() == want, 10, "the agent to make the regroup on the OCS bridge")
-    assert not run.exists() and not netconf_ocs.listening(port)
+        wait_for(lambda: bridge.read_bridge() == _pairs(REGROUPED), 10, "the agent to make the regroup on the bridge")
+        assert f"Accepted publickey for {address.user}" in (run / "sshd.log").read_text()
+    assert not run.exists() and not netconf_ocs.listening(address.port)
+    assert _user_exists(address.user) == existed
+
+
+def _user_exists(name: str) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def test_a_wrong_host_key_a_refused_user_and_a_closed_port_name_the_switch_and_change_nothing(ssh_user):
+    device = Device(_starting())
+    try:
+        before = device.circuits()
+        other = netconf_ssh.keygen(device.run_dir / "other-host-key", "not the switch")
+        netconf_ssh.write_known_hosts(device.run_dir / "wrong_known_hosts", "127.0.0.1", device.port, other)
+        wrong_hosts = device.run_dir / "wrong_known_hosts"
+        wrong = device.driver(device.address.replace(str(device.known_hosts), str(wrong_hosts)))
+        with pytest.raises(LoginRefused, match=r"OCS ocs1: the SSH host key of ssh://127.0.0.1:\d+ .* is not the one"):
+            wrong.apply(set(), {(7, 31)})
+        assert not wrong.connected
+        stranger = netconf_ssh.keygen(device.run_dir / "stranger-key", "not authorized")
+        refused = device.driver(device.address.replace(str(device.key), str(stranger)))
+        with pytest.raises(LoginRefused, match=rf"OCS ocs1: .* refused user '{USER}' with key"):
+            refused.apply(set(), {(7, 31)})
+        closed = device.driver(device.address.replace(f":{device.port}?", f":{free_port()}?"))
+        with pytest.raises(OcsUnavailable, match=r"OCS ocs1: cannot reach NETCONF at ssh://127.0.0.1:\d+"):
+            closed.read()
+        assert device.circuits() == before  # none of them changed anything
+        # a password logs in as well as a key
+        netconf_ssh.set_password(USER, "optirack-test-pw")
+        by_password = device.driver(device.address.split("&keyfile")[0], password="optirack-test-pw")
+        assert sorted([f"ocs1:{a}", f"ocs1:{b}"] for a, b in by_password.read()) == before
+        by_password.close()
+    finally:
+        subprocess.run(["usermod", "-p", "*", USER], check=False)
+        device.stop()
+
+
+def test_a_controller_killed_before_its_confirm_leaves_the_switch_as_it_was(tmp_path, ssh_user):
+    """kill -9 between the confirmed commit and its confirm (--optirack-fault-hold-confirm): netconfd undoes the commit
+    by itself, the agent puts the bridge's flows back, and the restarted controller finds the rack consistent."""
+    bridge = f"nct{os.getpid() % 100000}"
+    subprocess.run(["ovs-vsctl", "--may-exist", "add-br", bridge, "--", "set", "bridge", bridge,
+                    "datapath_type=netdev", "fail-mode=secure"], check=True)
+    device, ctl = None, None
+    try:
+        device = Device(_starting(), bridge=bridge)
+        flows = Agent(0, bridge, 25)
+        before = device.circuits()
+        wait_for(lambda: flows.read_bridge() == _pairs(before), 10, "the agent to make the starting circuits")
+        hold = ["--optirack-fault-hold-confirm", "--optirack-netconf-confirm-timeout", "5"]
+        ctl = _controller(tmp_path, device, hold)
+        ctl.start()
+        client = ctl.client()
+        wait_for(lambda: client.get("/topology")["ocs"]["ocs1"]["synchronised"], 30, "first contact over SSH")
+        threading.Thread(target=lambda: _quietly(client.put, "/ocs/circuits", {"circuits": REGROUPED}),
+                         daemon=True).start()
+        wait_for(lambda: device.circuits() == sorted(REGROUPED), 15, "the confirmed commit on the server")
+        wait_for(lambda: flows.read_bridge() == _pairs(REGROUPED), 10, "the agent to make it on the bridge")
+        assert "held before its confirm" in ctl.output()
+        killed = time.monotonic()
+        ctl.kill()  # SIGKILL: its session ends with the change unconfirmed
+        wait_for(lambda: device.circuits() == before, 5, "netconfd to undo the unconfirmed commit")
+        wait_for(lambda: flows.read_bridge() == _pairs(before), 5, "the agent to put the bridge's flows back")
+        assert time.monotonic() - killed < 5  # within the confirm timeout
+        assert "netconfd undid an unconfirmed commit" in (device.run_dir / "agent.log").read_text()
+
+        ctl = _controller(tmp_path, device)  # the same state directory: the restart's reconciliation
+        ctl.start()
+        client = ctl.client()
+        wait_for(lambda: client.get("/topology")["ocs"]["ocs1"]["synchronised"], 30, "the restart's first contact")
+        seen = client.get("/ocs/circuits", device="true")
+        assert sorted(seen["circuits"]) == before == sorted(seen["device"]["ocs1"])
+        assert "holds the expected 6 circuits" in ctl.output(), ctl.output()[-2000:]
+        assert flows.read_bridge() == _pairs(before)
+    finally:
+        if ctl is not None:
+            ctl.stop()
+        if device is not None:
+            device.stop()
+        subprocess.run(["ovs-vsctl", "--if-exists", "del-br", bridge], check=True)
+
+
+def _quietly(fn, *args):
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 (the controller is killed under this request)
+        pass

@@ -202,3 +202,37 @@ def test_logs_of_a_failed_job_over_rest(tmp_path, vrt):
     assert body["state"] == "failed" and body["logs"]["gpu1"][-1] == "ValueError: no" and len(body["logs"]["gpu1"]) == 2
     resp = Request.blank(f"/api/v1/jobs/{job.id}/logs?tail=0").get_response(app)
     assert resp.status_int == 400 and json.loads(resp.body)["error"]["field"] == "tail"
+
+
+def test_each_ocs_is_confirmed_once_read_back_before_the_circuits_are_kept(tmp_path, monkeypatch, vrt):
+    """The change confirms an OCS's change (NETCONF's confirmed commit) after its apply returned, and keeps the new
+    circuits only after the confirm."""
+    rig = Rig(tmp_path, FakeDriver(), vrt)
+    driver, order = rig.ocs_app.drivers["ocs1"], []
+    apply = driver.apply
+
+    def applied(remove, add, on_dark=None):
+        result = apply(remove, add, on_dark)
+        order.append("apply")
+        return result
+
+    monkeypatch.setattr(driver, "apply", applied)
+    monkeypatch.setattr(driver, "confirm", lambda: order.append(("confirm", rig.ctx.circuits == rig.before)))
+    job = rig.wait_end(rig.submit())
+    assert job.state == "done" and order[:2] == ["apply", ("confirm", True)], order
+
+
+def test_a_refused_confirm_fails_the_change_and_puts_the_ocs_back(tmp_path, monkeypatch, vrt):
+    from controller.drivers.errors import NetconfError
+
+    rig = Rig(tmp_path, FakeDriver(), vrt)
+    driver, cancelled = rig.ocs_app.drivers["ocs1"], []
+
+    def refused():
+        raise NetconfError("OCS ocs1: confirming commit (ports 1, 2 refused: operation-failed: no commit pending)")
+
+    monkeypatch.setattr(driver, "confirm", refused)
+    monkeypatch.setattr(driver, "cancel", lambda: cancelled.append(True) or False)
+    job = rig.wait_end(rig.submit())
+    rig.assert_clean(job, "confirming commit")
+    assert cancelled  # the rollback asks the device to undo an unconfirmed change first

@@ -38,8 +38,8 @@ class CannedServer:
     """Answers RPCs by operation name: `script[op]` is a list of replies used in turn (the last one repeats);
     a reply is the body of <rpc-reply>, or "DROP" (close the connection), or raw bytes sent as they are."""
 
-    def __init__(self, script: dict[str, list]):
-        self.script, self.seen = script, []
+    def __init__(self, script: dict[str, list], capabilities: tuple[str, ...] = ()):
+        self.script, self.seen, self.texts, self.capabilities = script, [], [], capabilities
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.conns: list[socket.socket] = []
@@ -66,7 +66,8 @@ class CannedServer:
         buf = b""
         hello = ('<hello xmlns="urn:ietf:params:xml:ns:netconf:base:1.0"><capabilities><capability>'
                  'urn:ietf:params:netconf:base:1.0</capability><capability>urn:ietf:params:netconf:capability:'
-                 'candidate:1.0</capability></capabilities><session-id>7</session-id></hello>')
+                 'candidate:1.0</capability>' + "".join(f"<capability>{c}</capability>" for c in self.capabilities)
+                 + '</capabilities><session-id>7</session-id></hello>')
         conn.sendall(hello.encode() + DELIM)
         while True:
             while DELIM not in buf:
@@ -81,6 +82,7 @@ class CannedServer:
                 continue  # ncx-connect, hello
             mid, op = rpc.groups()
             self.seen.append(op)
+            self.texts.append(text)
             replies = self.script.get(op, [OK])
             reply = replies.pop(0) if len(replies) > 1 else replies[0]
             if reply == "DROP":
@@ -110,8 +112,8 @@ class CannedServer:
 def canned():
     servers = []
 
-    def make(script):
-        servers.append(CannedServer(script))
+    def make(script, capabilities=()):
+        servers.append(CannedServer(script, capabilities))
         return servers[-1]
 
     yield make
@@ -132,6 +134,46 @@ def test_a_change_is_one_locked_edit_and_commit_and_is_read_back(canned):
     result = d.apply({(1, 11)}, {(1, 12), (2, 13)})
     assert server.seen == ["get-config", "lock", "edit-config", "commit", "unlock", "get-config"]
     assert result.switching_time_s == 0.005 and result.dark_start <= result.dark_end
+
+
+CONFIRMED = ("urn:ietf:params:netconf:capability:confirmed-commit:1.0",
+             "urn:ietf:params:netconf:capability:confirmed-commit:1.1")
+
+
+def test_with_confirmed_commit_a_change_is_kept_only_by_its_confirm(canned):
+    """The RPCs of one change: lock, edit-config, a confirmed commit with its timeout, get-config, and once the
+    caller confirms, the confirming commit and the unlock: no others."""
+    server = canned({"get-config": [data((1, 12), (2, 13))]}, CONFIRMED)
+    d = driver(server.port)
+    d.confirm_timeout = 7
+    d.apply({(1, 11)}, {(1, 12), (2, 13)})
+    assert server.seen == ["lock", "edit-config", "commit", "get-config"]  # the candidate stays locked
+    assert "<nc:confirmed/><nc:confirm-timeout>7</nc:confirm-timeout>" in server.texts[2]
+    d.confirm()
+    assert server.seen == ["lock", "edit-config", "commit", "get-config", "commit", "unlock"]
+    assert "confirmed" not in server.texts[4]
+    assert set(d.rpc_ms) == {"lock", "edit-config", "commit", "get-config", "confirm", "unlock", "switching-wait",
+                             "total"}
+    d.confirm()  # nothing waits: nothing sent
+    assert len(server.seen) == 6
+
+
+def test_a_read_back_that_differs_cancels_the_confirmed_commit(canned):
+    server = canned({"get-config": [data((1, 11))]}, CONFIRMED)  # the device still holds the old pair
+    d = driver(server.port)
+    with pytest.raises(NetconfError, match=r"other cross-connects at ports 1, 11, 12 than were committed"):
+        d.apply({(1, 11)}, {(1, 12)})
+    assert server.seen == ["lock", "edit-config", "commit", "get-config", "cancel-commit", "unlock"]
+    assert not d.cancel()  # nothing left to undo
+
+
+def test_a_failed_change_elsewhere_cancels_an_unconfirmed_one(canned):
+    server = canned({"get-config": [data((4, 5))]}, CONFIRMED)
+    d = driver(server.port)
+    d.apply(set(), {(4, 5)})
+    with pytest.raises(NetconfError, match="not confirmed yet"):
+        d.apply(set(), {(6, 7)})  # one change at a time
+    assert d.cancel() and server.seen[-2:] == ["cancel-commit", "unlock"]
 
 
 def test_a_refused_commit_names_the_port_and_discards_the_candidate(canned):
