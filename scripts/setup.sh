@@ -14,7 +14,7 @@ LOG_DIR=${OPTIRACK_LOG_DIR:-/var/log/optirack}
 PACKAGES=(openvswitch-switch mininet docker.io debootstrap iperf3 ethtool iputils-ping iproute2
           python3-venv python3-dev ca-certificates curl prometheus chromium containernetworking-plugins
           busybox-static docker-registry openssl slurmctld slurmd slurm-client slurmdbd munge mariadb-server
-          netconfd python3-ncclient)
+          netconfd python3-ncclient openssh-server)
 CHANGED=0
 
 current_step=""
@@ -40,8 +40,17 @@ else
   ok "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >"$LOG_DIR/apt.log" 2>&1 || fail "apt-get update failed (see $LOG_DIR/apt.log)"
+  # No service is started by the install (openssh-server's would be the system's sshd, which the emulated
+  # NETCONF OCS does not use: it runs its own): a policy that says so, unless the machine has one already.
+  policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    policy=/usr/sbin/policy-rc.d
+    printf '#!/bin/sh\n# optirack setup: no service starts while packages install\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$LOG_DIR/apt.log" 2>&1 \
-    || fail "apt-get install failed (see $LOG_DIR/apt.log)"
+    || { [ -z "$policy" ] || rm -f "$policy"; fail "apt-get install failed (see $LOG_DIR/apt.log)"; }
+  [ -z "$policy" ] || rm -f "$policy"
   changed "installed ${#missing[@]} packages"
 fi
 
