@@ -71,11 +71,37 @@ def reconfig(_records: list) -> str:
                 continue
             e2e = _mmm(r["e2e_min_ms"], r["e2e_median_ms"], r["e2e_max_ms"])
             driver = ", NETCONF OCS" if r.get("driver") == "netconf" else ""
+            driver += " via SSH" if r.get("transport") == "ssh" else ""
             rows.append(f"| `{stem}` | {r['gpus']} GPUs{' (bare)' if r.get('bare') else ''}{driver} | {r['ports']:,} "
                         f"| {r['circuits']} circuit{_s(r['circuits'])} | {e2e} "
                         f"| {r['e2e_overhead_median_ms']:.1f} ms | {_mmm(r['min_ms'], r['median_ms'], r['max_ms'])} "
                         f"| {r['before_event_ms_median']:.1f} ms | {r['programming_ms_median']:.1f} ms "
                         f"| {r['programming_in_dark_ms_median']:.1f} ms | {load_cell} |")
+    return "\n".join(rows)
+
+
+def reconfig_netconf(_records: list) -> str:
+    """Where a change over NETCONF via SSH spends its time beyond switching (bench_reconfig's `netconf` split): the
+    driver's whole time, each RPC's round trip, the client's own time, the CPU per change of netconfd, of our sshd's
+    sessions and of the emulation's agent, and how long after the commit the agent had the bridge done."""
+    rpcs = ("lock", "edit-config", "commit", "get-config", "confirm", "unlock")
+    rows = ["| record | change | driver (all of it) | " + " | ".join(rpcs) + " | client's own | waiting out the "
+            "mirrors | CPU per change: netconfd, sshd's sessions, agent | agent: commit → bridge done |",
+            "| --- | --- | --- | " + " | ".join("---" for _ in rpcs) + " | --- | --- | --- | --- |"]
+    for stem, data in bench_records("bench_reconfig"):
+        for r in data["results"]:
+            n = r.get("netconf")
+            if not n:
+                continue
+            cpu = n["cpu_ms_per_change"]
+            rows.append(f"| `{stem}` | {r['circuits']} circuit{_s(r['circuits'])} | {n['driver_ms_median']:.1f} ms | "
+                        + " | ".join(f"{n['rpc_ms_median'][x]:.1f} ms" for x in rpcs)
+                        + f" | {n['client_ms_median']:.1f} ms | {n['switching_wait_ms_median']:.1f} ms "
+                        f"| {cpu['netconfd']:.1f}, {cpu['ssh']:.1f}, {cpu['agent']:.1f} ms "
+                        f"| {n['agent_after_commit_ms_median']:.1f} ms |")
+    if len(rows) == 2:
+        rows.append("| no record of a change over NETCONF via SSH yet | | | " + " | ".join("" for _ in rpcs)
+                    + " | | | | |")
     return "\n".join(rows)
 
 
@@ -379,7 +405,8 @@ def netconf_quick(_records: list, directory: Path | None = None) -> str:
 
 
 BLOCKS: dict[str, Callable[[list], str]] = {
-    "reconfig": reconfig, "loopback": loopback, "step": step, "step-by-chunk": step_by_chunk, "failover": failover,
+    "reconfig": reconfig, "reconfig-netconf": reconfig_netconf,
+    "loopback": loopback, "step": step, "step-by-chunk": step_by_chunk, "failover": failover,
     "checkpoint-cost": checkpoint_cost, "placement": placement, "store": store,
     "observed": observed, "rack": rack, "netconf-quick": netconf_quick,
 }
