@@ -38,6 +38,7 @@ _NC = "urn:ietf:params:xml:ns:netconf:base:1.0"
 FILTER = f'<cross-connects xmlns="{NS}"/>'
 _INGRESS_IN_PATH = re.compile(r"ingress\s*=\s*['\"]?(\d+)")
 CONFIRMED = ":confirmed-commit"
+BY_KEY_MOST = 32  # a read-back of more changed ports reads the whole container (`_read`)
 
 
 def edit_config(remove: set[Pair], add: set[Pair]) -> str:
@@ -164,13 +165,17 @@ class NetconfOcs(OcsDriver):
         return reply
 
     def _read(self, operation: str = "get-config", ports: str = "every port", ingress=None) -> set[Pair]:
-        """The running datastore's pairs (only those with these ingress ports, if given: a subtree filter by key)."""
-        where = FILTER if ingress is None else (f'<cross-connects xmlns="{NS}">' + "".join(
+        """The running datastore's pairs (only those with these ingress ports, if given). A few ports are asked for by
+        key (a subtree filter); more, and the whole container is read and picked here: netconfd matches a filter's
+        keys one by one against its pairs, which for hundreds of keys costs it more than sending them all."""
+        by_key = ingress is not None and len(ingress) <= BY_KEY_MOST
+        where = FILTER if not by_key else (f'<cross-connects xmlns="{NS}">' + "".join(
             f"<pair><ingress>{a}</ingress></pair>" for a in sorted(ingress)) + "</cross-connects>")
         m = self._session()
         reply = self._call("get-config", operation, ports, m.get_config, source="running", filter=("subtree", where))
         try:
-            return parse_pairs(reply.data_xml)
+            pairs = parse_pairs(reply.data_xml)
+            return pairs if ingress is None else {p for p in pairs if p[0] in ingress}
         except MalformedReply as e:
             self._lost(f"malformed reply to {operation} ({ports}): {e}")
 

@@ -57,7 +57,7 @@ class Device:
 
     def driver(self, address: str | None = None, **kw) -> NetconfOcs:
         spec = Ocs(name="ocs1", ports=320, dpid=1, driver="netconf", address=address or self.address)
-        return NetconfOcs(spec, USER, timeout=10, **kw)
+        return NetconfOcs(spec, USER, timeout=30, **kw)
 
     def circuits(self) -> list[list[str]]:
         d = self.driver()
