@@ -10,6 +10,8 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
+from controller.drivers import registry  # the OCS drivers by name: a leaf module (it imports none of the project)
+
 # Emulated interfaces are named <device>-p<port> and Linux allows 15 characters.
 NAME_PATTERN = r"^[a-z][a-z0-9]{0,8}$"
 MAX_PORTS = 9999
@@ -139,17 +141,12 @@ class Ocs(_Spec):
     dpid: Dpid
     switching_time_ms: Annotated[float, Field(ge=0, le=60_000)] = 25.0
     reconfiguration_time_ms: Optional[Annotated[float, Field(ge=0, le=600_000)]] = None
-    driver: Literal["openflow", "tl1", "netconf"] = "openflow"
-    # TL1: host[:port]; NETCONF: host[:port] or ssh://host[:port] (SSH, port 830), tcp-ncx://host:port (yuma123's
-    # direct TCP port: the emulated OCS)
-    address: Optional[str] = None
+    driver: str = registry.DEFAULT  # a name in controller/drivers/registry.py
+    address: Optional[str] = None  # where the device is, in the form its driver declares
 
     @model_validator(mode="after")
-    def _address_for_the_driver(self):
-        if self.driver != "openflow" and not self.address:
-            raise ValueError(f"driver {self.driver} needs 'address' (host[:port])")
-        if self.driver == "netconf" and self.address.startswith("tcp-ncx://") and ":" not in self.address[10:]:
-            raise ValueError("a tcp-ncx:// address needs its port (tcp-ncx://host:port)")
+    def _checked_by_its_driver(self):
+        registry.check(self)
         return self
 
     @property

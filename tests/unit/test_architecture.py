@@ -105,8 +105,19 @@ def _under(module: str, package: str) -> bool:
 def test_no_import_runs_the_wrong_way(importer, imported):
     wrong = sorted(
         f"{m} -> {t}" for m, ts in GRAPH.items() if _under(m, importer) for t in ts if _under(t, imported)
+        if (m, t) not in ALLOWED
     )
     assert not wrong, "\n".join(wrong)
+
+
+# The rack file's schema asks the OCS drivers' registry which drivers there are and how each checks its entry: the
+# registry is a leaf (it imports nothing of the project; it finds a driver's module by name when asked).
+ALLOWED = {("controller.core.rackspec", "controller.drivers.registry"),
+           ("controller.core.rackspec", "controller.drivers")}
+
+
+def test_the_drivers_registry_imports_nothing_of_the_project():
+    assert GRAPH["controller.drivers.registry"] <= {"controller", "controller.drivers"}
 
 
 def test_no_import_cycle():

@@ -13,10 +13,6 @@ import pytest
 from controller.drivers import registry
 from tests.unit.test_architecture import MODULES, _under
 
-# Until the rack file's schema takes its driver field from the registry (controller/core/rackspec.py is covered by
-# the model hash), it is the one module outside controller/drivers/ that still names the drivers.
-NOT_YET = {"controller.core.rackspec"}
-
 
 def _entry(driver: str, address: str | None = None, name: str = "ocs1"):
     return SimpleNamespace(name=name, driver=driver, address=address, ports=32, switching_time_ms=25.0,
@@ -122,7 +118,7 @@ def test_no_module_of_the_controller_outside_the_drivers_names_a_driver():
     """The rack file's schema, the keeper, the options and the apps ask the registry; a driver's name is written in
     controller/drivers/ alone."""
     found = {m: hits for m, p in MODULES.items()
-             if _under(m, "controller") and not _under(m, "controller.drivers") and m not in NOT_YET
+             if _under(m, "controller") and not _under(m, "controller.drivers")
              and (hits := _names_a_driver(p))}
     assert not found, found
 
@@ -132,3 +128,16 @@ def test_the_check_finds_a_driver_named_by_its_string(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text('def build(spec):\n    return 1 if spec.driver == "netconf" else 2\n')
     assert _names_a_driver(bad) == ["line 2: 'netconf'"]
+
+
+def test_a_rack_file_with_an_unknown_driver_names_the_field_and_the_drivers():
+    import yaml
+
+    from controller.core.rack import RackError, parse_rack
+    from tests.unit.test_rack import PAPER
+
+    data = yaml.safe_load(PAPER.read_text())
+    data["ocs"][0]["driver"] = "polatis"
+    known = r"\(known: openflow, tl1, netconf\)"
+    with pytest.raises(RackError, match=r"rack.yaml: ocs\[0\]: unknown OCS driver 'polatis' " + known):
+        parse_rack(data, "rack.yaml")
