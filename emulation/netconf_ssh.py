@@ -38,12 +38,20 @@ def ensure_user(name: str) -> bool:
     return True
 
 
-def remove_user(name: str) -> None:
+def remove_user(name: str, wait: float = 5) -> None:
+    """Remove the account `name`, once the last of its sessions (ended by `netconf_ocs.stop`) has gone."""
     try:
         pwd.getpwnam(name)
     except KeyError:
         return
-    subprocess.run(["userdel", name], check=True, capture_output=True)
+    deadline = time.monotonic() + wait
+    while True:
+        done = subprocess.run(["userdel", name], capture_output=True, text=True)
+        if done.returncode == 0:
+            return
+        if done.returncode != 8 or time.monotonic() > deadline:  # 8: a process of the user still runs
+            raise RuntimeError(f"userdel {name} exited {done.returncode}: {done.stderr.strip()}")
+        time.sleep(0.1)
 
 
 def set_password(name: str, password: str) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, model_validator
 
-from controller.drivers import registry  # the OCS drivers by name: a leaf module (it imports none of the project)
+from controller.drivers import registry as ocs_drivers  # the OCS drivers by name: a leaf (it imports no project module)
 
 # Emulated interfaces are named <device>-p<port> and Linux allows 15 characters.
 NAME_PATTERN = r"^[a-z][a-z0-9]{0,8}$"
@@ -141,12 +141,12 @@ class Ocs(_Spec):
     dpid: Dpid
     switching_time_ms: Annotated[float, Field(ge=0, le=60_000)] = 25.0
     reconfiguration_time_ms: Optional[Annotated[float, Field(ge=0, le=600_000)]] = None
-    driver: str = registry.DEFAULT  # a name in controller/drivers/registry.py
+    driver: str = ocs_drivers.DEFAULT  # a name in controller/drivers/registry.py
     address: Optional[str] = None  # where the device is, in the form its driver declares
 
     @model_validator(mode="after")
     def _checked_by_its_driver(self):
-        registry.check(self)
+        ocs_drivers.check(self)
         return self
 
     @property

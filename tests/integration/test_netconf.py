@@ -286,7 +286,7 @@ def test_a_controller_killed_before_its_confirm_leaves_the_switch_as_it_was(tmp_
         ctl.start()
         client = ctl.client()
         wait_for(lambda: client.get("/topology")["ocs"]["ocs1"]["synchronised"], 30, "the restart's first contact")
-        seen = client.get("/ocs/circuits", device="true")
+        seen = client.get("/ocs/circuits", device=1)
         assert sorted(seen["circuits"]) == before == sorted(seen["device"]["ocs1"])
         assert "holds the expected 6 circuits" in ctl.output(), ctl.output()[-2000:]
         assert flows.read_bridge() == _pairs(before)
