@@ -74,6 +74,16 @@ def _sessions():
     from ncclient.transport.ssh import END_DELIM, MSG_DELIM, SSHSession
 
     class Direct(SSHSession):
+        hello_wait = 30.0  # seconds for the server's <hello>
+
+        def _post_connect(self, *args, **kwargs):
+            # Our <hello> only once the server's is here: yuma123's netconf-subsystem passes ours on to netconfd at
+            # once, and netconfd drops a client <hello> that comes before it has taken the session (which then never
+            # answers). The server's stays in the channel for ncclient's loop to read.
+            if not select.select([self._channel], [], [], self.hello_wait)[0]:
+                raise TimeoutError(f"no <hello> from the server within {self.hello_wait:g} s")
+            super()._post_connect(*args, **kwargs)
+
         def send(self, message):
             data = message.encode()
             if self._base == NetconfBase.BASE_11:
@@ -137,11 +147,7 @@ def _sessions():
             sock.sendall(b'<?xml version="1.0" encoding="UTF-8"?>\n<ncx-connect xmlns="http://netconfcentral.org/ns/'
                          b'yuma-ncx" version="1" user="%s" address="%s" magic="%s" transport="ssh" port="%d" />\n%s'
                          % (username.encode(), host.encode(), _NCX_MAGIC.encode(), SSH_PORT, MSG_DELIM))
-            # Our <hello> only once the server's is here: netconfd sends its own when it has taken the
-            # <ncx-connect>, and drops a client <hello> that comes before that (the session then never answers).
-            if not select.select([sock], [], [], timeout)[0]:
-                sock.close()
-                raise TimeoutError(f"no <hello> from {host}:{port} within {timeout:g} s")
+            self.hello_wait = timeout  # netconfd's <hello> comes once it has taken the <ncx-connect>: ours after it
             self._host, self._channel, self._transport = host, Channel(sock), Ending(sock)
             self._connected = True
             self._post_connect()
@@ -163,7 +169,7 @@ def connect(address: Address, user: str, password: str = "", key: str = "", time
     direct, tcp_ncx = _sessions()
     handler = DefaultDeviceHandler()
     session = (tcp_ncx if address.transport == "tcp-ncx" else direct)(handler)
-    session._sending = threading.Lock()
+    session._sending, session.hello_wait = threading.Lock(), timeout
     known = address.known_hosts or os.path.expanduser("~/.ssh/known_hosts")
     try:
         if address.transport == "tcp-ncx":

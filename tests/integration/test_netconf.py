@@ -50,8 +50,12 @@ class Device:
         self.port, self.bridge = free_port(), bridge
         self.key = netconf_ssh.keygen(self.run_dir / "client-key", "optirack test")
         self.known_hosts = self.run_dir / "known_hosts"
-        netconf_ocs.start(self.run_dir, 0, bridge, 25, startup=starting,
-                          ssh={"port": self.port, "user": USER, "client_keys": [self.key]})
+        try:
+            netconf_ocs.start(self.run_dir, 0, bridge, 25, startup=starting,
+                              ssh={"port": self.port, "user": USER, "client_keys": [self.key]})
+        except BaseException:
+            self.stop()
+            raise
         netconf_ssh.write_known_hosts(self.known_hosts, "127.0.0.1", self.port, self.run_dir / "ssh_host_ed25519_key")
         self.address = f"ssh://{USER}@127.0.0.1:{self.port}?known_hosts={self.known_hosts}&keyfile={self.key}"
 
