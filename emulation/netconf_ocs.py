@@ -3,13 +3,15 @@ change on the emulated rack's OCS bridge.
 
 netconfd (Debian's `netconfd`) keeps the cross-connects (`controller/drivers/yang/optirack-ocs.yang`) in its
 datastores, checks every edit against the model, commits all or nothing, and saves the running datastore to a
-startup file after each commit, as a switch keeps its cross-connects across a restart. It listens on loopback on its
-direct TCP port (the driver's `tcp-ncx://` transport). The agent holds a NETCONF session of its own, subscribed to the
+startup file after each commit, as a switch keeps its cross-connects across a restart. It listens on a socket of its
+own, which clients reach through the front (`emulation.netconf_front`: the socket ncxserver.sock, and loopback's TCP
+port for the driver's `tcp-ncx://` transport), which passes on a session's <hello> apart from what follows it, as
+netconfd needs. The agent holds a NETCONF session of its own, subscribed to the
 server's notifications: on each `netconf-config-change` (and on every (re)connect) it reads the running datastore and
 makes the bridge hold exactly those cross-connects, as flows both ways: the changed ports' flows go at once (dark),
 the new ones after the switching time. Without a bridge it only follows the datastore (for tests).
 
-Both run as processes with PID files in a run directory (`start`, `stop`), so that the rack's `down` ends exactly what
+They run as processes with PID files in a run directory (`start`, `stop`), so that the rack's `down` ends exactly what
 its `up` started. `python -m emulation.netconf_ocs serve` runs both in the foreground, for trying the driver.
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 from controller.drivers.netconf import FILTER, NS, YANG, parse_pairs
 from controller.drivers.netconf_transport import SSH_PORT, Address, connect
 from emulation import netconf_ssh, procs
-from emulation.netconf_ssh import listening
+from emulation.netconf_ssh import listening  # noqa: F401 (the rack and the tests ask here)
 from emulation.ovs import circuit_cookie
 
 LOG = logging.getLogger("optirack.netconf-ocs")
@@ -37,6 +39,7 @@ USER = "optirack"  # the session user netconfd lets change its datastores (--sup
 COOKIE = "0x0c/0xff"  # the circuit flows, each with its per-port cookie (controller.drivers.openflow.circuit_cookie)
 PRIORITY = 100
 NETCONFD = "netconfd"
+FRONT = "emulation.netconf_front"
 TIMING = "timing"  # the agent's log line for each change it makes (scripts/bench_reconfig.py reads it)
 # netconfd's netconf-confirmed-commit notification when it undoes a commit nobody confirmed (RFC 6470): no
 # netconf-config-change comes with it
@@ -55,18 +58,17 @@ def _pid_file(run_dir: Path, what: str) -> Path:
     return Path(run_dir) / f"{what}.pid"
 
 
-def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None = None, timeout: float = 15,
+def start_server(run_dir: Path, startup: set[tuple[int, int]] | None = None, timeout: float = 15,
                  ssh_port: int = SSH_PORT) -> int:
-    """Start netconfd with its files in `run_dir`, on 127.0.0.1:`port` (its direct TCP port) or, with `port` 0, on its
-    socket `run_dir`/ncxserver.sock (for sshd's netconf-subsystem: netconfd serves one or the other); `startup` (if
-    not None) replaces what the startup file holds; sessions through SSH on `ssh_port` are let in. Returns its PID
-    once it listens."""
+    """Start netconfd with its files in `run_dir`, on its socket `run_dir`/netconfd.sock (the front's way in);
+    `startup` (if not None) replaces what the startup file holds; sessions through SSH on `ssh_port` are let in.
+    Returns its PID once it listens."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = run_dir / "startup-cfg.xml"
     if startup is not None or not cfg.exists():
         cfg.write_text(startup_xml(startup or set()))
-    sock = run_dir / "ncxserver.sock"
+    sock = run_dir / "netconfd.sock"
     sock.unlink(missing_ok=True)
     yuma = run_dir / "yuma"  # --yuma-home: netconfd writes its transaction id to data/ there, not to ~/.yuma
     (yuma / "data").mkdir(parents=True, exist_ok=True)
@@ -76,33 +78,51 @@ def start_server(run_dir: Path, port: int, startup: set[tuple[int, int]] | None 
         pass
     log = open(run_dir / "netconfd.log", "ab")
     proc = subprocess.Popen(
-        [NETCONFD, f"--module={YANG}", f"--startup={cfg}"]
-        + ([f"--tcp-direct-port={port}", "--tcp-direct-address=127.0.0.1"] if port else [])
-        + [f"--ncxserver-sockname={sock}", f"--superuser={USER}", "--log-level=warn",
-         "--startup-error=stop", "--access-control=off",  # any login may change it: the controller's default too
+        [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--ncxserver-sockname={sock}", f"--superuser={USER}",
+         "--log-level=warn", "--startup-error=stop",
+         "--access-control=off",  # any login may change it: the controller's default too
          f"--yuma-home={yuma}", f"--port={SSH_PORT}"] + ([f"--port={ssh_port}"] if ssh_port != SSH_PORT else []),
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         env={**os.environ, "HOME": str(run_dir)},  # and whatever else yuma keeps under $HOME/.yuma
     )
     log.close()
-    _pid_file(run_dir, "netconfd").write_text(f"{proc.pid}\n")
+    return _listening(run_dir, proc, "netconfd", NETCONFD, sock, timeout)
+
+
+def _listening(run_dir: Path, proc: subprocess.Popen, what: str, name: str, sock: Path, timeout: float) -> int:
+    """`proc`'s PID file written; its PID once `sock` is there (it listens), else it is ended and RuntimeError
+    shows the end of its log."""
+    _pid_file(run_dir, what).write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + timeout
-    while not (listening(port) if port else sock.exists()):
+    while not sock.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
-            stop_pid(run_dir, "netconfd", NETCONFD)
-            tail = (run_dir / "netconfd.log").read_text(errors="replace")[-800:]
-            where = f"127.0.0.1:{port}" if port else sock
-            raise RuntimeError(f"netconfd did not listen on {where} (see {run_dir}/netconfd.log):\n{tail}")
+            stop_pid(run_dir, what, name)
+            tail = (run_dir / f"{what}.log").read_text(errors="replace")[-800:]
+            raise RuntimeError(f"{what} did not listen on {sock} (see {run_dir}/{what}.log):\n{tail}")
         time.sleep(0.05)
     return proc.pid
 
 
-def start_agent(run_dir: Path, port: int, bridge: str | None, switching_ms: float) -> int:
+def start_front(run_dir: Path, port: int = 0, timeout: float = 15) -> int:
+    """The front (`emulation.netconf_front`) on `run_dir`/ncxserver.sock, and on 127.0.0.1:`port` if not 0, in front
+    of netconfd's own socket. Returns its PID once it listens."""
+    run_dir = Path(run_dir)
+    sock = run_dir / "ncxserver.sock"
+    sock.unlink(missing_ok=True)
+    log = open(run_dir / "front.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", FRONT, "--listen", str(sock), "--netconfd",
+                             str(run_dir / "netconfd.sock")] + (["--port", str(port)] if port else []),
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    log.close()
+    return _listening(run_dir, proc, "front", FRONT, sock, timeout)
+
+
+def start_agent(run_dir: Path, bridge: str | None, switching_ms: float) -> int:
     run_dir = Path(run_dir)
     log = open(run_dir / "agent.log", "ab")
     cmd = [sys.executable, "-m", "emulation.netconf_ocs", "agent", "--switching-ms", str(switching_ms),
-           "--ready-file", str(run_dir / "agent.ready")]
-    cmd += ["--port", str(port)] if port else ["--socket", str(run_dir / "ncxserver.sock")]
+           "--ready-file", str(run_dir / "agent.ready"), "--socket", str(run_dir / "ncxserver.sock")]
     (run_dir / "agent.ready").unlink(missing_ok=True)
     proc = subprocess.Popen(cmd + (["--bridge", bridge] if bridge else []), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True,
@@ -114,18 +134,18 @@ def start_agent(run_dir: Path, port: int, bridge: str | None, switching_ms: floa
 
 def start(run_dir: Path, port: int, bridge: str | None, switching_ms: float,
           startup: set[tuple[int, int]] | None = None, timeout: float = 15, ssh: dict | None = None) -> None:
-    """netconfd on 127.0.0.1:`port` and its agent; with `ssh` (port, user, client_keys: see `netconf_ssh.start`)
-    netconfd on its socket instead (`port` is not used), our sshd in front of it, and the agent on the socket. Returns
+    """netconfd, its front on 127.0.0.1:`port` (tcp-ncx) and the agent; with `ssh` (port, user, client_keys: see
+    `netconf_ssh.start`) our sshd on its port instead (`port` is not used), in front of the front's socket. Returns
     once the agent has made the bridge hold the datastore's cross-connects."""
-    port = 0 if ssh else port
-    start_server(run_dir, port, startup, timeout, ssh_port=ssh["port"] if ssh else SSH_PORT)
-    if ssh:
-        try:
+    start_server(run_dir, startup, timeout, ssh_port=ssh["port"] if ssh else SSH_PORT)
+    try:
+        start_front(run_dir, 0 if ssh else port, timeout)
+        if ssh:
             netconf_ssh.start(run_dir, ssh["port"], ssh["user"], ssh["client_keys"], timeout)
-        except BaseException:
-            stop(run_dir)
-            raise
-    start_agent(run_dir, port, bridge, switching_ms)
+    except BaseException:
+        stop(run_dir)
+        raise
+    start_agent(run_dir, bridge, switching_ms)
     deadline = time.monotonic() + timeout
     while not (Path(run_dir) / "agent.ready").exists():
         if time.monotonic() > deadline:
@@ -160,7 +180,7 @@ def stop_pid(run_dir: Path, what: str, name: str, sig: int = signal.SIGTERM, wai
 
 
 def stop(run_dir: Path) -> int:
-    """End the agent, our sshd and its sessions, then netconfd; returns how many were running."""
+    """End the agent, our sshd and its sessions, the front, then netconfd; returns how many were running."""
     ended = stop_pid(run_dir, "agent", "emulation.netconf_ocs")
     sshd = netconf_ssh.sshd_pid(run_dir)
     if sshd is not None:
@@ -170,6 +190,7 @@ def stop(run_dir: Path) -> int:
             except ProcessLookupError:
                 pass
     ended += stop_pid(run_dir, "sshd", str(Path(run_dir) / "sshd_config"))
+    ended += stop_pid(run_dir, "front", FRONT)
     return ended + stop_pid(run_dir, "netconfd", NETCONFD)
 
 
@@ -294,8 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("serve", "agent"):
         s = sub.add_parser(name, help="netconfd and the agent, in the foreground" if name == "serve" else
                            "the agent alone (netconfd already runs)")
-        s.add_argument("--port", type=int, default=8830, help="netconfd's TCP port on 127.0.0.1 (default %(default)s)")
-        s.add_argument("--socket", type=Path, help="netconfd's socket, where it serves SSH's sessions (not --port)")
+        s.add_argument("--port", type=int, default=8830, help="the front's TCP port on 127.0.0.1 (default %(default)s)")
+        s.add_argument("--socket", type=Path, help="the front's socket, where SSH's sessions come in (not --port)")
         s.add_argument("--bridge", help="make cross-connects on this OVS bridge as flows")
         s.add_argument("--switching-ms", type=float, default=25.0,
                        help="time to make cross-connects (default %(default)s)")
@@ -308,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     agent = Agent(args.port, args.bridge, args.switching_ms, args.socket)
     signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
     if args.cmd == "serve":
-        start_server(args.run_dir, args.port)
+        start_server(args.run_dir)
+        start_front(args.run_dir, args.port)
+        agent.socket = args.run_dir / "ncxserver.sock"
         print(f"NETCONF OCS on 127.0.0.1:{args.port} (tcp-ncx), files in {args.run_dir}", flush=True)
     try:
         agent.follow(args.ready_file)
@@ -316,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         pass
     finally:
         if args.cmd == "serve":
+            stop_pid(args.run_dir, "front", FRONT)
             stop_pid(args.run_dir, "netconfd", NETCONFD)
     return 0
 

@@ -13,8 +13,9 @@ nothing until it outlasts the window (programming_in_dark_ms; what ran after it,
 Over NETCONF (the emulated NETCONF OCS, reached over SSH as a lab's is), where the time beyond switching goes, from
 timestamps of the measured changes: the driver's whole time, each RPC's round trip (lock, edit-config, the confirmed
 commit, get-config, the confirm, unlock: the controller's log), the client's own time (the driver's less its RPCs and
-its wait for the mirrors), the CPU time netconfd, our sshd with its sessions, and the emulation's agent spent per change
-(/proc), and the agent's own steps (its log): the emulation's share apart from the driver's.
+its wait for the mirrors), the CPU time netconfd, our sshd with its sessions, and the emulation (its front before
+netconfd, its agent) spent per change (/proc), and the agent's own steps (its log): the emulation's share apart from
+the driver's.
 Both clocks are the host's wall clock (the controller runs on this host). Measured for
 one circuit moved and for every circuit moved at once, in one call (PUT /ocs/circuits), on the
 paper rack, on a generated 64-GPU rack, and on a generated 512-GPU rack whose OCS has 1,024
@@ -107,14 +108,15 @@ def _descendants(pid: int) -> list[int]:
 
 class NetconfProbe:
     """What a NETCONF OCS's changes cost, between `start` and `stop`: the driver's log lines, the agent's, and the CPU
-    of netconfd, of our sshd's sessions (their netconf-subsystem) and of the agent."""
+    of netconfd, of the front before it, of our sshd's sessions (their netconf-subsystem) and of the agent."""
 
     def __init__(self, controller, run_dir: Path):
         self.controller, self.run = controller, Path(run_dir)
 
     def _pids(self) -> dict[str, list[int]]:
         pid = lambda what: int((self.run / f"{what}.pid").read_text())  # noqa: E731
-        return {"netconfd": [pid("netconfd")], "ssh": _descendants(pid("sshd")), "agent": [pid("agent")]}
+        return {"netconfd": [pid("netconfd")], "front": [pid("front")], "ssh": _descendants(pid("sshd")),
+                "agent": [pid("agent")]}
 
     def _cpu(self) -> dict[str, float]:
         return {k: sum(_cpu_ms(p) for p in pids) for k, pids in self._pids().items()}
@@ -139,7 +141,8 @@ class NetconfProbe:
             "rpcs_ms_median": med([sum(d.get(r, 0.0) for r in RPCS) for d in driver]),
             "client_ms_median": med(client),
             "switching_wait_ms_median": med([d.get("switching-wait", 0.0) for d in driver]),
-            # CPU per change: the device's (netconfd), the SSH transport's (sshd's sessions), the emulation's agent
+            # CPU per change: the device's (netconfd), the SSH transport's (sshd's sessions), the emulation's (its
+            # front and agent)
             "cpu_ms_per_change": {k: round((cpu[k] - self.cpu0[k]) / changes, 2) for k in cpu},
             "agent_ms_median": {k: med([a[k] for a in agent]) for k in AGENT_STEPS},
             "agent_after_commit_ms_median": med([1000 * (a["done"] - a["notified"]) for a in agent]),

@@ -77,9 +77,8 @@ def _sessions():
         hello_wait = 30.0  # seconds for the server's <hello>
 
         def _post_connect(self, *args, **kwargs):
-            # Our <hello> only once the server's is here: yuma123's netconf-subsystem passes ours on to netconfd at
-            # once, and netconfd drops a client <hello> that comes before it has taken the session (which then never
-            # answers). The server's stays in the channel for ncclient's loop to read.
+            # Our <hello> once the server's is here, within the session's timeout (ncclient alone would wait 60 s
+            # for it after sending ours). The server's stays in the channel for ncclient's loop to read.
             if not select.select([self._channel], [], [], self.hello_wait)[0]:
                 raise TimeoutError(f"no <hello> from the server within {self.hello_wait:g} s")
             super()._post_connect(*args, **kwargs)

@@ -82,11 +82,12 @@ def reconfig(_records: list) -> str:
 
 def reconfig_netconf(_records: list) -> str:
     """Where a change over NETCONF via SSH spends its time beyond switching (bench_reconfig's `netconf` split): the
-    driver's whole time, each RPC's round trip, the client's own time, the CPU per change of netconfd, of our sshd's
-    sessions and of the emulation's agent, and how long after the commit the agent had the bridge done."""
+    driver's whole time, each RPC's round trip, the client's own time, the CPU per change of netconfd, of the front
+    before it, of our sshd's sessions and of the emulation's agent, and how long after the commit the agent had the
+    bridge done."""
     rpcs = ("lock", "edit-config", "commit", "get-config", "confirm", "unlock")
     rows = ["| record | change | driver (all of it) | " + " | ".join(rpcs) + " | client's own | waiting out the "
-            "mirrors | CPU per change: netconfd, sshd's sessions, agent | agent: commit → bridge done |",
+            "mirrors | CPU per change: netconfd, front, sshd's sessions, agent | agent: commit → bridge done |",
             "| --- | --- | --- | " + " | ".join("---" for _ in rpcs) + " | --- | --- | --- | --- |"]
     for stem, data in bench_records("bench_reconfig"):
         for r in data["results"]:
@@ -94,10 +95,11 @@ def reconfig_netconf(_records: list) -> str:
             if not n:
                 continue
             cpu = n["cpu_ms_per_change"]
+            front = f"{cpu['front']:.1f}" if "front" in cpu else "–"  # (records before the front had none)
             rows.append(f"| `{stem}` | {r['circuits']} circuit{_s(r['circuits'])} | {n['driver_ms_median']:.1f} ms | "
                         + " | ".join(f"{n['rpc_ms_median'][x]:.1f} ms" for x in rpcs)
                         + f" | {n['client_ms_median']:.1f} ms | {n['switching_wait_ms_median']:.1f} ms "
-                        f"| {cpu['netconfd']:.1f}, {cpu['ssh']:.1f}, {cpu['agent']:.1f} ms "
+                        f"| {cpu['netconfd']:.1f}, {front}, {cpu['ssh']:.1f}, {cpu['agent']:.1f} ms "
                         f"| {n['agent_after_commit_ms_median']:.1f} ms |")
     if len(rows) == 2:
         rows.append("| no record of a change over NETCONF via SSH yet | | | " + " | ".join("" for _ in rpcs)

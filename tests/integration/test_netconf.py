@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -24,7 +26,7 @@ from controller.core.errors import OcsUnavailable
 from controller.core.rack import Ocs
 from controller.drivers.errors import LoginRefused
 from controller.drivers.netconf import NetconfOcs
-from controller.drivers.netconf_transport import Address, connect
+from controller.drivers.netconf_transport import _NCX_MAGIC, Address, connect
 from emulation import netconf_ocs, netconf_ssh
 from emulation.netconf_ocs import Agent
 from tests.integration.helpers import PAPER, ControllerProcess, free_port, wait_for
@@ -179,7 +181,7 @@ def test_the_server_killed_mid_change_leaves_all_or_nothing_and_is_restored(netc
     wait_for(lambda: not client.get("/topology")["ocs"]["ocs1"]["connected"], 15, "the lost session to show")
 
     (device.run_dir / "startup-cfg.xml").unlink()  # it comes back having lost its cross-connects
-    netconf_ocs.start_server(device.run_dir, 0, ssh_port=device.port)
+    netconf_ocs.start_server(device.run_dir, ssh_port=device.port)  # the front stays: it reaches the new one
     wait_for(lambda: device.circuits() == before, 30, "the controller to restore the server's cross-connects")
     # the server holds them once committed; the restore event ends after the driver's read-back
     last = lambda: client.get("/events", limit=1)["events"][-1]  # noqa: E731
@@ -207,7 +209,7 @@ def test_the_paper_rack_behind_netconf_over_ssh_follows_the_server_and_rack_down
     bridge = Agent(0, "ocs1", 25)
     existed = _user_exists(address.user)
     with Testbed(rack, rack_file, tmp_path, bare=True) as tb:
-        assert all((run / f"{p}.pid").exists() for p in ("netconfd", "agent", "sshd"))
+        assert all((run / f"{p}.pid").exists() for p in ("netconfd", "front", "agent", "sshd"))
         assert Path(address.known_hosts).exists() and _user_exists(address.user)
         starting = {(min(a.port, b.port), max(a.port, b.port)) for a, b in rack.spec.circuits}
         assert bridge.read_bridge() == starting
@@ -307,3 +309,41 @@ def _quietly(fn, *args):
         fn(*args)
     except Exception:  # noqa: BLE001 (the controller is killed under this request)
         pass
+
+
+def test_the_front_hands_netconfd_a_hello_apart_from_the_rpc_behind_it():
+    """A client's <hello> and first RPC in one write (as a busy netconfd reads them when ncclient sends them back to
+    back): through the front, netconfd answers the RPC (netconfd 2.13 alone leaves it unanswered)."""
+    run_dir = Path(tempfile.mkdtemp(dir="/run", prefix="optirack-nctest-"))
+    try:
+        netconf_ocs.start_server(run_dir, startup={(1, 11)})
+        netconf_ocs.start_front(run_dir)
+        for _ in range(3):
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(run_dir / "ncxserver.sock"))
+                s.sendall(b'<ncx-connect xmlns="http://netconfcentral.org/ns/yuma-ncx" version="1" user="optirack" '
+                          b'address="127.0.0.1" magic="%s" transport="ssh" port="830" />]]>]]>' % _NCX_MAGIC.encode())
+                assert b"urn:ietf:params:netconf:base:1.1" in _until(s, b"]]>]]>"), "no <hello> from netconfd"
+                rpc = (b'<rpc message-id="1" xmlns="urn:ietf:params:xml:ns:netconf:base:1.0"><get-config><source>'
+                       b'<running/></source></get-config></rpc>')
+                s.sendall(b'<hello xmlns="urn:ietf:params:xml:ns:netconf:base:1.0"><capabilities><capability>'
+                          b'urn:ietf:params:netconf:base:1.1</capability></capabilities></hello>]]>]]>'
+                          b"\n#%d\n%s\n##\n" % (len(rpc), rpc))
+                reply = re.sub(rb"\n#\d+\n", b"", _until(s, b"\n##\n"))  # its chunks' headers out
+                assert b"<rpc-reply" in reply and b"<ingress>1</ingress>" in reply, reply
+    finally:
+        netconf_ocs.stop(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _until(s: socket.socket, end: bytes, timeout: float = 5) -> bytes:
+    got, deadline = b"", time.monotonic() + timeout
+    while end not in got:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            data = s.recv(65536)
+        except TimeoutError:
+            raise AssertionError(f"no {end!r} within {timeout:g} s: {got[-300:]!r}") from None
+        assert data, f"the connection ended: {got[-300:]!r}"
+        got += data
+    return got
