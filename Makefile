@@ -14,7 +14,7 @@ help:
 	@echo "make test              setup, lint, then all tests (unit and integration)"
 	@echo "make test-unit         unit tests only (no root, fast; needs the venv)"
 	@echo "make test-integration  integration tests only (root, OVS, Mininet, Docker, Ryu)"
-	@echo "make lint              ruff"
+	@echo "make lint              ruff, and the type checker (mypy) over controller/"
 	@echo "make controller        run the controller in the foreground (TOPO=$(TOPO))"
 	@echo "make image             build the worker image if its inputs changed"
 	@echo "make rack-up           build the emulated rack (TOPO=...); it stays up"
@@ -34,6 +34,7 @@ setup:
 
 lint: setup
 	$(VENV)/bin/ruff check --no-cache controller emulation containers profiles simulator scripts evidence tests
+	$(VENV)/bin/mypy controller
 
 test: setup lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)

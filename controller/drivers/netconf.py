@@ -23,6 +23,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any, NoReturn
 from xml.etree import ElementTree as ET
 
 from controller.core.errors import OcsUnavailable
@@ -67,7 +68,7 @@ def parse_pairs(data_xml: str) -> set[Pair]:
     for pair in root.iter(f"{{{NS}}}pair"):
         ingress, egress = pair.findtext(f"{{{NS}}}ingress"), pair.findtext(f"{{{NS}}}egress")
         try:
-            a, b = int(ingress), int(egress)
+            a, b = int(ingress or ""), int(egress or "")
         except (TypeError, ValueError):
             raise MalformedReply(f"a pair without port numbers (ingress {ingress!r}, egress {egress!r})") from None
         if a < 1 or b < 1 or a == b:
@@ -111,7 +112,7 @@ class NetconfOcs(OcsDriver):
         self.user, self.key = self.address.user or user, self.address.keyfile or key
         self.password, self.timeout = password, timeout
         self.confirm_timeout, self.connector = max(1, round(confirm_timeout)), connector
-        self.manager = None
+        self.manager: Any = None  # ncclient's Manager while a session is open
         self.confirmed = False  # the device offers :confirmed-commit (known once a session is open)
         self._pending: str | None = None  # the ports of a change the device undoes unless confirmed
         self.rpc_ms: dict[str, float] = {}  # the last change: each RPC's round trip, the switching wait, the whole
@@ -133,7 +134,7 @@ class NetconfOcs(OcsDriver):
             self.confirmed = CONFIRMED in self.manager.server_capabilities
         return self.manager
 
-    def _lost(self, why: str, kind: type[OcsUnavailable] = OcsUnavailable):
+    def _lost(self, why: str, kind: type[OcsUnavailable] = OcsUnavailable) -> NoReturn:
         manager, self.manager, self._pending = self.manager, None, None
         if manager is not None:
             try:
@@ -290,11 +291,16 @@ class NetconfOcs(OcsDriver):
             self.manager, self._pending = None, None
 
 
+def _check(spec) -> None:
+    """A rack file's entry: its address parses (the error names what is wrong)."""
+    parse_address(spec.address)
+
+
 DRIVER = DriverKind(
     "netconf",
     "switches that serve their cross-connects over NETCONF (Polatis style), over SSH or yuma123's direct TCP port",
     address=FORMS,
-    check=lambda spec: parse_address(spec.address) and None,
+    check=_check,
     build=lambda spec, w: NetconfOcs(spec, w.settings["user"], w.settings["password"], w.settings["key"],
                                      confirm_timeout=w.settings["confirm_timeout"], lock=w.lock(), sleep=w.sleep),
     settings=(

@@ -12,6 +12,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from controller.core.rack import Ocs
 
@@ -29,6 +30,7 @@ class OcsDriver(ABC):
     """What the OCS app needs of a device."""
 
     connects_to_controller = False  # True: the device connects to us (OpenFlow); else a keeper of ours reaches it
+    datapath: Any = None  # a device that connects to us: its connection, set by the OCS app while it is up
 
     def __init__(self, spec: Ocs, clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep):
         self.spec, self.clock, self.sleep = spec, clock, sleep

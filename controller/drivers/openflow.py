@@ -21,6 +21,7 @@ import itertools
 import logging
 import struct
 from collections.abc import Iterable
+from typing import Any
 
 # isort: off
 from controller import ryu_compat  # noqa: F401  (before any Ryu import)
@@ -275,6 +276,8 @@ class OfRpc:
             raise
 
     def _discard(self, batch: Batch) -> None:
+        if batch.bundle_id is None:  # no bundle opened: nothing staged on the switch
+            return
         pending = _Pending(batch.dp.id, self._event())
         try:
             self._send_raw(batch.dp, [with_xid(bundle_ctrl(batch.bundle_id, _DISCARD), self._xid(batch.dp, pending))])
@@ -291,13 +294,15 @@ class OfRpc:
             batch.committed = self._round_trip(batch.dp, [bundle_ctrl(batch.bundle_id, _COMMIT)])
 
     def wait_committed(self, batch: Batch, timeout: float) -> None:
+        if batch.committed is None:
+            raise ValueError(f"{batch.what}: waited for before its commit was sent")
         self._wait(batch.committed, timeout, batch.what)
 
     def confirm(self, dp, msgs: list[bytes], timeout: float, what: str = "flow changes") -> None:
         """Apply `msgs` on one switch, all at once; return once the switch confirmed them."""
         self.confirm_all([(dp, msgs, what)], timeout)
 
-    def confirm_all(self, batches: list[tuple[object, list[bytes], str]], timeout: float) -> None:
+    def confirm_all(self, batches: list[tuple[Any, list[bytes], str]], timeout: float) -> None:
         """`confirm` on several switches at once: every stage sent before any is waited for, then every
         commit. Switches that confirm are changed even if another fails; the SwitchError raised then
         names the failed datapaths (`datapaths`)."""

@@ -26,7 +26,7 @@ class ServerCheck:
 
 def check_server(driver: ContainerDriver, server: str, gpus_emulated: bool) -> ServerCheck:
     rack: Rack = driver.rack
-    url, found = rack.servers[server].docker, []
+    url, found = rack.servers[server].docker, list[str]()
 
     def fail(cause: str) -> ServerCheck:
         return ServerCheck(server, url, False, "; ".join([*found, cause]))

@@ -34,9 +34,10 @@ class Tl1Client:
         # One command and its response at a time: the controller's runtime's lock (green), else a thread's.
         self._exchange = lock if lock is not None else threading.Lock()
 
-    def open(self) -> None:
+    def open(self) -> socket.socket:
         self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         self._buf = b""
+        return self.sock
 
     def close(self) -> None:
         if self.sock:
@@ -46,13 +47,12 @@ class Tl1Client:
     def command(self, verb: str, aid: str = "", params: str = "") -> list[str]:
         """Run ``VERB::AID:CTAG::PARAMS;``; return the quoted lines of a COMPLD, raise Tl1Error on DENY."""
         with self._exchange:
-            if self.sock is None:
-                self.open()
+            sock = self.sock if self.sock is not None else self.open()
             ctag = str(next(self._ctags))
             line = f"{verb}::{aid}:{ctag}" + (f"::{params}" if params else "") + ";"
-            self.sock.sendall(line.encode() + b"\r\n")
+            sock.sendall(line.encode() + b"\r\n")
             while True:
-                text = self._read_response()
+                text = self._read_response(sock)
                 m = _STATUS.search(text)
                 if m and m.group(1) == ctag:
                     break
@@ -61,13 +61,12 @@ class Tl1Client:
             raise Tl1Error(f"{verb} {aid} denied: {' '.join(lines) or text.strip()}")
         return lines
 
-    def _read_response(self) -> str:
-        while not _RESPONSE_END.search(self._buf):
-            chunk = self.sock.recv(4096)
+    def _read_response(self, sock: socket.socket) -> str:
+        while (m := _RESPONSE_END.search(self._buf)) is None:
+            chunk = sock.recv(4096)
             if not chunk:
                 raise ConnectionError("the TL1 peer closed the connection")
             self._buf += chunk
-        m = _RESPONSE_END.search(self._buf)
         text, self._buf = self._buf[: m.end()], self._buf[m.end():]
         return text.decode(errors="replace")
 
