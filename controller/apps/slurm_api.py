@@ -179,14 +179,16 @@ class SlurmApp(app_manager.RyuApp):
         self.keeper = None if not path or path == "none" else TopologyKeeper(self.ctx.rack, path,
                                                                                 lambda: self.ctx.circuits)
         self.ctx.slurm_topology = self.keeper
+        self.own: list = []  # the app's own threads (ended with the process)
 
     def start(self):
         thread = super().start()
         if self.keeper is not None:
-            self.threads.append(self.ctx.rt.spawn(keep_topology, self.ctx, self.keeper))
+            # not in self.threads: Ryu's stop joins those (its event loop's), and this one never ends by itself
+            self.own.append(self.ctx.rt.spawn(keep_topology, self.ctx, self.keeper))
         scheduler = self.ctx.scheduler
         if isinstance(scheduler, SlurmScheduler) and self.ctx.jobs is not None:
             engines = self.ctx.jobs.containers.engines
-            self.threads.append(self.ctx.rt.spawn(resume_left_down, scheduler,
-                                                  lambda s: engines.answers(s, PING_TIMEOUT), self.ctx.rt.sleep))
+            self.own.append(self.ctx.rt.spawn(resume_left_down, scheduler,
+                                              lambda s: engines.answers(s, PING_TIMEOUT), self.ctx.rt.sleep))
         return thread
