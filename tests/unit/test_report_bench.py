@@ -9,6 +9,7 @@ import pytest
 
 from evidence.report import bench as report_bench
 from evidence.report import engine as report
+from evidence.report import failover as report_failover
 from evidence.report.bench import ReportError
 
 
@@ -33,13 +34,13 @@ def _round(total: float, state: str = "done") -> dict:
 
 
 def test_failover_gives_p50_and_max_per_phase_per_fault_and_counts_the_rounds_that_ended_done(tmp_path):
-    for fault, name in report_bench.FAILOVER.items():
+    for fault, name in report_failover.FAILOVER.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         extra = {"back_s": 1.5} if fault == "restart" else {}
         woke = {"woke": {"swept_s": 2.0, "recorded_after_wake": 0}} if fault == "hang" else {}
         (tmp_path / name).write_text(json.dumps({"results": {"fault": fault, "rounds": [
             {**_round(3.0), **extra, **woke}, {**_round(3.5), **extra, "replans": 1}, _round(4.0)]}}))
-    table = report_bench.failover([], tmp_path).splitlines()
+    table = report_failover.failover([], tmp_path).splitlines()
     assert table[0].startswith("| from the fault: p50 / max of the rounds (3 each) | a server killed |"), table[0]
     assert table[8] == "| **all ranks iterating again** |" + " **3.50** / 4.00 s |" * 5, table[8]
     assert table[9] == "| from the controller back to every rank iterating |" + " – |" * 4 + " 1.50 / 1.50 s |"
@@ -51,11 +52,11 @@ def test_failover_gives_p50_and_max_per_phase_per_fault_and_counts_the_rounds_th
 
 def test_failover_without_its_record_names_the_file(tmp_path):
     with pytest.raises(ReportError, match="server.json: cannot read the record"):
-        report_bench.failover([], tmp_path)
+        report_failover.failover([], tmp_path)
     (tmp_path / "failover").mkdir()
     (tmp_path / "failover" / "server.json").write_text(json.dumps({"results": {"fault": "server"}}))
     with pytest.raises(ReportError, match=r"server.json: the record has no results.rounds"):
-        report_bench.failover([], tmp_path)
+        report_failover.failover([], tmp_path)
 
 
 def test_checkpoint_cost_names_the_gpus_models_and_each_pairs_cost(tmp_path):
@@ -150,11 +151,11 @@ def test_netconf_quick_without_both_drivers_says_so(tmp_path):
 
 def test_failover_counts_a_round_that_never_recovered_as_never_in_the_worst(tmp_path):
     lost = {"job": "job-3", "state": "failed", "failed": "timed out after 120 s", "recoveries": 0}
-    for fault, name in report_bench.FAILOVER.items():
+    for fault, name in report_failover.FAILOVER.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(json.dumps({"results": {"fault": fault, "rounds": [
             _round(0.5), _round(0.6), _round(0.7), lost]}}))
-    table = report_bench.failover([], tmp_path).splitlines()
+    table = report_failover.failover([], tmp_path).splitlines()
     assert "| **all ranks iterating again** | **0.60** / not reached (1 of 4) |" in table[8], table[8]
     assert table[10] == "| rounds that ended `done` after one recovery |" + " 3 of 4 |" * 5
     assert "| planning (a sure sign, the lost workers stopped, spares chosen) | 0.46 / 0.46 s |" in table[3]
@@ -175,13 +176,13 @@ def test_netconf_quick_compares_the_runs_of_each_commit_apart(tmp_path):
 
 
 def test_failover_trace16_counts_the_rounds_done_under_one_switch_and_names_the_swaps(tmp_path):
-    for fault, name in report_bench.TRACE16.items():
+    for fault, name in report_failover.TRACE16.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
         rounds = [{**_round(1.0), "spares": {"gpu1": "gpu7"}, "switches_after": ["as1"]},
                   {**_round(2.0), "spares": {"gpu5": "gpu7"}, "switches_after": ["as1", "as2"]}]
         if fault == "restart":
             rounds = [{**r, "back_s": 0.5} for r in rounds]
         (tmp_path / name).write_text(json.dumps({"results": {"fault": fault, "rounds": rounds}}))
-    rows = report_bench.failover_trace16([], tmp_path).splitlines()
+    rows = report_failover.failover_trace16([], tmp_path).splitlines()
     assert rows[2] == "| a cascade (workers, then daemons) | 1 of 2 | gpu1 -> gpu7; gpu5 -> gpu7 | 1.50 / 2.00 s | – |"
     assert rows[4].endswith("| 1.50 / 2.00 s | 0.50 / 0.50 s |"), rows[4]
