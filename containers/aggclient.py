@@ -1,0 +1,147 @@
+"""A worker's side of in-network aggregation: join a job's pool at the aggregator, then sum float32 arrays through
+it in place, streaming chunks into the pool's slots (the protocol: containers/aggproto.py).
+
+Each slot has one chunk in flight and a timer: a chunk whose sum has not come back when its timer runs out is sent
+again (the timer doubles each time, up to 32 times the first), and the collective fails after `timeout` seconds
+without its sums. A sum that comes back twice, or for a chunk no longer in flight, is ignored."""
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from containers import aggproto as P
+
+DropHook = Callable[[str, bytes], bool]  # ("in" | "out", datagram) -> drop it (tests inject loss with it)
+
+
+class Refused(RuntimeError):
+    """The aggregator would not hold this job (full, or the job is there with another shape): the reason."""
+
+
+class AggClient:
+    """One rank's connection to an aggregator: `join()`, then `all_reduce(array)` as often as needed, `leave()`."""
+
+    def __init__(self, aggregator: tuple[str, int], job: int, rank: int, world: int, *, slots: int = P.DEFAULT_SLOTS,
+                 chunk: int = P.DEFAULT_CHUNK, bind: tuple[str, int] = ("0.0.0.0", 0), rto: float = 0.05,
+                 timeout: float = 600.0, drop: DropHook | None = None):
+        P.check_shape(slots, chunk)
+        if not 0 <= rank < world:
+            raise ValueError(f"rank {rank} is not in a world of {world}")
+        if not 0 <= job < 1 << 32:
+            raise ValueError(f"a job's key is an unsigned 32-bit number, not {job}")
+        self.aggregator, self.job, self.rank, self.world = aggregator, job, rank, world
+        self.slots, self.chunk, self.rto, self.timeout, self.drop = slots, chunk, rto, timeout, drop
+        self.op = 0
+        self.stats = dict.fromkeys(("sent", "resent", "received", "ignored", "dropped"), 0)
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+            self.sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
+        self.sock.bind(bind)
+        self._buf = bytearray(P.MAX_DATAGRAM)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _send(self, parts: list) -> None:
+        if self.drop is not None and self.drop("out", b"".join(bytes(p) for p in parts)):
+            self.stats["dropped"] += 1
+            return
+        self.sock.sendmsg(parts, [], 0, self.aggregator)
+
+    def _recv(self, wait: float):
+        """The next datagram of ours (header, payload view) within `wait` seconds, else None."""
+        self.sock.settimeout(max(wait, 1e-4))
+        try:
+            n = self.sock.recv_into(self._buf)
+        except TimeoutError:
+            return None
+        data = memoryview(self._buf)[:n]
+        if self.drop is not None and self.drop("in", bytes(data)):
+            self.stats["dropped"] += 1
+            return None
+        head = P.unpack(data)
+        if head is None or head[1] != self.job:
+            self.stats["ignored"] += 1
+            return None
+        return head, data
+
+    def _exchange(self, kind: int, answers: tuple[int, ...], **fields) -> tuple:
+        """Send a control message until one of `answers` comes back (its header and payload)."""
+        deadline, rto = time.monotonic() + self.timeout, self.rto
+        while time.monotonic() < deadline:
+            self._send([P.pack(kind, self.job, self.rank, self.world, **fields)])
+            until = time.monotonic() + rto
+            while (left := until - time.monotonic()) > 0:
+                got = self._recv(left)
+                if got is not None and got[0][0] in answers:
+                    return got
+            rto = min(rto * 2, 1.0)
+        raise TimeoutError(f"no answer from the aggregator at {self.aggregator[0]}:{self.aggregator[1]} "
+                           f"in {self.timeout:g} s")
+
+    def join(self) -> None:
+        head, data = self._exchange(P.JOIN, (P.JOINED, P.REFUSED), slot=self.slots, chunk=self.chunk)
+        if head[0] == P.REFUSED:
+            raise Refused(bytes(data[P.HEADER.size:]).decode(errors="replace"))
+
+    def leave(self) -> None:
+        self._exchange(P.LEAVE, (P.LEFT,))
+
+    def all_reduce(self, array: np.ndarray) -> None:
+        """Sum a 1-D contiguous float32 array over the job's ranks, in place (every rank gets the same sum)."""
+        if array.dtype != np.float32 or array.ndim != 1 or not array.flags.c_contiguous:
+            raise TypeError(f"aggregation sums a 1-D contiguous float32 array, not {array.dtype} of shape "
+                            f"{array.shape}")
+        op, self.op = self.op, self.op + 1
+        size, C, S = array.size, self.chunk, self.slots
+        nchunks = -(-size // C)
+        raw = array.view(np.uint8)
+        job, rank, world = self.job, self.rank, self.world
+        flight = [-1] * S  # the chunk each slot has in flight (-1: none)
+        due = [0.0] * S  # when its timer runs out
+        tries = [0] * S
+
+        def send(slot: int, k: int) -> None:
+            count = min(C, size - k * C)
+            self._send([P.pack(P.DATA, job, rank, world, slot, op, k, count),
+                        raw[k * C * P.ITEM:(k * C + count) * P.ITEM]])
+
+        now = time.monotonic()
+        for k in range(min(S, nchunks)):
+            flight[k], due[k] = k, now + self.rto
+            send(k, k)
+        self.stats["sent"] += min(S, nchunks)
+        remaining, deadline, sweep = nchunks, now + self.timeout, now + self.rto / 2
+        while remaining:
+            got = self._recv(sweep - time.monotonic())
+            if got is not None:
+                (kind, _, _, _, slot, rop, k, count), data = got
+                if kind != P.RESULT or rop != op or slot >= S or flight[slot] != k \
+                        or count != min(C, size - k * C):
+                    self.stats["ignored"] += 1  # a sum sent twice, or of an earlier collective
+                else:
+                    array[k * C:k * C + count] = np.frombuffer(data, dtype="<f4", count=count, offset=P.HEADER.size)
+                    self.stats["received"] += 1
+                    remaining -= 1
+                    nxt = k + S
+                    if nxt < nchunks:
+                        flight[slot], due[slot], tries[slot] = nxt, time.monotonic() + self.rto, 0
+                        send(slot, nxt)
+                        self.stats["sent"] += 1
+                    else:
+                        flight[slot] = -1
+            now = time.monotonic()
+            if now >= sweep:
+                sweep = now + self.rto / 2
+                if now > deadline:
+                    raise TimeoutError(f"rank {rank}: {remaining} of {nchunks} chunks not summed by the aggregator "
+                                       f"at {self.aggregator[0]}:{self.aggregator[1]} in {self.timeout:g} s")
+                for slot in range(S):
+                    if flight[slot] >= 0 and now >= due[slot]:
+                        tries[slot] += 1
+                        due[slot] = now + self.rto * (1 << min(tries[slot], 5))
+                        send(slot, flight[slot])
+                        self.stats["resent"] += 1

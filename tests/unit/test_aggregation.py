@@ -1,0 +1,192 @@
+"""In-network aggregation on loopback: the aggregator (containers/aggregator.py) in a thread, each rank's client
+(containers/aggclient.py) in its own thread, real UDP sockets; loss and duplicates injected by the drop hooks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from containers import aggproto as P
+from containers.aggclient import AggClient, Refused
+from containers.aggregator import Aggregator
+
+RTO = 0.01  # short timers: a lost chunk is sent again after 10 ms
+
+
+@pytest.fixture
+def aggregator():
+    made: list[tuple[Aggregator, threading.Thread]] = []
+
+    def start(**kw) -> Aggregator:
+        agg = Aggregator("127.0.0.1", 0, **kw)
+        t = threading.Thread(target=agg.serve, daemon=True)
+        t.start()
+        made.append((agg, t))
+        return agg
+
+    yield start
+    for agg, t in made:
+        agg.close()
+        t.join(5)
+
+
+def gradients(job: int, world: int, size: int, ops: int) -> list[list[np.ndarray]]:
+    """Integer-valued float32 arrays, different per job, rank and collective (their sums are exact)."""
+    rng = np.random.default_rng(job)
+    return [[rng.integers(-10_000, 10_000, size).astype(np.float32) for _ in range(ops)] for _ in range(world)]
+
+
+def run_job(agg: Aggregator, job: int, grads: list[list[np.ndarray]], start: threading.Barrier | None = None,
+            client=AggClient, **kw) -> list[list[np.ndarray]]:
+    """Every rank of a job in its own thread, each summing its arrays in turn; returns what each rank got."""
+    world = len(grads)
+    out: list[list[np.ndarray]] = [[] for _ in range(world)]
+    errors: list[BaseException] = []
+    clients = [client(agg.address, job, r, world, rto=RTO, timeout=20, **kw) for r in range(world)]
+
+    def rank(r: int) -> None:
+        try:
+            clients[r].join()
+            if start is not None:
+                start.wait(10)
+            for g in grads[r]:
+                a = g.copy()
+                clients[r].all_reduce(a)
+                out[r].append(a)
+            clients[r].leave()
+        except BaseException as e:  # noqa: BLE001 (handed to the test)
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        for c in clients:
+            c.close()
+    assert not errors, errors
+    run_job.clients = clients  # type: ignore[attr-defined]
+    return out
+
+
+def expected(grads: list[list[np.ndarray]]) -> list[np.ndarray]:
+    return [np.sum([g[i].astype(np.float64) for g in grads], axis=0).astype(np.float32) for i in range(len(grads[0]))]
+
+
+def test_sums_stream_through_a_pool_smaller_than_the_gradient(aggregator):
+    agg = aggregator()
+    slots, chunk, size = 4, 64, 64 * 37 + 11  # 38 chunks (the last one short) through 4 slots
+    assert slots * chunk < size
+    grads = gradients(1, 4, size, 3)
+    grads = [g[:2] + [g[2][:100]] for g in grads]  # a third, smaller collective: fewer chunks than slots
+    out = run_job(agg, 1, grads, slots=slots, chunk=chunk)
+    want = expected(grads)
+    for r in range(4):
+        for got, w in zip(out[r], want, strict=True):
+            assert np.array_equal(got, w)
+    assert agg.stats["summed"] == 2 * 38 + 2 and agg.stats["stray"] == 0
+    assert agg.pools == {}  # every rank left: the job's slots are free
+
+
+def test_two_jobs_on_one_aggregator_get_only_their_own_sums(aggregator):
+    """Both jobs use the same slots with the same chunk keys at the same time: mixed slots would give wrong sums."""
+    agg = aggregator()
+    start = threading.Barrier(6)
+    grads = {7: gradients(7, 3, 2000, 4), 8: gradients(8, 3, 2000, 4)}
+    out: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda j=j: out.__setitem__(j, run_job(agg, j, grads[j], start, slots=2,
+                                                                               chunk=50))) for j in grads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for job, g in grads.items():
+        for r in range(3):
+            got = zip(out[job][r], expected(g), strict=True)
+            assert all(np.array_equal(a, b) for a, b in got), f"job {job} rank {r}"
+    assert agg.stats["summed"] == 2 * 4 * 40
+
+
+def test_lost_and_duplicated_datagrams_still_give_the_right_sums(aggregator):
+    seen = {"in": 0, "out": 0}
+    lock = threading.Lock()
+
+    def lossy(direction: str, data: bytes) -> bool:  # every 7th datagram in, every 5th out
+        with lock:
+            seen[direction] += 1
+            return seen[direction] % (7 if direction == "in" else 5) == 0
+
+    class Twice(AggClient):  # every datagram a rank sends arrives twice
+        def _send(self, parts):
+            super()._send(parts)
+            super()._send(parts)
+
+    agg = aggregator(drop=lossy)
+    grads = gradients(3, 3, 3000, 3)
+    out = run_job(agg, 3, grads, client=Twice, slots=8, chunk=100)
+    for r in range(3):
+        assert all(np.array_equal(a, b) for a, b in zip(out[r], expected(grads), strict=True))
+    assert agg.stats["dropped"] > 20 and agg.stats["duplicate"] > 50 and agg.stats["resent"] > 0
+    assert sum(c.stats["resent"] for c in run_job.clients) > 0  # type: ignore[attr-defined]
+
+
+def test_a_job_that_does_not_fit_is_refused_with_the_reason(aggregator):
+    agg = aggregator(jobs=1, capacity_bytes=8 * 100 * 4)
+    first = AggClient(agg.address, 1, 0, 2, slots=8, chunk=100, rto=RTO, timeout=5)
+    clients = [first]
+    try:
+        first.join()
+        with pytest.raises(Refused, match="already here with world, slots, chunk"):
+            c = AggClient(agg.address, 1, 1, 2, slots=4, chunk=100, rto=RTO, timeout=5)
+            clients.append(c)
+            c.join()
+        with pytest.raises(Refused, match="holds 1 jobs, its most"):
+            c = AggClient(agg.address, 2, 0, 2, slots=1, chunk=1, rto=RTO, timeout=5)
+            clients.append(c)
+            c.join()
+        first.leave()  # the only rank that joined leaves: its job stays until its world has left
+        assert list(agg.pools) == [1]
+    finally:
+        for c in clients:
+            c.close()
+    agg2 = aggregator(capacity_bytes=1000)
+    c = AggClient(agg2.address, 5, 0, 1, slots=4, chunk=100, rto=RTO, timeout=5)
+    try:
+        with pytest.raises(Refused, match="1600 bytes of slots asked, 1000 of 1000 free"):
+            c.join()
+    finally:
+        c.close()
+    assert agg.stats["refused"] == 2 and agg2.pools == {}
+
+
+def test_a_datagram_from_outside_the_job_is_never_summed(aggregator):
+    agg = aggregator()
+    rogue = AggClient(agg.address, 9, 0, 2, slots=2, chunk=10, rto=RTO, timeout=5)
+    try:
+        rogue._send([P.pack(P.DATA, 9, 0, 2, 0, 0, 0, 10), np.full(10, 1e6, np.float32).tobytes()])
+        grads = gradients(9, 2, 40, 1)
+        out = run_job(agg, 9, grads, slots=2, chunk=10)
+        assert all(np.array_equal(out[r][0], expected(grads)[0]) for r in range(2))
+    finally:
+        rogue.close()
+
+
+def test_bad_arguments_are_refused_before_anything_is_sent():
+    with pytest.raises(ValueError, match="chunk must be 1 to"):
+        AggClient(("127.0.0.1", 9), 1, 0, 2, chunk=P.MAX_CHUNK + 1)
+    with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
+        AggClient(("127.0.0.1", 9), 1, 2, 2)
+    c = AggClient(("127.0.0.1", 9), 1, 0, 2)
+    try:
+        with pytest.raises(TypeError, match="float32"):
+            c.all_reduce(np.zeros(4, dtype=np.float64))
+    finally:
+        c.close()
+    r = subprocess.run([sys.executable, "-m", "containers.aggregator", "--listen", "127.0.0.1:http"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "not HOST:PORT" in r.stderr
