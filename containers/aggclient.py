@@ -26,7 +26,7 @@ class AggClient:
 
     def __init__(self, aggregator: tuple[str, int], job: int, rank: int, world: int, *, slots: int = P.DEFAULT_SLOTS,
                  chunk: int = P.DEFAULT_CHUNK, bind: tuple[str, int] = ("0.0.0.0", 0), rto: float = 0.05,
-                 timeout: float = 600.0, drop: DropHook | None = None):
+                 timeout: float = 600.0, drop: DropHook | None = None, check: Callable[[], None] | None = None):
         P.check_shape(slots, chunk)
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is not in a world of {world}")
@@ -34,6 +34,7 @@ class AggClient:
             raise ValueError(f"a job's key is an unsigned 32-bit number, not {job}")
         self.aggregator, self.job, self.rank, self.world = aggregator, job, rank, world
         self.slots, self.chunk, self.rto, self.timeout, self.drop = slots, chunk, rto, timeout, drop
+        self.check = check  # called as the timers are looked at: it raises to abandon a collective (a left ring)
         self.op = 0
         self.stats = dict.fromkeys(("sent", "resent", "received", "ignored", "dropped"), 0)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -136,6 +137,8 @@ class AggClient:
             now = time.monotonic()
             if now >= sweep:
                 sweep = now + self.rto / 2
+                if self.check is not None:
+                    self.check()
                 if now > deadline:
                     raise TimeoutError(f"rank {rank}: {remaining} of {nchunks} chunks not summed by the aggregator "
                                        f"at {self.aggregator[0]}:{self.aggregator[1]} in {self.timeout:g} s")

@@ -62,11 +62,13 @@ def check_shape(slots: int, chunk: int) -> None:
         raise ValueError(f"chunk must be 1 to {MAX_CHUNK} elements (one UDP datagram), not {chunk}")
 
 
-def parse_address(text: str, default_port: int = 0) -> tuple[str, int]:
-    """'HOST:PORT' (or 'HOST' with a default port) as (host, port), or a ValueError naming what is wrong."""
+def parse_address(text: str, default_port: int = 0, any_port: bool = False) -> tuple[str, int]:
+    """'HOST:PORT' (or 'HOST' with a default port) as (host, port), or a ValueError naming what is wrong; port 0
+    (any free one) only where `any_port` (an address to listen on)."""
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = text, str(default_port)
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"not HOST:PORT with a port 1-65535: {text!r}")
+    low = 0 if any_port else 1
+    if not host or not port.isdigit() or not low <= int(port) < 65536:
+        raise ValueError(f"not HOST:PORT with a port {low}-65535: {text!r}")
     return host, int(port)

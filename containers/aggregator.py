@@ -217,7 +217,8 @@ class Aggregator:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="optirack-aggregator", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--listen", default="0.0.0.0:9999", help="HOST:PORT to receive on (default %(default)s)")
+    p.add_argument("--listen", default="0.0.0.0:9999",
+                   help="HOST:PORT to receive on (port 0: any free one; default %(default)s)")
     p.add_argument("--jobs", type=int, default=4, help="jobs held at once (default %(default)s)")
     p.add_argument("--capacity-bytes", type=int, default=16 << 20,
                    help="bytes of slots for all jobs together (default %(default)s)")
@@ -228,7 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        host, port = P.parse_address(args.listen, 9999)
+        host, port = P.parse_address(args.listen, 9999, any_port=True)
         agg = Aggregator(host, port, jobs=args.jobs, capacity_bytes=args.capacity_bytes, idle_s=args.idle)
     except (ValueError, OSError) as e:
         print(f"optirack-aggregator: {e}", file=sys.stderr)

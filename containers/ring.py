@@ -23,6 +23,7 @@ class Ring:
         self.world = dist.group.WORLD
         self.size, self.rank, self.backend = dist.get_world_size(), dist.get_rank(), dist.get_backend()
         self.current = current if current is not None else (lambda: True)
+        self.aggregation = None  # --collective aggregate: the way to the aggregator (containers/aggregate.py)
         self.send = [self.world] * self.size
         if self.size == 2 and self.backend == "gloo":
             # gloo opens one connection per pair of ranks; in a ring of three or more each pair carries one

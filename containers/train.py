@@ -23,10 +23,20 @@ def _profile_sizes(args) -> tuple[int, float]:
 
 
 def all_reduce(args, ring, torch, tensor) -> None:
-    if args.allreduce == "ring" and ring.backend == "gloo":
+    agg = getattr(ring, "aggregation", None)
+    if agg is not None and agg.client is not None:  # --collective aggregate, joined (containers/aggregate.py)
+        ring.check()
+        agg.all_reduce(torch, tensor)
+    elif args.allreduce == "ring" and ring.backend == "gloo":
         ring.ring_all_reduce(torch, tensor)
     else:
         ring.all_reduce(tensor)
+
+
+def collective_fields(ring) -> dict:
+    """What the start line says of the collective: the ring, or the aggregator (or why it refused the job)."""
+    agg = getattr(ring, "aggregation", None)
+    return {"collective": "ring"} if agg is None else agg.fields()
 
 
 def profile_state(torch, elements: int, iteration: int) -> bytes:
@@ -68,6 +78,7 @@ def run_profile(args, ring, torch, device, util, work=None, ckpt=None, restored=
             "compute_s": compute,
             "compute": work.name,
             "backend": ring.backend,
+            **collective_fields(ring),
             "utilization": util.source,
             "start_iteration": start,
             "t": time.time(),
@@ -143,6 +154,7 @@ def run_real(args, ring, torch, device, util, ckpt=None, restored=None) -> None:
             "workload": "small-vgg",
             "gradient_bytes": sum(p.numel() for p in params) * 4,
             "backend": ring.backend,
+            **collective_fields(ring),
             "device": str(device),
             "utilization": util.source,
             "start_iteration": start,
@@ -171,7 +183,8 @@ def run_real(args, ring, torch, device, util, ckpt=None, restored=None) -> None:
             torch.cuda.synchronize()
         t2 = time.time()
         opt.step()
-        emit_iteration(rank, it, t0, t1, t2, flat.numel() * 4, util, loss=float(loss.detach()))
+        emit_iteration(rank, it, t0, t1, t2, flat.numel() * 4, util, loss=float(loss.detach()),
+                       grad_norm=float(flat.norm()))  # of the averaged gradient: the collectives compared by it
         if ckpt is not None:
             ckpt.save(it + 1, lambda i=it + 1: state_bytes(i))
     checksum = torch.stack([sum(p.detach().double().sum() for p in params)]).to(device)

@@ -12,9 +12,11 @@ Two modes:
            checked to be identical at the end.
 
 The collective backend is NCCL when a GPU is visible (bound to --cuda-device) and gloo
-otherwise; both run ring all-reduce. Each iteration prints one JSON line: compute and
-communication time, and GPU utilization (NVML where a GPU exists, the compute-busy fraction
-otherwise; the start line says which). Two ranks on one GPU end with one line saying so (exit 4).
+otherwise; both run ring all-reduce. With --collective aggregate the gradients are summed
+instead at an in-network aggregator (python -m containers.aggregator), streamed over UDP.
+Each iteration prints one JSON line: compute and communication time, and GPU utilization
+(NVML where a GPU exists, the compute-busy fraction otherwise; the start line says which).
+Two ranks on one GPU end with one line saying so (exit 4).
 
 In a container the driver sets OPTIRACK_GPU_ID / OPTIRACK_GPU_MODEL and hands over the NIC; to
 debug outside one, run the ranks by hand, e.g. on loopback:
@@ -32,6 +34,8 @@ import threading
 import time
 from datetime import timedelta
 
+from containers import aggproto
+from containers.aggregate import Aggregation
 from containers.gpu import BusyGpu, Utilization, Wait, compute_phase  # noqa: F401 (tests take them from here)
 from containers.ring import Abandoned, Ring
 from containers.session import _EMIT, _THREAD, SESSION, Checkpoints, Control, emit
@@ -97,6 +101,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="ring",
         help="ring: our ring on gloo's point-to-point (NCCL always uses its own ring); builtin: the backend's",
     )
+    a = p.add_argument_group("in-network aggregation (containers/aggregator.py)")
+    a.add_argument("--collective", choices=["ring", "aggregate"], default="ring",
+                   help="ring: all-reduce on torch.distributed (see --allreduce); aggregate: sum the gradients at the "
+                        "aggregator of --aggregator (a job it refuses runs as a ring, and its start line says why)")
+    a.add_argument("--aggregator", metavar="HOST:PORT", help="the in-network aggregator (with --collective aggregate)")
+    a.add_argument("--aggregation-job", type=int, metavar="KEY",
+                   help="the job's key at the aggregator, the same on every rank (default: from --master, "
+                        "--master-port and --attempt)")
+    a.add_argument("--aggregation-slots", type=int, default=aggproto.DEFAULT_SLOTS,
+                   help="slots of the job's pool at the aggregator (default %(default)s)")
+    a.add_argument("--aggregation-chunk", type=int, default=aggproto.DEFAULT_CHUNK,
+                   help="float32 elements per slot, one datagram each (default %(default)s)")
+    a.add_argument("--aggregation-rto", type=float, default=0.05, metavar="SECONDS",
+                   help="a chunk whose sum has not come back is sent again after this, doubling (default 0.05)")
     p.add_argument(
         "--wait-for-nic",
         type=float,
@@ -148,6 +166,9 @@ def _session(args, dist, torch, device, util, backend: str, extra: dict, ckpt: C
             **extra,
         )
         ring = Ring(dist, current=lambda: SESSION["gen"] == gen)
+        bind = wait_for_nic(args.ifname, 0.0) if args.ifname else "0.0.0.0"
+        agg = Aggregation.start(args, ring, torch, device, bind)  # None with --collective ring
+        ring.aggregation = agg
         ring.barrier()  # start together: the first iteration should not include joining
         out["formed"] = True
         t0 = time.time()
@@ -156,6 +177,8 @@ def _session(args, dist, torch, device, util, backend: str, extra: dict, ckpt: C
         else:
             run_real(args, ring, torch, device, util, ckpt=ckpt, restored=restored)
         ckpt.finish()
+        if agg is not None:
+            agg.close()
         ring.barrier()
         out["total_s"] = time.time() - t0
     except Abandoned:
@@ -209,8 +232,22 @@ def heartbeat() -> None:
         emit({"event": "alive", "t": time.time()})
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.collective == "aggregate":
+        if not args.aggregator:
+            parser.error("--collective aggregate needs --aggregator HOST:PORT")
+        try:
+            aggproto.parse_address(args.aggregator)
+            aggproto.check_shape(args.aggregation_slots, args.aggregation_chunk)
+        except ValueError as e:
+            parser.error(f"--aggregator/--aggregation-*: {e}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.ifname:
         if args.wait_for_nic:
             wait_for_nic(args.ifname, args.wait_for_nic)
@@ -235,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             heartbeat()
             time.sleep(CONTROL_POLL)
         t0 = time.time()
-        args = build_parser().parse_args(command["argv"])
+        args = parse_args(command["argv"])
         SESSION["attempt"] = args.attempt
         emit({"event": "handed", "rank": args.rank, "world_size": args.world_size, "pid": os.getpid(),
               "t_told": t0, "t": time.time()})
@@ -255,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             break
         # a regroup: this process and its state stay; the ring it was in is left (a thread stuck in it is abandoned)
         t0 = time.time()
-        new = build_parser().parse_args(result["argv"])
+        new = parse_args(result["argv"])
         with _EMIT:
             SESSION["gen"] += 1
             SESSION["attempt"] = new.attempt
