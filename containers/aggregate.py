@@ -3,10 +3,12 @@ the ring (the client: containers/aggclient.py). The ring stays for everything el
 end-of-run checks), and for the sums too when the aggregator refuses the job: every rank then runs as a ring."""
 from __future__ import annotations
 
+import time
 import zlib
 
 from containers import aggproto
 from containers.aggclient import AggClient, Refused
+from containers.session import emit
 
 JOIN_S = 5.0  # seconds a rank tries to join the aggregator before its job runs as a ring
 
@@ -74,6 +76,7 @@ class Aggregation:
         """Leave the aggregator (its job's slots are freed once every rank left); a second of trying at most."""
         if self.client is None:
             return
+        emit({"event": "aggregated", "rank": self.client.rank, **self.client.stats, "t": time.time()})
         self.client.timeout = 1.0
         try:
             self.client.leave()

@@ -15,8 +15,11 @@ from controller.core.rack import RackError, load_rack
 
 
 def _check_topology(args) -> int:
+    from controller.core import aggregators
+
     try:
         rack = load_rack(args.file)
+        aggregators.check(rack)
     except RackError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from controller.core.emulated import NETNS_PREFIX, RUN_DIR, STATE_FILE, netns_of, nic_plans
 from controller.core.rack import Rack
-from emulation import engine_procs, engines, nics, ovs, registry, slurm
+from emulation import aggregators, engine_procs, engines, nics, ovs, registry, slurm
 from emulation import netns as ns
 from emulation.topo import RackTopo, check_emulable, downlink_patches, port_mtus
 
@@ -42,6 +42,7 @@ class RackState:
     images: dict[str, str] = field(default_factory=dict)  # image name -> repo@digest the engines hold
     netconf: dict[str, str] = field(default_factory=dict)  # OCS -> run directory of its emulated NETCONF server
     netconf_users: list[str] = field(default_factory=list)  # the login accounts rack-up made for their SSH servers
+    aggregators: dict[str, dict] = field(default_factory=dict)  # switch -> its aggregator's netns, port, PID, address
     status: str = "building"
     up_seconds: float = 0.0
 
@@ -181,6 +182,7 @@ def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5
     end_shells(net)  # the rack stays: bridges in OVS, namespaces pinned by name
     state.pids = []
     try:
+        aggregators.start(rack, state)
         start_netconf(rack, state)
         _start_engines(rack, state)
         if with_slurm:
@@ -188,7 +190,8 @@ def up(rack: Rack, controller: str = "127.0.0.1:6653", wait_connected: float = 5
                 raise slurm.SlurmError("Slurm on the emulated rack needs its management network: tcp:// engines")
             slurm.start(rack, slurm_hook, log=_log)
     except BaseException:
-        _log("rack-up failed while starting the NETCONF OCS, the engines or Slurm: removing what was made")
+        _log("rack-up failed while starting the aggregators, the NETCONF OCS, the engines or Slurm: removing what "
+             "was made")
         down(quiet=True)
         raise
     state.status = "up"
@@ -350,7 +353,7 @@ def down(quiet: bool = False, purge: bool = False) -> dict[str, int]:
     removed = {"containers": 0, "engines": 0, "bridges": 0, "interfaces": 0, "namespaces": 0, "processes": 0}
     removed["slurm daemons"] = slurm.stop(quiet=quiet, log=_log)["daemons"]  # first: its slurmds run in the servers
     if state:
-        removed["processes"] += _stop_netconf(state)
+        removed["processes"] += aggregators.stop(state) + _stop_netconf(state)
         removed.update(_stop_engines(state, quiet))
     removed["containers"] += _remove_containers(state.name if state else None, quiet)
     labelled = ovs.rack_bridges()

@@ -18,6 +18,7 @@ from __future__ import annotations
 from mininet.link import Link, TCIntf
 from mininet.topo import Topo
 
+from controller.core import aggregators
 from controller.core.emulated import nic_plans, port_intf
 from controller.core.rack import Rack, RackError
 from emulation.shaping import DEV, QUEUE_FRAMES, htb_commands, queue_frames
@@ -27,7 +28,8 @@ MIN_EMULATED_MBPS = 0.1
 
 
 def check_emulable(rack: Rack) -> None:
-    """Refuse rates the emulation cannot shape, naming the field."""
+    """Refuse rates the emulation cannot shape and aggregators it cannot place, naming the field."""
+    aggregators.check(rack)
     spec, scale = rack.spec, rack.spec.emulation
     rates = [(f"servers[{i}].gpus[{j}].nic.rate_gbps", g.nic.rate_gbps)
              for i, s in enumerate(spec.servers) for j, g in enumerate(s.gpus)]

@@ -27,6 +27,7 @@ from ryu import cfg
 
 from controller.apps.runtime import HUB
 from controller.config import conf
+from controller.core import aggregators
 from controller.core.circuits import CircuitMap
 from controller.core.rack import Rack, RackError, load_rack
 from controller.core.stats import PortHistory
@@ -93,6 +94,7 @@ class Optirack(RackState):
             _check_port_free(ryu_conf.wsapi_host, ryu_conf.wsapi_port, "REST")
             try:
                 rack = load_rack(c.rack)
+                aggregators.check(rack)
             except RackError as e:
                 LOG.error("cannot start: %s", e)
                 sys.exit(2)

@@ -166,12 +166,31 @@ class Uplink(_Spec):
     rate_gbps: Rate
 
 
+class InNetworkAggregator(_Spec):
+    """A switch's in-network aggregator (controller/core/aggregators.py): on a port of the switch, at an address of
+    network.subnet, taking a given number of jobs and bytes of slots at once."""
+
+    port: PortNumber
+    ip: ipaddress.IPv4Address
+    udp_port: Annotated[int, Field(ge=1, le=65535)] = 9999
+    jobs: Annotated[int, Field(ge=1, le=1024)] = 4
+    capacity_bytes: Annotated[int, Field(ge=4)] = 16 << 20
+
+
 class Switch(_Spec):
     name: Name
     dpid: Dpid
     role: Literal["aggregator", "core"] = "aggregator"
     downlinks: list[Downlink] = []
     uplinks: list[Uplink] = []
+    aggregator: Optional[InNetworkAggregator] = None
+
+    @model_validator(mode="after")
+    def _aggregator_on_a_free_port(self):
+        links = {d.port for d in self.downlinks} | {u.port for u in self.uplinks}
+        if self.aggregator is not None and self.aggregator.port in links:
+            raise ValueError(f"aggregator.port {self.aggregator.port} is also a downlink or uplink of {self.name}")
+        return self
 
 
 class Emulation(_Spec):

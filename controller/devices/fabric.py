@@ -11,7 +11,8 @@ import logging
 from collections import defaultdict
 from typing import Any
 
-from controller.core.forwarding import Table, compute_tables
+from controller.core import aggregators
+from controller.core.forwarding import Table
 from controller.drivers import openflow as of
 
 LOG = logging.getLogger("optirack.fabric")
@@ -52,7 +53,7 @@ class Fabric:
             self.rpc.on_disconnect(current.id)
 
     def desired(self, circuits=None) -> dict[str, Table]:
-        return compute_tables(self.state.rack, self.state.circuits if circuits is None else circuits)
+        return aggregators.tables(self.state.rack, self.state.circuits if circuits is None else circuits)
 
     def resync(self, name: str) -> None:
         """Delete every flow of a (re)connected switch and install its full table."""

@@ -50,10 +50,10 @@ def set_circuits_by_hand(ocs: str, pairs: list[tuple[int, int]]) -> None:
 
 
 def install_forwarding_by_hand(rack, circuits) -> None:
-    """Flows from controller.core.forwarding, written with ovs-ofctl (no controller involved)."""
-    from controller.core.forwarding import compute_tables
+    """Flows from controller.core.forwarding (and the aggregators'), written with ovs-ofctl (no controller)."""
+    from controller.core.aggregators import tables
 
-    for switch, table in compute_tables(rack, circuits).items():
+    for switch, table in tables(rack, circuits).items():
         ofctl("del-flows", switch)
         for ip, port in table.items():
             ofctl("add-flow", switch, f"priority=10,ip,nw_dst={ip},actions=output:{port}")

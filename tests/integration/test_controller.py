@@ -8,8 +8,8 @@ import pytest
 import requests
 
 from controller.client import ApiError
+from controller.core.aggregators import tables as compute_tables  # the NICs' entries and the aggregators'
 from controller.core.circuits import CircuitMap
-from controller.core.forwarding import compute_tables
 from controller.core.rack import load_rack
 from emulation import ovs
 from tests.integration.helpers import (

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from controller.client import ApiError
+from controller.core.aggregators import tables as compute_tables  # the NICs' entries and the aggregators'
 from controller.core.circuits import CircuitMap
-from controller.core.forwarding import compute_tables
 from controller.core.rack import load_rack
 from controller.drivers.containers import container_name
 from emulation import ovs

@@ -19,9 +19,9 @@ from pathlib import Path
 import docker
 
 from controller.client import ApiError, Client
+from controller.core.aggregators import tables as compute_tables  # the NICs' entries and the aggregators'
 from controller.core.circuits import CircuitMap
 from controller.core.emulated import netns_of, nic_plans
-from controller.core.forwarding import compute_tables
 from controller.core.jobs import ACTIVE, QUEUED
 from controller.core.rack import Rack
 from controller.drivers.containers import LABEL_GPU, LABEL_JOB, LABEL_RACK, ContainerDriver
