@@ -4,6 +4,8 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 TOPO ?= topologies/paper-testbed.yaml
 PYTEST_ARGS ?=
+# unit tests run on every core (pytest-xdist); integration tests one at a time, as they share one emulated rack
+UNIT_WORKERS ?= auto
 export VENV
 
 .PHONY: help setup test test-unit test-integration lint controller image rack-up rack-down rack-status \
@@ -37,10 +39,11 @@ lint: setup
 	$(VENV)/bin/mypy controller
 
 test: setup lint
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration" -n $(UNIT_WORKERS) tests $(PYTEST_ARGS)
+	$(PY) -m pytest -m integration tests $(PYTEST_ARGS)
 
 test-unit:
-	$(PY) -m pytest -m "not integration" tests $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration" -n $(UNIT_WORKERS) tests $(PYTEST_ARGS)
 
 test-integration: setup
 	$(PY) -m pytest -m integration tests $(PYTEST_ARGS)
