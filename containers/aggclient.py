@@ -50,7 +50,10 @@ class AggClient:
         if self.drop is not None and self.drop("out", b"".join(bytes(p) for p in parts)):
             self.stats["dropped"] += 1
             return
-        self.sock.sendmsg(parts, [], 0, self.aggregator)
+        try:
+            self.sock.sendmsg(parts, [], 0, self.aggregator)
+        except OSError:  # a full queue under the socket (ENOBUFS), the way gone for now: lost, its timer sends again
+            self.stats["dropped"] += 1
 
     def _recv(self, wait: float):
         """The next datagram of ours (header, payload view) within `wait` seconds, else None."""

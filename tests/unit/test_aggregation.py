@@ -190,3 +190,30 @@ def test_bad_arguments_are_refused_before_anything_is_sent():
     r = subprocess.run([sys.executable, "-m", "containers.aggregator", "--listen", "127.0.0.1:http"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "not HOST:PORT" in r.stderr
+
+
+def test_a_send_the_kernel_refuses_is_a_loss_the_timer_recovers(aggregator):
+    class Refusing(AggClient):  # every 4th datagram refused by the kernel (a full queue: ENOBUFS)
+        calls = 0
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            real = self.sock
+
+            class Sock:
+                def __getattr__(self, name):
+                    return getattr(real, name)
+
+                def sendmsg(self, *args):
+                    Refusing.calls += 1
+                    if Refusing.calls % 4 == 0:
+                        raise OSError(105, "No buffer space available")
+                    return real.sendmsg(*args)
+
+            self.sock = Sock()  # type: ignore[assignment]
+
+    agg = aggregator()
+    grads = gradients(4, 2, 1000, 2)
+    out = run_job(agg, 4, grads, client=Refusing, slots=4, chunk=100)
+    assert all(np.array_equal(a, b) for r in range(2) for a, b in zip(out[r], expected(grads), strict=True))
+    assert sum(c.stats["dropped"] for c in run_job.clients) > 0  # type: ignore[attr-defined]
