@@ -34,6 +34,17 @@ ITEM = 4  # bytes per element: float32 on the wire
 DEFAULT_CHUNK = 256  # elements per chunk: 1 KiB of payload, one datagram under a 1500-byte MTU
 DEFAULT_SLOTS = 64  # slots per job: 64 KiB in flight per job with the default chunk
 MAX_CHUNK = (MAX_DATAGRAM - HEADER.size) // ITEM
+WINDOW = 64 << 10  # bytes of slots a job's pool holds by default (the ranks' window)
+IP_UDP = 28  # bytes of IPv4 and UDP headers under ours
+
+
+def shape_for_mtu(mtu: int) -> tuple[int, int]:
+    """(slots, chunk) for a NIC of this MTU: a chunk fills one frame, and the pool holds about WINDOW bytes.
+
+    On the emulated rack (9000-byte frames) a window of about 64 kB per rank summed 4 ranks' gradients in 0.11 s
+    where 8 times that lost datagrams at the shaped ports and took 0.14 s (a smoke run, no record)."""
+    chunk = max(1, min(MAX_CHUNK, (mtu - IP_UDP - HEADER.size) // ITEM))
+    return max(2, WINDOW // (chunk * ITEM)), chunk
 
 
 def pack(kind: int, job: int, rank: int = 0, world: int = 0, slot: int = 0, op: int = 0, chunk: int = 0,

@@ -3,6 +3,9 @@ the ring (the client: containers/aggclient.py). The ring stays for everything el
 end-of-run checks), and for the sums too when the aggregator refuses the job: every rank then runs as a ring."""
 from __future__ import annotations
 
+import fcntl
+import socket
+import struct
 import time
 import zlib
 
@@ -20,6 +23,24 @@ def job_key(args) -> int:
     return zlib.crc32(f"{args.master}:{args.master_port}:{args.attempt}".encode())
 
 
+def mtu_of(ifname: str) -> int:
+    """The MTU of a network interface of this namespace (SIOCGIFMTU)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        packed = fcntl.ioctl(s.fileno(), 0x8921, struct.pack("16si", ifname.encode()[:15], 0))
+    return struct.unpack("16si", packed)[1]
+
+
+def pool_shape(args) -> tuple[int, int]:
+    """(slots, chunk) of the job's pool: the flags where given, else a chunk that fills one frame of the NIC's MTU
+    (aggproto.shape_for_mtu; the default chunk without --ifname) and slots holding about aggproto.WINDOW bytes."""
+    if args.aggregation_chunk is not None:
+        chunk = args.aggregation_chunk
+    else:
+        chunk = aggproto.shape_for_mtu(mtu_of(args.ifname))[1] if args.ifname else aggproto.DEFAULT_CHUNK
+    slots = args.aggregation_slots or max(2, aggproto.WINDOW // (chunk * aggproto.ITEM))
+    return slots, chunk
+
+
 class Aggregation:
     """One ring's way to the aggregator: `client` is None where the job runs as a ring (`refused` says why)."""
 
@@ -33,8 +54,9 @@ class Aggregation:
         if args.collective != "aggregate":
             return None
         host, port = aggproto.parse_address(args.aggregator)
-        client = AggClient((host, port), job_key(args), ring.rank, ring.size, slots=args.aggregation_slots,
-                           chunk=args.aggregation_chunk, bind=(bind, 0), rto=args.aggregation_rto,
+        slots, chunk = pool_shape(args)
+        client = AggClient((host, port), job_key(args), ring.rank, ring.size, slots=slots, chunk=chunk,
+                           bind=(bind, 0), rto=args.aggregation_rto,
                            timeout=args.timeout, check=ring.check)
         refused = ""
         client.timeout = min(args.timeout, JOIN_S)

@@ -109,10 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--aggregation-job", type=int, metavar="KEY",
                    help="the job's key at the aggregator, the same on every rank (default: from --master, "
                         "--master-port and --attempt)")
-    a.add_argument("--aggregation-slots", type=int, default=aggproto.DEFAULT_SLOTS,
-                   help="slots of the job's pool at the aggregator (default %(default)s)")
-    a.add_argument("--aggregation-chunk", type=int, default=aggproto.DEFAULT_CHUNK,
-                   help="float32 elements per slot, one datagram each (default %(default)s)")
+    a.add_argument("--aggregation-slots", type=int,
+                   help="slots of the job's pool at the aggregator (default: about 64 kB of slots in all)")
+    a.add_argument("--aggregation-chunk", type=int,
+                   help="float32 elements per slot, one datagram each (default: what fills one frame of --ifname's "
+                        f"MTU; {aggproto.DEFAULT_CHUNK} without --ifname)")
     a.add_argument("--aggregation-rto", type=float, default=0.05, metavar="SECONDS",
                    help="a chunk whose sum has not come back is sent again after this, doubling (default 0.05)")
     p.add_argument(
@@ -240,7 +241,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--collective aggregate needs --aggregator HOST:PORT")
         try:
             aggproto.parse_address(args.aggregator)
-            aggproto.check_shape(args.aggregation_slots, args.aggregation_chunk)
+            aggproto.check_shape(args.aggregation_slots or 1, args.aggregation_chunk or 1)
         except ValueError as e:
             parser.error(f"--aggregator/--aggregation-*: {e}")
     return args

@@ -13,7 +13,7 @@ from tests.integration.helpers import ROOT, sh
 
 UNDER_AS1 = [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"], ["ocs1:3", "ocs1:13"], ["ocs1:4", "ocs1:14"],
              ["ocs1:5", "ocs1:21"], ["ocs1:6", "ocs1:22"]]
-GRADIENT = 400_000  # bytes: 50 chunks of 2,000 elements, through a pool of 8 slots (64 kB)
+GRADIENT = 400_000  # bytes: 45 chunks of 2,236 elements (a 9000-byte frame each) through a pool of 7 (63 kB)
 ITERATIONS = 3
 
 
@@ -41,7 +41,7 @@ def test_four_ranks_under_as1_sum_at_its_aggregator_through_drops(bed, tmp_path)
                  "--rank", str(rank), "--world-size", "4", "--master", master, "--master-port", "29611",
                  "--ifname", rack.interface(gpu), "--iterations", str(ITERATIONS), "--compute-seconds", "0",
                  "--gradient-bytes", str(GRADIENT), "--collective", "aggregate", "--aggregator", agg.address,
-                 "--aggregation-slots", "8", "--aggregation-chunk", "2000", "--aggregation-rto", "0.02",
+                 "--aggregation-rto", "0.02",  # the pool's shape by default: from the NIC's MTU
                  "--timeout", "60", "--control-dir", str(tmp_path / f"control-{rank}")],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
         outs = []
@@ -60,6 +60,7 @@ def test_four_ranks_under_as1_sum_at_its_aggregator_through_drops(bed, tmp_path)
     for records in outs:
         start = next(r for r in records if r["event"] == "start")
         assert start["collective"] == "aggregate" and start["aggregator"] == agg.address
+        assert start["aggregation_pool_bytes"] == 7 * 2236 * 4
         assert records[-1]["event"] == "done" and records[-1]["check"] == "ok"  # every iteration's sum exact
     # every rank's gradient reached the aggregator once per iteration (headers and chunks sent again on top)
     assert into >= 4 * GRADIENT * ITERATIONS

@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+from containers import aggproto
+from containers.aggregate import pool_shape
+from containers.worker import parse_args
 from tests.unit.test_worker import run_ranks
 
 
@@ -54,7 +57,8 @@ def test_profile_mode_sums_exactly_through_the_aggregator(aggregator):
     gradient (66 KB) streams through a pool of 16 slots of 256 elements (16 KB)."""
     address = aggregator()
     results = run_ranks(3, "--iterations", "3", "--gradient-bytes", "66004", "--compute-seconds", "0",
-                        "--collective", "aggregate", "--aggregator", address, "--aggregation-slots", "16")
+                        "--collective", "aggregate", "--aggregator", address, "--aggregation-slots", "16",
+                        "--aggregation-chunk", "256")
     for rank in results:
         assert rank[0]["collective"] == "aggregate" and rank[-1]["check"] == "ok"
         assert len(events([rank], "iteration")[0]) == 3
@@ -88,3 +92,13 @@ def test_aggregate_needs_an_aggregator():
     r = subprocess.run([sys.executable, "-m", "containers.worker", "--rank", "0", "--world-size", "2", "--master",
                         "127.0.0.1", "--collective", "aggregate"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--collective aggregate needs --aggregator HOST:PORT" in r.stderr
+
+
+def test_the_pool_fills_frames_of_the_nics_mtu_and_holds_about_64_kb_by_default():
+    assert aggproto.shape_for_mtu(9000) == (7, 2236)  # 2236 x 4 + 28 + 28 header bytes: one 9000-byte frame
+    assert aggproto.shape_for_mtu(1500) == (45, 361)
+    base = ["--rank", "0", "--world-size", "2", "--master", "127.0.0.1", "--collective", "aggregate",
+            "--aggregator", "127.0.0.1:9999"]
+    assert pool_shape(parse_args([*base, "--ifname", "lo"])) == aggproto.shape_for_mtu(65536)  # loopback's MTU
+    assert pool_shape(parse_args(base)) == (64, aggproto.DEFAULT_CHUNK)
+    assert pool_shape(parse_args([*base, "--aggregation-chunk", "1000", "--aggregation-slots", "3"])) == (3, 1000)
