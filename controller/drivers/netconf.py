@@ -39,6 +39,7 @@ _NC = "urn:ietf:params:xml:ns:netconf:base:1.0"
 FILTER = f'<cross-connects xmlns="{NS}"/>'
 _INGRESS_IN_PATH = re.compile(r"ingress\s*=\s*['\"]?(\d+)")
 CONFIRMED = ":confirmed-commit"
+VALIDATE = ":validate"  # the device takes an edit's test-option (RFC 6241 8.6): `apply` asks it for "set"
 BY_KEY_MOST = 32  # a read-back of more changed ports reads the whole container (`_read`)
 
 
@@ -114,6 +115,7 @@ class NetconfOcs(OcsDriver):
         self.confirm_timeout, self.connector = max(1, round(confirm_timeout)), connector
         self.manager: Any = None  # ncclient's Manager while a session is open
         self.confirmed = False  # the device offers :confirmed-commit (known once a session is open)
+        self.validates = False  # the device offers :validate, so an edit-config may skip its whole-datastore check
         self._pending: str | None = None  # the ports of a change the device undoes unless confirmed
         self.rpc_ms: dict[str, float] = {}  # the last change: each RPC's round trip, the switching wait, the whole
         self._exchange = lock if lock is not None else threading.Lock()  # one operation of ours at a time
@@ -131,7 +133,8 @@ class NetconfOcs(OcsDriver):
                 self._lost(str(e), type(e))
             except Exception as e:  # noqa: BLE001 (a connector's own failure: the device is unreachable)
                 self._lost(f"cannot reach NETCONF at {self.address}: {type(e).__name__}: {e}")
-            self.confirmed = CONFIRMED in self.manager.server_capabilities
+            caps = self.manager.server_capabilities
+            self.confirmed, self.validates = CONFIRMED in caps, VALIDATE in caps
         return self.manager
 
     def _lost(self, why: str, kind: type[OcsUnavailable] = OcsUnavailable) -> NoReturn:
@@ -196,8 +199,11 @@ class NetconfOcs(OcsDriver):
             committed, locked = False, True
             try:
                 try:
+                    # test-option "set": each edited pair is still checked against the model, but not the whole
+                    # candidate (every pair against every other), which the commit checks once anyway
                     self._call("edit-config", "edit-config", ports, m.edit_config, target="candidate",
-                               config=edit_config(remove, add), default_operation="none")
+                               config=edit_config(remove, add), default_operation="none",
+                               test_option="set" if self.validates else None)
                     dark_start = self.clock()  # the commit: old pairs go, mirrors move, new pairs are made
                     if on_dark is not None:
                         on_dark()

@@ -2,8 +2,9 @@
 OpenSSH, its host key checked against a known_hosts file, a key-based user), whose netconf-subsystem hands the session
 to Debian's netconfd serving optirack's model, with the emulation's agent following the datastore. A regroup; a change
 refused because another session holds the candidate's lock; netconfd killed in the middle of a change; a wrong host
-key, a refused user and a closed port; the controller killed (kill -9) between the confirmed commit and its confirm,
-the switch undoing the change by itself, on its datastore and on an OVS bridge of the test's own."""
+key, a refused user and a closed port; a change the model's whole check refuses, at the commit; the controller killed
+(kill -9) between the confirmed commit and its confirm, the switch undoing the change by itself, on its datastore and
+on an OVS bridge of the test's own."""
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ import yaml
 from controller.client import ApiError
 from controller.core.errors import OcsUnavailable
 from controller.core.rack import Ocs
-from controller.drivers.errors import LoginRefused
+from controller.drivers.errors import LoginRefused, NetconfError
 from controller.drivers.netconf import NetconfOcs
 from controller.drivers.netconf_transport import _NCX_MAGIC, Address, connect
 from emulation import netconf_ocs, netconf_ssh
@@ -256,6 +257,29 @@ def test_a_wrong_host_key_a_refused_user_and_a_closed_port_name_the_switch_and_c
         by_password.close()
     finally:
         subprocess.run(["usermod", "-p", "*", USER], check=False)
+        device.stop()
+
+
+def test_the_model_s_whole_check_refuses_at_the_commit_and_nothing_moves(ssh_user):
+    """The edit-config asks netconfd to check only the edited pairs (test-option "set"): a change the whole-datastore
+    check refuses (an egress another pair holds: the model's unique egress) is refused at the commit, naming the
+    port, and the switch holds what it held; the next change goes through. The session's socket sends each segment
+    at once (TCP_NODELAY): an edit-config of hundreds of pairs is not held back by Nagle's algorithm."""
+    device, d = Device(_starting()), None
+    try:
+        d = device.driver()
+        before = d.read()
+        a, b = min(before)
+        with pytest.raises(NetconfError, match=r"OCS ocs1: confirmed commit \(.*refused"):
+            d.apply(set(), {(300, b)})
+        assert d.read() == before
+        d.apply({(a, b)}, {(a, 300)})
+        d.confirm()
+        assert d.read() == before - {(a, b)} | {(a, 300)}
+        assert d.manager._session.transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        if d is not None:
+            d.close()
         device.stop()
 
 

@@ -134,6 +134,16 @@ def test_a_change_is_one_locked_edit_and_commit_and_is_read_back(canned):
     result = d.apply({(1, 11)}, {(1, 12), (2, 13)})
     assert server.seen == ["get-config", "lock", "edit-config", "commit", "unlock", "get-config"]
     assert result.switching_time_s == 0.005 and result.dark_start <= result.dark_end
+    assert "test-option" not in server.texts[2]  # a device without :validate gets none
+
+
+def test_a_device_with_validate_checks_the_whole_datastore_only_at_the_commit(canned):
+    """With :validate, the edit-config asks test-option "set": the device checks each edited pair then, and the
+    whole candidate once, at the commit (a device's whole check costs it the square of its pairs)."""
+    server = canned({"get-config": [data((1, 12))]}, ("urn:ietf:params:netconf:capability:validate:1.1",))
+    driver(server.port).apply({(1, 11)}, {(1, 12)})
+    assert server.seen == ["lock", "edit-config", "commit", "unlock", "get-config"]
+    assert "<nc:test-option>set</nc:test-option>" in server.texts[1]
 
 
 CONFIRMED = ("urn:ietf:params:netconf:capability:confirmed-commit:1.0",
