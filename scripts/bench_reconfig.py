@@ -14,8 +14,8 @@ Over NETCONF (the emulated NETCONF OCS, reached over SSH as a lab's is), where t
 timestamps of the measured changes: the driver's whole time, each RPC's round trip (lock, edit-config, the confirmed
 commit, get-config, the confirm, unlock: the controller's log), the client's own time (the driver's less its RPCs and
 its wait for the mirrors), the CPU time netconfd, our sshd with its sessions, and the emulation (its front before
-netconfd, its agent) spent per change (/proc), and the agent's own steps (its log): the emulation's share apart from
-the driver's.
+netconfd, its agent and the agent's ovs-ofctl runs) spent per change (/proc), and the agent's own steps (its log):
+the emulation's share apart from the driver's.
 Both clocks are the host's wall clock (the controller runs on this host). Measured for
 one circuit moved and for every circuit moved at once, in one call (PUT /ocs/circuits), on the
 paper rack, on a generated 64-GPU rack, and on a generated 512-GPU rack whose OCS has 1,024
@@ -86,13 +86,15 @@ DRIVER_LINE = "NETCONF change (ms) "  # controller.drivers.netconf logs one per 
 AGENT_STEPS = ("get_config_ms", "dark_flows_ms", "switching_wait_ms", "new_flows_ms")
 
 
-def _cpu_ms(pid: int) -> float:
-    """CPU time (user + system) process `pid` has used, in ms (0 if it is gone)."""
+def _cpu_ms(pid: int, children: bool = False) -> float:
+    """CPU time (user + system) process `pid` has used, in ms (0 if it is gone); with `children`, what its children
+    that ended and were waited for used instead."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return 0.0
-    return 1000.0 * (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    at = 13 if children else 11
+    return 1000.0 * (int(fields[at]) + int(fields[at + 1])) / os.sysconf("SC_CLK_TCK")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -119,7 +121,9 @@ class NetconfProbe:
                 "agent": [pid("agent")]}
 
     def _cpu(self) -> dict[str, float]:
-        return {k: sum(_cpu_ms(p) for p in pids) for k, pids in self._pids().items()}
+        pids = self._pids()
+        return {**{k: sum(_cpu_ms(p) for p in ps) for k, ps in pids.items()},
+                "agent_ovs_ofctl": sum(_cpu_ms(p, children=True) for p in pids["agent"])}  # its ovs-ofctl runs
 
     def start(self) -> None:
         self.lines = len(self.controller.output().splitlines())
@@ -142,7 +146,7 @@ class NetconfProbe:
             "client_ms_median": med(client),
             "switching_wait_ms_median": med([d.get("switching-wait", 0.0) for d in driver]),
             # CPU per change: the device's (netconfd), the SSH transport's (sshd's sessions), the emulation's (its
-            # front and agent)
+            # front, its agent and the agent's ovs-ofctl runs)
             "cpu_ms_per_change": {k: round((cpu[k] - self.cpu0[k]) / changes, 2) for k in cpu},
             "agent_ms_median": {k: med([a[k] for a in agent]) for k in AGENT_STEPS},
             "agent_after_commit_ms_median": med([1000 * (a["done"] - a["notified"]) for a in agent]),

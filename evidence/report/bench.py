@@ -83,9 +83,10 @@ def reconfig_netconf(_records: list) -> str:
     before it, of our sshd's sessions and of the emulation's agent, and how long after the commit the agent had the
     bridge done."""
     rpcs = ("lock", "edit-config", "commit", "get-config", "confirm", "unlock")
-    rows = ["| record | change | driver (all of it) | " + " | ".join(rpcs) + " | client's own | waiting out the "
-            "mirrors | CPU per change: netconfd, front, sshd's sessions, agent | agent: commit → bridge done |",
-            "| --- | --- | --- | " + " | ".join("---" for _ in rpcs) + " | --- | --- | --- | --- |"]
+    rows = ["| record | change | end to end beyond the switching time (OpenFlow's in the same run) | driver (all "
+            "of it) | " + " | ".join(rpcs) + " | client's own | waiting out the mirrors | CPU per change: netconfd, "
+            "front, sshd's sessions, agent (+ its ovs-ofctl runs) | agent: commit → bridge done |",
+            "| --- | --- | --- | --- | " + " | ".join("---" for _ in rpcs) + " | --- | --- | --- | --- |"]
     for stem, data in bench_records("bench_reconfig"):
         for r in data["results"]:
             n = r.get("netconf")
@@ -93,13 +94,17 @@ def reconfig_netconf(_records: list) -> str:
                 continue
             cpu = n["cpu_ms_per_change"]
             front = f"{cpu['front']:.1f}" if "front" in cpu else "–"  # (records before the front had none)
-            rows.append(f"| `{stem}` | {r['circuits']} circuit{_s(r['circuits'])} | {n['driver_ms_median']:.1f} ms | "
+            ofctl = f" (+{cpu['agent_ovs_ofctl']:.1f})" if "agent_ovs_ofctl" in cpu else ""  # (older records lack it)
+            of = [o for o in data["results"] if o.get("driver") == "openflow" and o["circuits"] == r["circuits"]]
+            beside = f" ({of[0]['e2e_overhead_median_ms']:.1f} ms)" if of else " (none)"
+            rows.append(f"| `{stem}` | {r['circuits']} circuit{_s(r['circuits'])} | "
+                        f"{r['e2e_overhead_median_ms']:.1f} ms{beside} | {n['driver_ms_median']:.1f} ms | "
                         + " | ".join(f"{n['rpc_ms_median'][x]:.1f} ms" for x in rpcs)
                         + f" | {n['client_ms_median']:.1f} ms | {n['switching_wait_ms_median']:.1f} ms "
-                        f"| {cpu['netconfd']:.1f}, {front}, {cpu['ssh']:.1f}, {cpu['agent']:.1f} ms "
+                        f"| {cpu['netconfd']:.1f}, {front}, {cpu['ssh']:.1f}, {cpu['agent']:.1f}{ofctl} ms "
                         f"| {n['agent_after_commit_ms_median']:.1f} ms |")
     if len(rows) == 2:
-        rows.append("| no record of a change over NETCONF via SSH yet | | | " + " | ".join("" for _ in rpcs)
+        rows.append("| no record of a change over NETCONF via SSH yet | | | | " + " | ".join("" for _ in rpcs)
                     + " | | | | |")
     return "\n".join(rows)
 

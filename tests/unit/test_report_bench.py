@@ -186,3 +186,19 @@ def test_failover_trace16_counts_the_rounds_done_under_one_switch_and_names_the_
     rows = report_failover.failover_trace16([], tmp_path).splitlines()
     assert rows[2] == "| a cascade (workers, then daemons) | 1 of 2 | gpu1 -> gpu7; gpu5 -> gpu7 | 1.50 / 2.00 s | – |"
     assert rows[4].endswith("| 1.50 / 2.00 s | 0.50 / 0.50 s |"), rows[4]
+
+
+def test_reconfig_netconf_sets_each_netconf_row_beside_openflow_s_in_the_same_run(tmp_path, monkeypatch):
+    split = {"driver_ms_median": 60.0, "rpc_ms_median": dict.fromkeys(
+        ("lock", "edit-config", "commit", "get-config", "confirm", "unlock"), 1.0), "client_ms_median": 2.0,
+        "switching_wait_ms_median": 0.0, "agent_after_commit_ms_median": 50.0,
+        "cpu_ms_per_change": {"netconfd": 40.0, "front": 1.0, "ssh": 1.5, "agent": 8.0, "agent_ovs_ofctl": 12.5}}
+    _bench(tmp_path, "20990101T000000Z-abc1234", "bench_reconfig", [
+        {"driver": "openflow", "circuits": 512, "e2e_overhead_median_ms": 31.4},
+        {"driver": "netconf", "circuits": 512, "e2e_overhead_median_ms": 58.7, "netconf": split},
+        {"driver": "netconf", "circuits": 2, "e2e_overhead_median_ms": 20.0, "netconf": split}])
+    monkeypatch.setattr(report_bench, "BENCH", tmp_path)
+    rows = report_bench.reconfig_netconf([]).splitlines()[2:]
+    assert "| 512 circuits | 58.7 ms (31.4 ms) | 60.0 ms |" in rows[0]
+    assert "40.0, 1.0, 1.5, 8.0 (+12.5) ms" in rows[0]
+    assert "| 2 circuits | 20.0 ms (none) |" in rows[1]  # no OpenFlow row of that size in the run
