@@ -96,6 +96,7 @@ class Occupancy:
         self.n_empty = np.array([[len(self.empty[w][g]) for g in range(ng)] for w in range(nw)], dtype=np.int64)
         self.n_empty.shape = (nw, ng)
         self.n_idle = np.zeros((nw, ng), dtype=np.int64)
+        self.free_switch = [0] * nw  # idle GPUs under each switch (`n_under` summed over groups and models)
         self.n_loose = np.zeros((ng, nm), dtype=np.int64)  # sizes of free_loose
         self.n_wired = np.zeros((ng, nm), dtype=np.int64)  # free_wired as an array
         for gi in range(len(ix.gpus)):
@@ -121,6 +122,7 @@ class Occupancy:
             self.n_loose[g, m] -= 1
             self.free_under[w][g][m].add(gi)
             self.n_under[w, g, m] += 1
+            self.free_switch[w] += 1
             self.free_wired[g][m] += 1
             self.n_wired[g, m] += 1
             self.idle[w][g].add(d)
@@ -142,6 +144,7 @@ class Occupancy:
             m = ix.gpu_model[gi]
             self.free_under[w][g][m].discard(gi)
             self.n_under[w, g, m] -= 1
+            self.free_switch[w] -= 1
             self.free_loose[g][m].add(gi)
             self.n_loose[g, m] += 1
             self.free_wired[g][m] -= 1
@@ -158,6 +161,7 @@ class Occupancy:
         if w >= 0:
             self.free_under[w][g][m].discard(gi)
             self.n_under[w, g, m] -= 1
+            self.free_switch[w] -= 1
             self.free_wired[g][m] -= 1
             self.n_wired[g, m] -= 1
             self.idle[w][g].discard(self.partner[ix.gpu_port[gi]])
@@ -184,6 +188,7 @@ class Occupancy:
         if w >= 0:
             self.free_under[w][g][m].add(gi)
             self.n_under[w, g, m] += 1
+            self.free_switch[w] += 1
             self.free_wired[g][m] += 1
             self.n_wired[g, m] += 1
             self.idle[w][g].add(self.partner[ix.gpu_port[gi]])

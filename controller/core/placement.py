@@ -193,7 +193,7 @@ def _plan_count(occ: Occupancy, req: Request, n: int) -> Plan:
         except NoRoomNow as e:
             error = e
             continue
-        slowest = max(speed[ix.model_id[ix.rack.gpus[g].model]] for g in p.gpus)
+        slowest = max(speed[ix.gpu_model[ix.gpu_id[g]]] for g in p.gpus)
         key = (len(p.switches), slowest, p.changes)
         if best is None or key < best[0]:
             best = (key, p, models)

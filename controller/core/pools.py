@@ -145,7 +145,10 @@ class _Models:
 
     def __init__(self, occ: Occupancy, models: Sequence[int]):
         self.occ, self.models = occ, list(models)
-        loose, wired = occ.n_loose[:, self.models].sum(axis=1), occ.n_wired[:, self.models].sum(axis=1)
+        if len(self.models) == 1:  # one model's column (the sum over one column, without the copy and the sum)
+            loose, wired = occ.n_loose[:, self.models[0]], occ.n_wired[:, self.models[0]]
+        else:
+            loose, wired = occ.n_loose[:, self.models].sum(axis=1), occ.n_wired[:, self.models].sum(axis=1)
         self.n_loose, self.n_wired = loose.tolist(), wired.tolist()
         self.groups = np.flatnonzero(loose + wired).tolist()
 
@@ -198,7 +201,9 @@ class _Models:
         loose = heapq.nsmallest(k, chain.from_iterable(occ.free_loose[g][m] for m in self.models))
         if len(loose) == k:
             return loose
-        has = occ.n_under[:, g, self.models].sum(axis=1).nonzero()[0]  # only the switches with such GPUs
+        under = occ.n_under[:, g, self.models[0]] if len(self.models) == 1 else \
+            occ.n_under[:, g, self.models].sum(axis=1)
+        has = under.nonzero()[0]  # only the switches with such GPUs
         wired = chain.from_iterable(occ.free_under[x][g][m] for x in has.tolist() if x != w for m in self.models)
         return loose + heapq.nsmallest(k - len(loose), wired)
 
@@ -236,12 +241,19 @@ def _best(occ: Occupancy, need: int, fixed: bool, used: list[int], under, idle_u
     if fixed:
         fits, cost = np.minimum(stay, need), np.zeros_like(stay)
     else:
-        u = np.asarray(n_loose, dtype=np.int64)
-        c = np.asarray(n_wired, dtype=np.int64) - under
-        e, i = occ.n_empty, occ.n_idle - idle_under
-        n = np.maximum(np.minimum(u + c, e + i), 0)  # _split for every switch and group
-        a = np.minimum(np.minimum(u, e), n)
-        b = np.maximum(n - np.maximum(u, e), 0)
+        # _split for every switch and group, in place where an array is this call's own (integers: the same values)
+        u, e = np.asarray(n_loose, dtype=np.int64), occ.n_empty
+        n = np.asarray(n_wired, dtype=np.int64) - under  # c, then u + c, then n
+        n += u
+        i = occ.n_idle - idle_under
+        i += e
+        np.minimum(n, i, out=n)
+        np.maximum(n, 0, out=n)
+        a = np.minimum(u, e)
+        np.minimum(a, n, out=a)
+        b = np.maximum(u, e)
+        np.subtract(n, b, out=b)
+        np.maximum(b, 0, out=b)
         n1, n3 = a.sum(axis=1), b.sum(axis=1)
         n2 = n.sum(axis=1) - n1 - n3
         kk = np.maximum(k, 0)  # _cost for every switch

@@ -24,3 +24,22 @@ class Busy:
 
     def __iter__(self):
         return zip(self.t0, self.t1, self.amount, strict=True)
+
+
+class Rows:
+    """Rows of numbers kept as one typed array per column (`codes`: "d" a float, "q" an integer): 8 bytes a number,
+    not a tuple of number objects per row; appended and iterated as tuples, as a list of them would be. A run's
+    GPUs held (from, to, GPUs) and its fragmentation samples (time, most free under one switch, free)."""
+
+    def __init__(self, codes: str):
+        self.columns = tuple(array(c) for c in codes)
+
+    def append(self, row: tuple) -> None:
+        for column, value in zip(self.columns, row, strict=True):
+            column.append(value)
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def __iter__(self):
+        return zip(*self.columns, strict=True)

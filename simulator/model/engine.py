@@ -21,6 +21,7 @@ from controller.core.rack import Rack
 from simulator.inputs.workloads import JobSpec
 from simulator.model import models
 from simulator.model.adapter import Placer, Unplaceable
+from simulator.model.busy import Rows
 from simulator.model.detail import RingState
 from simulator.model.eventkinds import ARRIVE, DEFRAG, END, FAIL, MOVE, RELEASE, REPAIR, REQUEUE, RESUME, START
 from simulator.model.failures import FailureClock, Failures
@@ -80,7 +81,7 @@ class Run(FailureEvents, Moves):
         self.heap: list[tuple[float, int, int, int, object]] = []
         self.seq = 0
         self.ocs_free = 0.0
-        self.out = RunResult(policy, [], [], [])
+        self.out = RunResult(policy, [], Rows("ddq"), [], frag=Rows("dqq"))
         self.iterations = {i: j.iterations for i, j in self.jobs.items()}  # derived at admission for durations
         self.replayed: set[int] = set()  # held for their recorded durations, off the simulated network
         self.replay_busy: list[tuple[float, float, float]] = []
@@ -163,7 +164,7 @@ class Run(FailureEvents, Moves):
         self._frag_calls = getattr(self, "_frag_calls", -1) + 1
         if self._frag_calls % max(1, 2 * len(self.jobs) // 100_000):
             return
-        largest = int(occ.n_under.sum(axis=(1, 2)).max()) if occ.n_under.size else 0
+        largest = max(occ.free_switch, default=0)
         self.out.frag.append((t, largest, sum(occ.free_model)))
 
     def _place_queued(self, t: float) -> None:
@@ -293,7 +294,7 @@ class Run(FailureEvents, Moves):
     def _start(self, t: float, key: int, gen: int) -> None:
         if key not in self.pending or gen != self.gen.get(key, 0):  # stopped before its circuits were ready
             return
-        self.pending.pop(key)
+        ring, _ = self.pending.pop(key)  # made at its placement; its GPUs stayed where they were since
         r = self.results[key]
         if key in self.restarting:
             self.restarting.discard(key)
@@ -309,13 +310,12 @@ class Run(FailureEvents, Moves):
         state = self.resume.pop(key, None)
         if state is not None:
             r.suspended_s += t - self.suspended.pop(key)
-            ring = self._ring(key)
             state = RingState(remaining=ring.compute_s, done=state.done)  # from its last whole iteration
             self.run_since[key] = (t, float(state.done))
             self.inter.add(t, ring, self.iterations[key], state)
             return
         self.run_since[key] = (t, 0.0)
-        self.inter.add(t, self._ring(key), self.iterations[key])
+        self.inter.add(t, ring, self.iterations[key])
 
     def _stop(self, t: float, key: int) -> float:
         """Take a job off its GPUs wherever it is (placed, iterating, or stalled in a move); return its progress."""

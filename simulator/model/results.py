@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from simulator.model.busy import Rows
 from simulator.model.runspec import Policy
 
 
@@ -56,13 +57,13 @@ class JobResult:
 class RunResult:
     policy: Policy
     jobs: list[JobResult]
-    held: list[tuple[float, float, int]]  # from, to, GPUs held
+    held: list[tuple[float, float, int]] | Rows  # from, to, GPUs held
     busy: object  # (from, to, GPU-seconds computed) pieces: a list, or Busy
     reconfigurations: int = 0
     circuits_changed: int = 0
     dark_s: float = 0.0  # summed dark windows
     stats: dict = field(default_factory=dict)
-    frag: list[tuple[float, int, int]] = field(default_factory=list)  # time, most free GPUs under one switch, free
+    frag: list[tuple[float, int, int]] | Rows = field(default_factory=list)  # time, most free under a switch, free
     failures: int = 0  # server failures (while the server was up)
     lost_gpu_s: float = 0.0  # GPU-seconds of work lost at interruptions
     restart_gpu_s: float = 0.0  # GPU-seconds held while restarting after an interruption

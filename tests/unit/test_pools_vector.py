@@ -61,6 +61,7 @@ def test_every_switch_at_once_chooses_as_one_by_one(seed):
         for g in range(len(ix.groups)):
             assert occ.n_empty[w, g] == len(occ.empty[w][g]) and occ.n_idle[w, g] == len(occ.idle[w][g])
             assert [occ.n_under[w, g, m] for m in range(len(ix.models))] == [len(s) for s in occ.free_under[w][g]]
+        assert occ.free_switch[w] == sum(len(s) for per in occ.free_under[w] for s in per)
     for g in range(len(ix.groups)):
         assert occ.n_loose[g].tolist() == [len(s) for s in occ.free_loose[g]]
         assert occ.n_wired[g].tolist() == occ.free_wired[g]

@@ -1,0 +1,106 @@
+"""What the simulator's speed and memory work must not change: the policies' runs in worker processes equal the same
+runs in one process, a worker's failure is an error in the parent, a run's rows kept as typed arrays read as the
+tuples they were, and the detail loop with its arithmetic inlined steps exactly as the general one."""
+import dataclasses
+import os
+import random
+import time
+
+import pytest
+
+from simulator.cli.main import _typical_iteration
+from simulator.inputs import racks, workloads
+from simulator.model import neighbours
+from simulator.model.busy import Rows
+from simulator.model.detail import Detail, RingState
+from simulator.model.engine import Options, policies
+from simulator.model.models import WORKLOADS
+from simulator.model.rings import Ring
+from simulator.studies import study
+
+RACK = racks.RackOptions(64, gpus_per_switch=8, gpus_per_server=4, oversubscription=4, models=(("V100", 1.0),))
+
+
+def _study(workers: int):
+    rack = racks.generate(RACK)
+    jobs = workloads.synthetic(60, 5, len(rack.gpus), {m: _typical_iteration(rack, m) for m in WORKLOADS}, 0.9)
+    chosen = list(policies(300.0).values())[:4]
+    return study.run_all(rack, jobs, chosen, Options(), quiet=True, workers=workers)
+
+
+def _plain(run):
+    return [dataclasses.asdict(j) for j in run.jobs], list(run.held), list(run.busy), list(run.frag), run.stats
+
+
+def test_runs_in_worker_processes_equal_the_same_runs_in_one_process(monkeypatch, tmp_path):
+    one = _study(1)
+    parent, real = os.getpid(), neighbours.run_class
+
+    def run_class(policy):  # the parent waits a little first: the worker surely takes a run
+        with open(tmp_path / "pids", "a") as f:
+            f.write(f"{os.getpid()}\n")
+        if os.getpid() == parent:
+            time.sleep(0.2)
+        return real(policy)
+
+    monkeypatch.setattr(neighbours, "run_class", run_class)
+    two = _study(2)
+    pids = (tmp_path / "pids").read_text().split()
+    assert len(pids) == 4 and len(set(pids)) == 2 and str(parent) in pids
+    assert list(one.runs) == list(two.runs) and len(one.runs) == 4
+    for name in one.runs:
+        assert _plain(one.runs[name]) == _plain(two.runs[name])
+        assert len(one.runs[name].held) > 0 and len(one.runs[name].frag) > 0
+
+
+def test_a_run_that_fails_in_a_worker_is_an_error_in_the_parent_naming_it(monkeypatch):
+    class Broken:
+        def __init__(self, *args):
+            pass
+
+        def run(self):
+            raise ValueError("the broken run")
+
+    parent, real = os.getpid(), neighbours.run_class
+    # the parent runs policies too: only the forked worker's runs break
+    monkeypatch.setattr(neighbours, "run_class", lambda policy: real(policy) if os.getpid() == parent else Broken)
+    with pytest.raises(RuntimeError, match="failed in its worker process(.|\n)*the broken run"):
+        _study(2)
+
+
+def test_rows_read_back_as_the_tuples_appended_integers_as_integers():
+    rows = Rows("dqq")
+    assert not rows and list(rows) == []
+    for row in [(0.5, 3, 7), (1e-300, -2, 2**40), (2.0, 0, 0)]:
+        rows.append(row)
+    back = list(rows)
+    assert back == [(0.5, 3, 7), (1e-300, -2, 2**40), (2.0, 0, 0)] and len(rows) == 3
+    assert [type(v) for v in back[2]] == [float, int, int]
+    with pytest.raises(TypeError):
+        rows.append((1.0, 2.5, 3))  # an integer column refuses a float
+
+
+def test_the_lean_detail_loop_steps_as_the_general_one_bit_for_bit():
+    class General(Detail):  # a subclass takes the general loop
+        pass
+
+    rnd = random.Random(7)
+    for trial in range(30):
+        rings = []
+        for key in range(rnd.randint(2, 6)):
+            links = {link: rnd.randint(1, 3) for link in rnd.sample(range(5), rnd.randint(1, 3))}
+            rings.append(Ring(key, rnd.uniform(0.01, 0.2), 0.0, 8, rnd.uniform(1e6, 5e8), rnd.uniform(5e9, 2e10),
+                              links, rnd.random() < 0.5, rnd.choice([None, 1e-5])))
+        capacity = [rnd.uniform(5e9, 3e10) for _ in range(5)]
+        held = trial % 3 == 0
+        states = {r.key: RingState(remaining=r.compute_s * rnd.random()) for r in rings}
+        a = Detail(rings, capacity, 2e-6, {k: s.copy() for k, s in states.items()}, held)
+        b = General(rings, capacity, 2e-6, {k: s.copy() for k, s in states.items()}, held)
+        targets = {r.key: rnd.randint(3, 40) for r in rings}
+        window = {r.key: rnd.randint(2, 20) for r in rings} if trial % 2 else None
+        until = rnd.choice([float("inf"), rnd.uniform(0.05, 2.0)])
+        most = rnd.choice([50, 10**6])
+        out_a = a.run(0.0, until, targets=targets, window=window, max_events=most)
+        out_b = b.run(0.0, until, targets=targets, window=window, max_events=most)
+        assert out_a == out_b
+        assert a.states == b.states  # every float the same, every iteration's end
