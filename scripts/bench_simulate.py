@@ -11,6 +11,9 @@ Run it alone on the machine, under the rack lock: `flock /tmp/optirack-rack.lock
 Each run's results are kept as a hash in the record, so the runs can be split over several holds of the lock:
 `--runs 1 --json R`, then `--runs 1 --add --json R` as often as wanted (the same settings, or it stops), each added
 run compared with the record's first.
+`--before REV`: also run the simulator of commit REV (its tree, from git archive, in a temporary folder), each of its
+runs just before one of this tree's, back to back on the same machine; the record keeps its runs under "before", the
+speed-up (its median time over this tree's) and whether every run of both gave the same figures (the same hash).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 LIMIT_S, LIMIT_BYTES = 600.0, 2 * 1024**3
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tree(root: int) -> list[int]:
@@ -64,7 +68,8 @@ def _memory(pids: list[int]) -> tuple[int, int]:
     return rss, pss
 
 
-def run(args, out: Path) -> dict:
+def run(args, out: Path, tree: Path = ROOT) -> dict:
+    """One timed run of `optirack simulate` with the code of `tree` (its folder first on the module path)."""
     cmd = [sys.executable, "-c", "import sys; from controller.cli import main; sys.exit(main(sys.argv[1:]))",
            "simulate", "--gpus", str(args.gpus), "--jobs", str(args.jobs), "--seed", str(args.seed), "--quiet",
            "--out", str(out), *args.extra]
@@ -72,7 +77,7 @@ def run(args, out: Path) -> dict:
     load = os.getloadavg()[0]
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, cwd=tree)
     done = threading.Event()
 
     def sample() -> None:
@@ -105,6 +110,26 @@ def _digest(figs: dict) -> str:
     return hashlib.sha256(json.dumps(figs, sort_keys=True).encode()).hexdigest()
 
 
+def _checkout(rev: str, into: Path) -> str:
+    """Commit `rev`'s tree in the folder `into`; its full commit id."""
+    try:
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"], check=True,
+                                capture_output=True, text=True).stdout.strip()
+        into.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    except subprocess.CalledProcessError as e:
+        raise SystemExit(f"bench_simulate: --before {rev}: not a commit of {ROOT} ({(e.stderr or b'')!r})") from None
+    return commit
+
+
+def _head() -> str:
+    out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+
+
 def _spread(values: list[float]) -> dict:
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
@@ -120,10 +145,14 @@ def main(argv=None) -> int:
     ap.add_argument("--add", action="store_true",
                     help="add these runs to the record --json names (made with the same settings), compared with its "
                          "first run")
+    ap.add_argument("--before", metavar="REV",
+                    help="also time commit REV's simulator, each of its runs just before one of this tree's")
     ap.add_argument("extra", nargs="*", help="more options for optirack simulate (after --)")
     args = ap.parse_args(argv)
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if args.before and args.add:
+        ap.error("--before makes a record of its own: not with --add")
     command = f"optirack simulate --gpus {args.gpus} --jobs {args.jobs} --seed {args.seed} " + " ".join(args.extra)
     runs: list[dict] = []
     if args.add:
@@ -138,10 +167,19 @@ def main(argv=None) -> int:
         if old != command or any("figures_sha256" not in r for r in runs):
             ap.error(f"--add: {args.json} was made by {old!r}, not {command!r}, or holds no results' hashes")
     done = len(runs)
+    before: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         first = args.out or Path(tmp) / "run1"
+        old_tree = Path(tmp) / "before"
+        old_commit = _checkout(args.before, old_tree) if args.before else None
         for i in range(args.runs):
             out = first if i == 0 else Path(tmp) / f"run{i + 1}"
+            if old_commit:
+                before.append(run(args, Path(tmp) / f"before{i + 1}", old_tree))
+                b = before[-1]
+                print(f"run {i + 1} of {old_commit[:12]}: {b['wall_s']:.1f} s, peak RSS "
+                      f"{b['peak_rss_bytes'] / 2**20:,.0f} MiB (PSS {b['peak_pss_bytes'] / 2**20:,.0f} MiB)",
+                      file=sys.stderr)
             runs.append(run(args, out))
             r = runs[-1]
             print(f"run {done + i + 1}: {r['wall_s']:.1f} s, peak RSS {r['peak_rss_bytes'] / 2**20:,.0f} MiB "
@@ -160,6 +198,12 @@ def main(argv=None) -> int:
         "same_results": same if len(runs) > 1 else None, "cpus": os.cpu_count(),
         "within_limits": all(r["wall_s"] <= LIMIT_S and r["peak_rss_bytes"] <= LIMIT_BYTES for r in runs),
     }
+    if old_commit:
+        row["commit"] = _head()
+        row["before"] = {"commit": old_commit, "runs": before, **{k: _spread([r[k] for r in before]) for k in (
+            "wall_s", "peak_rss_bytes", "peak_pss_bytes")}}
+        row["speedup"] = row["before"]["wall_s"]["median"] / row["wall_s"]["median"]
+        row["same_results_as_before"] = all(r["figures_sha256"] == runs[0]["figures_sha256"] for r in before)
     w, m = row["wall_s"], row["peak_rss_bytes"]
     print(f"\n{args.gpus} GPUs, {args.jobs} jobs, seed {args.seed}, {len(runs)} runs: "
           f"{w['min']:.1f} / {w['median']:.1f} / {w['max']:.1f} s (min / median / max) end to end; "
@@ -167,9 +211,15 @@ def main(argv=None) -> int:
           f"{row['out_bytes'] / 2**20:.1f} MiB written; plots: {', '.join(pngs) or 'none'}"
           + ("" if row["same_results"] is None else f"; same results every run: {same}")
           + f"; within 10 min and 2 GB: {row['within_limits']}")
+    if old_commit:
+        b = row["before"]
+        print(f"{old_commit[:12]}, just before each: {b['wall_s']['median']:.1f} s median, peak RSS "
+              f"{b['peak_rss_bytes']['max'] / 2**20:,.0f} MiB at most; {row['speedup']:.2f}x faster; the same figures "
+              f"as before: {row['same_results_as_before']}")
     if args.json:
         args.json.write_text(json.dumps(row, indent=1))
-    return 0 if row["same_results"] in (None, True) and (pngs or "--no-plots" in args.extra) else 1
+    return 0 if row["same_results"] in (None, True) and row.get("same_results_as_before", True) and (
+        pngs or "--no-plots" in args.extra) else 1
 
 
 if __name__ == "__main__":

@@ -203,6 +203,16 @@ def sim_bench(_records: list, results: Path = RESULTS) -> str:
                 *([what, *(f"{mib[k][s]:,.0f} MiB" for s in ("min", "median", "max"))] for k, what in (
                     ("peak_rss_bytes", "peak memory, RSS summed over the processes"),
                     ("peak_pss_bytes", "peak memory, PSS summed (shared pages once)")))]
+        before = d.get("before")
+        if before:  # the commit before, timed just before each run of this one: its rows beside
+            rows = [[f"{rows[0][0]}, {d['commit'][:7]}", *rows[0][1:]],
+                    [f"end to end, {before['commit'][:7]} (the commit before, run just before each)",
+                     *(f"{before['wall_s'][s]:,.0f} s" for s in ("min", "median", "max"))],
+                    *([f"{r[0]}, {d['commit'][:7]}", *r[1:]] for r in rows[1:]),
+                    *([f"{what}, {before['commit'][:7]}", *(f"{before[k][s] / 2**20:,.0f} MiB"
+                                                             for s in ("min", "median", "max"))]
+                      for k, what in (("peak_rss_bytes", "peak memory, RSS summed"),
+                                      ("peak_pss_bytes", "peak memory, PSS summed")))]
         less, more = ("memory", "time") if d["peak_rss_bytes"]["max"] / LIMIT_BYTES > wall["max"] / LIMIT_S \
             else ("time", "memory")
         text = (f"Runs: {', '.join(f'{s:,.0f} s' for s in runs)}; the same results every run (the same hash): "
@@ -210,6 +220,10 @@ def sim_bench(_records: list, results: Path = RESULTS) -> str:
                 f"Within {LIMIT_S / 60:.0f} min and {LIMIT_BYTES / 2**30:.0f} GB: "
                 f"**{'yes' if d['within_limits'] else 'no'}**, {wall['min'] / 60:.1f}–{wall['max'] / 60:.1f} min and "
                 f"at most {mib['peak_rss_bytes']['max']:,.0f} MiB (the {less} with less room than the {more}).")
+        if before:
+            text += (f" {d['commit'][:7]} against {before['commit'][:7]}: **{d['speedup']:.2f}x** as fast (median "
+                     f"over median); every run's figures the same as the commit before's (the same hash): "
+                     f"**{'yes' if d['same_results_as_before'] else 'no'}**.")
     except (KeyError, TypeError, ValueError) as e:
         raise ReportError(f"{path}: not a bench_simulate record ({type(e).__name__}: {e})") from None
     return _rows(["", "min", "median", "max"], rows) + "\n\n" + textwrap.fill(text, WIDTH)

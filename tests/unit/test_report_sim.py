@@ -202,3 +202,19 @@ def test_sweep_gain_pairs_each_seed_and_gives_mean_min_and_max(tmp_path):
     _write(tmp_path / "sweep-gain" / "runs.csv", head + "fixed,1,0.9,field,32,100\n")
     with pytest.raises(ReportError, match="not an optirack sweep's runs.csv"):
         report_sim.sim_sweep_gain([], tmp_path)
+
+
+def test_bench_against_the_commit_before_shows_both_the_speed_up_and_whether_the_figures_held(tmp_path):
+    before = {"commit": "a" * 40, "runs": [], "wall_s": {"min": 700.0, "median": 720.0, "max": 740.0},
+              "peak_rss_bytes": {k: 2 * 2**30 for k in ("min", "median", "max")},
+              "peak_pss_bytes": {k: 2**30 for k in ("min", "median", "max")}}
+    record = {**BENCH, "commit": "b" * 40, "before": before, "speedup": 720.0 / 351.6, "same_results_as_before": True}
+    _write(tmp_path / "bench-simulate.json", json.dumps(record))
+    text = report_sim.sim_bench([], tmp_path)
+    assert "| end to end, bbbbbbb | 343 s | 352 s | 360 s |" in text
+    assert "| end to end, aaaaaaa (the commit before, run just before each) | 700 s | 720 s | 740 s |" in text
+    assert "| peak memory, RSS summed, aaaaaaa | 2,048 MiB | 2,048 MiB | 2,048 MiB |" in text
+    assert "bbbbbbb against aaaaaaa: **2.05x** as fast (median over median); every run's figures the same as the " \
+           "commit before's (the same hash): **yes**." in " ".join(text.split())
+    _write(tmp_path / "bench-simulate.json", json.dumps({**record, "same_results_as_before": False}))
+    assert "(the same hash): **no**." in " ".join(report_sim.sim_bench([], tmp_path).split())
