@@ -215,8 +215,9 @@ def sim_bench(_records: list, results: Path = RESULTS) -> str:
                                       ("peak_pss_bytes", "peak memory, PSS summed")))]
         less, more = ("memory", "time") if d["peak_rss_bytes"]["max"] / LIMIT_BYTES > wall["max"] / LIMIT_S \
             else ("time", "memory")
+        same = "one run" if d["same_results"] is None else d["same_results"]
         text = (f"Runs: {', '.join(f'{s:,.0f} s' for s in runs)}; the same results every run (the same hash): "
-                f"{d['same_results']}; written: {d['out_bytes'] / 2**20:.1f} MiB ({', '.join(d['files'])}). "
+                f"{same}; written: {d['out_bytes'] / 2**20:.1f} MiB ({', '.join(d['files'])}). "
                 f"Within {LIMIT_S / 60:.0f} min and {LIMIT_BYTES / 2**30:.0f} GB: "
                 f"**{'yes' if d['within_limits'] else 'no'}**, {wall['min'] / 60:.1f}–{wall['max'] / 60:.1f} min and "
                 f"at most {mib['peak_rss_bytes']['max']:,.0f} MiB (the {less} with less room than the {more}).")
