@@ -28,8 +28,18 @@ def _job_line(j: dict) -> str:
                 f"circuit events {events}{reason}")
     return (
         f"{j['id']:8s} {state:11s} {gpus:24s} {','.join(j['switches']) or '-':10s} "
-        f"iter {done:>9s} mean {mean}{took}{reason}"
+        f"iter {done:>9s} mean {mean}{took}{_collective(j)}{reason}"
     )
+
+
+def _collective(j: dict) -> str:
+    """Where a job that asked for aggregation sums its gradients, or why it runs as a ring ('' for any other)."""
+    a = j.get("aggregation")
+    if not a:
+        return "  [aggregate: asked]" if j["request"].get("collective") == "aggregate" else ""
+    if a["collective"] == "aggregate":
+        return f"  [aggregate at {a['switch']}'s aggregator {a['address']}]"
+    return f"  [ring: {a['reason']}]"
 
 
 def _jobs(args) -> int:
@@ -86,7 +96,8 @@ def _submit(args) -> int:
     if args.compute_seconds is not None:
         workload["compute_seconds"] = args.compute_seconds
     client = _client(args)
-    body = {"gpus": gpus, "policy": args.policy, "workload": workload, "name": args.name, "queue": not args.no_queue}
+    body = {"gpus": gpus, "policy": args.policy, "workload": workload, "name": args.name, "queue": not args.no_queue,
+            "collective": args.collective}
     if args.checkpoint_every is not None:
         body["checkpoint_every"] = args.checkpoint_every
     if args.estimate is not None:
@@ -221,6 +232,13 @@ def add_job_commands(sub) -> None:
         metavar="SECONDS",
         help="how long the job is expected to run (as Slurm's --time); required by a controller that queues by "
         "backfill or sjf",
+    )
+    p.add_argument(
+        "--collective",
+        choices=["ring", "aggregate"],
+        default="ring",
+        help="how the ranks sum their gradients: ring all-reduce, or at an in-network aggregator (placed under a "
+        "switch whose aggregator has room; a ring, saying why, where none has) (default %(default)s)",
     )
     p.add_argument("--mode", choices=["profile", "real"], default="profile")
     p.add_argument("--model", default="vgg16", help="profile mode's workload (default %(default)s)")

@@ -95,6 +95,10 @@ class JobRequest(BaseModel):
         "the controller queues by backfill or sjf"
     )
     workload: Workload = Workload()
+    collective: Literal["ring", "aggregate"] = Field(
+        "ring", description="how its ranks sum their gradients: ring all-reduce, or at an in-network aggregator "
+        "(its GPUs placed under a switch whose aggregator has room; a ring, with the reason, where none has)"
+    )
     checkpoint_every: int = Field(
         DEFAULT_CHECKPOINT_EVERY,
         ge=1,
@@ -147,6 +151,10 @@ class Job:
     # Stragglers (controller/jobs/detect.py): GPU -> how its rank lags (its compute time against the other ranks'),
     # reported while it still progresses, never swapped.
     lagging: dict[str, str] = field(default_factory=dict)
+    # Where its gradients are summed, if it asked for aggregation (controller/jobs/aggregation.py): "collective"
+    # (aggregate, or ring with the "reason"), the aggregator's "switch" and "address", its "key" there and the
+    # "bytes" of slots reserved. The reservation is this record while the job is active: nothing else holds it.
+    aggregation: dict | None = None
 
     @property
     def active(self) -> bool:

@@ -54,6 +54,7 @@ class Request:
     policy: str = "regroup"
     gpu_model: str | None = None
     workload: str = "vgg16"  # for ranking GPU models by speed (profiles/__init__.py)
+    switches: tuple[str, ...] | None = None  # all the GPUs under one of these switches (None: any placement)
 
 
 @dataclass(frozen=True)
@@ -151,12 +152,24 @@ def _plan_named(occ: Occupancy, req: Request, names: tuple[str, ...]) -> Plan:
                 f"{', '.join(loose)} has no circuit to a switch; the fixed policy keeps the cabling "
                 "as it is (use policy 'regroup', or set circuits first)"
             )
-        return _plan_from(occ, ids, [], {}, _switch_note(occ, ids, len({occ.loc[gi] for gi in ids}), 0))
+        under = {occ.loc[gi] for gi in ids}
+        only = _only(occ, req)
+        if only is not None and not (len(under) == 1 and under <= set(only)):
+            raise NoRoomNow(f"the fixed policy keeps them under {len(under)} switch(es), not all under one of "
+                            f"{', '.join(req.switches or ())}")
+        return _plan_from(occ, ids, [], {}, _switch_note(occ, ids, len(under), 0))
     original: dict[int, int] = {}
     with occ.tentative():
-        placed, used = _place(occ, _Named(occ, ids), len(ids), False, original)
+        placed, used = _place(occ, _Named(occ, ids), len(ids), False, original, _only(occ, req))
         p = _plan_from(occ, placed, used, original, "")
     return _with_note(p, _switch_note(occ, ids, len(p.switches), p.changes))
+
+
+def _only(occ: Occupancy, req: Request) -> list[int] | None:
+    """The switch ids a request confines its GPUs to (all under one of them), None if it does not."""
+    if req.switches is None:
+        return None
+    return [occ.ix.switches.index(w) for w in req.switches if w in occ.ix.switches]
 
 
 def _plan_count(occ: Occupancy, req: Request, n: int) -> Plan:
@@ -188,7 +201,7 @@ def _plan_count(occ: Occupancy, req: Request, n: int) -> Plan:
         original: dict[int, int] = {}
         try:
             with occ.tentative():
-                placed, used = _place(occ, _Models(occ, models), n, fixed, original)
+                placed, used = _place(occ, _Models(occ, models), n, fixed, original, _only(occ, req))
                 p = _plan_from(occ, placed, used, original, "")
         except NoRoomNow as e:
             error = e

@@ -301,15 +301,20 @@ def _assign(occ: Occupancy, pool, w: int, k: int, original: dict[int, int]) -> l
     return placed
 
 
-def _place(occ: Occupancy, pool, n: int, fixed: bool, original: dict[int, int]) -> tuple[list[int], list[int]]:
+def _place(occ: Occupancy, pool, n: int, fixed: bool, original: dict[int, int],
+           only: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
     """Place `n` GPUs of `pool` under the fewest switches (greedy: the switch that takes the most,
     then the fewest changes, then the first); mutates `occ` (callers wrap it in `occ.tentative()`).
-    Returns (GPU ids placed, switch ids used)."""
+    `only`: all of them under one of these switches, or NoRoomNow. Returns (GPU ids placed, switch ids used)."""
     placed: list[int] = []
     used: list[int] = []
+    barred = [] if only is None else [w for w in range(len(occ.ix.switches)) if w not in only]
     while len(placed) < n:
         need = n - len(placed)
-        best = pool.best(occ, need, fixed, used)
+        best = pool.best(occ, need, fixed, used + barred)
+        if only is not None and (best is None or best[0] < need):
+            names = ", ".join(occ.ix.switches[w] for w in only)
+            raise NoRoomNow(f"no switch of {names} can take all {need} GPUs under it now")
         if best is None:
             raise NoRoomNow(_no_room(occ, pool, need, fixed))
         fits, _, w = best

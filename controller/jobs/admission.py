@@ -14,11 +14,12 @@ from controller.core import admission
 from controller.core import placement as policy
 from controller.core.errors import Conflict
 from controller.core.jobs import ACTIVE, QUEUED, Job, JobRequest, transition
+from controller.jobs import aggregation
 from controller.jobs.book import JobBook
 from controller.jobs.inbox import Inbox, Reconcile, Reply
 from controller.jobs.ports import ContainersPort
 from controller.jobs.runtime import Runtime
-from controller.jobs.steps import LOG, request_of
+from controller.jobs.steps import LOG
 
 DISCIPLINES = ("fifo", "backfill", "sjf")  # las: the simulator's only (it preempts)
 CANDIDATE = ""  # the key of a job being submitted, before it has an id
@@ -86,9 +87,9 @@ class Admission:
         if isinstance(req.gpus, list) and set(req.gpus) <= set(book.rack.gpus):
             self._refuse_down(req.gpus, down)  # 409 naming the server, not a wait in the queue
         try:
-            p = policy.plan(self.occ(), request_of(job))
+            p, agg = aggregation.plan(book, self.occ(), job)
         except policy.NoRoomNow as e:
-            p, wait = None, str(e)
+            p, agg, wait = None, None, str(e)
         if p is not None and book.queue and not self._overtakes(job):
             p, wait = None, f"{len(book.queue)} queued job(s) ahead ({self.discipline})"
         elif p is not None and book.awaiting:
@@ -104,7 +105,7 @@ class Admission:
             book.save(job)
             LOG.info("%s queued at position %d: %s", job.id, job.position, wait)
         else:
-            self._admit(job, p)
+            self._admit(job, p, agg)
         reply.set(job)
 
     def _overtakes(self, job: Job) -> bool:
@@ -131,9 +132,10 @@ class Admission:
     def _policy(self) -> Callable[..., None]:
         return admission.POLICIES[self.discipline]
 
-    def _admit(self, job: Job, p: policy.Plan) -> None:
+    def _admit(self, job: Job, p: policy.Plan, agg: dict | None) -> None:
+        """Its GPUs reserved (pending), and its aggregator's room where it aggregates (aggregation.py)."""
         transition(job, "pending", gpus=list(p.gpus), switches=list(p.switches), note=p.note,
-                   admitted_at=self.book.clock())
+                   admitted_at=self.book.clock(), aggregation=agg)
         self.book.admitted[job.id] = p
         self.book.save()
         LOG.info("%s admitted: %d GPUs %s, policy %s; %s", job.id, len(p.gpus), ",".join(p.gpus),
@@ -150,7 +152,7 @@ class Admission:
         def attempt(job_id: str) -> admission.Outcome:
             job = book.jobs[job_id]
             try:
-                p = policy.plan(self.occ(), request_of(job))
+                p, agg = aggregation.plan(book, self.occ(), job)
             except policy.NoRoomNow as e:
                 job.note = f"waiting: {e}"
                 return admission.Outcome.WAIT
@@ -159,7 +161,7 @@ class Admission:
                 book.save(job)
                 return admission.Outcome.REFUSED
             job.position = None
-            self._admit(job, p)
+            self._admit(job, p, agg)
             return admission.Outcome.PLACED
 
         self._policy(book.queue, attempt, Queued(book, self._free))

@@ -21,6 +21,7 @@ from controller.core.cabling import CircuitError
 from controller.core.circuits import CircuitDiff, CircuitMap
 from controller.core.errors import Conflict, OcsUnavailable, ReconfigFailed
 from controller.core.jobs import QUEUED, Job, transition
+from controller.jobs import aggregation
 from controller.jobs.actions import Actions
 from controller.jobs.book import JobBook, line_key
 from controller.jobs.inbox import Done, Drain, End, Inbox, Lost, Reconcile, Reply, WorkerEnded, WorkerLine
@@ -79,7 +80,13 @@ class Runs:
         decided: dict = {}
 
         def plan(current: CircuitMap) -> CircuitMap:
-            p = policy.plan(self.book.occ(current, exclude=job.id), request_of(job, named=True))
+            occ = self.book.occ(current, exclude=job.id)
+            try:
+                p = policy.plan(occ, request_of(job, named=True))
+            except policy.NoRoomNow:  # its aggregator's switch no longer takes it: placed as any job (a ring)
+                if aggregation.aggregating(job) is None:
+                    raise
+                p = policy.plan(occ, request_of(job, named=True, confined=False))
             decided.update(plan=p, diff=p.diff)
             return p.target(current)
 
@@ -96,6 +103,7 @@ class Runs:
             return
         p, ev = done.result["plan"], done.result["event"]
         job.gpus, job.switches = list(p.gpus), list(p.switches)
+        aggregation.placed(job, p)
         if ev is not None:
             job.events.append(ev.id)
         if done.result["admitted"] is not None:

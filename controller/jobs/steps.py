@@ -34,15 +34,17 @@ def _attempt(job: Job, what: str, step, *args) -> None:
         LOG.exception("%s: %s failed", job.id, what)
 
 
-def request_of(job: Job, named: bool = False) -> policy.Request:
-    """The placement request of `job` (`named`: for the GPUs it was given)."""
-    r = job.request
+def request_of(job: Job, named: bool = False, confined: bool = True) -> policy.Request:
+    """The placement request of `job` (`named`: for the GPUs it was given; `confined`: under its aggregator's switch
+    if it aggregates, controller/jobs/aggregation.py)."""
+    r, agg = job.request, job.aggregation or {}
     gpus = job.gpus if named else r["gpus"]
     return policy.Request(
         gpus if isinstance(gpus, int) else tuple(gpus),
         r["policy"],
         r.get("gpu_model"),
         r["workload"].get("model", "vgg16"),
+        (agg["switch"],) if confined and agg.get("collective") == "aggregate" else None,
     )
 
 

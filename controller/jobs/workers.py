@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterable, Iterator
 
 from controller.core.jobs import DEFAULT_CHECKPOINT_EVERY, Job
+from controller.jobs import aggregation
 from controller.jobs.book import JobBook
 from controller.jobs.inbox import Inbox, WorkerEnded, WorkerLine
 from controller.jobs.ports import CHECKPOINTS, ContainerError, ContainersPort, EngineDown, GpuContainer
@@ -86,7 +87,7 @@ class Workers:
             cmd += ["--checkpoint-peer", peer]
         if restore is not None:
             cmd += ["--resume-from", str(restore[0]), "--restore-from", restore[1], "--restore-writer", restore[2]]
-        return cmd
+        return cmd + aggregation.worker_args(job)
 
     # --- starting -----------------------------------------------------------------------------------
     def start(self, job: Job, gpus: list[str], restores: Restores | None = None, reuse: bool = False,

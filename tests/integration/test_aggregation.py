@@ -1,15 +1,20 @@
 """In-network aggregation on the emulated paper rack: a 4-rank job regrouped under as1 sums its gradients at as1's
-aggregator (the rack runs it on as1's port 20), with drops on that port, and gets the ring's exact sums."""
+aggregator (the rack runs it on as1's port 20), with drops on that port, and gets the ring's exact sums; and the
+controller's jobs that ask for aggregation: placed under a switch whose aggregator has room, or run as a ring with
+the reason."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
 
+import yaml
+
 from controller.core import aggregators
 from controller.core.emulated import netns_of, port_intf
 from emulation import rack as rackmod
-from tests.integration.helpers import ROOT, sh
+from tests.integration.helpers import PAPER, ROOT, sh, wait_for
+from tests.integration.test_jobs import device_switch_of
 
 UNDER_AS1 = [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"], ["ocs1:3", "ocs1:13"], ["ocs1:4", "ocs1:14"],
              ["ocs1:5", "ocs1:21"], ["ocs1:6", "ocs1:22"]]
@@ -67,3 +72,51 @@ def test_four_ranks_under_as1_sum_at_its_aggregator_through_drops(bed, tmp_path)
     dropped = int(drops.split("dropped ")[1].split(",")[0])
     resent = sum(next(r for r in records if r["event"] == "aggregated")["resent"] for records in outs)
     assert dropped > 0 and resent > 0, (drops, resent)
+
+
+def _lines(client, job_id: str) -> dict[str, list[dict]]:
+    """Each worker's JSON lines, as the controller kept them at the job's end."""
+    logs = client.get(f"/jobs/{job_id}/logs")["logs"]
+    return {g: [json.loads(x) for x in lines if x.startswith("{")] for g, lines in logs.items()}
+
+
+def test_the_controller_places_an_aggregating_job_under_an_aggregator_and_the_next_as_a_ring(bed, tmp_path):
+    """A rack file where as1's aggregator takes one job and as2's no pool at all: a 4-GPU job asking for aggregation,
+    its GPUs under both switches at the start, is regrouped under as1 and sums there exactly; a second one, with as1's
+    aggregator full, runs as a ring and says why."""
+    data = yaml.safe_load(PAPER.read_text())
+    data["switches"][0]["aggregator"]["jobs"] = 1
+    data["switches"][1]["aggregator"]["capacity_bytes"] = 1000
+    rack_file = tmp_path / "paper-one-aggregation.yaml"
+    rack_file.write_text(yaml.safe_dump(data))
+    as1 = next(a for a in aggregators.aggregators(bed.rack) if a.switch == "as1")
+    work = {"iterations": 3, "compute_seconds": 0}
+    default, bed.rack_file = bed.rack_file, rack_file
+    try:
+        client = bed.restart()
+        first = client.post("/jobs", {"gpus": ["gpu1", "gpu2", "gpu3", "gpu4"], "collective": "aggregate",
+                                      "workload": work})["job"]
+        second = client.post("/jobs", {"gpus": 2, "collective": "aggregate", "workload": work})["job"]
+        assert first["aggregation"]["collective"] == "aggregate" and first["aggregation"]["switch"] == "as1"
+        assert first["aggregation"]["address"] == as1.address
+        assert second["aggregation"] == {"collective": "ring", "reason": "no aggregator has room: as1's holds 1 "
+                                         f"job(s), its most; as2's has 1000 of 1000 bytes free, {7 * 2236 * 4} needed"}
+        wait_for(lambda: all(client.get(f"/jobs/{j['id']}")["job"]["state"] in ("done", "failed", "stopped")
+                             for j in (first, second)), 240, "both jobs to end")
+        ran = {j["id"]: client.get(f"/jobs/{j['id']}")["job"] for j in (first, second)}
+        assert [ran[j["id"]]["state"] for j in (first, second)] == ["done", "done"], ran
+        assert ran[first["id"]]["switches"] == ["as1"]  # regrouped under its aggregator's switch
+        assert {device_switch_of(g) for g in ran[first["id"]]["gpus"]} == {"as1"}  # on the OCS bridge itself
+        for gpu, records in _lines(client, first["id"]).items():
+            start = next(r for r in records if r["event"] == "start")
+            assert start["collective"] == "aggregate" and start["aggregator"] == as1.address, (gpu, start)
+            assert start["aggregation_job"] == first["aggregation"]["key"]
+            assert start["aggregation_pool_bytes"] == first["aggregation"]["bytes"]  # what was reserved
+            assert next(r for r in records if r["event"] == "aggregated")["received"] > 0, gpu
+            assert records[-1]["event"] == "done" and records[-1]["check"] == "ok", gpu  # every sum exact
+        for gpu, records in _lines(client, second["id"]).items():
+            start = next(r for r in records if r["event"] == "start")
+            assert start["collective"] == "ring" and records[-1]["check"] == "ok", (gpu, start)
+    finally:
+        bed.rack_file = default
+        bed.restart()

@@ -193,3 +193,12 @@ def test_a_job_without_estimate_s_is_400_naming_it_where_the_controller_queues_b
     for bad in (0, -1, 1e8, "soon"):  # the document's bounds: > 0, <= 10,000,000 seconds
         resp, body = call(app, "/api/v1/jobs", "POST", headers=token, json={"gpus": 2, "estimate_s": bad})
         assert resp.status_int == 400 and body["error"]["field"] == "estimate_s", (bad, body)
+
+
+def test_a_bad_collective_is_400_naming_it_and_changes_nothing(app, tmp_path):
+    token = {"Authorization": "Bearer " + (tmp_path / "token").read_text().strip()}
+    assert DOC["components"]["schemas"]["JobRequest"]["properties"]["collective"]["enum"] == ["ring", "aggregate"]
+    for bad in ("tree", "", 1, None):
+        resp, body = call(app, "/api/v1/jobs", "POST", headers=token, json={"gpus": 2, "collective": bad})
+        assert resp.status_int == 400 and _is_error(body, 400) and body["error"]["field"] == "collective", (bad, body)
+    assert call(app, "/api/v1/jobs")[1]["jobs"] == []

@@ -264,6 +264,9 @@ function drawJobs() {
       htmlEl(gpus, "span", {class: "lagging", title: Object.values(j.lagging).join("; ")}, ` (lagging: ${lagging.join(", ")})`);
     }
     htmlEl(tr, "td", {}, (j.switches || []).join(", "));
+    const agg = j.aggregation;  // where a job that asked for aggregation sums its gradients, or why it runs as a ring
+    htmlEl(tr, "td", {class: "collective", title: agg && agg.reason ? agg.reason : ""},
+      !agg ? "ring" : agg.collective === "aggregate" ? `aggregate at ${agg.switch} (${agg.address})` : `ring: ${agg.reason}`);
     htmlEl(tr, "td", {}, ext ? `ranks run by ${ext.scheduler}; circuit events ${(j.events || []).join(", ") || "none"}`
       : `${j.iterations_done ?? 0} / ${j.iterations_total ?? "?"}`);
     htmlEl(tr, "td", {}, j.mean_iteration_s == null ? "–" : `${fmt(j.mean_iteration_s, 3)} s`);

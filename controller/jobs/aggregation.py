@@ -1,0 +1,116 @@
+"""In-network aggregation for the jobs that ask for it (`collective: aggregate`): where their gradients are summed.
+
+Such a job is placed with all its GPUs under one switch whose aggregator (the rack file's switches[].aggregator,
+controller/core/aggregators.py) has room: one of its `jobs` free and the bytes of the job's slot pool free within its
+`capacity_bytes`. Its record (Job.aggregation) then names the switch, the aggregator's address, the job's key there
+and the pool, and its workers are started with `--collective aggregate --aggregator IP:PORT` (workers.py). Where no
+aggregator has room, or no switch with one can take its GPUs now, it is placed as any job and runs as a ring, and its
+record says why.
+
+The reservation is the record itself while the job is active: nothing else holds it. A job that ends (done, failed,
+stopped) no longer counts; a recovering one still does, and its new attempt keeps the aggregator, the key and the
+pool; a restarted controller counts again from the jobs it loads. A job confined to its aggregator's switch that can
+no longer be placed there when it starts (the circuits changed since its admission) is placed as any job and runs
+as a ring (`placed`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+from containers import aggproto
+from controller.core import aggregators
+from controller.core import placement as policy
+from controller.core.jobs import Job
+from controller.core.occupancy import Occupancy
+from controller.core.rack import Rack
+from controller.jobs.book import JobBook
+from controller.jobs.steps import request_of
+
+AGGREGATE, RING = "aggregate", "ring"
+
+
+def asks(job: Job) -> bool:
+    return job.request.get("collective") == AGGREGATE
+
+
+def aggregating(job: Job) -> dict | None:
+    """The job's aggregator (its record's aggregation) if it aggregates, else None."""
+    a = job.aggregation
+    return a if a is not None and a.get("collective") == AGGREGATE else None
+
+
+def pool_shape(rack: Rack) -> tuple[int, int]:
+    """(slots, chunk) of a job's pool on this rack: a chunk that fills one frame of its NICs' MTU (the worker's own
+    default, passed to it so that what it asks is what was reserved)."""
+    return aggproto.shape_for_mtu(rack.spec.emulation.mtu)
+
+
+def held(book: JobBook, exclude: str | None = None) -> dict[str, tuple[int, int]]:
+    """Switch -> (jobs, bytes) its aggregator holds for the active jobs (but `exclude`)."""
+    use: dict[str, tuple[int, int]] = {}
+    for job in book.jobs.live.values():
+        a = aggregating(job)
+        if a is not None and job.active and job.id != exclude:
+            n, b = use.get(a["switch"], (0, 0))
+            use[a["switch"]] = (n + 1, b + a["bytes"])
+    return use
+
+
+def key_of(job: Job) -> int:
+    """The job's key at the aggregator: one per job (its attempts share it: a new attempt's ranks join again from
+    their new addresses, which starts the pool afresh), another for a job of the same id in another state."""
+    return zlib.crc32(f"{job.id}@{job.created_at!r}".encode())
+
+
+def plan(book: JobBook, occ: Occupancy, job: Job) -> tuple[policy.Plan, dict | None]:
+    """The job's plan and its aggregation (None if it did not ask for it): under a switch whose aggregator has room
+    where one can take it, else placed as any job, a ring with the reason. Raises as policy.plan does."""
+    req = request_of(job)
+    if not asks(job):
+        return policy.plan(occ, req), None
+    slots, chunk = pool_shape(book.rack)
+    need = slots * chunk * aggproto.ITEM
+    use = held(book, exclude=job.id)
+    room: list[aggregators.Aggregator] = []
+    full: list[str] = []
+    for a in aggregators.aggregators(book.rack):
+        n, b = use.get(a.switch, (0, 0))
+        if n >= a.jobs:
+            full.append(f"{a.switch}'s holds {n} job(s), its most")
+        elif b + need > a.capacity_bytes:
+            full.append(f"{a.switch}'s has {a.capacity_bytes - b} of {a.capacity_bytes} bytes free, {need} needed")
+        else:
+            room.append(a)
+    if room:
+        try:
+            p = policy.plan(occ, dataclasses.replace(req, switches=tuple(a.switch for a in room)))
+        except policy.NoRoomNow as e:
+            why = f"no switch whose aggregator has room can take its GPUs now: {e}"
+        else:
+            a = next(a for a in room if a.switch == p.switches[0])
+            return p, {"collective": AGGREGATE, "switch": a.switch, "address": a.address, "key": key_of(job),
+                       "bytes": need, "slots": slots, "chunk": chunk}
+    elif full:
+        why = "no aggregator has room: " + "; ".join(full)
+    else:
+        why = f"rack {book.rack.name} has no in-network aggregator"
+    return policy.plan(occ, req), {"collective": RING, "reason": why}
+
+
+def placed(job: Job, p: policy.Plan) -> None:
+    """The placement that stands: a job confined to its aggregator's switch and placed elsewhere runs as a ring."""
+    a = aggregating(job)
+    if a is not None and tuple(p.switches) != (a["switch"],):
+        job.aggregation = {"collective": RING, "reason": f"placed under {', '.join(p.switches)}: {a['switch']}, "
+                           "whose aggregator was reserved for it, could no longer take all its GPUs when it started"}
+
+
+def worker_args(job: Job) -> list[str]:
+    """The worker's flags for the job's collective (none for a ring)."""
+    a = aggregating(job)
+    if a is None:
+        return []
+    return ["--collective", AGGREGATE, "--aggregator", a["address"], "--aggregation-job", str(a["key"]),
+            "--aggregation-slots", str(a["slots"]), "--aggregation-chunk", str(a["chunk"])]
