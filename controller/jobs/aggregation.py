@@ -11,7 +11,7 @@ The reservation is the record itself while the job is active: nothing else holds
 stopped) no longer counts; a recovering one still does, and its new attempt keeps the aggregator, the key and the
 pool; a restarted controller counts again from the jobs it loads. A job confined to its aggregator's switch that can
 no longer be placed there when it starts (the circuits changed since its admission) is placed as any job and runs
-as a ring (`placed`).
+as a ring (`placed`); so does one whose workers say the aggregator did not take it (`reported`).
 """
 
 from __future__ import annotations
@@ -105,6 +105,19 @@ def placed(job: Job, p: policy.Plan) -> None:
     if a is not None and tuple(p.switches) != (a["switch"],):
         job.aggregation = {"collective": RING, "reason": f"placed under {', '.join(p.switches)}: {a['switch']}, "
                            "whose aggregator was reserved for it, could no longer take all its GPUs when it started"}
+
+
+def reported(job: Job, line: dict) -> bool:
+    """A worker's start line in the job's attempt says it runs as a ring though the job was to aggregate (the
+    aggregator refused it, e.g. a stopped job's pool still held there, or did not answer): the record says so and the
+    room is given back. Whether the record changed."""
+    a = aggregating(job)
+    if a is None or line.get("event") != "start" or line.get("collective") != RING \
+            or line.get("attempt", 0) != job.attempt:
+        return False
+    job.aggregation = {"collective": RING, "reason": f"{a['switch']}'s aggregator {a['address']} did not take it "
+                       f"({line.get('aggregation_refused') or 'no reason given'}): its workers run as a ring"}
+    return True
 
 
 def worker_args(job: Job) -> list[str]:

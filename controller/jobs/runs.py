@@ -220,6 +220,8 @@ class Runs:
             return  # a line recorded before a restart, read again from the start of the worker's output
         if line.get("event") not in KEPT_LINES:
             job.record(ev.gpu, line)
+        if aggregation.reported(job, line):
+            self.book.save()
         rank = self.book.rank(job, ev.gpu)
         if rank is None:
             return

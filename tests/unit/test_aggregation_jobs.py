@@ -202,3 +202,27 @@ def test_the_cli_asks_for_aggregation_and_shows_where_each_job_sums(monkeypatch,
     assert "aggregate" not in cli_jobs._job_line({**base, "request": {"gpus": 1}, "aggregation": None})
     with pytest.raises(SystemExit):
         cli.main(["submit", "--gpus", "1", "--collective", "tree"])
+
+
+class RefusedDriver(FakeDriver):
+    """Workers whose start line says the aggregator refused their job: they run as a ring."""
+
+    def start(self, spec, image=None, reuse=False):
+        import json
+
+        name = super().start(spec, image, reuse)
+        self.running[name].lines.insert(0, json.dumps({"event": "start", "attempt": 0, "collective": "ring",
+                                                       "aggregation_refused": "the aggregator holds 4 jobs, its most"}))
+        return name
+
+
+def test_workers_the_aggregator_refused_make_the_record_say_ring_and_give_the_room_back(tmp_path, vrt):
+    state, jobs = make(tmp_path, rack_with(), RefusedDriver(block=True), vrt)
+    job = jobs.submit(req(gpus=2))
+    switch, address = job.aggregation["switch"], job.aggregation["address"]
+    vrt.run(lambda: job.aggregation["collective"] == "ring", what="the workers' start lines")
+    assert job.state == "running" and job.aggregation == {"collective": "ring", "reason": f"{switch}'s aggregator "
+                                                          f"{address} did not take it (the aggregator holds 4 jobs, "
+                                                          "its most): its workers run as a ring"}
+    assert aggregation.held(jobs.book) == {}
+    jobs.stop(job.id)
