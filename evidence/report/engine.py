@@ -31,6 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from evidence import records as rec
+from evidence.report import aggregation as report_aggregation
 from evidence.report import bench as report_bench
 from evidence.report import failover as report_failover
 from evidence.report import neighbours as report_neighbours
@@ -299,7 +300,7 @@ BLOCKS: dict[str, Callable[[list[rec.Record]], str]] = {
     "records": records_table,
     "fidelity-droptail": fidelity_droptail, "fidelity-current": fidelity_current, "shares-droptail": shares_droptail,
     **report_bench.BLOCKS, **report_sim.BLOCKS, **report_trace.BLOCKS, **report_neighbours.BLOCKS,
-    **report_slurm.BLOCKS, **report_failover.BLOCKS,
+    **report_slurm.BLOCKS, **report_failover.BLOCKS, **report_aggregation.BLOCKS,
 }
 
 
