@@ -15,7 +15,8 @@ timestamps of the measured changes: the driver's whole time, each RPC's round tr
 commit, get-config, the confirm, unlock: the controller's log), the client's own time (the driver's less its RPCs and
 its wait for the mirrors), the CPU time netconfd, our sshd with its sessions, and the emulation (its front before
 netconfd, its agent and the agent's ovs-ofctl runs) spent per change (/proc), and the agent's own steps (its log):
-the emulation's share apart from the driver's.
+the emulation's share apart from the driver's. Over NETCONF the next change goes only once the emulated switch's
+agent has made the last one on its bridge, so that the emulation's flow work does not run into the next change.
 Both clocks are the host's wall clock (the controller runs on this host). Measured for
 one circuit moved and for every circuit moved at once, in one call (PUT /ocs/circuits), on the
 paper rack, on a generated 64-GPU rack, and on a generated 512-GPU rack whose OCS has 1,024
@@ -40,6 +41,7 @@ from controller.core.circuits import CircuitMap
 from controller.core.rack import Rack, parse_rack
 from controller.core.rackgen import rack_spec
 from emulation.harness import ROOT, Testbed, free_port
+from emulation.netconf_ocs import TIMING as AGENT_TIMING  # the agent's log line for each change it makes
 
 try:
     from scripts.stats import add_json_option, write_json
@@ -134,7 +136,7 @@ class NetconfProbe:
         cpu = self._cpu()
         driver = [json.loads(x.split(DRIVER_LINE, 1)[1]) for x in self.controller.output().splitlines()[self.lines:]
                   if DRIVER_LINE in x]
-        agent = [json.loads(x.split(" timing ", 1)[1]) for x in
+        agent = [json.loads(x.split(f" {AGENT_TIMING} ", 1)[1]) for x in
                  (self.run / "agent.log").read_text().splitlines()[self.agent_lines:] if " timing " in x]
         med = lambda xs: round(statistics.median(xs), 2) if xs else None  # noqa: E731
         client = [d["total"] - sum(d.get(r, 0.0) for r in RPCS) - d.get("switching-wait", 0.0) for d in driver]
@@ -150,7 +152,30 @@ class NetconfProbe:
             "cpu_ms_per_change": {k: round((cpu[k] - self.cpu0[k]) / changes, 2) for k in cpu},
             "agent_ms_median": {k: med([a[k] for a in agent]) for k in AGENT_STEPS},
             "agent_after_commit_ms_median": med([1000 * (a["done"] - a["notified"]) for a in agent]),
+            "next_change_after_agent": True,  # each change waited for the agent's last one (`_put`)
         }
+
+
+def _agent_changes(run: Path) -> int:
+    """How many changes the emulated NETCONF OCS's agent has made on its bridge (its timing lines)."""
+    return (run / "agent.log").read_text(errors="replace").count(f" {AGENT_TIMING} {{")
+
+
+def _put(tb, target: CircuitMap, probe: NetconfProbe | None) -> dict:
+    """One change (PUT /ocs/circuits): its event, returned once the REST call returned; over NETCONF, only once the
+    emulated switch's agent has made it on its bridge too (a few ms after the controller is done), so that the
+    emulation's flow work for one change does not run into the next change's RPCs on the host's shared cores: a real
+    switch's mirrors take none of the controller host's CPU."""
+    made = _agent_changes(probe.run) if probe is not None else 0
+    ev = tb.client.put("/ocs/circuits", {"circuits": target.to_json()})["event"]
+    if probe is not None:
+        deadline = time.monotonic() + 10
+        while _agent_changes(probe.run) <= made:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the NETCONF OCS's agent did not make change {ev['id']} within 10 s "
+                                   f"(see {probe.run}/agent.log)")
+            time.sleep(0.005)
+    return ev
 
 
 def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path, bare: bool) -> list[dict]:
@@ -162,16 +187,17 @@ def bench(rack: Rack, rack_file: Path, rounds: int, workdir: Path, bare: bool) -
         start = CircuitMap.initial(rack)
         for kind, target in _targets(rack).items():
             overheads, totals, rest, phases, e2e, before, programming = [], [], [], [], [], [], []
-            tb.client.put("/ocs/circuits", {"circuits": target.to_json()})  # warm-up, not counted
-            tb.client.put("/ocs/circuits", {"circuits": start.to_json()})
             probe = None
             if rack.spec.ocs[0].driver == "netconf":
                 probe = NetconfProbe(tb.controller, tb.state.netconf[rack.spec.ocs[0].name])
+            _put(tb, target, probe)  # warm-up, not counted
+            _put(tb, start, probe)
+            if probe is not None:
                 probe.start()
             for _ in range(rounds):
                 for t in (target, start):  # both ways change the same number of circuits
                     sent, c0 = time.time(), time.perf_counter()
-                    ev = tb.client.put("/ocs/circuits", {"circuits": t.to_json()})["event"]
+                    ev = _put(tb, t, probe)
                     rest.append(time.perf_counter() - c0)
                     e2e.append(ev["flows_confirmed_at"] - sent)  # REST request -> confirmed forwarding
                     before.append(ev["requested_at"] - sent)  # REST, parsing, lock and plan: before the event

@@ -22,6 +22,7 @@ import logging
 import re
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 from xml.etree import ElementTree as ET
@@ -59,10 +60,11 @@ def edit_config(remove: set[Pair], add: set[Pair]) -> str:
     return "".join(lines)
 
 
-def parse_pairs(data_xml: str) -> set[Pair]:
-    """The circuits in a get-config reply's <data>; MalformedReply says what is wrong with it."""
+def parse_pairs(data: Any) -> set[Pair]:
+    """The circuits in a get-config reply's <data> (its text, or the element ncclient parsed it into); MalformedReply
+    says what is wrong with it."""
     try:
-        root = ET.fromstring(data_xml)
+        root = ET.fromstring(data) if isinstance(data, str) else data
     except ET.ParseError as e:
         raise MalformedReply(f"the reply is not XML ({e})") from None
     found = set()
@@ -147,15 +149,14 @@ class NetconfOcs(OcsDriver):
         self.last_error = why
         raise kind(f"OCS {self.spec.name}: {why}") from None
 
-    def _call(self, rpc: str, operation: str, ports: str, fn, *args, **kwargs):
-        """One RPC (`rpc`: its name in `rpc_ms`); its errors become the driver's, naming `operation` and the port (from
-        the error's path, else `ports`)."""
+    @contextmanager
+    def _errors(self, operation: str, ports: str):
+        """ncclient's errors as the driver's, naming `operation` and the port (from the error's path, else `ports`)."""
         from ncclient.operations import RPCError, TimeoutExpiredError
         from ncclient.transport import TransportError
 
-        t0 = time.perf_counter()
         try:
-            reply = fn(*args, **kwargs)
+            yield
         except RPCError as e:
             raise NetconfError(f"OCS {self.spec.name}: {operation} ({_refusal(e, ports)})") from None
         except TimeoutExpiredError:
@@ -164,7 +165,42 @@ class NetconfOcs(OcsDriver):
             self._lost(f"NETCONF session lost during {operation} ({ports}): {type(e).__name__}: {e}")
         except Exception as e:  # noqa: BLE001 (ncclient's parser fails on a broken reply with whatever it raises)
             self._lost(f"malformed reply to {operation} ({ports}): {type(e).__name__}: {e}")
+
+    def _call(self, rpc: str, operation: str, ports: str, fn, *args, **kwargs):
+        """One RPC (`rpc`: its name in `rpc_ms`), its reply waited for; errors as `_errors` makes them."""
+        t0 = time.perf_counter()
+        with self._errors(operation, ports):
+            reply = fn(*args, **kwargs)
         self.rpc_ms[rpc] = 1000 * (time.perf_counter() - t0)
+        self.seen()
+        return reply
+
+    def _send(self, m, operation: str, ports: str, *calls: tuple[str, dict]) -> list:
+        """RPCs (the Manager's method, its arguments) sent back to back, their replies not waited for (a NETCONF server
+        answers in order): only for RPCs none of which decides whether the next may go. `_reply` waits for each."""
+        with self._errors(operation, ports):
+            m.async_mode = True
+            try:
+                return [getattr(m, name)(**kwargs) for name, kwargs in calls]
+            finally:
+                m.async_mode = False
+
+    def _reply(self, rpc: str, operation: str, ports: str, sent, since: float):
+        """The reply to an RPC `_send` sent, as `_call` would return it; its time in `rpc_ms` counts from `since`."""
+        from ncclient.operations import RPCError, TimeoutExpiredError
+        from ncclient.xml_ import to_ele
+
+        with self._errors(operation, ports):
+            if not sent.event.wait(self.timeout):
+                raise TimeoutExpiredError(f"no reply within {self.timeout:g} s")
+            if sent.error is not None:
+                raise sent.error
+            reply = sent.reply
+            reply.parse()
+            if reply.error is not None:
+                errors = reply.errors
+                raise RPCError(to_ele(reply.xml), errs=errors) if len(errors) > 1 else reply.error
+        self.rpc_ms[rpc] = 1000 * (time.perf_counter() - since)
         self.seen()
         return reply
 
@@ -178,7 +214,7 @@ class NetconfOcs(OcsDriver):
         m = self._session()
         reply = self._call("get-config", operation, ports, m.get_config, source="running", filter=("subtree", where))
         try:
-            pairs = parse_pairs(reply.data_xml)
+            pairs = parse_pairs(reply.data_ele)  # the element ncclient parsed: not written out and parsed again
             return pairs if ingress is None else {p for p in pairs if p[0] in ingress}
         except MalformedReply as e:
             self._lost(f"malformed reply to {operation} ({ports}): {e}")
@@ -247,11 +283,18 @@ class NetconfOcs(OcsDriver):
             if self._pending is None:
                 return
             t0, ports, self._pending = time.perf_counter(), self._pending, None
-            m = self.manager
+            # the confirming commit and the unlock back to back: the unlock goes whatever the confirm's outcome
+            confirming, unlock = self._send(self.manager, "confirming commit", ports, ("commit", {}),
+                                            ("unlock", {"target": "candidate"}))
             try:
-                self._call("confirm", "confirming commit", ports, m.commit)
+                self._reply("confirm", "confirming commit", ports, confirming, t0)
             finally:
-                self._unlock(m)
+                answered = time.perf_counter()
+                if self.connected:
+                    try:
+                        self._reply("unlock", "unlock", ports, unlock, answered)
+                    except (NetconfError, OcsUnavailable):  # the change stands (or was undone): nothing to add
+                        pass
             self.rpc_ms["total"] += 1000 * (time.perf_counter() - t0)
             LOG.info("OCS %s: NETCONF change (ms) %s", self.spec.name, json.dumps(self.rpc_ms))
 

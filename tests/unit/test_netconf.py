@@ -23,6 +23,11 @@ DELIM = b"]]>]]>"
 OK = "<ok/>"
 
 
+class AfterNext(str):
+    """A reply the canned server sends only once the RPC after it has come (it answers both, in order): a client
+    that waits for this reply before sending its next RPC never gets it."""
+
+
 def data(*pairs) -> str:
     body = "".join(f"<pair><ingress>{a}</ingress><egress>{b}</egress></pair>" for a, b in pairs)
     return f'<data><cross-connects xmlns="{NS}">{body}</cross-connects></data>'
@@ -63,7 +68,7 @@ class CannedServer:
             return
 
     def _converse(self, conn):
-        buf = b""
+        buf, held = b"", None
         hello = ('<hello xmlns="urn:ietf:params:xml:ns:netconf:base:1.0"><capabilities><capability>'
                  'urn:ietf:params:netconf:base:1.0</capability><capability>urn:ietf:params:netconf:capability:'
                  'candidate:1.0</capability>' + "".join(f"<capability>{c}</capability>" for c in self.capabilities)
@@ -85,6 +90,13 @@ class CannedServer:
             self.texts.append(text)
             replies = self.script.get(op, [OK])
             reply = replies.pop(0) if len(replies) > 1 else replies[0]
+            if held is not None:
+                conn.sendall(held)
+                held = None
+            if isinstance(reply, AfterNext):
+                held = (f'<rpc-reply xmlns="urn:ietf:params:xml:ns:netconf:base:1.0" message-id="{mid}">{reply}'
+                        f"</rpc-reply>").encode() + DELIM
+                continue
             if reply == "DROP":
                 conn.close()
                 return
@@ -166,6 +178,23 @@ def test_with_confirmed_commit_a_change_is_kept_only_by_its_confirm(canned):
                              "total"}
     d.confirm()  # nothing waits: nothing sent
     assert len(server.seen) == 6
+
+
+def test_the_confirm_and_the_unlock_go_back_to_back(canned):
+    """The unlock is sent without waiting for the confirm's reply (the server answers the confirm only once the
+    unlock has come: a driver that waited would time out); a refused confirm still unlocks, and says so."""
+    server = canned({"commit": [OK, AfterNext(OK)], "get-config": [data((1, 12))]}, CONFIRMED)
+    d = driver(server.port, timeout=2)
+    d.apply(set(), {(1, 12)})
+    d.confirm()
+    assert server.seen[-2:] == ["commit", "unlock"] and d.connected and d.rpc_ms["confirm"] > 0
+    refused = rpc_error("operation-failed", "cannot save the startup file")
+    server = canned({"commit": [OK, AfterNext(refused)], "get-config": [data((1, 12))]}, CONFIRMED)
+    d = driver(server.port, timeout=2)
+    d.apply(set(), {(1, 12)})
+    with pytest.raises(NetconfError, match=r"confirming commit \(ports 1, 12 refused: operation-failed: cannot save"):
+        d.confirm()
+    assert server.seen[-2:] == ["commit", "unlock"] and d.connected and "unlock" in d.rpc_ms
 
 
 def test_a_read_back_that_differs_cancels_the_confirmed_commit(canned):
