@@ -81,7 +81,7 @@ def reconfig_netconf(_records: list) -> str:
     """Where a change over NETCONF via SSH spends its time beyond switching (bench_reconfig's `netconf` split): the
     driver's whole time, each RPC's round trip, the client's own time, the CPU per change of netconfd, of the front
     before it, of our sshd's sessions and of the emulation's agent, and how long after the commit the agent had the
-    bridge done."""
+    bridge done. A record whose changes each waited for the agent's last one is marked *."""
     rpcs = ("lock", "edit-config", "commit", "get-config", "confirm", "unlock")
     rows = ["| record | change | end to end beyond the switching time (OpenFlow's in the same run) | driver (all "
             "of it) | " + " | ".join(rpcs) + " | client's own | waiting out the mirrors | CPU per change: netconfd, "
@@ -97,7 +97,8 @@ def reconfig_netconf(_records: list) -> str:
             ofctl = f" (+{cpu['agent_ovs_ofctl']:.1f})" if "agent_ovs_ofctl" in cpu else ""  # (older records lack it)
             of = [o for o in data["results"] if o.get("driver") == "openflow" and o["circuits"] == r["circuits"]]
             beside = f" ({of[0]['e2e_overhead_median_ms']:.1f} ms)" if of else " (none)"
-            rows.append(f"| `{stem}` | {r['circuits']} circuit{_s(r['circuits'])} | "
+            settled = "*" if n.get("next_change_after_agent") else ""  # each change waited for the agent's last
+            rows.append(f"| `{stem}`{settled} | {r['circuits']} circuit{_s(r['circuits'])} | "
                         f"{r['e2e_overhead_median_ms']:.1f} ms{beside} | {n['driver_ms_median']:.1f} ms | "
                         + " | ".join(f"{n['rpc_ms_median'][x]:.1f} ms" for x in rpcs)
                         + f" | {n['client_ms_median']:.1f} ms | {n['switching_wait_ms_median']:.1f} ms "

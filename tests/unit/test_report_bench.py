@@ -202,3 +202,8 @@ def test_reconfig_netconf_sets_each_netconf_row_beside_openflow_s_in_the_same_ru
     assert "| 512 circuits | 58.7 ms (31.4 ms) | 60.0 ms |" in rows[0]
     assert "40.0, 1.0, 1.5, 8.0 (+12.5) ms" in rows[0]
     assert "| 2 circuits | 20.0 ms (none) |" in rows[1]  # no OpenFlow row of that size in the run
+    assert rows[0].startswith("| `20990101T000000Z-abc1234` |")
+    _bench(tmp_path, "20990101T000000Z-abc1234", "bench_reconfig", [
+        {"driver": "netconf", "circuits": 512, "e2e_overhead_median_ms": 58.7,
+         "netconf": {**split, "next_change_after_agent": True}}])
+    assert report_bench.reconfig_netconf([]).splitlines()[2].startswith("| `20990101T000000Z-abc1234`* |")
