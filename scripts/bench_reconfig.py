@@ -41,7 +41,7 @@ from controller.core.circuits import CircuitMap
 from controller.core.rack import Rack, parse_rack
 from controller.core.rackgen import rack_spec
 from emulation.harness import ROOT, Testbed, free_port
-from emulation.netconf_ocs import TIMING as AGENT_TIMING  # the agent's log line for each change it makes
+from emulation.netconf_agent import TIMING as AGENT_TIMING  # the agent's log line for each change it makes
 
 try:
     from scripts.stats import add_json_option, write_json

@@ -29,7 +29,7 @@ from controller.drivers.errors import LoginRefused, NetconfError
 from controller.drivers.netconf import NetconfOcs
 from controller.drivers.netconf_transport import _NCX_MAGIC, Address, connect
 from emulation import netconf_ocs, netconf_ssh
-from emulation.netconf_ocs import Agent
+from emulation.netconf_agent import Agent
 from tests.integration.helpers import PAPER, ControllerProcess, free_port, wait_for
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulation.netconf_ocs import COOKIE, Agent, changed_ingress
+from emulation.netconf_agent import COOKIE, Agent, changed_ingress
 
 # what netconfd (Debian's yuma123 2.13) sends after an edit-config of two pairs and a commit (trimmed)
 CHANGE = """<?xml version="1.0" encoding="UTF-8"?>
