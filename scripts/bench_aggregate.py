@@ -142,10 +142,12 @@ def predict(rack, gpus: list[str], model: str, iterations: int) -> tuple[dict[st
 
 
 # --- the rack -----------------------------------------------------------------------------------------------
-def run_job(client, gpus: list[str], collective: str, model: str, iterations: int, timeout: float) -> dict:
+def run_job(client, gpus: list[str], collective: str, workload: dict, timeout: float) -> dict:
+    """Submit one job of `workload` on `gpus` with `collective`, wait for its end and gather its workers' lines; its
+    figures (run_figures), and every line by GPU under "lines"."""
     job = client.post("/jobs", {"gpus": gpus, "collective": collective, "policy": "regroup", "queue": False,
-                                "checkpoint_every": iterations + 1, "warm_spares": 0,
-                                "workload": {"model": model, "iterations": iterations}})["job"]
+                                "checkpoint_every": workload["iterations"] + 1, "warm_spares": 0,
+                                "workload": workload})["job"]
     deadline, seen = time.monotonic() + timeout, {}
     while True:  # the controller serves each worker's last lines (heartbeats among them): gather them as they come
         now = client.get(f"/jobs/{job['id']}")["job"]
@@ -160,17 +162,25 @@ def run_job(client, gpus: list[str], collective: str, model: str, iterations: in
         raise RuntimeError(f"job {job['id']} ({collective}) ended {now['state']}: {now.get('reason')}")
     lines = {g: [json.loads(x) for x in xs] for g, xs in seen.items()}
     return {"collective": collective, "job": now["id"], "switches": now["switches"],
-            "aggregation": now.get("aggregation"), **run_figures(lines)}
+            "aggregation": now.get("aggregation"), **run_figures(lines), "lines": lines}
+
+
+def cable(tb, rack, switch: str, gpus: list[str]) -> None:
+    """Put `gpus` under `switch` by the OCS (the other circuits kept), so that the job is placed there as it is."""
+    try:
+        from scripts.bench_allreduce import ring_circuits
+    except ModuleNotFoundError:
+        from bench_allreduce import ring_circuits
+
+    circuits = ring_circuits(rack, switch, gpus)
+    ours = {q for c in circuits for q in c}
+    kept = [c for c in tb.client.get("/ocs/circuits")["circuits"] if not set(c) & ours]
+    tb.client.put("/ocs/circuits", {"circuits": kept + circuits})
 
 
 def main(argv: list[str] | None = None) -> int:
     from controller.core.rack import load_rack
     from emulation.harness import Testbed
-
-    try:
-        from scripts.bench_allreduce import ring_circuits
-    except ModuleNotFoundError:
-        from bench_allreduce import ring_circuits
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topo", type=Path, default=ROOT / "topologies" / "paper-testbed.yaml")
@@ -197,14 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     predicted, source = predict(rack, gpus, args.model, args.iterations)
     print(f"simulator ({source}): ring {predicted['ring']:.3f} s, aggregate {predicted['aggregate']:.3f} s "
           "per iteration (rack seconds)", flush=True)
-    circuits = ring_circuits(rack, switch, gpus)
     runs = []
     with tempfile.TemporaryDirectory() as tmp, Testbed(rack, args.topo, Path(tmp)) as tb:
-        ours = {q for c in circuits for q in c}
-        kept = [c for c in tb.client.get("/ocs/circuits")["circuits"] if not set(c) & ours]
-        tb.client.put("/ocs/circuits", {"circuits": kept + circuits})
+        cable(tb, rack, switch, gpus)
         for i, collective in enumerate(order(args.repeats)):
-            r = run_job(tb.client, gpus, collective, args.model, args.iterations, args.timeout)
+            r = run_job(tb.client, gpus, collective, {"model": args.model, "iterations": args.iterations},
+                        args.timeout)
+            del r["lines"]
             if r["switches"] != [switch]:
                 raise RuntimeError(f"run {i + 1} ({collective}) placed under {r['switches']}, not {switch}")
             runs.append(r)

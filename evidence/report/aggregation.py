@@ -1,5 +1,6 @@
-"""make report's block for in-network aggregation on the rack (docs/neighbour-panama.md; engine.py merges BLOCKS):
-every committed record of scripts/bench_aggregate.py --json, one row per record and collective."""
+"""make report's blocks for in-network aggregation on the rack (docs/neighbour-panama.md; engine.py merges BLOCKS):
+every committed record of scripts/bench_aggregate.py --json, one row per record and collective, and of
+scripts/aggregate_losses.py --json, one row per record and run."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -40,4 +41,38 @@ def bench(_records: list, directory: Path | None = None) -> str:
     return "\n".join(rows)
 
 
-BLOCKS: dict[str, Callable[[list], str]] = {"aggregate-bench": bench}
+LOSSES = "aggregate_losses"
+
+
+def losses(_records: list, directory: Path | None = None) -> str:
+    found = bench_records(LOSSES, directory)
+    if not found:
+        return ("No record yet: `olock quiet python -m scripts.aggregate_losses --json "
+                "results/bench/<UTC>-<commit>-aggregate_losses.json` makes one.")
+    rows = ["| record | run | collective | against the first ring run: loss, largest relative difference "
+            "| gradient norm, largest relative difference | losses identical | replicas equal at the end "
+            "| all-reduce, median (emulated) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for stem, data in found:
+        try:
+            r, s = data["results"], data["results"]["summary"]
+            for run in r["runs"]:
+                a = run["against_ring"]
+                cells = (["(the reference)", "", ""] if a is None else
+                         [f"{a['loss_max_relative']:.1e}", f"{a['grad_norm_max_relative']:.1e}",
+                          f"{a['loss_identical']} of {a['compared']}"])
+                rows.append(f"| `{stem}` | {run['job']} | {run['collective']} | {' | '.join(cells)} "
+                            f"| {'yes' if run['exact_sums'] else 'no'} | {1000 * run['all_reduce_s']:.0f} ms |")
+            held = "every check holds" if all(s["checks"].values()) else "failed: " + ", ".join(
+                k.replace("_", " ") for k, v in s["checks"].items() if not v)
+            w = r["workload"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"{stem}-{LOSSES}.json: not an aggregate_losses record ({e!r} missing or wrong)") \
+                from None
+    rows += ["", _prose(f"From {_which(found, LOSSES)}: {r['model']}, {w['iterations']} iterations of batch "
+                        f"{w['batch']} per rank on {', '.join(r['gpus'])} under {r['switch']}, in the order "
+                        f"{', '.join(r['order'])}; every rank's loss and gradient norm at every iteration compared "
+                        f"with the first ring run's; the bar {s['tolerance']:g} relative: {held}.")]
+    return "\n".join(rows)
+
+
+BLOCKS: dict[str, Callable[[list], str]] = {"aggregate-bench": bench, "aggregate-losses": losses}

@@ -3,6 +3,7 @@ order of the runs, and make report's block from a record."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,46 @@ def test_the_report_block_renders_a_record_and_says_when_there_is_none(tmp_path)
     (tmp_path / "20261129T000001Z-abc1234-bench_aggregate.json").write_text(json.dumps({"results": {}}))
     with pytest.raises(block.ReportError, match="not a bench_aggregate record"):
         block.bench([], tmp_path)
+
+
+# --- scripts/aggregate_losses.py -------------------------------------------------------------------------------
+def real_run(job: str, collective: str, losses: list[list[float]], norm: float = 1.0) -> dict:
+    """A real-mode run's record: each rank's iterations with these losses (and one gradient norm), start and done."""
+    lines = {}
+    for rank, ls in enumerate(losses):
+        lines[f"gpu{rank + 1}"] = (
+            [{"event": "start", "collective": collective}]
+            + [{"event": "iteration", "iteration": i, "loss": x, "grad_norm": norm, "comm_s": 0.1, "iter_s": 0.5}
+               for i, x in enumerate(ls)] + [{"event": "done", "check": "ok"}])
+    return {"collective": collective, "job": job, **b.run_figures(lines), "lines": lines}
+
+
+def test_losses_are_compared_rank_by_rank_and_iteration_by_iteration_with_the_first_ring(tmp_path):
+    from scripts import aggregate_losses as al
+
+    ring = [[2.3, 2.2, 2.1], [2.4, 2.3, 2.2]]
+    near = [[2.3, 2.2, 2.1 * (1 + 3e-7)], [2.4, 2.3, 2.2]]
+    runs = [real_run("j1", "ring", ring), real_run("j2", "aggregate", near, norm=1 + 2e-6),
+            real_run("j3", "ring", ring)]
+    s = al.summarise(runs, tolerance=1e-5)
+    assert runs[0]["against_ring"] is None and s["reference"] == "j1"
+    a = runs[1]["against_ring"]
+    assert a["compared"] == 6 and a["loss_identical"] == 5 and a["unmatched"] == []
+    assert a["loss_max_relative"] == pytest.approx(3e-7, rel=1e-3)
+    assert s["aggregate"]["grad_norm_max_relative"] == pytest.approx(2e-6, rel=1e-3)
+    assert s["ring"]["loss_max_relative"] == 0 and all(s["checks"].values())
+    far = [real_run("j1", "ring", ring), real_run("j2", "aggregate", [[2.3, 2.2, 2.1 * 1.001], ring[1][:2]])]
+    s = al.summarise(far, tolerance=1e-5)  # one loss 1e-3 off, and rank 1's last iteration missing
+    assert s["checks"]["aggregate_within_tolerance"] is False and s["checks"]["every_iteration_compared"] is False
+    assert far[1]["against_ring"]["unmatched"] == ["gpu2:2"]
+    with pytest.raises(ValueError, match="a ring run and an aggregate run"):
+        al.summarise([real_run("j1", "ring", ring)])
+    record = {"results": {"model": "small CNN", "gpus": ["gpu1", "gpu2"], "switch": "as1", "order": ["ring"] * 2,
+                          "workload": {"iterations": 3, "batch": 8}, "runs": far, "summary": s}}
+    assert block.losses([], Path("/nonexistent")).startswith("No record yet")
+    for r in far:
+        del r["lines"]
+    (tmp_path / "20261129T000000Z-abc1234-aggregate_losses.json").write_text(json.dumps(record))
+    text = block.losses([], tmp_path)
+    assert "| j2 | aggregate | 1.0e-03 | 0.0e+00 | 4 of 5 | yes | 100 ms |" in text
+    assert "failed: aggregate within tolerance, every iteration compared" in " ".join(text.split())
