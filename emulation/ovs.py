@@ -4,13 +4,19 @@ from __future__ import annotations
 import json
 import re
 
-from emulation.netns import run
+from emulation.netns import NetnsError, run
 
 RACK_LABEL = "optirack-rack"  # external_ids key on every bridge a rack makes
+NOT_RUNNING_HINT = "Open vSwitch is not running (its database refused ovs-vsctl): `make setup` starts it"
 
 
 def vsctl(*args: str, check: bool = True) -> str:
-    return run("ovs-vsctl", "--timeout=10", *args, check=check)
+    try:
+        return run("ovs-vsctl", "--timeout=10", *args, check=check)
+    except NetnsError as exc:
+        if "database connection failed" in str(exc):
+            raise NetnsError(f"{NOT_RUNNING_HINT}; {exc}") from exc
+        raise
 
 
 def _table(table: str, columns: list[str]) -> list[dict]:

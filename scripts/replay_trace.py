@@ -40,6 +40,8 @@ if str(ROOT) not in sys.path:  # run as a file: the project's packages from this
 
 from controller.client import ApiError  # noqa: E402
 from controller.core.rack import RackError, load_rack  # noqa: E402
+from emulation import ovs  # noqa: E402
+from emulation.netns import NetnsError  # noqa: E402
 from evidence import fingerprint, modelhash, records, tracecheck  # noqa: E402
 from simulator.inputs.workloads import TraceError, read_trace  # noqa: E402
 
@@ -208,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--defrag-interval must be positive, not {args.defrag_interval}")
         rack = load_rack(args.rack)
         specs = read_trace(args.trace)
-    except (ValueError, RackError, TraceError, OSError) as exc:
+        ovs.bridges()  # Open vSwitch answers, before anything is started
+    except (ValueError, RackError, TraceError, OSError, NetnsError) as exc:
         print(f"replay_trace: {exc}", file=sys.stderr)
         return 2
     trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}

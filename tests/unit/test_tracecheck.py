@@ -156,6 +156,19 @@ def test_the_replay_refuses_bad_input_before_touching_the_rack(capsys):
     assert "replay_trace:" in capsys.readouterr().err
 
 
+def test_the_replay_says_open_vswitch_is_not_running_and_starts_nothing(monkeypatch, capsys):
+    from emulation import ovs
+    from emulation.netns import NetnsError
+
+    def refused(*cmd, check=True):
+        raise NetnsError(f"{' '.join(cmd)}: ovs-vsctl: unix:/var/run/openvswitch/db.sock: database connection failed")
+    monkeypatch.setattr(ovs, "run", refused)
+    monkeypatch.setattr(rt, "replay", lambda *a, **k: pytest.fail("a replay was started"))
+    assert rt.main(["--no-record", "--jobs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "Open vSwitch is not running" in err and "make setup" in err
+
+
 def test_start_delays_are_each_jobs_start_to_first_iteration_and_the_cli_refuses_a_bad_record(tmp_path, capsys):
     run = {"jobs": [{"start_s": 1.0, "first_iteration_s": 6.0}, {"start_s": 2.0, "first_iteration_s": None}]}
     assert tc.start_delays(run) == [5.0]
