@@ -3,11 +3,11 @@ change on the emulated rack's OCS bridge.
 
 netconfd (Debian's `netconfd`) keeps the cross-connects (`controller/drivers/yang/optirack-ocs.yang`) in its
 datastores, checks every edit against the model, commits all or nothing, and saves the running datastore to a
-startup file after each commit, as a switch keeps its cross-connects across a restart. It listens on a socket of its
-own, which clients reach through the front (`emulation.netconf_front`: the socket ncxserver.sock, and loopback's TCP
-port for the driver's `tcp-ncx://` transport), which passes on a session's <hello> apart from what follows it, as
-netconfd needs. The agent (`emulation.netconf_agent`) follows its running datastore and makes each committed change
-on the bridge, dark first, then the new cross-connects after the switching time.
+startup file after each commit, as a switch keeps its cross-connects across a restart (its files on tmpfs: `store`).
+It listens on a socket of its own, which clients reach through the front (`emulation.netconf_front`: the socket
+ncxserver.sock, and loopback's TCP port for the driver's `tcp-ncx://` transport), which passes on a session's <hello>
+apart from what follows it, as netconfd needs. The agent (`emulation.netconf_agent`) follows its running datastore
+and makes each committed change on the bridge, dark first, then the new cross-connects after the switching time.
 
 They run as processes with PID files in a run directory (`start`, `stop`), so that the rack's `down` ends exactly what
 its `up` started. `python -m emulation.netconf_ocs serve` runs both in the foreground, for trying the driver.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from emulation.netconf_ssh import listening  # noqa: F401 (the rack and the test
 
 NETCONFD = "netconfd"
 FRONT = "emulation.netconf_front"
+TMPFS = Path("/dev/shm")
 
 
 def startup_xml(pairs: set[tuple[int, int]]) -> str:
@@ -45,19 +47,33 @@ def _pid_file(run_dir: Path, what: str) -> Path:
     return Path(run_dir) / f"{what}.pid"
 
 
+def store(run_dir: Path) -> Path:
+    """Where the netconfd of `run_dir` keeps its files: its startup file, the backup of running it writes at each
+    confirmed commit and its --yuma-home. On tmpfs (/dev/shm), as /run is on most hosts: netconfd rewrites a backup,
+    the startup file and its transaction id at every change, and on a disk file system each rewrite of a file waits
+    for the writeback of the one before (docs/netconf-ocs.md). They live as long as the run directory (`forget`)."""
+    run_dir = Path(run_dir).resolve()
+    return TMPFS / f"optirack-netconfd{str(run_dir).replace('/', '-')}" if TMPFS.is_dir() else run_dir
+
+
+def startup_file(run_dir: Path) -> Path:
+    return store(run_dir) / "startup-cfg.xml"
+
+
 def start_server(run_dir: Path, startup: set[tuple[int, int]] | None = None, timeout: float = 15,
                  ssh_port: int = SSH_PORT) -> int:
-    """Start netconfd with its files in `run_dir`, on its socket `run_dir`/netconfd.sock (the front's way in);
-    `startup` (if not None) replaces what the startup file holds; sessions through SSH on `ssh_port` are let in.
-    Returns its PID once it listens."""
+    """Start netconfd with its PID file and log in `run_dir` and its datastore files in `store(run_dir)`, on its socket
+    `run_dir`/netconfd.sock (the front's way in); `startup` (if not None) replaces what the startup file holds;
+    sessions through SSH on `ssh_port` are let in. Returns its PID once it listens."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = run_dir / "startup-cfg.xml"
+    cfg = startup_file(run_dir)
+    cfg.parent.mkdir(mode=0o700, exist_ok=True)
     if startup is not None or not cfg.exists():
         cfg.write_text(startup_xml(startup or set()))
     sock = run_dir / "netconfd.sock"
     sock.unlink(missing_ok=True)
-    yuma = run_dir / "yuma"  # --yuma-home: netconfd writes its transaction id to data/ there, not to ~/.yuma
+    yuma = cfg.parent / "yuma"  # --yuma-home: netconfd writes its transaction id to data/ there, not to ~/.yuma
     (yuma / "data").mkdir(parents=True, exist_ok=True)
     try:
         procs.reap(int(_pid_file(run_dir, "netconfd").read_text()))  # one of ours that was killed: no zombie left
@@ -67,10 +83,11 @@ def start_server(run_dir: Path, startup: set[tuple[int, int]] | None = None, tim
     proc = subprocess.Popen(
         [NETCONFD, f"--module={YANG}", f"--startup={cfg}", f"--ncxserver-sockname={sock}", f"--superuser={USER}",
          "--log-level=warn", "--startup-error=stop",
+         "--indent=0",  # its replies, notifications and files without indentation: a quarter fewer bytes
          "--access-control=off",  # any login may change it: the controller's default too
          f"--yuma-home={yuma}", f"--port={SSH_PORT}"] + ([f"--port={ssh_port}"] if ssh_port != SSH_PORT else []),
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        env={**os.environ, "HOME": str(run_dir)},  # and whatever else yuma keeps under $HOME/.yuma
+        env={**os.environ, "HOME": str(cfg.parent)},  # and whatever else yuma keeps under $HOME/.yuma
     )
     log.close()
     return _listening(run_dir, proc, "netconfd", NETCONFD, sock, timeout)
@@ -179,6 +196,12 @@ def stop(run_dir: Path) -> int:
     ended += stop_pid(run_dir, "sshd", str(Path(run_dir) / "sshd_config"))
     ended += stop_pid(run_dir, "front", FRONT)
     return ended + stop_pid(run_dir, "netconfd", NETCONFD)
+
+
+def forget(run_dir: Path) -> None:
+    """Remove what a stopped NETCONF OCS leaves: its datastore files (`store`) and its run directory."""
+    shutil.rmtree(store(run_dir), ignore_errors=True)
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _children(pid: int) -> list[int]:

@@ -242,14 +242,12 @@ def start_netconf(rack: Rack, state: RackState) -> None:
 
 
 def _stop_netconf(state: RackState) -> int:
-    import shutil
-
     from emulation import netconf_ocs, netconf_ssh
 
     ended = 0
     for run in state.netconf.values():
         ended += netconf_ocs.stop(Path(run))
-        shutil.rmtree(run, ignore_errors=True)
+        netconf_ocs.forget(Path(run))
     for user in state.netconf_users:
         netconf_ssh.remove_user(user)
     return ended

@@ -46,16 +46,17 @@ BY_KEY_MOST = 32  # a read-back of more changed ports reads the whole container 
 
 def edit_config(remove: set[Pair], add: set[Pair]) -> str:
     """The <config> of one edit-config (default-operation none) that deletes `remove` and makes `add`: a pair whose
-    ingress is both removed and added is replaced in place."""
+    ingress is both removed and added keeps its entry and gets its new egress (merged: the server changes one leaf
+    rather than replacing the entry, which costs netconfd less at the edit and at the commit)."""
     new = {a: b for a, b in add}
     lines = [f'<config><cross-connects xmlns="{NS}" xmlns:nc="{_NC}" nc:operation="merge">']
     for a, _ in sorted(remove):
         if a not in new:
             lines.append(f'<pair nc:operation="delete"><ingress>{a}</ingress></pair>')
-    replaced = {a for a, _ in remove}
+    kept = {a for a, _ in remove}
     for a, b in sorted(add):
-        op = "replace" if a in replaced else "create"
-        lines.append(f'<pair nc:operation="{op}"><ingress>{a}</ingress><egress>{b}</egress></pair>')
+        op = "" if a in kept else ' nc:operation="create"'
+        lines.append(f'<pair{op}><ingress>{a}</ingress><egress>{b}</egress></pair>')
     lines.append("</cross-connects></config>")
     return "".join(lines)
 
@@ -204,20 +205,28 @@ class NetconfOcs(OcsDriver):
         self.seen()
         return reply
 
-    def _read(self, operation: str = "get-config", ports: str = "every port", ingress=None) -> set[Pair]:
-        """The running datastore's pairs (only those with these ingress ports, if given). A few ports are asked for by
-        key (a subtree filter); more, and the whole container is read and picked here: netconfd matches a filter's
-        keys one by one against its pairs, which for hundreds of keys costs it more than sending them all."""
+    @staticmethod
+    def _where(ingress=None) -> dict:
+        """The get-config of the running datastore's pairs (only those with these ingress ports, if given). A few ports
+        are asked for by key (a subtree filter); more, and the whole container is read and picked here: netconfd
+        matches a filter's keys one by one against its pairs, which for hundreds of keys costs it more than sending
+        them all."""
         by_key = ingress is not None and len(ingress) <= BY_KEY_MOST
         where = FILTER if not by_key else (f'<cross-connects xmlns="{NS}">' + "".join(
             f"<pair><ingress>{a}</ingress></pair>" for a in sorted(ingress)) + "</cross-connects>")
-        m = self._session()
-        reply = self._call("get-config", operation, ports, m.get_config, source="running", filter=("subtree", where))
+        return {"source": "running", "filter": ("subtree", where)}
+
+    def _pairs(self, reply, operation: str, ports: str, ingress=None) -> set[Pair]:
         try:
             pairs = parse_pairs(reply.data_ele)  # the element ncclient parsed: not written out and parsed again
             return pairs if ingress is None else {p for p in pairs if p[0] in ingress}
         except MalformedReply as e:
             self._lost(f"malformed reply to {operation} ({ports}): {e}")
+
+    def _read(self, operation: str = "get-config", ports: str = "every port", ingress=None) -> set[Pair]:
+        m = self._session()
+        return self._pairs(self._call("get-config", operation, ports, m.get_config, **self._where(ingress)),
+                           operation, ports, ingress)
 
     def read(self) -> set[Pair]:
         with self._exchange:
@@ -230,6 +239,7 @@ class NetconfOcs(OcsDriver):
             if self._pending is not None:
                 raise NetconfError(f"OCS {self.spec.name}: the change at {self._pending} is not confirmed yet")
             t0, ports, self.rpc_ms = time.perf_counter(), _ports(remove | add), {}
+            changed = {a for a, _ in remove | add}
             m = self._session()
             self._call("lock", "lock of the candidate datastore", ports, m.lock, target="candidate")
             committed, locked = False, True
@@ -243,27 +253,35 @@ class NetconfOcs(OcsDriver):
                     dark_start = self.clock()  # the commit: old pairs go, mirrors move, new pairs are made
                     if on_dark is not None:
                         on_dark()
+                    readback = None
                     if self.confirmed:
-                        self._call("commit", "confirmed commit", ports, m.commit, confirmed=True,
-                                   timeout=str(self.confirm_timeout))
+                        # the read-back right behind the commit: the server answers it once the commit is done, so
+                        # that it reads what the commit made without a round trip between them
+                        sent = time.perf_counter()
+                        commit, readback = self._send(
+                            m, "confirmed commit", ports,
+                            ("commit", {"confirmed": True, "timeout": str(self.confirm_timeout)}),
+                            ("get_config", self._where(changed)))
+                        self._reply("commit", "confirmed commit", ports, commit, sent)
                     else:
                         self._call("commit", "commit", ports, m.commit)
                     committed = True
                 except NetconfError:
                     self._quietly(m.discard_changes)
                     raise
-                if not self.confirmed:
+                switching = self.switching_time_s(len(add))
+                if readback is not None:  # its time counts from the commit's reply
+                    self._check(self._pairs(self._reply("get-config", "read-back after commit", ports, readback,
+                                                        time.perf_counter()), "read-back after commit", ports, changed),
+                                add)
+                else:
                     self._unlock(m)
                     locked = False
-                switching = self.switching_time_s(len(add))
                 wait = max(0.0, switching - (self.clock() - dark_start))
                 self.sleep(wait)  # what the device promises
                 self.rpc_ms["switching-wait"] = 1000 * wait
-                have = self._read("read-back after commit", ports, ingress={a for a, _ in remove | add})
-                wrong = have ^ add  # the changed ingress ports hold exactly the new pairs
-                if wrong:
-                    raise NetconfError(f"OCS {self.spec.name}: after the commit the device holds other "
-                                       f"cross-connects at {_ports(wrong)} than were committed")
+                if readback is None:
+                    self._check(self._read("read-back after commit", ports, ingress=changed), add)
             except BaseException:
                 if committed and self.confirmed:
                     self._quietly(m.cancel_commit)  # the device puts back what it held
@@ -276,6 +294,13 @@ class NetconfOcs(OcsDriver):
             else:
                 LOG.info("OCS %s: NETCONF change (ms) %s", self.spec.name, json.dumps(self.rpc_ms))
             return ApplyResult(dark_start, self.clock() if add else None, switching)
+
+    def _check(self, have: set[Pair], add: set[Pair]) -> None:
+        """The changed ingress ports hold exactly the new pairs (`have`: the read-back of them)."""
+        wrong = have ^ add
+        if wrong:
+            raise NetconfError(f"OCS {self.spec.name}: after the commit the device holds other cross-connects at "
+                               f"{_ports(wrong)} than were committed")
 
     def confirm(self) -> None:
         """Keep the change `apply` committed (the confirming commit), then unlock; nothing if none waits."""

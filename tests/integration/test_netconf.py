@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -78,7 +77,7 @@ class Device:
 
     def stop(self) -> None:
         netconf_ocs.stop(self.run_dir)
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        netconf_ocs.forget(self.run_dir)
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +130,8 @@ def test_a_regroup_is_one_commit_on_the_server(netconf_controller):
     line = [x for x in ctl.output().splitlines() if "NETCONF change (ms)" in x][-1]
     assert set(json.loads(line.split("NETCONF change (ms) ", 1)[1])) == RPCS | {"switching-wait", "total"}, line
     assert f"Accepted publickey for {USER}" in (device.run_dir / "sshd.log").read_text()
-    # netconfd keeps its transaction id in the server's run directory (--yuma-home), not in root's ~/.yuma
-    assert (device.run_dir / "yuma" / "data" / "startup-cfg-txid.txt").read_text().strip().isdigit()
+    # netconfd keeps its transaction id in the server's own files (--yuma-home, on tmpfs), not in root's ~/.yuma
+    assert (netconf_ocs.store(device.run_dir) / "yuma" / "data" / "startup-cfg-txid.txt").read_text().strip().isdigit()
 
 
 def test_a_locked_candidate_refuses_the_change_and_nothing_moves(netconf_controller):
@@ -181,7 +180,7 @@ def test_the_server_killed_mid_change_leaves_all_or_nothing_and_is_restored(netc
     assert _circuits(client) == before  # nothing of the change was kept
     wait_for(lambda: not client.get("/topology")["ocs"]["ocs1"]["connected"], 15, "the lost session to show")
 
-    (device.run_dir / "startup-cfg.xml").unlink()  # it comes back having lost its cross-connects
+    netconf_ocs.startup_file(device.run_dir).unlink()  # it comes back having lost its cross-connects
     netconf_ocs.start_server(device.run_dir, ssh_port=device.port)  # the front stays: it reaches the new one
     wait_for(lambda: device.circuits() == before, 30, "the controller to restore the server's cross-connects")
     # the server holds them once committed; the restore event ends after the driver's read-back
@@ -357,7 +356,7 @@ def test_the_front_hands_netconfd_a_hello_apart_from_the_rpc_behind_it():
                 assert b"<rpc-reply" in reply and b"<ingress>1</ingress>" in reply, reply
     finally:
         netconf_ocs.stop(run_dir)
-        shutil.rmtree(run_dir, ignore_errors=True)
+        netconf_ocs.forget(run_dir)
 
 
 def _until(s: socket.socket, end: bytes, timeout: float = 5) -> bytes:

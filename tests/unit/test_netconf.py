@@ -197,6 +197,25 @@ def test_the_confirm_and_the_unlock_go_back_to_back(canned):
     assert server.seen[-2:] == ["commit", "unlock"] and d.connected and "unlock" in d.rpc_ms
 
 
+def test_the_read_back_goes_right_behind_the_confirmed_commit(canned):
+    """The get-config is sent without waiting for the confirmed commit's reply (the server answers the commit only
+    once the get-config has come: a driver that waited would time out); a refused commit still discards the candidate
+    and unlocks, its read-back's reply left unread."""
+    server = canned({"commit": [AfterNext(OK), OK], "get-config": [data((1, 12))]}, CONFIRMED)
+    d = driver(server.port, timeout=2)
+    d.apply(set(), {(1, 12)})
+    assert server.seen == ["lock", "edit-config", "commit", "get-config"] and d.rpc_ms["get-config"] >= 0
+    d.confirm()
+    refused = rpc_error("operation-failed", "egress port in use",
+                        "/ocs:cross-connects/ocs:pair[ocs:ingress='2']/ocs:egress")
+    server = canned({"commit": [AfterNext(refused)], "get-config": [data((1, 11))]}, CONFIRMED)
+    d = driver(server.port, timeout=2)
+    with pytest.raises(NetconfError, match=r"confirmed commit \(port 2 refused: operation-failed: egress port in use"):
+        d.apply(set(), {(2, 13)})
+    assert server.seen == ["lock", "edit-config", "commit", "get-config", "discard-changes", "unlock"]
+    assert d.read() == {(1, 11)} and d.connected
+
+
 def test_a_read_back_that_differs_cancels_the_confirmed_commit(canned):
     server = canned({"get-config": [data((1, 11))]}, CONFIRMED)  # the device still holds the old pair
     d = driver(server.port)
@@ -275,7 +294,7 @@ def test_errors_are_device_errors():
 def test_edit_config_deletes_creates_and_replaces_in_place():
     xml = edit_config({(1, 11), (2, 12)}, {(2, 13), (4, 5)})
     assert '<pair nc:operation="delete"><ingress>1</ingress></pair>' in xml
-    assert '<pair nc:operation="replace"><ingress>2</ingress><egress>13</egress></pair>' in xml
+    assert '<pair><ingress>2</ingress><egress>13</egress></pair>' in xml  # merged into the entry: a new egress
     assert '<pair nc:operation="create"><ingress>4</ingress><egress>5</egress></pair>' in xml
     assert xml.count("<ingress>2</ingress>") == 1  # replaced in place, not deleted as well
 

@@ -27,6 +27,9 @@ CHANGE = """<?xml version="1.0" encoding="UTF-8"?>
 
 def test_a_change_notification_names_its_pairs_ingress_ports():
     assert changed_ingress(CHANGE) == {1, 12}
+    # a pair that kept its ingress and got a new egress (the driver merges it): the edit names the pair's egress
+    merged = CHANGE.replace("ocs:pair[ocs:ingress='1']<", "ocs:pair[ocs:ingress='7']/ocs:egress<")
+    assert changed_ingress(merged) == {7, 12}
 
 
 @pytest.mark.parametrize("text", [
