@@ -58,6 +58,7 @@ class RackIndex:
             if self.port_switch[i] >= 0:
                 self.downlinks[self.port_switch[i]][self.port_group[i]].append(i)
         self.model_count = [self.gpu_model.count(m) for m in range(len(self.models))]
+        self.group_width = [max(len(per[g]) for per in self.downlinks) for g in range(len(self.groups))]  # downlinks
 
     def circuit(self, a: int, b: int) -> Circuit:
         return normalize(self.ports[a], self.ports[b])
@@ -89,6 +90,9 @@ class Occupancy:
         self.free_under: list[list[list[set[int]]]] = [
             [[set() for _ in range(nm)] for _ in range(ng)] for _ in range(nw)]
         self.free_loose: list[list[set[int]]] = [[set() for _ in range(nm)] for _ in range(ng)]
+        # the idle GPUs of `free_under` again, by switch and model, and by group and model
+        self.free_at: list[list[set[int]]] = [[set() for _ in range(nm)] for _ in range(nw)]
+        self.wired_free: list[list[set[int]]] = [[set() for _ in range(nm)] for _ in range(ng)]
         self.free_wired = [[0] * nm for _ in range(ng)]
         self.free_model = [0] * nm
         # the sizes of `free_under`, `empty` and `idle` as arrays, so that planners weigh every switch at once
@@ -97,6 +101,11 @@ class Occupancy:
         self.n_empty.shape = (nw, ng)
         self.n_idle = np.zeros((nw, ng), dtype=np.int64)
         self.free_switch = [0] * nw  # idle GPUs under each switch (`n_under` summed over groups and models)
+        self.n_stay = np.zeros((nw, nm), dtype=np.int64)  # `n_under` summed over groups
+        # per switch, its downlinks with no circuit or with an idle GPU's (`n_empty` + `n_idle` over groups): no
+        # placement step can put more GPUs under it, which bounds what a planner must weigh
+        self.n_open = self.n_empty.sum(axis=1)
+        self.n_bare = self.n_empty.sum(axis=1)  # per switch, its downlinks with no circuit (`n_empty` over groups)
         self.n_loose = np.zeros((ng, nm), dtype=np.int64)  # sizes of free_loose
         self.n_wired = np.zeros((ng, nm), dtype=np.int64)  # free_wired as an array
         for gi in range(len(ix.gpus)):
@@ -115,18 +124,24 @@ class Occupancy:
         self.partner[gp], self.partner[d] = d, gp
         self.empty[w][g].discard(d)
         self.n_empty[w, g] -= 1
+        self.n_bare[w] -= 1
         self.loc[gi] = w
-        if self.holder[gi] is None:
+        if self.holder[gi] is None:  # an empty downlink becomes an idle one: n_open stays
             m = ix.gpu_model[gi]
             self.free_loose[g][m].discard(gi)
             self.n_loose[g, m] -= 1
             self.free_under[w][g][m].add(gi)
+            self.free_at[w][m].add(gi)
+            self.wired_free[g][m].add(gi)
             self.n_under[w, g, m] += 1
+            self.n_stay[w, m] += 1
             self.free_switch[w] += 1
             self.free_wired[g][m] += 1
             self.n_wired[g, m] += 1
             self.idle[w][g].add(d)
             self.n_idle[w, g] += 1
+        else:
+            self.n_open[w] -= 1
         self._map = None
         if self._journal is not None:
             self._journal.append((self._disconnect, gi))
@@ -139,11 +154,15 @@ class Occupancy:
         self.partner[gp] = self.partner[d] = -1
         self.empty[w][g].add(d)
         self.n_empty[w, g] += 1
+        self.n_bare[w] += 1
         self.loc[gi] = -1
-        if self.holder[gi] is None:
+        if self.holder[gi] is None:  # an idle downlink becomes an empty one: n_open stays
             m = ix.gpu_model[gi]
             self.free_under[w][g][m].discard(gi)
+            self.free_at[w][m].discard(gi)
+            self.wired_free[g][m].discard(gi)
             self.n_under[w, g, m] -= 1
+            self.n_stay[w, m] -= 1
             self.free_switch[w] -= 1
             self.free_loose[g][m].add(gi)
             self.n_loose[g, m] += 1
@@ -151,6 +170,8 @@ class Occupancy:
             self.n_wired[g, m] -= 1
             self.idle[w][g].discard(d)
             self.n_idle[w, g] -= 1
+        else:
+            self.n_open[w] += 1
         self._map = None
         if self._journal is not None:
             self._journal.append((self._connect, gi, d))
@@ -160,7 +181,11 @@ class Occupancy:
         g, m, w = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi]
         if w >= 0:
             self.free_under[w][g][m].discard(gi)
+            self.free_at[w][m].discard(gi)
+            self.wired_free[g][m].discard(gi)
             self.n_under[w, g, m] -= 1
+            self.n_stay[w, m] -= 1
+            self.n_open[w] -= 1
             self.free_switch[w] -= 1
             self.free_wired[g][m] -= 1
             self.n_wired[g, m] -= 1
@@ -187,7 +212,11 @@ class Occupancy:
             del self.jobs[job]
         if w >= 0:
             self.free_under[w][g][m].add(gi)
+            self.free_at[w][m].add(gi)
+            self.wired_free[g][m].add(gi)
             self.n_under[w, g, m] += 1
+            self.n_stay[w, m] += 1
+            self.n_open[w] += 1
             self.free_switch[w] += 1
             self.free_wired[g][m] += 1
             self.n_wired[g, m] += 1

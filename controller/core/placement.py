@@ -256,7 +256,7 @@ def _count_note(
     ix = occ.ix
     counts: dict[str, int] = {}
     for g in p.gpus:
-        model = ix.rack.gpus[g].model
+        model = ix.models[ix.gpu_model[ix.gpu_id[g]]]
         counts[model] = counts.get(model, 0) + 1
     got = " + ".join(f"{k} x {m}" for m, k in counts.items())
     slowest = max(counts, key=lambda m: speed[ix.model_id[m]])

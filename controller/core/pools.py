@@ -154,9 +154,21 @@ class _Models:
 
     def best(self, occ: Occupancy, need: int, fixed: bool, used: list[int]) -> tuple[int, int, int] | None:
         """(fits, cost, switch) of the first switch that takes the most of `need`, then with the fewest changes."""
-        under = occ.n_under[:, :, self.models[0]] if len(self.models) == 1 else \
-            occ.n_under[:, :, self.models].sum(axis=2)
-        return _best(occ, need, fixed, used, under, under, self.n_loose, self.n_wired)
+        models = self.models
+        stay = occ.n_stay[:, models[0]] if len(models) == 1 else occ.n_stay[:, models].sum(axis=1)
+        if fixed:  # no moves: the switch with the most of the pool's idle GPUs under it
+            fits = np.minimum(stay, need)
+            if used:
+                fits[used] = 0
+            w = int(np.argmax(fits))
+            return (int(fits[w]), 0, w) if fits[w] > 0 else None
+        return _bounded(occ, need, used, stay, self._under, self.groups, self.n_loose, self.n_wired)
+
+    def _under(self, occ: Occupancy, rows: np.ndarray) -> np.ndarray:
+        """The pool's idle GPUs under the switches `rows`, per group."""
+        if len(self.models) == 1:
+            return occ.n_under[rows, :, self.models[0]]
+        return occ.n_under[rows][:, :, self.models].sum(axis=2)
 
     def totals(self, occ: Occupancy, w: int, fixed: bool) -> tuple[int, int, int, int]:
         under, empty_w, idle_w = occ.free_under[w], occ.empty[w], occ.idle[w]
@@ -193,19 +205,20 @@ class _Models:
         return rows
 
     def stayers(self, w: int, k: int) -> list[int]:
-        under = self.occ.free_under[w]
-        return heapq.nsmallest(k, chain.from_iterable(under[g][m] for g in self.groups for m in self.models))
+        at = self.occ.free_at[w]  # every idle GPU of the pool's models under w is in one of its groups
+        return heapq.nsmallest(k, chain.from_iterable(at[m] for m in self.models))
 
     def movers(self, g: int, w: int, k: int) -> list[int]:
         occ = self.occ
         loose = heapq.nsmallest(k, chain.from_iterable(occ.free_loose[g][m] for m in self.models))
         if len(loose) == k:
             return loose
-        under = occ.n_under[:, g, self.models[0]] if len(self.models) == 1 else \
-            occ.n_under[:, g, self.models].sum(axis=1)
-        has = under.nonzero()[0]  # only the switches with such GPUs
-        wired = chain.from_iterable(occ.free_under[x][g][m] for x in has.tolist() if x != w for m in self.models)
-        return loose + heapq.nsmallest(k - len(loose), wired)
+        k -= len(loose)
+        here = [gi for m in self.models for gi in occ.free_under[w][g][m]]  # wired, but under w already
+        wired = heapq.nsmallest(k + len(here), chain.from_iterable(occ.wired_free[g][m] for m in self.models))
+        if here:
+            wired = [gi for gi in wired if gi not in here][:k]
+        return loose + wired
 
     def rest(self, occ: Occupancy, placed: list[int]):
         """The pool without `placed` (they are held by the plan now)."""
@@ -230,6 +243,35 @@ def _cost(k: int, stay: int, n1: int, n2: int, n3: int) -> tuple[int, int]:
     return stay + t1 + t2 + t3, t1 + 2 * t2 + 3 * t3
 
 
+def _tiers(occ: Occupancy, rows, under, idle_under, n_loose, n_wired) -> tuple:
+    """_split for the switches `rows` (a slice or index array; `under`, `idle_under`: those rows), summed over the
+    groups: (n1, n2, n3) per switch. In place where an array is this call's own (integers: the same values)."""
+    u, e = np.asarray(n_loose, dtype=np.int64), occ.n_empty[rows]
+    n = np.asarray(n_wired, dtype=np.int64) - under  # c, then u + c, then n
+    n += u
+    i = occ.n_idle[rows] - idle_under
+    i += e
+    np.minimum(n, i, out=n)
+    np.maximum(n, 0, out=n)
+    a = np.minimum(u, e)
+    np.minimum(a, n, out=a)
+    b = np.maximum(u, e)
+    np.subtract(n, b, out=b)
+    np.maximum(b, 0, out=b)
+    n1, n3 = a.sum(axis=1), b.sum(axis=1)
+    return n1, n.sum(axis=1) - n1 - n3, n3
+
+
+def _fit_cost(need: int, stay, n1, n2, n3) -> tuple:
+    """`_cost` for every switch at once: (fits, cost) per switch."""
+    k = need - stay
+    kk = np.maximum(k, 0)
+    t1 = np.minimum(kk, n1)
+    t2 = np.minimum(kk - t1, n2)
+    t3 = np.minimum(kk - t1 - t2, n3)
+    return np.where(k <= 0, need, stay + t1 + t2 + t3), np.where(k <= 0, 0, t1 + 2 * t2 + 3 * t3)
+
+
 def _best(occ: Occupancy, need: int, fixed: bool, used: list[int], under, idle_under, n_loose, n_wired) \
         -> tuple[int, int, int] | None:
     """`totals` and `_cost` for every switch at once, from the pool's GPUs under each switch and group (`under`, the
@@ -237,36 +279,57 @@ def _best(occ: Occupancy, need: int, fixed: bool, used: list[int], under, idle_u
     takes the most of `need`, then with the fewest changes, as weighing them one by one in order would; None when
     none takes any."""
     stay = under.sum(axis=1)
-    k = need - stay
     if fixed:
         fits, cost = np.minimum(stay, need), np.zeros_like(stay)
     else:
-        # _split for every switch and group, in place where an array is this call's own (integers: the same values)
-        u, e = np.asarray(n_loose, dtype=np.int64), occ.n_empty
-        n = np.asarray(n_wired, dtype=np.int64) - under  # c, then u + c, then n
-        n += u
-        i = occ.n_idle - idle_under
-        i += e
-        np.minimum(n, i, out=n)
-        np.maximum(n, 0, out=n)
-        a = np.minimum(u, e)
-        np.minimum(a, n, out=a)
-        b = np.maximum(u, e)
-        np.subtract(n, b, out=b)
-        np.maximum(b, 0, out=b)
-        n1, n3 = a.sum(axis=1), b.sum(axis=1)
-        n2 = n.sum(axis=1) - n1 - n3
-        kk = np.maximum(k, 0)  # _cost for every switch
-        t1 = np.minimum(kk, n1)
-        t2 = np.minimum(kk - t1, n2)
-        t3 = np.minimum(kk - t1 - t2, n3)
-        fits = np.where(k <= 0, need, stay + t1 + t2 + t3)
-        cost = np.where(k <= 0, 0, t1 + 2 * t2 + 3 * t3)
+        fits, cost = _fit_cost(need, stay, *_tiers(occ, slice(None), under, idle_under, n_loose, n_wired))
     if used:
         fits[used] = 0
     score = fits * (3 * need + 1) - cost  # most GPUs first, then fewest changes; argmax takes the first
     w = int(np.argmax(score))
     return (int(fits[w]), int(cost[w]), w) if fits[w] > 0 else None
+
+
+_FIRST = 4  # switches weighed in full before the bound sets aside the rest
+
+
+def _bounded(occ: Occupancy, need: int, used: list[int], stay: np.ndarray, under_of, groups, n_loose, n_wired) \
+        -> tuple[int, int, int] | None:
+    """`_best` for a pool whose `under` and `idle_under` are one (`under_of(occ, rows)`), weighing in full only the
+    switches that could win. A switch takes no more of the pool than `need`, its open downlinks (`occ.n_open`) and
+    its downlinks in the pool's groups allow; each GPU beyond its `stay` costs two changes or more, but one for as
+    many as the loose GPUs and its empty downlinks allow; and a score (fits x (3 need + 1) - cost) rises with fits,
+    so `top` bounds a switch's score. The `_FIRST` switches of highest bound are weighed, then every other whose bound
+    passes the best score so far (or equals it, before the best): those left out score less, or as much but later, so
+    the winner (the highest score, then the first switch) is `_best`'s."""
+    weight = 3 * need + 1
+    ub = np.minimum(occ.n_open, min(need, sum(occ.ix.group_width[g] for g in groups)))
+    k = np.maximum(ub - stay, 0)  # moves to fill it; at cost 1 only a loose GPU to an empty downlink, the rest 2 or 3
+    top = ub * weight - 2 * k + np.minimum(k, np.minimum(occ.n_bare, sum(n_loose)))
+    if used:
+        top[used] = -1  # a switch a step used takes nothing more (every other's bound is 0 or more)
+    order = np.argsort(-top, kind="stable")
+    rows = order[:_FIRST]
+    rows = rows[top[rows] >= 0]
+    if not len(rows):
+        return None
+    def weigh(rows):
+        under = under_of(occ, rows)
+        return _fit_cost(need, stay[rows], *_tiers(occ, rows, under, under, n_loose, n_wired))
+
+    fits, cost = weigh(rows)
+    score = fits * weight - cost
+    high = max(int(score.max()), 0)
+    first = int(rows[score == high].min()) if high > 0 else len(top)
+    rest = order[_FIRST:]
+    rest = rest[(top[rest] > high) | ((top[rest] == high) & (rest < first))]  # could beat it, or tie and be first
+    if len(rest):
+        f2, c2 = weigh(rest)
+        rows, fits, cost = np.concatenate((rows, rest)), np.concatenate((fits, f2)), np.concatenate((cost, c2))
+        score = fits * weight - cost
+    winners = rows[score == score.max()]
+    i = int(np.flatnonzero(rows == winners.min())[0])
+    return (int(fits[i]), int(cost[i]), int(rows[i])) if fits[i] > 0 else None
 
 
 def _assign(occ: Occupancy, pool, w: int, k: int, original: dict[int, int]) -> list[int]:

@@ -44,7 +44,9 @@ def scrambled(seed: int) -> Occupancy:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_every_switch_at_once_chooses_as_one_by_one(seed):
+@pytest.mark.parametrize("first", [1, 3, pools._FIRST])
+def test_every_switch_at_once_chooses_as_one_by_one(seed, first, monkeypatch):
+    monkeypatch.setattr(pools, "_FIRST", first)  # the bound sets switches aside after 1, 3 or 8 weighed in full
     occ = scrambled(seed)
     rng = random.Random(seed)
     free = [gi for gi in range(len(occ.ix.gpus)) if occ.holder[gi] is None]
@@ -62,6 +64,43 @@ def test_every_switch_at_once_chooses_as_one_by_one(seed):
             assert occ.n_empty[w, g] == len(occ.empty[w][g]) and occ.n_idle[w, g] == len(occ.idle[w][g])
             assert [occ.n_under[w, g, m] for m in range(len(ix.models))] == [len(s) for s in occ.free_under[w][g]]
         assert occ.free_switch[w] == sum(len(s) for per in occ.free_under[w] for s in per)
+        assert occ.n_stay[w].tolist() == occ.n_under[w].sum(axis=0).tolist()
+        assert occ.free_at[w] == [set().union(*(per[m] for per in occ.free_under[w])) for m in range(len(ix.models))]
+        assert occ.n_bare[w] == sum(len(occ.empty[w][g]) for g in range(len(ix.groups)))
+        assert occ.n_open[w] == sum(len(occ.empty[w][g]) + len(occ.idle[w][g]) for g in range(len(ix.groups)))
     for g in range(len(ix.groups)):
         assert occ.n_loose[g].tolist() == [len(s) for s in occ.free_loose[g]]
         assert occ.n_wired[g].tolist() == occ.free_wired[g]
+        assert occ.wired_free[g] == [set().union(*(occ.free_under[w][g][m] for w in range(len(ix.switches))))
+                                     for m in range(len(ix.models))]
+
+
+
+@pytest.mark.parametrize("shape", [(64, 8, 1.5), (96, 4, 2.0)])
+def test_the_bound_weighs_in_full_what_could_win(shape, monkeypatch):
+    """The planner that weighs in full only the switches whose bound could win (`_bounded`, one weighed before the
+    bound sets others aside) chooses what weighing every switch (`_best`) chooses, ties included, in states from idle
+    to busy, some GPUs loose."""
+    monkeypatch.setattr(pools, "_FIRST", 1)
+    gpus, per_switch, spare = shape
+    rack = generate(RackOptions(gpus, gpus_per_switch=per_switch, gpus_per_server=4, oversubscription=4, spare=spare))
+    for seed in range(10):
+        rng = random.Random(seed)
+        occ = Occupancy(rack, CircuitMap.initial(rack), {})
+        ix = occ.ix
+        for _ in range(rng.randrange(200)):
+            gi, w = rng.randrange(len(ix.gpus)), rng.randrange(len(ix.switches))
+            if ix.downlinks[w][ix.gpu_group[gi]]:
+                occ.move(gi, rng.choice(ix.downlinks[w][ix.gpu_group[gi]]))
+        for gi in rng.sample(range(len(ix.gpus)), int(rng.random() * len(ix.gpus))):
+            occ._hold(gi, "job")
+        for gi in rng.sample(range(len(ix.gpus)), rng.randrange(len(ix.gpus) // 3)):
+            if occ.loc[gi] >= 0 and occ.holder[gi] is None:
+                occ._disconnect(gi)
+        for models in ([0], [1], [0, 1]):
+            pool = pools._Models(occ, models)
+            under = occ.n_under[:, :, models].sum(axis=2)
+            for need in range(1, 20):
+                for used in ([], [0], rng.sample(range(len(ix.switches)), 3)):
+                    full = pools._best(occ, need, False, used, under, under, pool.n_loose, pool.n_wired)
+                    assert pool.best(occ, need, False, used) == full, (seed, models, need, used)
