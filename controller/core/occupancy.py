@@ -257,10 +257,15 @@ class Occupancy:
         try:
             yield
         finally:
-            self._journal = None
-            for undo, *args in reversed(journal):
-                undo(*args)
-            self._map = saved_map
+            if self._journal is not None:  # else keep() was called: the changes stay
+                self._journal = None
+                for undo, *args in reversed(journal):
+                    undo(*args)
+                self._map = saved_map
+
+    def keep(self) -> None:
+        """Inside `tentative()`: the changes made so far stay (as if made outside it); later ones are not undone."""
+        self._journal = None
 
     # --- the public, name-based interface -------------------------------------------------------
     def hold(self, job: str, gpus: Iterable[str]) -> None:

@@ -109,8 +109,10 @@ def _plan_from(
 
 
 # --- the entry points -----------------------------------------------------------------------------
-def plan(occ: Occupancy, req: Request) -> Plan:
-    """Choose GPUs for `req` (or take the named ones) and the circuits that place them."""
+def plan(occ: Occupancy, req: Request, job: str | None = None) -> Plan:
+    """Choose GPUs for `req` (or take the named ones) and the circuits that place them. `job`: also commit the plan
+    to `occ` for that job, as `occ.commit(job, plan)` after it would (the planner's own changes kept where they are
+    the plan's, not undone and made again); `occ` is unchanged when it raises."""
     if req.policy not in POLICIES:
         raise InvalidRequest(f"unknown policy {req.policy!r} ({', '.join(POLICIES)})", "policy")
     if req.gpu_model is not None and req.gpu_model not in occ.ix.model_id:
@@ -121,8 +123,11 @@ def plan(occ: Occupancy, req: Request) -> Plan:
             "gpu_model",
         )
     if isinstance(req.gpus, int):
-        return _plan_count(occ, req, req.gpus)
-    return _plan_named(occ, req, req.gpus)
+        return _plan_count(occ, req, req.gpus, job)
+    p = _plan_named(occ, req, req.gpus)
+    if job is not None:
+        occ.commit(job, p)
+    return p
 
 
 def _plan_named(occ: Occupancy, req: Request, names: tuple[str, ...]) -> Plan:
@@ -172,7 +177,7 @@ def _only(occ: Occupancy, req: Request) -> list[int] | None:
     return [occ.ix.switches.index(w) for w in req.switches if w in occ.ix.switches]
 
 
-def _plan_count(occ: Occupancy, req: Request, n: int) -> Plan:
+def _plan_count(occ: Occupancy, req: Request, n: int, job: str | None = None) -> Plan:
     ix = occ.ix
     if n < 1:
         raise InvalidRequest("at least 1 GPU")
@@ -196,18 +201,25 @@ def _plan_count(occ: Occupancy, req: Request, n: int) -> Plan:
             if sum(free) < n:
                 raise NoRoomNow(f"{n} GPUs asked for, {sum(free)} free{wired} (free: {free_text})")
             candidates = [_fastest_mix(free, speed, n)]
-    best = None
+    best, kept = None, False
     for models in candidates:
         original: dict[int, int] = {}
         try:
             with occ.tentative():
                 placed, used = _place(occ, _Models(occ, models), n, fixed, original, _only(occ, req))
                 p = _plan_from(occ, placed, used, original, "")
+                slowest = max(speed[ix.gpu_model[ix.gpu_id[g]]] for g in p.gpus)
+                key = (len(p.switches), slowest, p.changes)
+                last = key[:2] == (1, min(speed.values())) or models is candidates[-1]
+                if job is not None and last and (best is None or key < best[0]):  # the plan: committed as it is
+                    occ.keep()
+                    for gi in list(occ.jobs.get(_PLANNING, ())):
+                        occ._unhold(gi)
+                    occ.hold(job, p.gpus)
+                    kept = True
         except NoRoomNow as e:
             error = e
             continue
-        slowest = max(speed[ix.gpu_model[ix.gpu_id[g]]] for g in p.gpus)
-        key = (len(p.switches), slowest, p.changes)
         if best is None or key < best[0]:
             best = (key, p, models)
         if key[:2] == (1, min(speed.values())):
@@ -215,6 +227,8 @@ def _plan_count(occ: Occupancy, req: Request, n: int) -> Plan:
     if best is None:
         raise error
     _, p, models = best
+    if job is not None and not kept:
+        occ.commit(job, p)
     return _with_note(p, _count_note(occ, req, p, models, free_text, len(candidates) > 1, speed))
 
 

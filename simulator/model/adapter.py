@@ -54,13 +54,11 @@ class OccupancyPlacer:
         if not names and gpus > self.free():
             return None
         try:
-            p = core.plan(self.occ, core.Request(names or gpus, policy, gpu_model, workload))
+            p = core.plan(self.occ, core.Request(names or gpus, policy, gpu_model, workload), job)  # and committed
         except core.NoRoomNow:
             return None
         except core.PlacementError as e:
             raise Unplaceable(f"job {job}: {e}") from None
-        self.occ.apply(p.remove, p.add)
-        self.occ.hold(job, p.gpus)
         self.gpus[job] = tuple(p.gpus)
         return Placement(tuple(p.gpus), tuple(p.switches), p.diff, p.note)
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from controller.core import pools
+from controller.core import placement, pools
 from controller.core.circuits import CircuitMap
 from controller.core.occupancy import Occupancy
 from simulator.inputs.racks import RackOptions, generate
@@ -104,3 +104,34 @@ def test_the_bound_weighs_in_full_what_could_win(shape, monkeypatch):
                 for used in ([], [0], rng.sample(range(len(ix.switches)), 3)):
                     full = pools._best(occ, need, False, used, under, under, pool.n_loose, pool.n_wired)
                     assert pool.best(occ, need, False, used) == full, (seed, models, need, used)
+
+
+def state(occ: Occupancy) -> tuple:
+    """Everything an occupancy keeps, sets as sets."""
+    return (occ.partner, occ.holder, occ.loc, occ.jobs, occ.empty, occ.idle, occ.free_under, occ.free_loose,
+            occ.free_at, occ.wired_free, occ.free_wired, occ.free_model, occ.free_switch, occ.circuits,
+            *(a.tolist() for a in (occ.n_under, occ.n_empty, occ.n_idle, occ.n_loose, occ.n_wired, occ.n_stay,
+                                   occ.n_open, occ.n_bare)))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_plan_committed_as_made_leaves_what_commit_after_it_leaves(seed):
+    """plan(..., job) keeps the planner's own changes instead of undoing and making them again (occ.commit): the
+    same plan and the same occupancy, job after job, some of them spread over switches, of either model or mixed."""
+    rng = random.Random(seed)
+    a, b = scrambled(seed), scrambled(seed)
+    for i in range(12):
+        req = placement.Request(rng.choice([1, 2, 3, 5, 8, 12]), rng.choice(["regroup", "regroup", "fixed"]),
+                                rng.choice([None, None, "V100"]))
+        try:
+            want = placement.plan(a, req)
+        except placement.NoRoomNow:
+            with pytest.raises(placement.NoRoomNow):
+                placement.plan(b, req, f"new{i}")
+            assert state(b) == state(a)
+            continue
+        a.commit(f"new{i}", want)
+        assert placement.plan(b, req, f"new{i}") == want
+        assert state(b) == state(a)
+        if rng.random() < 0.3:
+            a.release(f"job{i % 5}"), b.release(f"job{i % 5}")
