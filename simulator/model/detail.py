@@ -74,8 +74,9 @@ class Detail:
         """The max-min rates of the rings transferring now (all of them, held): a function of which rings those are,
         so each set met again (the phases cycle) takes the rates computed the first time."""
         if self._stale:
-            moving = tuple(k for k, s in self.states.items() if self.held or s.phase == TRANSFER)
-            tags = tuple(self._tags[k] for k in moving)
+            moving = tuple(self.states) if self.held else \
+                tuple([k for k, s in self.states.items() if s.phase == TRANSFER])
+            tags = tuple(map(self._tags.__getitem__, moving))
             rates = self._known.get(tags)
             if rates is None:
                 rates = self._known[tags] = max_min(

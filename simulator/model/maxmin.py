@@ -19,16 +19,20 @@ def max_min(
     rates: dict[int, float] = {}
     remaining: dict[int, float] = {}
     users: dict[int, set[int]] = {}
+    weight: dict[int, int] = {}  # active flows on each link (integers: summed in any order, the same)
     for j, links in uses.items():
-        for link in links:
+        active = j in caps
+        for link, w in links.items():
             if link not in remaining:
                 remaining[link] = capacity[link]
                 users[link] = set()
+                weight[link] = 0
             users[link].add(j)
+            if active:
+                weight[link] += w
     active = set(caps)
-    weight = {link: sum(uses[j][link] for j in js if j in active) for link, js in users.items()}  # active flows
     while active:
-        level, tight = min(((caps[j], None) for j in active), key=lambda x: x[0])
+        level, tight = min([caps[j] for j in active]), None
         for link, w in weight.items():
             if w and remaining[link] / w < level:
                 level, tight = remaining[link] / w, link

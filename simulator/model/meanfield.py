@@ -58,13 +58,22 @@ def solve(compute: np.ndarray, volume: np.ndarray, waits: np.ndarray, own: np.nd
     linked = counts > 0
     starts = (np.cumsum(counts) - counts)[linked]
     period = compute.copy()
+    every = bool(linked.all())  # every ring crosses a link: no mask (the same values)
+    own_linked = own if every else own[linked]
     for _ in range(ROUNDS):
         wd = weight * d[ring_of]
         load = np.bincount(link_of, weights=wd, minlength=bins)
-        share = (weight + load[link_of] - wd) * inverse
-        per_byte = own.copy()
-        if len(starts):  # the worst share over each ring's links (max is exact: any grouping gives the same)
-            per_byte[linked] = np.maximum(own[linked], np.maximum.reduceat(share, starts))
+        share = load[link_of]  # (weight + load - wd) * inverse, in that order, in place
+        np.add(weight, share, out=share)
+        np.subtract(share, wd, out=share)
+        np.multiply(share, inverse, out=share)
+        if not len(starts):
+            per_byte = own.copy()
+        elif every:  # the worst share over each ring's links (max is exact: any grouping gives the same)
+            per_byte = np.maximum(own_linked, np.maximum.reduceat(share, starts))
+        else:
+            per_byte = own.copy()
+            per_byte[linked] = np.maximum(own_linked, np.maximum.reduceat(share, starts))
         transfer = volume * per_byte
         new = compute + transfer + waits
         worst = float(np.max(np.abs(new - period) / new))
