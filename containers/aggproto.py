@@ -16,6 +16,8 @@ Header, little-endian (HEADER.size bytes):
   magic b"OA", version, kind, job (u32), rank (u16), world (u16), slot (u32), op (u32), chunk (u32),
   count (u32: float32 elements in the payload)
 JOIN carries the pool's shape in slot (slots) and chunk (elements per chunk); REFUSED and ERROR carry a UTF-8 reason.
+END (the job is over: its pool is freed at once, whoever holds it; no answer) comes from the controller, sent out of
+the aggregator's switch port when the job ends however it ends (its workers may have been killed without leaving).
 """
 from __future__ import annotations
 
@@ -25,9 +27,9 @@ MAGIC = b"OA"
 VERSION = 1
 HEADER = struct.Struct("<2sBBIHHIIII")
 
-JOIN, JOINED, REFUSED, DATA, RESULT, LEAVE, LEFT = 1, 2, 3, 4, 5, 6, 7
+JOIN, JOINED, REFUSED, DATA, RESULT, LEAVE, LEFT, END = 1, 2, 3, 4, 5, 6, 7, 8
 KINDS = {JOIN: "join", JOINED: "joined", REFUSED: "refused", DATA: "data", RESULT: "result", LEAVE: "leave",
-         LEFT: "left"}
+         LEFT: "left", END: "end"}
 
 MAX_DATAGRAM = 65507  # the largest UDP payload over IPv4
 ITEM = 4  # bytes per element: float32 on the wire

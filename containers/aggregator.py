@@ -24,6 +24,7 @@ from containers import aggproto as P
 
 Key = tuple[int, int]  # (op, chunk): a slot's chunk, increasing in every slot
 DropHook = Callable[[str, bytes], bool]  # ("in" | "out", datagram) -> drop it (tests inject loss with it)
+LogHook = Callable[[dict], None]  # one JSON-able record of what happened to a job's pool (main prints it)
 
 
 class Pool:
@@ -55,11 +56,12 @@ class Aggregator:
     """The aggregator on a bound UDP socket; serve() runs it until stop is set (a thread or the process's main)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, jobs: int = 4, capacity_bytes: int = 16 << 20,
-                 idle_s: float = 60.0, drop: DropHook | None = None):
+                 idle_s: float = 60.0, drop: DropHook | None = None, log: LogHook | None = None):
         if jobs < 1 or capacity_bytes < P.ITEM:
             raise ValueError(f"an aggregator holds at least one job and one element, not {jobs} jobs, "
                              f"{capacity_bytes} bytes")
         self.max_jobs, self.capacity, self.idle_s, self.drop = jobs, capacity_bytes, idle_s, drop
+        self.log: LogHook = log or (lambda record: None)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
@@ -67,7 +69,7 @@ class Aggregator:
         self.address: tuple[str, int] = self.sock.getsockname()
         self.pools: dict[int, Pool] = {}
         self.stats = dict.fromkeys(("datagrams", "summed", "results", "resent", "duplicate", "stale", "stray",
-                                    "dropped", "refused"), 0)
+                                    "dropped", "refused", "ended"), 0)
         self.stop = threading.Event()
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -91,7 +93,7 @@ class Aggregator:
             if now >= next_sweep:
                 next_sweep = now + 1.0
                 for job in [j for j, p in self.pools.items() if now - p.active > self.idle_s]:
-                    del self.pools[job]  # its workers are gone without leaving
+                    self.log({"event": "idle", "job": job, "freed_bytes": self.pools.pop(job).nbytes})
 
     def close(self) -> None:
         self.stop.set()
@@ -125,6 +127,8 @@ class Aggregator:
             self._join(job, rank, world, slot, chunk, addr)
         elif kind == P.LEAVE:
             self._leave(job, rank, addr)
+        elif kind == P.END:
+            self._end(job)
         else:
             self.stats["stray"] += 1
 
@@ -168,6 +172,12 @@ class Aggregator:
             if len(pool.left) == pool.world:
                 del self.pools[job]
         self._reply(P.LEFT, job, rank, addr)  # also to a LEAVE sent again after the job was freed
+
+    def _end(self, job: int) -> None:
+        """The job is over (the controller says so): its pool is freed now, not once it has been idle."""
+        pool = self.pools.pop(job, None)
+        self.stats["ended"] += 1
+        self.log({"event": "ended", "job": job, "freed_bytes": 0 if pool is None else pool.nbytes})
 
     def _data(self, job: int, rank: int, slot: int, key: Key, count: int, data, addr: tuple[str, int]) -> None:
         pool = self.pools.get(job)
@@ -230,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         host, port = P.parse_address(args.listen, 9999, any_port=True)
-        agg = Aggregator(host, port, jobs=args.jobs, capacity_bytes=args.capacity_bytes, idle_s=args.idle)
+        agg = Aggregator(host, port, jobs=args.jobs, capacity_bytes=args.capacity_bytes, idle_s=args.idle,
+                         log=lambda record: print(json.dumps(record), flush=True))
     except (ValueError, OSError) as e:
         print(f"optirack-aggregator: {e}", file=sys.stderr)
         return 2

@@ -120,6 +120,7 @@ class Optirack(RackState):
             hold_recovering=c.fault_hold_recovering,
             queue=c.queue,
             scheduler=scheduler,
+            aggregators=self.fabric,
         )
         self.metrics = Metrics(self)  # what GET /metrics shows (controller/apps/metrics.py), read when scraped
 

@@ -7,12 +7,16 @@ once the changed circuits are dark, and `remove_left` once the OCS confirmed.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
+import struct
 from collections import defaultdict
 from typing import Any
 
+from containers import aggproto
 from controller.core import aggregators
 from controller.core.forwarding import Table
+from controller.core.rack import Rack
 from controller.drivers import openflow as of
 
 LOG = logging.getLogger("optirack.fabric")
@@ -29,6 +33,27 @@ def table_changes(installed: Table, desired: Table) -> list[bytes]:
         if installed.get(ip) != port:
             msgs += of.forward_add(ip, port)
     return msgs
+
+
+def _checksum(header: bytes) -> int:
+    total = sum(struct.unpack(f"!{len(header) // 2}H", header))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def end_frame(rack: Rack, a: aggregators.Aggregator, key: int) -> bytes:
+    """The Ethernet frame that tells aggregator `a` the job of `key` at it is over (aggproto END: its slots freed
+    now): UDP to the aggregator's address and port, from the rack network's own address (its subnet's first, no
+    NIC's), to the broadcast MAC (the controller does not know the aggregator's; the frame goes out of the
+    aggregator's port only). No UDP checksum (none is needed over IPv4)."""
+    payload = aggproto.pack(aggproto.END, key)
+    udp = struct.pack("!HHHH", a.udp_port, a.udp_port, 8 + len(payload), 0) + payload
+    src = rack.spec.network.subnet.network_address.packed
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 0, 0x4000, 64, 17, 0, src,
+                     ipaddress.IPv4Address(a.ip).packed)
+    ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
+    return b"\xff" * 6 + bytes.fromhex("020000000001") + b"\x08\x00" + ip + udp
 
 
 class Fabric:
@@ -51,6 +76,21 @@ class Fabric:
             del self.dps[name]
             self.installed.pop(name, None)
             self.rpc.on_disconnect(current.id)
+
+    def end_aggregation(self, switch: str, key: int) -> bool:
+        """Tell `switch`'s aggregator that the job of `key` there is over, so that it frees the job's slots now rather
+        than once they have been idle for its idle time: one END datagram out of the aggregator's port (a
+        packet-out). Whether it went (not where the switch has no aggregator or is not connected)."""
+        a = next((a for a in aggregators.aggregators(self.state.rack) if a.switch == switch), None)
+        dp = self.dps.get(switch)
+        if a is None or dp is None:
+            LOG.warning("cannot tell %s's aggregator that job key %d ended: %s", switch, key,
+                        "it has none" if a is None else "the switch is not connected")
+            return False
+        o, p = dp.ofproto, dp.ofproto_parser
+        msg = p.OFPPacketOut(datapath=dp, buffer_id=o.OFP_NO_BUFFER, in_port=o.OFPP_CONTROLLER,
+                             actions=[p.OFPActionOutput(a.port)], data=end_frame(self.state.rack, a, key))
+        return bool(dp.send_msg(msg))
 
     def desired(self, circuits=None) -> dict[str, Table]:
         return aggregators.tables(self.state.rack, self.state.circuits if circuits is None else circuits)

@@ -146,6 +146,14 @@ class ContainersPort(Protocol):
         ...
 
 
+class AggregatorsPort(Protocol):
+    """The switches' in-network aggregators (controller/devices/fabric.py: through the switch)."""
+
+    def end_aggregation(self, switch: str, key: int) -> bool:
+        """Tell `switch`'s aggregator that the job of `key` there is over (its slots freed now); whether it went."""
+        ...
+
+
 class SchedulerPort(Protocol):
     """The outside scheduler of external jobs (Slurm: controller/slurm/): what the job service tells it and asks it."""
 

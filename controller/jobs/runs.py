@@ -25,7 +25,7 @@ from controller.jobs import aggregation
 from controller.jobs.actions import Actions
 from controller.jobs.book import JobBook, line_key
 from controller.jobs.inbox import Done, Drain, End, Inbox, Lost, Reconcile, Reply, WorkerEnded, WorkerLine
-from controller.jobs.ports import CircuitChangesPort, ContainersPort
+from controller.jobs.ports import AggregatorsPort, CircuitChangesPort, ContainersPort
 from controller.jobs.runtime import Runtime
 from controller.jobs.steps import LOG, RECONFIG_WAIT, _reason, _unexpected, displaced_note, request_of
 from controller.jobs.workers import Workers
@@ -44,8 +44,10 @@ class StartFailed(RuntimeError):
 
 class Runs:
     def __init__(self, book: JobBook, inbox: Inbox, rt: Runtime, changes: CircuitChangesPort,
-                 containers: ContainersPort, hold_configuring: bool = False):
+                 containers: ContainersPort, hold_configuring: bool = False,
+                 aggregators: AggregatorsPort | None = None):
         self.book, self.inbox, self.rt, self.changes = book, inbox, rt, changes
+        self.aggregators = aggregators  # told when an aggregating job ends (None: its slots are freed when idle)
         self.workers = Workers(book, containers, inbox, rt)
         self.actions = Actions(book, inbox, rt)
         self.hold_configuring = hold_configuring  # a fault hook for tests: jobs stop at configuring (held)
@@ -310,7 +312,8 @@ class Runs:
     def _teardown(self, job: Job, ev: End, warm: list[str], servers: set[str]) -> End:
         """The action: circuits put back (if the End says), the workers' last lines kept, containers, warm spares (and
         what GPUs lost in a recovery under way left) and checkpoints removed (an engine that is down is swept when it
-        is back)."""
+        is back); the aggregator of an aggregating job told that it is over, once its workers are gone (their slots
+        are freed at once: workers killed never leave)."""
         if ev.undo is not None:
             self._reverse(job, ev.undo)
         if job.kind == "containers":
@@ -320,6 +323,9 @@ class Runs:
             for g in warm:
                 self.workers.remove_warm(g, job.id)
             self.workers.remove_volumes(job, servers)
+        a = aggregation.aggregating(job)
+        if a is not None and self.aggregators is not None:
+            self.aggregators.end_aggregation(a["switch"], a["key"])
         return ev
 
     def _reverse(self, job: Job, applied: CircuitDiff) -> None:

@@ -58,7 +58,7 @@ from controller.jobs.inbox import (
     WorkerLine,
 )
 from controller.jobs.loop import Loop
-from controller.jobs.ports import CircuitChangesPort, ContainersPort, SchedulerPort
+from controller.jobs.ports import AggregatorsPort, CircuitChangesPort, ContainersPort, SchedulerPort
 from controller.jobs.records import Records
 from controller.jobs.recovery import Recovery
 from controller.jobs.regroup import Regroup
@@ -72,12 +72,13 @@ from controller.jobs.warm import Warm
 class JobService:
     def __init__(self, state, changes: CircuitChangesPort, containers: ContainersPort, runtime: Runtime,
                  engine_poll: float, hold_configuring: bool = False, hold_recovering: str | None = None,
-                 keep_survivors: bool = True, scheduler: SchedulerPort | None = None, queue: str = "fifo"):
+                 keep_survivors: bool = True, scheduler: SchedulerPort | None = None, queue: str = "fifo",
+                 aggregators: AggregatorsPort | None = None):
         self.state, self.rt, self.containers = state, runtime, containers
         self.book = book = JobBook(state)
         self.inbox = inbox = Inbox(runtime)
         self.admission = Admission(book, inbox, runtime, containers, queue)
-        self.runs = Runs(book, inbox, runtime, changes, containers, hold_configuring)
+        self.runs = Runs(book, inbox, runtime, changes, containers, hold_configuring, aggregators)
         self.recovery = Recovery(book, inbox, runtime, changes, containers, hold_recovering, keep_survivors)
         self.detector = Detector(book, inbox, runtime, containers, scheduler, engine_poll)
         self.warm = Warm(book, inbox, runtime, containers, enabled=keep_survivors)

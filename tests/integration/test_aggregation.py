@@ -1,7 +1,7 @@
 """In-network aggregation on the emulated paper rack: a 4-rank job regrouped under as1 sums its gradients at as1's
 aggregator (the rack runs it on as1's port 20), with drops on that port, and gets the ring's exact sums; and the
 controller's jobs that ask for aggregation: placed under a switch whose aggregator has room, or run as a ring with
-the reason."""
+the reason, the aggregator told when the job ends."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import sys
 import yaml
 
 from controller.core import aggregators
-from controller.core.emulated import netns_of, port_intf
+from controller.core.emulated import RUN_DIR, netns_of, port_intf
 from emulation import rack as rackmod
 from tests.integration.helpers import PAPER, ROOT, sh, wait_for
 from tests.integration.test_jobs import device_switch_of
@@ -117,6 +117,12 @@ def test_the_controller_places_an_aggregating_job_under_an_aggregator_and_the_ne
         for gpu, records in _lines(client, second["id"]).items():
             start = next(r for r in records if r["event"] == "start")
             assert start["collective"] == "ring" and records[-1]["check"] == "ok", (gpu, start)
+        # at its end the controller told as1's aggregator (a packet-out of its port): the aggregator's own log says
+        # so (nothing left to free: the workers of a job that is done have left)
+        ended = {"event": "ended", "job": first["aggregation"]["key"], "freed_bytes": 0}
+        log = RUN_DIR / "aggregator-as1.log"
+        wait_for(lambda: ended in [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")], 10,
+                 "as1's aggregator to log the first job's end")
     finally:
         bed.rack_file = default
         bed.restart()

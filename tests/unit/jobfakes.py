@@ -310,6 +310,17 @@ class FakeDriver:
         return [g for _, g in stale]
 
 
+class FakeAggregators:
+    """The aggregators' port: what it was told, in order ((switch, key) of each job's end)."""
+
+    def __init__(self):
+        self.ended: list[tuple[str, int]] = []
+
+    def end_aggregation(self, switch: str, key: int) -> bool:
+        self.ended.append((switch, key))
+        return True
+
+
 class FakeChanges:
     """The circuit-change port without devices: under the rack state's lock, the plan's map becomes the state's at
     once, with its event (ok) saved with it. `ready` says whether the OCS are in step (True unless a test says)."""
@@ -363,14 +374,14 @@ def service(tmp_path: Path, rack, driver: FakeDriver, rt, engine_poll: float = 1
     `tmp_path`), a FakeChanges, `driver` and runtime `rt` (`queue`: its queue's discipline); a second one on the same
     `tmp_path` and a new runtime is a restart (the first one's threads never run again). `keep_survivors`: survivors
     regroup in their processes (FakeDriver.regroup) instead of being restarted; `scheduler`: the outside scheduler's
-    port. Returns (service, state, changes)."""
+    port. The aggregators' port is a FakeAggregators (service.runs.aggregators). Returns (service, state, changes)."""
     driver.sleep = driver.engines.sleep = rt.sleep
     for container in driver.running.values():  # a restart on the same engines: their workers go on
         container.sleep = rt.sleep
     state = RackState(rack, open_store(Path(tmp_path), rack.name, rt.clock), rt.clock, rt.lock())
     changes = FakeChanges(state)
     jobs = JobService(state, changes, driver, rt, engine_poll=engine_poll, keep_survivors=keep_survivors,
-                      queue=queue, scheduler=scheduler)
+                      queue=queue, scheduler=scheduler, aggregators=FakeAggregators())
     if start:
         jobs.start()
     return jobs, state, changes

@@ -164,6 +164,28 @@ def test_a_job_that_does_not_fit_is_refused_with_the_reason(aggregator):
     assert agg.stats["refused"] == 2 and agg2.pools == {}
 
 
+def test_the_end_of_a_job_frees_its_pool_at_once_and_no_other():
+    """END (the controller's word that a job is over, whoever sends it) frees that job's pool, and the room it held
+    takes another job; a second END, or one for a job not there, changes nothing."""
+    logged: list[dict] = []
+    agg = Aggregator("127.0.0.1", 0, jobs=2, log=logged.append)
+    try:
+        for job in (1, 2):  # rank 0 of two jobs of 2 ranks joins from its own address
+            agg.handle(P.pack(P.JOIN, job, 0, 2, 4, 0, 100), ("127.0.0.1", 40000 + job))
+        agg.handle(P.pack(P.JOIN, 3, 0, 2, 4, 0, 100), ("127.0.0.1", 40003))
+        assert set(agg.pools) == {1, 2} and agg.stats["refused"] == 1  # the aggregator holds 2 jobs, its most
+        for _ in range(2):
+            agg.handle(P.pack(P.END, 1), ("198.18.0.0", 9999))
+        agg.handle(P.pack(P.END, 7), ("198.18.0.0", 9999))
+        assert set(agg.pools) == {2} and agg.stats["ended"] == 3
+        assert logged == [{"event": "ended", "job": 1, "freed_bytes": 1600}] + [
+            {"event": "ended", "job": j, "freed_bytes": 0} for j in (1, 7)]
+        agg.handle(P.pack(P.JOIN, 3, 0, 2, 4, 0, 100), ("127.0.0.1", 40003))
+        assert set(agg.pools) == {2, 3}  # the room it held
+    finally:
+        agg.close()
+
+
 def test_a_datagram_from_outside_the_job_is_never_summed(aggregator):
     agg = aggregator()
     rogue = AggClient(agg.address, 9, 0, 2, slots=2, chunk=10, rto=RTO, timeout=5)

@@ -78,11 +78,13 @@ def test_an_aggregating_job_holds_its_aggregators_room_until_it_ends(tmp_path, v
     if ending == "stopped":
         vrt.run(lambda: job.state == "running")
         assert aggregation.held(jobs.book) == {a["switch"]: (1, a["bytes"])}
+        assert jobs.runs.aggregators.ended == []  # the aggregator is told nothing while the job runs
         jobs.stop(job.id)
     vrt.run(lambda: not job.active, what="the job to end")
     assert job.state == ending, job.reason
     assert aggregation.held(jobs.book) == {}  # given back
     assert job.aggregation == a  # the record still says where it ran
+    assert jobs.runs.aggregators.ended == [(a["switch"], a["key"])]  # and the aggregator told: its slots freed now
 
 
 def test_a_full_aggregator_sends_the_next_job_elsewhere_then_a_ring_with_the_reason(tmp_path, vrt):

@@ -251,3 +251,40 @@ def test_the_wiring_builds_each_part_from_the_parts_it_needs(tmp_path):
     started = []
     ctx.jobs.start = lambda: started.append(True)
     assert PlacementApp(optirack=ctx).service is ctx.jobs and started == [True]
+
+
+def test_a_jobs_end_reaches_its_aggregator_out_of_the_switchs_aggregator_port(rig):
+    """The fabric's word to an aggregator: a packet-out of as1's aggregator port holding a UDP datagram to the
+    aggregator's address that a real aggregator takes as the job's END (its pool freed)."""
+    import struct
+
+    from ryu.lib.packet import ethernet, ipv4, packet, udp
+    from ryu.ofproto import ofproto_v1_3 as ofp
+    from ryu.ofproto import ofproto_v1_3_parser as parser
+
+    from containers import aggproto
+    from containers.aggregator import Aggregator
+    from controller.core import aggregators
+
+    ctx, apps, _, switches = rig
+    a = next(x for x in aggregators.aggregators(RACK) if x.switch == "as1")
+    assert ctx.jobs.runs.aggregators is ctx.fabric  # what the job service tells at a job's end
+    assert apps[2].fabric.end_aggregation("as1", 0xC0FFEE)
+    out = switches["as1"].sent[-1]
+    assert isinstance(out, parser.OFPPacketOut) and out.in_port == ofp.OFPP_CONTROLLER
+    assert [x.port for x in out.actions] == [a.port]
+    pkt = packet.Packet(out.data)
+    eth, ip, u = pkt.get_protocol(ethernet.ethernet), pkt.get_protocol(ipv4.ipv4), pkt.get_protocol(udp.udp)
+    assert eth.dst == "ff:ff:ff:ff:ff:ff" and eth.ethertype == 0x0800
+    assert (ip.src, ip.dst, ip.proto, u.dst_port) == ("198.18.0.0", a.ip, 17, a.udp_port)
+    header = out.data[14:34]
+    assert sum(struct.unpack("!10H", header)) % 0xFFFF == 0  # the IPv4 header's checksum holds
+    agg = Aggregator("127.0.0.1", 0)
+    try:
+        agg.handle(aggproto.pack(aggproto.JOIN, 0xC0FFEE, 0, 2, 4, 0, 100), ("198.18.0.1", 40000))
+        agg.handle(pkt.protocols[-1], (ip.src, u.src_port))
+        assert agg.pools == {} and agg.stats["ended"] == 1
+    finally:
+        agg.close()
+    switches["as2"].connected = False  # a switch the controller cannot reach: nothing sent, and it says so
+    assert not apps[2].fabric.end_aggregation("as2", 1)

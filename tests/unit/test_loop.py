@@ -79,7 +79,7 @@ def test_the_loop_takes_one_event_at_a_time_and_a_loss_mid_step_remakes_the_plan
 PARTS = [admission.Admission, runs.Runs, recovery.Recovery, detect.Detector, warm.Warm, regroup.Regroup,
          external.External, restart.Restart, records.Records, workers.Workers, actions.Actions]
 ALLOWED = {book.JobBook, inbox.Inbox, runtime.Runtime, ports.CircuitChangesPort, ports.ContainersPort,
-           ports.SchedulerPort, ports.EnginesPort, bool, int, float, str, type(None)}
+           ports.SchedulerPort, ports.EnginesPort, ports.AggregatorsPort, bool, int, float, str, type(None)}
 
 
 @pytest.mark.parametrize("part", PARTS, ids=lambda p: p.__name__)
