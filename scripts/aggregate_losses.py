@@ -14,9 +14,9 @@ Every run is compared with the first ring run: per rank and iteration the relati
 the gradient norm, and its largest value. The bar is float tolerance, 1e-5 relative (--tolerance): the aggregator
 sums in double precision and rounds once, the ring adds float32 partial sums in its own order, so the sums differ in
 their last bits and those differences go on through the updates. A second ring run shows what the ring gives
-against itself.
+against itself. Needs root and the worker image; for a record, run it with nothing else running on the machine:
 
-    olock quiet python -m scripts.aggregate_losses --json results/bench/<UTC>-<commit>-aggregate_losses.json
+    python -m scripts.aggregate_losses --json results/bench/<UTC>-<commit>-aggregate_losses.json
 """
 from __future__ import annotations
 

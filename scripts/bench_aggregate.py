@@ -16,9 +16,9 @@ policy `regroup` for the ring and `panama` for aggregation (one step of S bytes 
 plus one step's fixed cost), with the network calibrated from the newest whole `make demo` record of the current
 model (simulator/model/calibration.py), in rack seconds: the emulated times divided by the rack's time dilation.
 It models the aggregator at line rate: the slot pool's window and the aggregator's own software are not in it.
-Needs root and the worker image; run it alone (olock quiet) for a record.
+Needs root and the worker image; for a record, run it with nothing else running on the machine:
 
-    olock quiet python -m scripts.bench_aggregate --repeats 5 --json results/bench/<UTC>-<commit>-bench_aggregate.json
+    python -m scripts.bench_aggregate --repeats 5 --json results/bench/<UTC>-<commit>-bench_aggregate.json
 """
 from __future__ import annotations
 

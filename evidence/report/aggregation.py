@@ -14,8 +14,8 @@ NAME = "bench_aggregate"
 def bench(_records: list, directory: Path | None = None) -> str:
     found = bench_records(NAME, directory)
     if not found:
-        return ("No record yet: `olock quiet python -m scripts.bench_aggregate --repeats 5 --json "
-                "results/bench/<UTC>-<commit>-bench_aggregate.json` makes one.")
+        return ("No record yet: `python -m scripts.bench_aggregate --repeats 5 --json "
+                "results/bench/<UTC>-<commit>-bench_aggregate.json`, with nothing else running, makes one.")
     rows = ["| record | collective | runs | all-reduce, median (emulated) | iteration, median (rack) "
             "| simulated iteration | runs against it (min / max) | every sum exact | speed-up over ring: "
             "all-reduce / iteration (simulated) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -47,8 +47,8 @@ LOSSES = "aggregate_losses"
 def losses(_records: list, directory: Path | None = None) -> str:
     found = bench_records(LOSSES, directory)
     if not found:
-        return ("No record yet: `olock quiet python -m scripts.aggregate_losses --json "
-                "results/bench/<UTC>-<commit>-aggregate_losses.json` makes one.")
+        return ("No record yet: `python -m scripts.aggregate_losses --json "
+                "results/bench/<UTC>-<commit>-aggregate_losses.json`, with nothing else running, makes one.")
     rows = ["| record | run | collective | against the first ring run: loss, largest relative difference "
             "| gradient norm, largest relative difference | losses identical | replicas equal at the end "
             "| all-reduce, median (emulated) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]

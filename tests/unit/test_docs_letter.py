@@ -73,6 +73,22 @@ def test_the_help_check_reads_help_and_the_docstring_a_parser_shows(tmp_path):
     assert [n for _, t in _help_strings(module) for n in tracker_numbers(t)] == ["#12", "issue 7"]
 
 
+HOST_TOOL = re.compile(r"\bolock\b")  # this shared development host's lock tool: no fresh machine has it
+
+
+def test_no_page_or_help_tells_a_reader_to_run_a_tool_only_our_host_has():
+    """A newcomer's machine has no `olock`: a page, a command's help or a report block's text that says to run
+    one is a step they cannot take (say "with nothing else running" instead)."""
+    found = [f"{page.relative_to(ROOT)}:{i}" for page in PAGES
+             for i, line in enumerate(page.read_text().splitlines(), 1) if HOST_TOOL.search(line)]
+    found += [f"{p.relative_to(ROOT)}:{line}" for p in _modules() for line, text in _help_strings(p)
+              if HOST_TOOL.search(text)]
+    report = ROOT / "evidence" / "report"
+    found += [f"{p.relative_to(ROOT)}:{i}" for p in sorted(report.glob("*.py"))
+              for i, line in enumerate(p.read_text().splitlines(), 1) if HOST_TOOL.search(line)]
+    assert not found, "tells the reader to run olock, which only this host has:\n" + "\n".join(found)
+
+
 def _tracked() -> set[str]:
     out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], capture_output=True, check=True, timeout=60)
     files = {f for f in out.stdout.decode().split("\0") if f}
