@@ -358,3 +358,21 @@ def test_a_read_back_of_many_ports_reads_the_whole_container_and_picks_the_chang
             small.close()
     finally:
         server.close()
+
+
+def test_a_pipelined_read_back_lost_or_malformed_leaves_nothing_to_confirm(canned):
+    """The read-back sent right behind the confirmed commit: a malformed one, or a session lost at the commit, drops
+    the session (the device undoes an unconfirmed commit by itself) and leaves nothing to confirm or cancel."""
+    bad = f'<data><cross-connects xmlns="{NS}"><pair><ingress>x</ingress></pair></cross-connects></data>'
+    server = canned({"get-config": [bad]}, CONFIRMED)
+    d = driver(server.port, timeout=2)
+    with pytest.raises(OcsUnavailable, match=r"malformed reply to read-back after commit"):
+        d.apply(set(), {(1, 12)})
+    assert not d.connected and not d.cancel()
+    d.confirm()  # nothing waits
+    assert server.seen == ["lock", "edit-config", "commit", "get-config", "close-session"]  # no confirm
+    server = canned({"commit": ["DROP"]}, CONFIRMED)
+    d = driver(server.port, timeout=2)
+    with pytest.raises(OcsUnavailable, match=r"confirmed commit \(ports 6, 7\)"):
+        d.apply(set(), {(6, 7)})
+    assert not d.connected and not d.cancel()
