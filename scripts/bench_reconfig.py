@@ -12,18 +12,17 @@ changed circuits are dark, while the emulated OCS sleeps out its switching time,
 nothing until it outlasts the window (programming_in_dark_ms; what ran after it, programming_after_dark_ms).
 Over NETCONF (the emulated NETCONF OCS, reached over SSH as a lab's is), where the time beyond switching goes, from
 timestamps of the measured changes: the driver's whole time, each RPC's round trip (lock, edit-config, the confirmed
-commit, get-config, the confirm, unlock: the controller's log), the client's own time (the driver's less its RPCs and
-its wait for the mirrors), the CPU time netconfd, our sshd with its sessions, and the emulation (its front before
-netconfd, its agent and the agent's ovs-ofctl runs) spent per change (/proc), and the agent's own steps (its log):
-the emulation's share apart from the driver's. Over NETCONF the next change goes only once the emulated switch's
-agent has made the last one on its bridge, so that the emulation's flow work does not run into the next change.
-Both clocks are the host's wall clock (the controller runs on this host). Measured for
-one circuit moved and for every circuit moved at once, in one call (PUT /ocs/circuits), on the
-paper rack, on a generated 64-GPU rack, and on a generated 512-GPU rack whose OCS has 1,024
-ports (512 circuits changed at once). Racks of 256 GPUs or more are brought up bare by default
-(emulation/bare.py: the same OVS bridges and controller path, no servers), since the full rack
-takes minutes. Needs root (it brings racks up).
-"""
+commit, get-config, the confirm, unlock: the controller's log; the get-config and the unlock are sent right behind
+the commit and the confirm, so theirs count from the reply before them), the client's own time (the driver's less
+its RPCs and its wait for the mirrors), the CPU time netconfd, our sshd with its sessions, and the emulation (its
+front before netconfd, its agent and the agent's ovs-ofctl runs) spent per change (/proc), and the agent's own steps
+(its log): the emulation's share apart from the driver's. Over NETCONF the next change goes only once the emulated
+switch's agent has made the last one on its bridge, so that the emulation's flow work does not run into the next
+change. Both clocks are the host's wall clock (the controller runs on this host). Measured for one circuit moved and
+for every circuit moved at once, in one call (PUT /ocs/circuits), on the paper rack, on a generated 64-GPU rack, and
+on a generated 512-GPU rack whose OCS has 1,024 ports (512 circuits changed at once). Racks of 256 GPUs or more are
+brought up bare by default (emulation/bare.py: the same OVS bridges and controller path, no servers), since the full
+rack takes minutes. Needs root (it brings racks up)."""
 from __future__ import annotations
 
 import argparse

@@ -247,6 +247,7 @@ class CircuitChanges:
                 have = driver.read()
                 if have != want:
                     driver.apply(have - want, want - have)
+                    driver.confirm()  # a rollback is a change too: unconfirmed, the switch would undo it by itself
             except Exception as e:  # noqa: BLE001 (whatever the driver raised: the others still roll back)
                 LOG.error("OCS %s: rollback failed (%s); resynchronising it until it takes", ocs, e)
                 self._resynchronise_later(ocs)
