@@ -101,11 +101,12 @@ def start(run_dir: Path, port: int, user: str, client_keys: list[Path], timeout:
     subprocess.run([SSHD, "-f", str(cfg), "-E", str(run_dir / "sshd.log")], check=True, capture_output=True,
                    stdin=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + timeout
-    while not (listening(port) and (run_dir / "sshd.pid").exists()):
+    # sshd creates its PID file before it writes it: wait for a PID in it, not for the file
+    while not (listening(port) and (pid := sshd_pid(run_dir))):
         if time.monotonic() > deadline:
             raise RuntimeError(f"sshd did not listen on 127.0.0.1:{port} (see {run_dir}/sshd.log)")
         time.sleep(0.05)
-    return int((run_dir / "sshd.pid").read_text())
+    return pid
 
 
 def sshd_pid(run_dir: Path) -> int | None:
