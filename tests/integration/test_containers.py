@@ -159,3 +159,36 @@ def test_two_removals_of_one_gpu_at_once_both_succeed_and_the_nic_is_home(driver
     driver.remove("r", "gpu1", "srv1")  # once more, with nothing left
     driver.remove("r", "gpu2", "srv2")
     _check_all_home(driver)
+
+
+def test_the_nic_helpers_del_raced_with_itself_always_succeeds_and_leaves_one_address():
+    """The helper's `del` for an emulated NIC that died with its namespace, run twice at once, 25 times, in a
+    network namespace of the test's own: both succeed and the NIC ends home with exactly its address and route.
+    It once flushed the addresses before adding its own, so one del could remove the address the other had just
+    added and that one's `ip route ... src` failed ("Invalid prefsrc address", exit 2)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "containers" / "helper" / "optirack-nic"
+    name = f"optirack-t-nic-{os.getpid()}"
+    sh("ip", "netns", "add", name)
+    try:
+        sh("ip", "netns", "exec", name, "ip", "link", "add", "port0", "type", "veth", "peer", "name", "port0p")
+        sh("ip", "netns", "exec", name, "ip", "link", "set", "port0", "up")
+        env = {**os.environ, "NIC": "nic0", "NETNS": f"/run/netns/{name}-gone", "CIDR": "10.9.0.2/24", "ID": "t",
+               "PORT": "port0", "MAC": "02:00:00:00:09:02", "TABLE": "109", "SUBNET": "10.9.0.0/24"}
+        failures = []
+        for _ in range(25):
+            subprocess.run(["ip", "netns", "exec", name, "ip", "link", "del", "nic0"], capture_output=True)
+            procs = [subprocess.Popen(["ip", "netns", "exec", name, "sh", str(script), "del"], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for _ in range(2)]
+            failures += [(p.returncode, out) for p in procs for out, _ in [p.communicate(timeout=30)]
+                         if p.returncode != 0]
+        assert failures == []
+        addrs = sh("ip", "netns", "exec", name, "ip", "-o", "-4", "addr", "show", "dev", "nic0")
+        assert [line.split()[3] for line in addrs.splitlines()] == ["10.9.0.2/24"]
+        assert "src 10.9.0.2" in sh("ip", "netns", "exec", name, "ip", "route", "show", "table", "109")
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
