@@ -163,7 +163,8 @@ def compare_record(record: dict, trace: list[dict], rack_file: Path, with_lags: 
         jobs = trace[: record["jobs_replayed"]]
         sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0, with_lags, one_step,
                                 run.get("scheduler", "fifo"))
-        out[policy] = compare(emulated_rows(run), sim, run["summary"]["circuit_changes"], changes)
+        out[policy] = {**compare(emulated_rows(run), sim, run["summary"]["circuit_changes"], changes),
+                       "scheduler": run.get("scheduler", "fifo")}
     return out
 
 

@@ -60,22 +60,29 @@ def against_mean(runs: list[dict]) -> dict:
     }
 
 
+def scheduler(by_policy: dict[str, dict]) -> str:
+    """The queue discipline the controller ran in a record (tracecheck.compare_record's `scheduler`; fifo in
+    comparisons without one)."""
+    return next(iter(by_policy.values()), {}).get("scheduler", "fifo")
+
+
 def judge(comparisons: Comparisons, fingerprint: str | None,
           versions: list[tracebars.Bars] | None = None) -> tuple[list[dict], list[str]]:
-    """The records of one trace, made with the model `fingerprint`, grouped by the bars in force when each was made:
-    ([{bars, records, literal: {(record, policy): misses}, missing: [...], by_policy: {policy: (against_mean's
-    figures, noise-aware misses or None where the bars set none)}}], the records no bars judge)."""
+    """The records of one trace, made with the model `fingerprint`, grouped by the bars in force when each was made
+    and by the controller's queue discipline (replays queued otherwise are other runs of the trace: never averaged
+    together): ([{bars, scheduler, records, literal: {(record, policy): misses}, missing: [...], by_policy: {policy:
+    (against_mean's figures, noise-aware misses or None where the bars set none)}}], the records no bars judge)."""
     versions = tracebars.load() if versions is None else versions
-    groups: dict[int, tuple[tracebars.Bars, Comparisons]] = {}
+    groups: dict[tuple[int, str], tuple[tracebars.Bars, Comparisons]] = {}
     unjudged = []
     for name, by in comparisons:
         bars = tracebars.in_force(versions, fingerprint, started(name))
         if bars is None:
             unjudged.append(name)
         else:
-            groups.setdefault(bars.version, (bars, []))[1].append((name, by))
+            groups.setdefault((bars.version, scheduler(by)), (bars, []))[1].append((name, by))
     out = []
-    for _, (bars, recs) in sorted(groups.items()):
+    for (_, queue), (bars, recs) in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] != "fifo", kv[0][1])):
         by_policy = {}
         for policy in POLICIES:
             runs = [by[policy] for _, by in recs if policy in by]
@@ -83,7 +90,7 @@ def judge(comparisons: Comparisons, fingerprint: str | None,
                 m = against_mean(runs)
                 by_policy[policy] = (m, tracebars.noise_aware(m, bars) if bars.noise_aware else None)
         out.append({
-            "bars": bars, "records": [name for name, _ in recs],
+            "bars": bars, "scheduler": queue, "records": [name for name, _ in recs],
             "literal": {(name, p): tracebars.literal(c, bars) for name, by in recs for p, c in by.items()},
             "missing": [f"{name}: no {', '.join(p for p in POLICIES if p not in by)} run"
                         for name, by in recs if any(p not in by for p in POLICIES)],
@@ -109,8 +116,9 @@ def verdict(comparisons: Comparisons, fingerprint: str | None,
     out = [f"{name}: no bars of its model were set before it" for name in unjudged]
     for g in groups:
         lit, noise = misses(g)
-        out += [f"literal {g['bars'].name}: {x}" for x in lit]
-        out += [f"noise-aware {g['bars'].name}: {x}" for x in noise or []]
+        name = g["bars"].name + ("" if g.get("scheduler", "fifo") == "fifo" else f" ({g['scheduler']})")
+        out += [f"literal {name}: {x}" for x in lit]
+        out += [f"noise-aware {name}: {x}" for x in noise or []]
     return out
 
 
@@ -138,4 +146,6 @@ def table(group: dict) -> str:
             f"{_pct(m['makespan_error'], True)} of {m['makespan_emulated_mean_s']:.1f} s | {na} "
             f"| {_pct(m['jct_noise_median'])} / {_pct(m['jct_noise_p90'])}, {_pct(m['makespan_spread'])}, "
             f"{m['start_pairs_replays']} (simulated: {m['start_pairs_simulated']}) |")
-    return f"Bars {bars.name} (`{bars.path.name}`):\n\n" + "\n".join(rows)
+    queue = group.get("scheduler", "fifo")
+    under = "" if queue == "fifo" else f", the replays with the controller queueing by {queue}"
+    return f"Bars {bars.name} (`{bars.path.name}`){under}:\n\n" + "\n".join(rows)

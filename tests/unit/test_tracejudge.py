@@ -101,3 +101,19 @@ def test_fewer_replays_than_the_noise_aware_bar_needs_fail_it():
     recs = _records(26, 100.0, 100.0)
     bad = tracejudge.verdict(recs, MODEL, [V1, V2])
     assert bad and all("2 replay(s); the noise-aware bar needs 3" in b for b in bad)
+
+
+def test_replays_queued_otherwise_are_judged_apart_never_averaged_with_fifos():
+    """A replay under backfill is another run of the trace: its own group (its noise-aware bar then lacks replays),
+    the fifo replays' mean untouched by it."""
+    fifo = _records(26, 100.0, 100.0, 100.0)
+    backfill = [("20261126T000009Z-abc1234", {p: {**_c(150.0), "scheduler": "backfill"} for p in tracejudge.POLICIES})]
+    groups, _ = tracejudge.judge(fifo + backfill, MODEL, [V1, V2])
+    assert [(g["bars"].version, g["scheduler"], len(g["records"])) for g in groups] == [(2, "fifo", 3),
+                                                                                        (2, "backfill", 1)]
+    m, noise = groups[0]["by_policy"]["fixed"]
+    assert m["makespan_emulated_mean_s"] == pytest.approx(100.0) and noise == []
+    _, noise = groups[1]["by_policy"]["fixed"]
+    assert any("needs 3" in x for x in noise)
+    assert "queueing by backfill" in tracejudge.table(groups[1])
+    assert all("(backfill)" in line for line in tracejudge.verdict(fifo + backfill, MODEL, [V1, V2]))
