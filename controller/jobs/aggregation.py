@@ -8,8 +8,11 @@ aggregator has room, or no switch with one can take its GPUs now, it is placed a
 record says why.
 
 The reservation is the record itself while the job is active: nothing else holds it. A job that ends (done, failed,
-stopped) no longer counts; a recovering one still does, and its new attempt keeps the aggregator, the key and the
-pool; a restarted controller counts again from the jobs it loads. A job confined to its aggregator's switch that can
+stopped) no longer counts; a recovering one still does until its new attempt is placed: the new attempt's GPUs are
+regrouped under a switch whose aggregator has room (the job's own room counted free, so it may stay), and its record
+then names that aggregator, or a ring with the reason, in one step (never two attempts holding room); the old
+attempt's pool is freed at its aggregator (controller/jobs/recovery.py). A restarted controller counts again from
+the jobs it loads, a recovery under way included. A job confined to its aggregator's switch that can
 no longer be placed there when it starts (the circuits changed since its admission) is placed as any job and runs
 as a ring (`placed`); so does one whose workers say the aggregator did not take it (`reported`).
 """
@@ -64,10 +67,13 @@ def key_of(job: Job) -> int:
     return zlib.crc32(f"{job.id}@{job.created_at!r}".encode())
 
 
-def plan(book: JobBook, occ: Occupancy, job: Job) -> tuple[policy.Plan, dict | None]:
+def plan(book: JobBook, occ: Occupancy, job: Job,
+         req: policy.Request | None = None) -> tuple[policy.Plan, dict | None]:
     """The job's plan and its aggregation (None if it did not ask for it): under a switch whose aggregator has room
-    where one can take it, else placed as any job, a ring with the reason. Raises as policy.plan does."""
-    req = request_of(job)
+    where one can take it, else placed as any job, a ring with the reason. `req`: what to place (the job's request by
+    default; a fail-over's new attempt, its GPUs named). The job's own room counts as free: a new attempt gives the
+    old one's up. Raises as policy.plan does."""
+    req = req or request_of(job)
     if not asks(job):
         return policy.plan(occ, req), None
     slots, chunk = pool_shape(book.rack)
@@ -90,13 +96,26 @@ def plan(book: JobBook, occ: Occupancy, job: Job) -> tuple[policy.Plan, dict | N
             why = f"no switch whose aggregator has room can take its GPUs now: {e}"
         else:
             a = next(a for a in room if a.switch == p.switches[0])
-            return p, {"collective": AGGREGATE, "switch": a.switch, "address": a.address, "key": key_of(job),
+            key = (job.aggregation or {}).get("key") or key_of(job)  # a new attempt's is the job's
+            return p, {"collective": AGGREGATE, "switch": a.switch, "address": a.address, "key": key,
                        "bytes": need, "slots": slots, "chunk": chunk}
     elif full:
         why = "no aggregator has room: " + "; ".join(full)
     else:
         why = f"rack {book.rack.name} has no in-network aggregator"
     return policy.plan(occ, req), {"collective": RING, "reason": why}
+
+
+def failover_note(old: dict | None, new: dict | None) -> str:
+    """What a fail-over's event and the job's note say of the new attempt's collective ('' where it did not ask)."""
+    if new is None:
+        return ""
+    if new.get("collective") == AGGREGATE:
+        was = old if old is not None and old.get("collective") == AGGREGATE else None
+        moved = "" if was is not None and was["switch"] == new["switch"] else \
+            f" (moved from {was['switch']}'s)" if was is not None else " (a ring before)"
+        return f"the new attempt aggregates at {new['switch']}'s aggregator {new['address']}{moved}"
+    return f"the new attempt runs as a ring: {new['reason']}"
 
 
 def placed(job: Job, p: policy.Plan) -> None:

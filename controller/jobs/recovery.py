@@ -29,11 +29,11 @@ from controller.core import spares as spare_rule
 from controller.core.circuits import CircuitMap
 from controller.core.errors import Busy, OcsUnavailable
 from controller.core.jobs import Job, transition
-from controller.jobs import assess
+from controller.jobs import aggregation, assess
 from controller.jobs.actions import Actions
 from controller.jobs.book import JobBook
 from controller.jobs.inbox import Done, Drain, End, Inbox, Lost, Reconcile
-from controller.jobs.ports import CircuitChangesPort, ContainersPort
+from controller.jobs.ports import AggregatorsPort, CircuitChangesPort, ContainersPort
 from controller.jobs.rejoin import Rejoin
 from controller.jobs.runtime import Runtime
 from controller.jobs.steps import LOG, RECONFIG_WAIT, _reason, _unexpected
@@ -49,8 +49,10 @@ STEPS = ("detected", "assessed", "swapped", "told", "restarting")
 
 class Recovery(Rejoin):
     def __init__(self, book: JobBook, inbox: Inbox, rt: Runtime, changes: CircuitChangesPort,
-                 containers: ContainersPort, hold_at: str | None = None, keep_survivors: bool = True):
+                 containers: ContainersPort, hold_at: str | None = None, keep_survivors: bool = True,
+                 aggregators: AggregatorsPort | None = None):
         self.book, self.inbox, self.rt, self.changes, self.containers = book, inbox, rt, changes, containers
+        self.aggregators = aggregators  # told that an aggregating job's old attempt is over (its pool freed)
         self.workers = Workers(book, containers, inbox, rt)
         self.actions = Actions(book, inbox, rt)
         self.hold_at = hold_at  # a fault hook for tests: a recovery stops once this step is recorded
@@ -195,7 +197,9 @@ class Recovery(Rejoin):
 
     def _change(self, job: Job, rec: dict, gpus: list[str], fence: list[str], stop: list[str], gone: list[str]):
         """The action: the old attempt's workers stopped; one circuit change placing `gpus` under as few switches as
-        can be and taking the circuits of the GPUs fenced out; their containers removed where their server lives."""
+        can be (an aggregating job's under a switch whose aggregator has room, else as a ring: controller/jobs/
+        aggregation.py) and taking the circuits of the GPUs fenced out; the old attempt's pool freed at its
+        aggregator; their containers removed where their server lives."""
         self.workers.kill(job, stop)
         model, workload = job.request.get("gpu_model"), job.request["workload"].get("model", "vgg16")
         rack, decided = self.book.rack, dict[str, object]()
@@ -203,17 +207,22 @@ class Recovery(Rejoin):
 
         def plan(current: CircuitMap) -> CircuitMap:
             occ = self.book.occ(current, exclude=job.id, down=self._down())
-            p = policy.plan(occ, policy.Request(tuple(gpus), "regroup", model, workload))
-            decided.update(plan=p, planned_at=self.book.clock())
+            p, agg = aggregation.plan(self.book, occ, job, policy.Request(tuple(gpus), "regroup", model, workload))
+            decided.update(plan=p, aggregation=agg, planned_at=self.book.clock())
             target = p.target(current)
             return CircuitMap([c for c in target.circuits if not (set(c) & ports)])
 
         t0 = self.book.clock()
         ev = self.changes.change(plan, "failover", lambda: f"{job.id}: " + ", ".join(
-            f"{a} -> {rec['spares'].get(a, a)}" for a in rec["losing"]) + " (lost)", job=job.id, wait=RECONFIG_WAIT)
+            f"{a} -> {rec['spares'].get(a, a)}" for a in rec["losing"]) + " (lost)", job=job.id, wait=RECONFIG_WAIT,
+            note=lambda: aggregation.failover_note(job.aggregation, decided["aggregation"]))
+        old = aggregation.aggregating(job)
+        if old is not None and self.aggregators is not None:  # the old attempt's pool: the new one joins afresh
+            self.aggregators.end_aggregation(old["switch"], old["key"])
         if gone:
             self.rt.spawn(self.workers.remove, job, gone)
-        return {"plan": decided["plan"], "event": ev, "gpus": gpus, "t0": t0, "t1": decided["planned_at"]}
+        return {"plan": decided["plan"], "event": ev, "gpus": gpus, "t0": t0, "t1": decided["planned_at"],
+                "aggregation": decided["aggregation"]}
 
     def stopped(self, done: Done) -> None:
         self.reconcile(self.book.jobs[done.job])
@@ -227,6 +236,9 @@ class Recovery(Rejoin):
             return self._failed_step(job, rec, "swapping spares in", done.error)
         p, ev = done.result["plan"], done.result["event"]
         job.gpus, job.switches = list(done.result["gpus"]), list(p.switches)
+        if aggregation.asks(job):  # the new attempt's room, the old one's given up, in the same record
+            rec["aggregation"] = aggregation.failover_note(job.aggregation, done.result["aggregation"])
+            job.aggregation = done.result["aggregation"]
         if ev is not None:
             job.events.append(ev.id)
         job.circuits = self.book.circuits_of(job)

@@ -80,7 +80,7 @@ class Rejoin:
         k = newest_checkpoint(job, self.book.rack, [g for g in job.gpus if g in rec["old_gpus"]])[0]
         done = {key: rec[key] for key in ("attempt", "reason", "detected_at", "restartable", "errors",
                                           "servers_down", "reached", "spares", "restarted", "planning_s", "ocs_s",
-                                          "event", "switches", "planned_at", "told_s") if key in rec}
+                                          "event", "switches", "planned_at", "told_s", "aggregation") if key in rec}
         done.update(lost=rec["lost"], kept=[g for g in kept if g not in warm],
                     warm={s: s in kept for s in rec["spares"].values()}, resumed_from=k,
                     iterations_redone=max(0, rec["reached"] - k), containers_s=now - rec.get("planned_at", now),
@@ -93,7 +93,8 @@ class Rejoin:
         swapped = ", ".join([f"{a} -> {b}" + ("" if done["warm"][b] else " (no warm spare: a container started)")
                              for a, b in done["spares"].items()]
                             + [f"{g} restarted on its own GPU" for g in done["restarted"]]) or "none swapped"
-        job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}"
+        job.note = f"recovered {len(job.recoveries)} time(s); last: {swapped}, from iteration {k}" + (
+            f"; {rec['aggregation']}" if rec.get("aggregation") else "")
         job.exit_codes = {}
         transition(job, "running", reason=None, recovery=None)
         self.book.save()

@@ -79,7 +79,8 @@ class JobService:
         self.inbox = inbox = Inbox(runtime)
         self.admission = Admission(book, inbox, runtime, containers, queue)
         self.runs = Runs(book, inbox, runtime, changes, containers, hold_configuring, aggregators)
-        self.recovery = Recovery(book, inbox, runtime, changes, containers, hold_recovering, keep_survivors)
+        self.recovery = Recovery(book, inbox, runtime, changes, containers, hold_recovering, keep_survivors,
+                                 aggregators)
         self.detector = Detector(book, inbox, runtime, containers, scheduler, engine_poll)
         self.warm = Warm(book, inbox, runtime, containers, enabled=keep_survivors)
         self.regrouper = Regroup(book, inbox, runtime, changes)

@@ -1,7 +1,8 @@
 """Jobs that ask for in-network aggregation (controller/jobs/aggregation.py), on the job service built alone (fake
 workers and circuit changes, virtual time): placed under a switch whose aggregator has room, that room reserved
-while the job is active and given back at every ending, kept by a fail-over's new attempt, counted again after a
-restart; a ring, saying why, where no aggregator has room. And the placement's confinement to given switches."""
+while the job is active and given back at every ending, kept or moved by a fail-over's new attempt (one attempt's
+room at a time, the old attempt's pool freed), counted again after a restart, mid-recovery too; a ring, saying why,
+where no aggregator has room. And the placement's confinement to given switches."""
 from __future__ import annotations
 
 import copy
@@ -83,8 +84,13 @@ def test_an_aggregating_job_holds_its_aggregators_room_until_it_ends(tmp_path, v
     vrt.run(lambda: not job.active, what="the job to end")
     assert job.state == ending, job.reason
     assert aggregation.held(jobs.book) == {}  # given back
+    ended = jobs.runs.aggregators.ended
+    if ending == "failed":  # it failed after its recoveries: each fail-over freed its old attempt's pool, and the end
+        assert len(job.recoveries) == 5 and len(ended) == 6 and {k for _, k in ended} == {a["key"]}
+        assert job.aggregation["key"] == a["key"] and ended[-1] == (job.aggregation["switch"], a["key"])
+        return
     assert job.aggregation == a  # the record still says where it ran
-    assert jobs.runs.aggregators.ended == [(a["switch"], a["key"])]  # and the aggregator told: its slots freed now
+    assert ended == [(a["switch"], a["key"])]  # and the aggregator told: its slots freed now
 
 
 def test_a_full_aggregator_sends_the_next_job_elsewhere_then_a_ring_with_the_reason(tmp_path, vrt):
@@ -228,3 +234,114 @@ def test_workers_the_aggregator_refused_make_the_record_say_ring_and_give_the_ro
                                                           "its most): its workers run as a ring"}
     assert aggregation.held(jobs.book) == {}
     jobs.stop(job.id)
+
+
+def _watch(jobs, seen: list):
+    """A predicate's side: the room held at every step the runtime takes (never two attempts holding room)."""
+    seen.append(aggregation.held(jobs.book))
+    return True
+
+
+def test_a_fail_over_regroups_under_an_aggregator_with_room_and_frees_the_old_attempts_pool(tmp_path, vrt):
+    """gpu1 and gpu2 aggregate under as1, where both hang; srv1 and srv2 go down (the aggregator's switch loses its
+    servers): the spares gpu3 and gpu4 hang under as2, whose aggregator has room, so the new attempt is regrouped
+    there and sums at as2's aggregator (same key); as1's room is given back in the same step, and as1's aggregator
+    is told the old attempt is over, before the new attempt's workers start. The event and the job's note say so."""
+    rack = rack_with(as1={"jobs": 1}, as2={"jobs": 1})
+    driver = FakeDriver(pace=1.0)
+    state, jobs = make(tmp_path, rack, driver, vrt)
+    job = jobs.submit(req(gpus=["gpu1", "gpu2"], workload={"iterations": 1000}, checkpoint_every=5))
+    a = dict(job.aggregation)
+    assert a["switch"] == "as1"
+    vrt.run(lambda: len(job.iterations()) >= 7, what="a checkpoint")
+    driver.kill_server("srv1")
+    driver.kill_server("srv2")
+    seen: list = []
+    vrt.run(lambda: _watch(jobs, seen) and job.state == "running" and job.recoveries, what="the new attempt")
+    assert all(sum(n for n, _ in h.values()) == 1 for h in seen), seen  # one attempt's room at every step
+    assert job.attempt == 1 and sorted(job.gpus) == ["gpu3", "gpu4"] and job.switches == ["as2"]
+    assert job.aggregation == {**a, "switch": "as2", "address": ADDRESS["as2"]}  # the same key, as2's aggregator
+    assert aggregation.held(jobs.book) == {"as2": (1, a["bytes"])}
+    assert jobs.recovery.aggregators.ended == [("as1", a["key"])]  # the old attempt's pool freed at as1
+    new = commands(driver, job, attempt=1)
+    assert len(new) == 2 and all(flags(c)["--aggregator"] == ADDRESS["as2"] for c in new)
+    (rec,) = job.recoveries
+    said = "the new attempt aggregates at as2's aggregator 198.18.0.251:9999 (moved from as1's)"
+    assert rec["aggregation"] == said and said in job.note and state.events.get(rec["event"]).note == said
+    other = jobs.submit(req(gpus=["gpu6"], gpu_model="TitanV"))  # as1's room is free again
+    assert other.aggregation["switch"] == "as1"
+    jobs.stop(job.id)
+    vrt.run(lambda: not job.active)
+    assert jobs.runs.aggregators.ended[-1] == ("as2", a["key"])  # its end told where it summed last
+    jobs.stop(other.id)
+
+
+def _three_downlinks_on_as1(**aggregators):
+    """The paper rack with 3 downlinks on as1 (gpu1, gpu2 and gpu6 cabled there) and the aggregators as rack_with."""
+    data = copy.deepcopy(PAPER_DATA)
+    for w in data["switches"]:
+        if w["name"] in aggregators and aggregators[w["name"]] is None:
+            del w["aggregator"]
+        if w["name"] == "as1":
+            w["downlinks"] = w["downlinks"][:3]
+    data["circuits"] = [["ocs1:1", "ocs1:11"], ["ocs1:2", "ocs1:12"], ["ocs1:6", "ocs1:13"], ["ocs1:5", "ocs1:21"],
+                        ["ocs1:3", "ocs1:22"], ["ocs1:4", "ocs1:23"]]
+    return parse_rack(data, "test rack")
+
+
+def test_a_fail_over_no_aggregator_can_take_runs_the_new_attempt_as_a_ring_and_says_why(tmp_path, vrt):
+    """as1 (the only aggregator) has 3 downlinks: gpu1 and gpu2 of the aggregating job, gpu6 of a ring job. srv1
+    goes down: the spare (under as2) cannot join gpu2 under as1 while gpu6 runs there and gpu1's server is down,
+    so the new attempt is regrouped as any job, runs as a ring, and its record, event and note say why; as1's room
+    is given back and its aggregator told."""
+    rack = _three_downlinks_on_as1(as2=None)
+    driver = FakeDriver(pace=1.0)
+    state, jobs = make(tmp_path, rack, driver, vrt)
+    pinned = jobs.submit(req(gpus=["gpu6"], collective="ring", policy="fixed", workload={"iterations": 1000}))
+    job = jobs.submit(req(gpus=["gpu1", "gpu2"], workload={"iterations": 1000}, checkpoint_every=5))
+    a = dict(job.aggregation)
+    assert a["switch"] == "as1"
+    vrt.run(lambda: len(job.iterations()) >= 7 and pinned.state == "running", what="a checkpoint")
+    driver.kill_server("srv1")
+    vrt.run(lambda: job.state == "running" and job.recoveries, what="the new attempt")
+    assert job.aggregation["collective"] == "ring" and job.aggregation["reason"].startswith(
+        "no switch whose aggregator has room can take its GPUs now")
+    assert aggregation.held(jobs.book) == {} and jobs.recovery.aggregators.ended == [("as1", a["key"])]
+    assert all(flags(c) == {} for c in commands(driver, job, attempt=1))
+    (rec,) = job.recoveries
+    assert rec["aggregation"] == f"the new attempt runs as a ring: {job.aggregation['reason']}"
+    assert rec["aggregation"] in job.note
+    for j in (job, pinned):
+        jobs.stop(j.id)
+
+
+@pytest.mark.parametrize("step", ["assessed", "swapped"])
+def test_a_restart_mid_recovery_counts_one_attempts_room(tmp_path, vrt, step):
+    """The controller dies while the job recovers, before the new attempt is placed (assessed: the old attempt's
+    room at as1 still held) or after (swapped: as2's); the new controller counts that one room, carries the recovery
+    on, and the job ends up at as2's aggregator with as1's pool freed and as1's room free."""
+    rack = rack_with(as1={"jobs": 1}, as2={"jobs": 1})
+    driver = FakeDriver(pace=1.0)
+    state, jobs = make(tmp_path, rack, driver, vrt)
+    jobs.recovery.hold_at = step
+    job = jobs.submit(req(gpus=["gpu1", "gpu2"], workload={"iterations": 1000}, checkpoint_every=5))
+    a = dict(job.aggregation)
+    vrt.run(lambda: len(job.iterations()) >= 7, what="a checkpoint")
+    driver.kill_server("srv1")
+    driver.kill_server("srv2")
+    vrt.run(lambda: job.state == "recovering" and job.recovery["step"] == step, what=f"the recovery held at {step}")
+    vrt.advance(2)
+    before = "as1" if step == "assessed" else "as2"
+    assert aggregation.held(jobs.book) == {before: (1, a["bytes"])}
+    rt2 = VirtualRuntime()  # a restart on the same state and engines
+    state2, jobs2 = make(tmp_path, rack, driver, rt2)
+    again = jobs2.get(job.id)
+    assert sum(n for n, _ in aggregation.held(jobs2.book).values()) == 1  # one attempt's room, from the record
+    seen: list = []
+    rt2.run(lambda: _watch(jobs2, seen) and again.state == "running" and again.recoveries, what="the new attempt")
+    assert all(sum(n for n, _ in h.values()) == 1 for h in seen), seen
+    assert again.aggregation["switch"] == "as2" and aggregation.held(jobs2.book) == {"as2": (1, a["bytes"])}
+    assert all(flags(c)["--aggregator"] == ADDRESS["as2"] for c in commands(driver, again, attempt=1))
+    ended = jobs.recovery.aggregators.ended + jobs2.recovery.aggregators.ended
+    assert ("as1", a["key"]) in ended and ("as2", a["key"]) not in ended
+    jobs2.stop(again.id)
