@@ -108,6 +108,13 @@ class Occupancy:
         self.n_bare = self.n_empty.sum(axis=1)  # per switch, its downlinks with no circuit (`n_empty` over groups)
         self.n_loose = np.zeros((ng, nm), dtype=np.int64)  # sizes of free_loose
         self.n_wired = np.zeros((ng, nm), dtype=np.int64)  # free_wired as an array
+        # the same arrays as flat views, indexed by one integer (w x groups + g, then x models + m): a change of one
+        # count costs less than through a tuple index
+        self._ng, self._nm = ng, nm
+        self._f_under, self._f_stay = self.n_under.reshape(-1), self.n_stay.reshape(-1)
+        self._f_empty, self._f_idle = self.n_empty.reshape(-1), self.n_idle.reshape(-1)
+        self._f_loose, self._f_wired = self.n_loose.reshape(-1), self.n_wired.reshape(-1)
+        assert all(np.shares_memory(f, a) for f, a in ((self._f_under, self.n_under), (self._f_empty, self.n_empty)))
         for gi in range(len(ix.gpus)):
             self.free_loose[ix.gpu_group[gi]][ix.gpu_model[gi]].add(gi)
             self.n_loose[ix.gpu_group[gi], ix.gpu_model[gi]] += 1
@@ -123,23 +130,25 @@ class Occupancy:
         gp, w, g = ix.gpu_port[gi], ix.port_switch[d], ix.port_group[d]
         self.partner[gp], self.partner[d] = d, gp
         self.empty[w][g].discard(d)
-        self.n_empty[w, g] -= 1
+        wg = w * self._ng + g
+        self._f_empty[wg] -= 1
         self.n_bare[w] -= 1
         self.loc[gi] = w
         if self.holder[gi] is None:  # an empty downlink becomes an idle one: n_open stays
-            m = ix.gpu_model[gi]
+            m, nm = ix.gpu_model[gi], self._nm
+            gm = g * nm + m
             self.free_loose[g][m].discard(gi)
-            self.n_loose[g, m] -= 1
+            self._f_loose[gm] -= 1
             self.free_under[w][g][m].add(gi)
             self.free_at[w][m].add(gi)
             self.wired_free[g][m].add(gi)
-            self.n_under[w, g, m] += 1
-            self.n_stay[w, m] += 1
+            self._f_under[wg * nm + m] += 1
+            self._f_stay[w * nm + m] += 1
             self.free_switch[w] += 1
             self.free_wired[g][m] += 1
-            self.n_wired[g, m] += 1
+            self._f_wired[gm] += 1
             self.idle[w][g].add(d)
-            self.n_idle[w, g] += 1
+            self._f_idle[wg] += 1
         else:
             self.n_open[w] -= 1
         self._map = None
@@ -153,23 +162,25 @@ class Occupancy:
         w, g = ix.port_switch[d], ix.port_group[d]
         self.partner[gp] = self.partner[d] = -1
         self.empty[w][g].add(d)
-        self.n_empty[w, g] += 1
+        wg = w * self._ng + g
+        self._f_empty[wg] += 1
         self.n_bare[w] += 1
         self.loc[gi] = -1
         if self.holder[gi] is None:  # an idle downlink becomes an empty one: n_open stays
-            m = ix.gpu_model[gi]
+            m, nm = ix.gpu_model[gi], self._nm
+            gm = g * nm + m
             self.free_under[w][g][m].discard(gi)
             self.free_at[w][m].discard(gi)
             self.wired_free[g][m].discard(gi)
-            self.n_under[w, g, m] -= 1
-            self.n_stay[w, m] -= 1
+            self._f_under[wg * nm + m] -= 1
+            self._f_stay[w * nm + m] -= 1
             self.free_switch[w] -= 1
             self.free_loose[g][m].add(gi)
-            self.n_loose[g, m] += 1
+            self._f_loose[gm] += 1
             self.free_wired[g][m] -= 1
-            self.n_wired[g, m] -= 1
+            self._f_wired[gm] -= 1
             self.idle[w][g].discard(d)
-            self.n_idle[w, g] -= 1
+            self._f_idle[wg] -= 1
         else:
             self.n_open[w] += 1
         self._map = None
@@ -178,25 +189,30 @@ class Occupancy:
 
     def _hold(self, gi: int, job: str) -> None:
         ix = self.ix
-        g, m, w = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi]
+        g, m, w, nm = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi], self._nm
         if w >= 0:
+            wg = w * self._ng + g
             self.free_under[w][g][m].discard(gi)
             self.free_at[w][m].discard(gi)
             self.wired_free[g][m].discard(gi)
-            self.n_under[w, g, m] -= 1
-            self.n_stay[w, m] -= 1
+            self._f_under[wg * nm + m] -= 1
+            self._f_stay[w * nm + m] -= 1
             self.n_open[w] -= 1
             self.free_switch[w] -= 1
             self.free_wired[g][m] -= 1
-            self.n_wired[g, m] -= 1
+            self._f_wired[g * nm + m] -= 1
             self.idle[w][g].discard(self.partner[ix.gpu_port[gi]])
-            self.n_idle[w, g] -= 1
+            self._f_idle[wg] -= 1
         else:
             self.free_loose[g][m].discard(gi)
-            self.n_loose[g, m] -= 1
+            self._f_loose[g * nm + m] -= 1
         self.free_model[m] -= 1
         self.holder[gi] = job
-        self.jobs.setdefault(job, []).append(gi)
+        held = self.jobs.get(job)
+        if held is None:
+            self.jobs[job] = [gi]
+        else:
+            held.append(gi)
         if self._journal is not None:
             self._journal.append((self._unhold, gi))
 
@@ -204,27 +220,33 @@ class Occupancy:
         ix = self.ix
         job = self.holder[gi]
         assert job is not None, f"GPU {ix.gpus[gi]} is not held"
-        g, m, w = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi]
+        g, m, w, nm = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi], self._nm
         self.holder[gi] = None
         held = self.jobs[job]
-        held.remove(gi)
+        if held[-1] == gi:  # a job's GPUs are freed in the order they were held, or the last first (a rollback)
+            held.pop()
+        elif held[0] == gi:
+            del held[0]
+        else:
+            held.remove(gi)
         if not held:
             del self.jobs[job]
         if w >= 0:
+            wg = w * self._ng + g
             self.free_under[w][g][m].add(gi)
             self.free_at[w][m].add(gi)
             self.wired_free[g][m].add(gi)
-            self.n_under[w, g, m] += 1
-            self.n_stay[w, m] += 1
+            self._f_under[wg * nm + m] += 1
+            self._f_stay[w * nm + m] += 1
             self.n_open[w] += 1
             self.free_switch[w] += 1
             self.free_wired[g][m] += 1
-            self.n_wired[g, m] += 1
+            self._f_wired[g * nm + m] += 1
             self.idle[w][g].add(self.partner[ix.gpu_port[gi]])
-            self.n_idle[w, g] += 1
+            self._f_idle[wg] += 1
         else:
             self.free_loose[g][m].add(gi)
-            self.n_loose[g, m] += 1
+            self._f_loose[g * nm + m] += 1
         self.free_model[m] += 1
         if self._journal is not None:
             self._journal.append((self._hold, gi, job))
@@ -275,6 +297,26 @@ class Occupancy:
             if self.holder[gi] is not None:
                 raise ValueError(f"{name} is held by {self.holder[gi]}")
             self._hold(gi, job)
+
+    def take_over(self, planner: str, job: str, gpus: Iterable[str]) -> None:
+        """Mark `gpus` held by `job`, as `release(planner)` then `hold(job, gpus)` would leave them: those `planner`
+        holds change holder only (held before and after: no index changes), the idle ones are held."""
+        ix, holder = self.ix, self.holder
+        ids = [ix.gpu_id[name] for name in gpus]
+        planned = set(self.jobs.get(planner, ()))
+        if not planned <= set(ids):
+            raise ValueError(f"{planner} holds GPUs that {job} does not take")
+        busy = [ix.gpus[gi] for gi in ids if gi not in planned and holder[gi] is not None]
+        if busy:
+            raise ValueError(f"{busy[0]} is held by {holder[ix.gpu_id[busy[0]]]}")
+        self.jobs.pop(planner, None)
+        mine = self.jobs.setdefault(job, [])
+        for gi in ids:
+            if gi in planned:
+                holder[gi] = job
+                mine.append(gi)
+            else:
+                self._hold(gi, job)
 
     def commit(self, job: str, plan) -> None:
         """Apply a placement plan (controller.core.placement.Plan): its circuits, and its GPUs held by `job`."""

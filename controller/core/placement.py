@@ -213,9 +213,7 @@ def _plan_count(occ: Occupancy, req: Request, n: int, job: str | None = None) ->
                 last = key[:2] == (1, min(speed.values())) or models is candidates[-1]
                 if job is not None and last and (best is None or key < best[0]):  # the plan: committed as it is
                     occ.keep()
-                    for gi in list(occ.jobs.get(_PLANNING, ())):
-                        occ._unhold(gi)
-                    occ.hold(job, p.gpus)
+                    occ.take_over(_PLANNING, job, p.gpus)
                     kept = True
         except NoRoomNow as e:
             error = e

@@ -144,30 +144,45 @@ class Detail:
             if short is not None and not short:
                 break
             rates = None
-            lefts = []
+            lefts, pace = [], []  # each ring's time left, and for a transferring ring its step's seconds or rate
             for k, s, coarse, step_bytes, lat in rows:
                 if s.phase != TRANSFER:
                     lefts.append(s.remaining)
+                    pace.append(0.0)
                 else:
                     if rates is None:
                         rates = self._rates()
-                    lefts.append(s.remaining * (step_bytes / rates[k] + lat) if coarse else s.remaining / rates[k])
+                    if coarse:
+                        per = step_bytes / rates[k] + lat
+                        lefts.append(s.remaining * per)
+                    else:
+                        per = rates[k]
+                        lefts.append(s.remaining / per)
+                    pace.append(per)
             dt = min(lefts, default=inf)
-            step = until - t if t + dt > until else dt
-            rates = self._rates()
-            for k, s, coarse, step_bytes, lat in rows:
-                if s.phase != TRANSFER:
-                    s.remaining -= step
-                elif coarse:
-                    s.remaining -= step / (step_bytes / rates[k] + lat)
-                else:
-                    s.remaining -= rates[k] * step
             if t + dt > until:
+                step = until - t
+                for (_, s, coarse, _, _), per in zip(rows, pace, strict=True):
+                    if s.phase != TRANSFER:
+                        s.remaining -= step
+                    elif coarse:
+                        s.remaining -= step / per
+                    else:
+                        s.remaining -= per * step
                 return Outcome(until, [], events)
             t += dt
             finished = []
             edge = dt * (1 + 1e-9) + 1e-12
-            for (k, s, *_), left in zip(rows, lefts, strict=True):
+            # each ring advanced by dt at the pace just read, then its phase changed where it ended: a ring's change
+            # touches only its own state (and marks the rates stale for the next event), so this is advancing every
+            # ring first and then changing phases
+            for (k, s, coarse, _, _), per, left in zip(rows, pace, lefts, strict=True):
+                if s.phase != TRANSFER:
+                    s.remaining -= dt
+                elif coarse:
+                    s.remaining -= dt / per
+                else:
+                    s.remaining -= per * dt
                 if left <= edge and self._transition(k, t):
                     if short is not None and k in short and s.done >= window[k]:  # type: ignore[index]
                         short.discard(k)

@@ -42,12 +42,13 @@ DEFAULT_OPTIONS = Options()
 def dark_time(rack: Rack, diff: CircuitDiff) -> float:
     """Switching time of a change, as the OCS drivers model it (controller/drivers/ocs.py): one new
     circuit takes the per-connection time, several the bulk time; OCS switch in parallel."""
+    made: dict[str, int] = {}  # new circuits per OCS (a circuit's first port is on its OCS)
+    for c in diff.add:
+        made[c[0].device] = made.get(c[0].device, 0) + 1
     worst = 0.0
-    for name, part in diff.by_ocs().items():
-        made = len(part.add)
-        if made:
-            spec = rack.ocs[name]
-            worst = max(worst, (spec.switching_time_ms if made == 1 else spec.bulk_time_ms) / 1000)
+    for name, count in made.items():  # the largest of the same values as OCS by OCS: any order
+        spec = rack.ocs[name]
+        worst = max(worst, (spec.switching_time_ms if count == 1 else spec.bulk_time_ms) / 1000)
     return worst
 
 

@@ -270,10 +270,11 @@ class Interference:
                     computed += max(0.0, p - comp.p0[k]) * ring.busy_s * ring.n  # every rank computes each iteration
             if t > comp.t0:
                 self.busy.add(comp.t0, t, computed)
+        comps, finish = self.comp, self.finish
+        self._piece_of.update(dict.fromkeys(comp.keys, piece))
         for k in comp.keys:
-            self._piece_of[k] = piece
-            del self.comp[k]
-            self.finish.pop(k, None)
+            del comps[k]
+            finish.pop(k, None)
 
     def _mode(self, keys: list[int]) -> str:
         if len(keys) == 1:

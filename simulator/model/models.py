@@ -98,7 +98,8 @@ def cost(model: str, gpu_models: list[str], server_gpus: int, nvlink_bps: float,
     """One iteration of `model` on GPUs of `gpu_models`, in servers of `server_gpus` GPUs."""
     t_model = parse(model)
     if t_model is None:
-        return Cost([compute_seconds(model, m) for m in gpu_models], WORKLOADS[model].gradient_bytes)
+        each = {m: compute_seconds(model, m) for m in set(gpu_models)}  # a job's GPUs are of a model or two
+        return Cost([each[m] for m in gpu_models], WORKLOADS[model].gradient_bytes)
     slowest = min(gpu_models, key=lambda m: GPU_MODELS[m].memory_gib)
     t = t_model.tensor_parallel(slowest, server_gpus, len(gpu_models))
     tp_s = t_model.tensor_parallel_s(t, nvlink_bps or nic_bps)

@@ -135,3 +135,35 @@ def test_a_plan_committed_as_made_leaves_what_commit_after_it_leaves(seed):
         assert state(b) == state(a)
         if rng.random() < 0.3:
             a.release(f"job{i % 5}"), b.release(f"job{i % 5}")
+
+
+def _state(occ: Occupancy) -> tuple:
+    return (list(occ.holder), {j: list(v) for j, v in occ.jobs.items()}, occ.n_under.tolist(), occ.n_stay.tolist(),
+            occ.n_open.tolist(), occ.n_idle.tolist(), occ.n_loose.tolist(), occ.n_wired.tolist(), occ.free_model,
+            occ.free_switch, occ.free_under, occ.free_at, occ.free_loose, occ.wired_free, occ.idle)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_plan_handed_over_to_its_job_leaves_what_release_and_hold_leave(seed):
+    """Occupancy.take_over (a placement's GPUs, some held by the planner, passed to the job) gives the state that
+    releasing the planner's and holding all of them for the job gives; a GPU another job holds is refused, nothing
+    changed."""
+    a, b = scrambled(seed), scrambled(seed)
+    rng, ix = random.Random(seed), a.ix
+    free = [gi for gi in range(len(ix.gpus)) if a.holder[gi] is None]
+    planned, rest = free[:5], free[5:9]
+    for occ in (a, b):
+        for gi in planned:
+            occ._hold(gi, pools._PLANNING)
+    names = [ix.gpus[gi] for gi in rng.sample(planned + rest, len(planned + rest))]
+    a.take_over(pools._PLANNING, "job", names)
+    b.release(pools._PLANNING)
+    b.hold("job", names)
+    assert _state(a) == _state(b)
+    taken = next(gi for gi in range(len(ix.gpus)) if a.holder[gi] not in (None, "job"))
+    for occ in (a, b):
+        occ._hold(free[9], pools._PLANNING)
+    before = _state(a)
+    with pytest.raises(ValueError, match="is held by"):
+        a.take_over(pools._PLANNING, "job2", [ix.gpus[free[9]], ix.gpus[taken]])
+    assert _state(a) == before
