@@ -8,8 +8,8 @@ each of --batches batches. The aggregator's CPU time over a batch (its process's
 /proc/PID/schedstat, or /proc/PID/stat's ticks where that is missing) divided by the chunks it took in (ranks x
 chunks x rounds) is its software cost per rank's chunk: taking one DATA datagram in, adding it to the slot, and
 its share of the slot's RESULT datagrams out. Loopback has no line rate, so nothing but software sets the pace;
-the workers' CPU is not counted. The simulator's `panama` policy on the emulated rack takes the median over the
-batches (simulator/model/calibration.py, AGGREGATOR_CHUNK_S). For a record, run it with nothing else running:
+the workers' CPU is not counted: the median over the batches is the aggregator's software cost per chunk, the
+figure a model of the aggregate path on the emulated rack takes. For a record, run it with nothing else running:
 
     python -m scripts.bench_aggregator --json results/bench/<UTC>-<commit>-bench_aggregator.json
 """
