@@ -6,10 +6,12 @@ removed by the controller before its GPUs are free, and nothing it prints after 
 (The fault matrix at every step of a recovery is a unit test on virtual time: tests/unit/test_fault_matrix.py.)"""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 
+from controller.core.emulated import RUN_DIR
 from controller.core.rack import load_rack
 from emulation import engines, servers
 from tests.integration.helpers import PAPER, rack_cli, seen_up, wait_for, wait_job
@@ -36,15 +38,33 @@ def _done_on_live_servers(client, job_id: str, down: set[str]) -> dict:
 
 def test_a_server_whose_workers_die_before_its_engine_is_recovered(fresh):
     """The cascade: srv2's workers killed, its daemons 0.1 s later. The first sign is a killed worker on a server that
-    still answers; the engine's death joins the recovery, and the job goes on under one switch."""
+    still answers; the engine's death joins the recovery, and the job goes on under one switch. The job aggregates:
+    at the fail-over the old attempt's pool is freed at its aggregator (its log says so), and the new attempt sums at
+    an aggregator, exactly, the one of the switch its record names being told of the job's end."""
     client = fresh.client
-    job = _running(client)
+    job = _running(client, body={**JOB, "collective": "aggregate"})
+    old, key = job["aggregation"]["switch"], job["aggregation"]["key"]
     assert servers.kill_containers(RACK, PLANS["srv2"]) >= 1
     time.sleep(0.1)
     rack_cli("server", "kill", "srv2")
     done = _done_on_live_servers(client, job["id"], {"srv2"})
     lost = {g for r in done["recoveries"] for g in r["lost"]}
     assert "gpu2" in lost and "gpu2" not in done["gpus"], done["recoveries"]
+    agg = done["aggregation"]
+    assert agg["collective"] == "aggregate" and agg["switch"] == done["switches"][0] and agg["key"] == key, agg
+    logs = client.get(f"/jobs/{job['id']}/logs")["logs"]  # each worker's last lines (its start line long gone)
+    for gpu, lines in logs.items():
+        records = [json.loads(x) for x in lines if x.startswith("{")]
+        summed = [r for r in records if r.get("event") == "aggregated" and r.get("attempt") == done["attempt"]]
+        assert summed and summed[-1]["received"] > 0, (gpu, records[-3:])  # the new attempt summed at an aggregator
+        assert records[-1]["event"] == "done" and records[-1]["check"] == "ok", gpu  # every sum exact
+    freed = {"event": "ended", "job": key, "freed_bytes": agg["bytes"]}  # the old attempt's pool, at the fail-over
+    log = RUN_DIR / f"aggregator-{old}.log"
+    assert freed in [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")], old
+    ended = {"event": "ended", "job": key, "freed_bytes": 0}  # at the end, where the new attempt summed (it left)
+    log = RUN_DIR / f"aggregator-{agg['switch']}.log"
+    wait_for(lambda: ended in [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")], 10,
+             f"{agg['switch']}'s aggregator to log the job's end")
     rack_cli("server", "start", "srv2")
     seen_up(client, "srv2")
 
