@@ -24,6 +24,8 @@ of the job's workers still run: those are followed again and told, the rest star
 
 from __future__ import annotations
 
+from typing import Any
+
 from controller.core import placement as policy
 from controller.core import spares as spare_rule
 from controller.core.circuits import CircuitMap
@@ -202,7 +204,7 @@ class Recovery(Rejoin):
         aggregator; their containers removed where their server lives."""
         self.workers.kill(job, stop)
         model, workload = job.request.get("gpu_model"), job.request["workload"].get("model", "vgg16")
-        rack, decided = self.book.rack, dict[str, object]()
+        rack, decided = self.book.rack, dict[str, Any]()
         ports = {rack.gpu_port(g) for g in fence}
 
         def plan(current: CircuitMap) -> CircuitMap:

@@ -5,13 +5,34 @@ uses the recovery's book, workers, actions and reconciler."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from controller.core.jobs import Job, transition
 from controller.jobs.inbox import Done, Reconcile
 from controller.jobs.restores import newest_checkpoint, restores_for
 from controller.jobs.steps import LOG
 
+if TYPE_CHECKING:
+    from controller.jobs.actions import Actions
+    from controller.jobs.book import JobBook
+    from controller.jobs.inbox import Inbox
+    from controller.jobs.workers import Workers
+
 
 class Rejoin:
+    if TYPE_CHECKING:  # what the mixin uses of Recovery (controller/jobs/recovery.py), for the type checker
+        book: JobBook
+        inbox: Inbox
+        workers: Workers
+        actions: Actions
+        hold_at: str | None
+
+        def reconcile(self, job: Job) -> None: ...
+
+        def _failed_step(self, job: Job, rec: dict, what: str, e: BaseException) -> None: ...
+
+        def _kept(self, job: Job, rec: dict) -> list[str]: ...
+
     # --- told, restarting: every rank in the new ring -----------------------------------------------
     def _tell(self, job: Job, rec: dict) -> None:
         restores = restores_for(job, self.book.rack, [g for g in job.gpus if g in rec["old_gpus"]])
