@@ -85,30 +85,57 @@ def _no_replay(current: str, skipped: list[str]) -> str:
             f"(made with another model: {', '.join(skipped)}).")
 
 
+def verdict_lines(trace_name: str, comparisons: list, fingerprint: str) -> list[str]:
+    """One trace's verdict over `comparisons` (tracecheck.compare_record's, by record) of the model `fingerprint`,
+    by the bars in force when each record was made: the literal result of every replay beside the noise-aware one,
+    or that its replays are still to be made."""
+    from evidence import tracejudge
+
+    out = [f"**`traces/{trace_name}`**", ""]
+    if not comparisons:
+        return out + [f"No replay by the current model ({fingerprint[:12]}) yet: its replays are pending.", ""]
+    groups, unjudged = tracejudge.judge(comparisons, fingerprint)
+    for g in groups:
+        lit, noise = tracejudge.misses(g)
+        out += [tracejudge.table(g), ""]
+        out.append(f"Literal bars ({len(g['records'])} replays): " + (
+            "every bar met." if not lit else "missed: " + "; ".join(lit) + "."))
+        out += ["", "Noise-aware bars: " + ("none set before these replays." if noise is None else "every bar met."
+                                            if not noise else "missed: " + "; ".join(noise) + "."), ""]
+    if unjudged:
+        out.append(f"Judged by no bars (made before any bars of the model were set): {', '.join(unjudged)}.")
+    return out + [""]
+
+
 def sim_trace_verdict(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
     """The trace check's verdict on each judged trace (JUDGED) over the replay records of the current model, by the
     bars in force when each was made (evidence/tracejudge.py, evidence/bars/): the literal result of every replay
     beside the noise-aware one, or that the trace's replays are still to be made."""
-    from evidence import tracejudge
-
     out = []
     for trace in JUDGED:
         comparisons, _, current = trace_comparisons(results, fingerprint, trace)
-        out += [f"**`traces/{trace.name}`**", ""]
-        if not comparisons:
-            out += [f"No replay by the current model ({current[:12]}) yet: its replays are pending.", ""]
+        out += verdict_lines(trace.name, comparisons, current)
+    return "\n".join(out).rstrip("\n")
+
+
+def sim_trace_verdict_earlier(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
+    """The verdicts of the models before the current one, each as its kept verdict record gives it
+    (results/verdicts/*.json, evidence/verdicts.py: its comparisons, made at that model's last commit), rendered as
+    sim-trace-verdict renders the current model's: a changed model never takes an earlier one's misses off the page."""
+    from evidence import verdicts
+    from simulator import identity
+
+    current = fingerprint or identity.fingerprint() or "unknown"
+    out = []
+    for kept in verdicts.load(results):
+        if kept["model_fingerprint"] == current:
             continue
-        groups, unjudged = tracejudge.judge(comparisons, current)
-        for g in groups:
-            lit, noise = tracejudge.misses(g)
-            out += [tracejudge.table(g), ""]
-            out.append(f"Literal bars ({len(g['records'])} replays): " + (
-                "every bar met." if not lit else "missed: " + "; ".join(lit) + "."))
-            out += ["", "Noise-aware bars: " + ("none set before these replays." if noise is None else "every bar met."
-                                                if not noise else "missed: " + "; ".join(noise) + "."), ""]
-        if unjudged:
-            out.append(f"Judged by no bars (made before any bars of the model were set): {', '.join(unjudged)}.")
-        out.append("")
+        out += [f"### The model {kept['model_fingerprint'][:12]} (until commit {kept['commit'][:7]}; "
+                f"`{kept['path']}`)", ""]
+        for trace_name, comparisons in kept["traces"].items():
+            out += verdict_lines(trace_name, comparisons, kept["model_fingerprint"])
+    if not out:
+        return f"None yet: every verdict above is of the current model ({current[:12]})."
     return "\n".join(out).rstrip("\n")
 
 
@@ -288,6 +315,7 @@ def sim_trace_traces(_records: list, results: Path = RESULTS) -> str:
 
 BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-trace-lags": sim_trace_lags, "sim-trace-insample": sim_trace_insample, "sim-trace-replay": sim_trace_replay,
-    "sim-trace-verdict": sim_trace_verdict, "sim-trace-bars": sim_trace_bars,
+    "sim-trace-verdict": sim_trace_verdict, "sim-trace-verdict-earlier": sim_trace_verdict_earlier,
+    "sim-trace-bars": sim_trace_bars,
     "sim-trace-traces": sim_trace_traces,
 }
