@@ -14,9 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from evidence.report.bench import RESULTS, ROOT, ReportError
-
-FOLDER = "verdicts"
+from evidence.report.bench import RESULTS, ROOT
 
 
 def make(results: Path = RESULTS, fingerprint: str | None = None) -> dict:
@@ -34,28 +32,13 @@ def make(results: Path = RESULTS, fingerprint: str | None = None) -> dict:
 
 def write(results: Path = RESULTS, fingerprint: str | None = None) -> Path:
     record = make(results, fingerprint)
-    folder = results / FOLDER
+    from evidence.report.trace import VERDICTS
+
+    folder = results / VERDICTS
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{record['model_fingerprint'][:12]}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")  # in the order the report shows the traces
     return path
-
-
-def load(results: Path = RESULTS) -> list[dict]:
-    """Every kept verdict record (oldest commit first is not known: by name), each with `path` (relative to the
-    results folder's parent) and its traces' comparisons as tuples again."""
-    folder = results / FOLDER
-    out = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            data = json.loads(path.read_text())
-            data["traces"] = {t: [(name, by) for name, by in comps] for t, comps in data["traces"].items()}
-            data["model_fingerprint"], data["commit"]  # noqa: B018 (both required)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ReportError(f"{path}: not a verdict record ({type(e).__name__}: {e})") from None
-        data["path"] = f"{results.name}/{FOLDER}/{path.name}"
-        out.append(data)
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS, help="the records' folder (results/)")
     args = parser.parse_args(argv)
     if not args.write:
-        for kept in load(args.results):
+        from evidence.report.trace import load_verdicts
+
+        for kept in load_verdicts(args.results):
             print(f"{kept['path']}: model {kept['model_fingerprint'][:12]}, commit {kept['commit'][:7]}, "
                   f"{sum(len(c) for c in kept['traces'].values())} replay records")
         return 0

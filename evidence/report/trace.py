@@ -120,14 +120,17 @@ def sim_trace_verdict(_records: list, results: Path = RESULTS, fingerprint: str 
 
 def sim_trace_verdict_earlier(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
     """The verdicts of the models before the current one, each as its kept verdict record gives it
-    (results/verdicts/*.json, evidence/verdicts.py: its comparisons, made at that model's last commit), rendered as
+    (results/verdicts/*.json, evidence/verdicts.py: its comparisons, made at that model's last commit; load_verdicts),
+    rendered as
     sim-trace-verdict renders the current model's: a changed model never takes an earlier one's misses off the page."""
-    from evidence import verdicts
     from simulator import identity
 
+    folder = results / "replay"
+    if not (folder.is_dir() and any(folder.glob("*.json"))):
+        raise ReportError(f"{folder}/*.json: cannot read the record: no trace replay record")
     current = fingerprint or identity.fingerprint() or "unknown"
     out = []
-    for kept in verdicts.load(results):
+    for kept in load_verdicts(results):
         if kept["model_fingerprint"] == current:
             continue
         out += [f"### The model {kept['model_fingerprint'][:12]} (until commit {kept['commit'][:7]}; "
@@ -137,6 +140,26 @@ def sim_trace_verdict_earlier(_records: list, results: Path = RESULTS, fingerpri
     if not out:
         return f"None yet: every verdict above is of the current model ({current[:12]})."
     return "\n".join(out).rstrip("\n")
+
+
+VERDICTS = "verdicts"  # results/verdicts/<fingerprint, 12 hex>.json: a model's verdict, kept (evidence/verdicts.py)
+
+
+def load_verdicts(results: Path = RESULTS) -> list[dict]:
+    """Every kept verdict record (evidence/verdicts.py), by name, each with `path` (from the results folder's parent)
+    and its traces' comparisons as (record, by policy) pairs again."""
+    folder = results / VERDICTS
+    out = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = json.loads(_read(path))
+            data["traces"] = {t: [(name, by) for name, by in comps] for t, comps in data["traces"].items()}
+            data["model_fingerprint"], data["commit"]  # noqa: B018 (both required)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ReportError(f"{path}: not a verdict record ({type(e).__name__}: {e})") from None
+        data["path"] = f"{results.name}/{VERDICTS}/{path.name}"
+        out.append(data)
+    return out
 
 
 def sim_trace_replay(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:

@@ -37,6 +37,8 @@ def comparisons(monkeypatch):
 
 
 def test_a_kept_verdict_renders_as_it_did_while_its_model_was_current(tmp_path, comparisons):
+    (tmp_path / "replay").mkdir()
+    (tmp_path / "replay" / "20261129T000000Z-abc1234.json").write_text("{}")  # read by the fake comparisons only
     live = trace.sim_trace_verdict([], results=tmp_path, fingerprint=FP)
     assert "missed:" in live and "start order" in live
     assert trace.sim_trace_verdict_earlier([], results=tmp_path, fingerprint=FP).startswith("None yet")
@@ -55,4 +57,4 @@ def test_a_verdict_record_that_lacks_what_it_needs_is_named(tmp_path):
     (tmp_path / "verdicts").mkdir()
     (tmp_path / "verdicts" / "x.json").write_text('{"traces": {}}')
     with pytest.raises(trace.ReportError, match="x.json: not a verdict record"):
-        verdicts.load(tmp_path)
+        trace.load_verdicts(tmp_path)
