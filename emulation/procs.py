@@ -33,11 +33,12 @@ def alive(pid: int) -> bool:
 
 
 def cmdline(pid: int) -> list[bytes]:
-    """The process's arguments ([] where it is gone)."""
+    """The process's arguments ([] where it is gone, or has none yet: in the middle of its exec)."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        data = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0")
     except OSError:
         return []
+    return data.split(b"\0") if data else []
 
 
 def ours(pid: int, program: str | None = None, marker: str | None = None) -> bool:

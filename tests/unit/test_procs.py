@@ -10,6 +10,11 @@ from emulation import procs
 def test_a_pid_file_names_our_process_only_while_it_runs_and_is_that_program(tmp_path):
     child = subprocess.Popen(["sleep", "30"])
     try:
+        # Popen returns once the exec has begun, not once it has ended: until the kernel has set the new program's
+        # arguments, /proc names the old one's (or none) beside the new executable. Wait for the exec to end.
+        deadline = time.monotonic() + 5
+        while procs.cmdline(child.pid) != [b"sleep", b"30"] and time.monotonic() < deadline:
+            time.sleep(0.001)
         path = tmp_path / "sleep.pid"
         path.write_text(f"{child.pid}\n")
         assert procs.from_file(path, "sleep") == child.pid
@@ -28,3 +33,12 @@ def test_a_file_without_a_pid_names_nothing(tmp_path):
     assert procs.read_pid(tmp_path / "missing.pid") is None
     (tmp_path / "bad.pid").write_text("not a number")
     assert procs.read_pid(tmp_path / "bad.pid") is None and procs.from_file(tmp_path / "bad.pid") is None
+
+
+def test_a_process_in_the_middle_of_its_exec_is_not_named_ours(monkeypatch):
+    # Right after Popen returns, /proc may show the new executable with no arguments yet: a marker cannot be
+    # checked then, so the process is not named ours (it is, a moment later, once its exec has ended).
+    monkeypatch.setattr(procs, "alive", lambda pid: True)
+    monkeypatch.setattr(procs.Path, "read_bytes", lambda self: b"")
+    assert procs.cmdline(1) == []
+    assert not procs.ours(1, "sleep")
