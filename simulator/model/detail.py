@@ -133,65 +133,121 @@ class Detail:
 
     def _run_lean(self, t: float, until: float, targets: dict[int, int], max_events: int,
                   window: dict[int, int] | None) -> Outcome:
-        """`run` with `_time_left` and `_advance` inlined, the same arithmetic in the same order (every float the
-        same), and the window's rings still short of their count kept as a set, checked where an iteration ends."""
-        rows = [(k, s, self.rings[k].coarse, self.rings[k].step_bytes, latency_of(self.rings[k], self.latency))
-                for k, s in self.states.items()]
+        """`run` with `_time_left`, `_advance` and `_transition` inlined, the same arithmetic in the same order (every
+        float the same), and the window's rings still short of their count kept as a set, checked where an iteration
+        ends. The transferring rings are kept as a bit mask, changed where a ring's phase changes, and the rates of
+        each mask met in this run are looked up by it (a set of rings' rates are `_rates`'s, by their tags, computed
+        once)."""
+        rows = []
+        mask = 0
+        for i, (k, s) in enumerate(self.states.items()):
+            ring = self.rings[k]
+            steps = ring.steps
+            rows.append((k, s, ring.coarse, ring.step_bytes, latency_of(ring, self.latency), steps, float(steps),
+                         ring.compute_s, 1 << i))
+            if s.phase == TRANSFER:
+                mask |= 1 << i
+        everyone = (1 << len(rows)) - 1
+        by_mask: dict[int, dict[int, float]] = {}
         short = {k for k, n in window.items() if self.states[k].done < n} if window else None
         never, inf = 1 << 62, float("inf")
         events = 0
-        while events < max_events:
-            if short is not None and not short:
-                break
-            rates = None
-            lefts, pace = [], []  # each ring's time left, and for a transferring ring its step's seconds or rate
-            for k, s, coarse, step_bytes, lat in rows:
-                if s.phase != TRANSFER:
-                    lefts.append(s.remaining)
-                    pace.append(0.0)
-                else:
-                    if rates is None:
-                        rates = self._rates()
-                    if coarse:
-                        per = step_bytes / rates[k] + lat
-                        lefts.append(s.remaining * per)
-                    else:
-                        per = rates[k]
-                        lefts.append(s.remaining / per)
-                    pace.append(per)
-            dt = min(lefts, default=inf)
-            if t + dt > until:
-                step = until - t
-                for (_, s, coarse, _, _), per in zip(rows, pace, strict=True):
+        self._stale = True  # the rates are this run's own (`_rates` computes them again where asked after it)
+        try:
+            while events < max_events:
+                if short is not None and not short:
+                    break
+                rates = None
+                lefts, pace = [], []  # each ring's time left, and for a transferring ring its step's seconds or rate
+                for k, s, coarse, step_bytes, lat, _, _, _, _ in rows:
                     if s.phase != TRANSFER:
-                        s.remaining -= step
-                    elif coarse:
-                        s.remaining -= step / per
+                        lefts.append(s.remaining)
+                        pace.append(0.0)
                     else:
-                        s.remaining -= per * step
-                return Outcome(until, [], events)
-            t += dt
-            finished = []
-            edge = dt * (1 + 1e-9) + 1e-12
-            # each ring advanced by dt at the pace just read, then its phase changed where it ended: a ring's change
-            # touches only its own state (and marks the rates stale for the next event), so this is advancing every
-            # ring first and then changing phases
-            for (k, s, coarse, _, _), per, left in zip(rows, pace, lefts, strict=True):
-                if s.phase != TRANSFER:
-                    s.remaining -= dt
-                elif coarse:
-                    s.remaining -= dt / per
-                else:
-                    s.remaining -= per * dt
-                if left <= edge and self._transition(k, t):
+                        if rates is None:
+                            key = everyone if self.held else mask
+                            rates = by_mask.get(key)
+                            if rates is None:
+                                rates = by_mask[key] = self._rates_of(rows, key)
+                        if coarse:
+                            per = step_bytes / rates[k] + lat
+                            lefts.append(s.remaining * per)
+                        else:
+                            per = rates[k]
+                            lefts.append(s.remaining / per)
+                        pace.append(per)
+                dt = min(lefts, default=inf)
+                if t + dt > until:
+                    step = until - t
+                    for row, per in zip(rows, pace, strict=True):
+                        s = row[1]
+                        if s.phase != TRANSFER:
+                            s.remaining -= step
+                        elif row[2]:
+                            s.remaining -= step / per
+                        else:
+                            s.remaining -= per * step
+                    return Outcome(until, [], events)
+                t += dt
+                finished = []
+                edge = dt * (1 + 1e-9) + 1e-12
+                # each ring advanced by dt at the pace just read, then its phase changed where it ended (`_transition`
+                # inlined): a ring's change touches only its own state, so this is advancing every ring first and then
+                # changing phases
+                for (k, s, coarse, step_bytes, lat, steps, fsteps, compute_s, bit), per, left in \
+                        zip(rows, pace, lefts, strict=True):
+                    phase = s.phase
+                    if phase != TRANSFER:
+                        s.remaining -= dt
+                    elif coarse:
+                        s.remaining -= dt / per
+                    else:
+                        s.remaining -= per * dt
+                    if left > edge:
+                        continue
+                    if phase == COMPUTE:
+                        if steps:
+                            s.phase, s.remaining, s.step = TRANSFER, fsteps if coarse else step_bytes, 0
+                            mask |= bit
+                            continue
+                    else:
+                        if phase == TRANSFER:
+                            if coarse:
+                                s.step = steps - 1
+                            elif lat > 0:
+                                s.phase, s.remaining = GAP, lat
+                                mask &= ~bit
+                                continue
+                        s.step += 1
+                        if s.step < steps:
+                            s.phase, s.remaining = TRANSFER, step_bytes
+                            mask |= bit
+                            continue
+                        mask &= ~bit
+                    s.phase, s.remaining, s.step = COMPUTE, compute_s, 0
+                    s.done += 1
+                    s.ends.append(t)
                     if short is not None and k in short and s.done >= window[k]:  # type: ignore[index]
                         short.discard(k)
                     if s.done >= targets.get(k, never):
                         finished.append(k)
-            events += 1
-            if finished:
-                return Outcome(t, finished, events)
-        return Outcome(t, [], events)
+                events += 1
+                if finished:
+                    return Outcome(t, finished, events)
+            return Outcome(t, [], events)
+        finally:
+            self._stale = True
+
+    def _rates_of(self, rows: list, mask: int) -> dict[int, float]:
+        """The max-min rates of the rings of `rows` in `mask` (in their order), as `_rates` computes and keeps them."""
+        moving = tuple([row[0] for row in rows if row[-1] & mask])
+        tags = tuple(map(self._tags.__getitem__, moving))
+        rates = self._known.get(tags)
+        if rates is None:
+            rates = self._known[tags] = max_min(
+                {k: self.rings[k].cap for k in moving}, {k: self.rings[k].links for k in moving}, self.capacity
+            )
+        return rates
 
     def _advance(self, dt: float) -> None:
         rates = self._rates()

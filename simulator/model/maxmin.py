@@ -23,14 +23,16 @@ def max_min(
     for j, links in uses.items():
         active = j in caps
         for link, w in links.items():
-            if link not in remaining:
+            if link in remaining:
+                users[link].add(j)
+                if active:
+                    weight[link] += w
+            else:
                 remaining[link] = capacity[link]
-                users[link] = set()
-                weight[link] = 0
-            users[link].add(j)
-            if active:
-                weight[link] += w
+                users[link] = {j}
+                weight[link] = w if active else 0
     active = set(caps)
+    empty: dict[int, int] = {}
     while active:
         level, tight = min([caps[j] for j in active]), None
         for link, w in weight.items():
@@ -39,8 +41,9 @@ def max_min(
         frozen = {j for j in active if caps[j] <= level} if tight is None else {j for j in users[tight] if j in active}
         for j in frozen:
             rates[j] = level
-            for link, w in uses.get(j, {}).items():
-                remaining[link] = max(0.0, remaining[link] - w * level)
+            for link, w in uses.get(j, empty).items():
+                left = remaining[link] - w * level
+                remaining[link] = left if left > 0.0 else 0.0  # max(0.0, left), NaN and -0.0 included
                 weight[link] -= w
         active -= frozen
     return rates
