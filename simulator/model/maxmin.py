@@ -33,17 +33,28 @@ def max_min(
                 weight[link] = w if active else 0
     active = set(caps)
     empty: dict[int, int] = {}
+    # each link's share per flow now, in the links' order (a link none of the active rings uses left out): only the
+    # links of the rings frozen in a round change, so only theirs are divided again
+    ratio = {link: remaining[link] / w for link, w in weight.items() if w}
     while active:
         level, tight = min([caps[j] for j in active]), None
-        for link, w in weight.items():
-            if w and remaining[link] / w < level:
-                level, tight = remaining[link] / w, link
+        for link, r in ratio.items():
+            if r < level:
+                level, tight = r, link
         frozen = {j for j in active if caps[j] <= level} if tight is None else {j for j in users[tight] if j in active}
+        touched = []
         for j in frozen:
             rates[j] = level
             for link, w in uses.get(j, empty).items():
                 left = remaining[link] - w * level
                 remaining[link] = left if left > 0.0 else 0.0  # max(0.0, left), NaN and -0.0 included
                 weight[link] -= w
+                touched.append(link)
+        for link in touched:
+            w = weight[link]
+            if w:
+                ratio[link] = remaining[link] / w
+            else:
+                ratio.pop(link, None)
         active -= frozen
     return rates

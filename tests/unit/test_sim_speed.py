@@ -14,6 +14,7 @@ from simulator.model import neighbours
 from simulator.model.busy import Rows
 from simulator.model.detail import Detail, RingState
 from simulator.model.engine import Options, policies
+from simulator.model.maxmin import max_min
 from simulator.model.models import WORKLOADS
 from simulator.model.rings import Ring
 from simulator.studies import study
@@ -104,3 +105,60 @@ def test_the_lean_detail_loop_steps_as_the_general_one_bit_for_bit():
         out_b = b.run(0.0, until, targets=targets, window=window, max_events=most)
         assert out_a == out_b
         assert a.states == b.states  # every float the same, every iteration's end
+
+
+def test_the_lean_detail_loop_steps_as_the_general_one_with_rings_of_one_to_three_gpus():
+    class General(Detail):
+        pass
+
+    rnd = random.Random(11)
+    for trial in range(30):
+        rings = [Ring(key, rnd.uniform(0.01, 0.2), 0.0, rnd.choice([1, 2, 3]), rnd.uniform(1e6, 5e8),
+                      rnd.uniform(5e9, 2e10), {link: rnd.randint(1, 2) for link in rnd.sample(range(4), 2)},
+                      rnd.random() < 0.5, rnd.choice([None, 0.0, 1e-5])) for key in range(rnd.randint(1, 7))]
+        capacity = [rnd.uniform(5e9, 3e10) for _ in range(4)]
+        states = {r.key: RingState(remaining=r.compute_s * rnd.random()) for r in rings}
+        a, b = (cls(rings, capacity, 2e-6, {k: s.copy() for k, s in states.items()}, trial % 4 == 0)
+                for cls in (Detail, General))
+        targets = {r.key: rnd.randint(2, 30) for r in rings}
+        until = rnd.choice([float("inf"), rnd.uniform(0.05, 2.0)])
+        assert a.run(0.0, until, targets=targets) == b.run(0.0, until, targets=targets)
+        assert a.states == b.states
+
+
+def _max_min_plain(caps, uses, capacity):
+    """Progressive filling written plainly: every link's share computed afresh in every round."""
+    rates, remaining, users, weight = {}, {}, {}, {}
+    for j, links in uses.items():
+        for link, w in links.items():
+            remaining.setdefault(link, capacity[link])
+            users.setdefault(link, set()).add(j)
+            weight[link] = weight.get(link, 0) + (w if j in caps else 0)
+    active = set(caps)
+    while active:
+        level, tight = min([caps[j] for j in active]), None
+        for link, w in weight.items():
+            if w and remaining[link] / w < level:
+                level, tight = remaining[link] / w, link
+        frozen = {j for j in active if caps[j] <= level} if tight is None else {j for j in users[tight] if j in active}
+        for j in frozen:
+            rates[j] = level
+            for link, w in uses.get(j, {}).items():
+                remaining[link] = max(0.0, remaining[link] - w * level)
+                weight[link] -= w
+        active -= frozen
+    return rates
+
+
+def test_max_min_gives_the_plain_progressive_fillings_floats_in_its_order():
+    rnd = random.Random(3)
+    for _ in range(1500):
+        keys = rnd.sample(range(100_000), rnd.randint(2, 9))
+        nlinks = rnd.randint(1, 12)
+        caps = {k: rnd.choice([rnd.uniform(1e9, 3e10), 1.25e10]) for k in keys}
+        uses = {k: {link: rnd.randint(1, 3) for link in rnd.sample(range(nlinks), rnd.randint(1, nlinks))} for k in keys}
+        for k in rnd.sample(keys, rnd.randint(0, len(keys) - 1)) if rnd.random() < 0.3 else ():
+            del caps[k]  # rings on the links that take no share
+        capacity = [rnd.choice([rnd.uniform(1e9, 3e10), 2.5e10, 1.25e10]) for _ in range(nlinks)]
+        got, want = max_min(caps, uses, capacity), _max_min_plain(caps, uses, capacity)
+        assert list(got.items()) == list(want.items())
