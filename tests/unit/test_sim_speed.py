@@ -156,7 +156,8 @@ def test_max_min_gives_the_plain_progressive_fillings_floats_in_its_order():
         keys = rnd.sample(range(100_000), rnd.randint(2, 9))
         nlinks = rnd.randint(1, 12)
         caps = {k: rnd.choice([rnd.uniform(1e9, 3e10), 1.25e10]) for k in keys}
-        uses = {k: {link: rnd.randint(1, 3) for link in rnd.sample(range(nlinks), rnd.randint(1, nlinks))} for k in keys}
+        uses = {k: {link: rnd.randint(1, 3) for link in rnd.sample(range(nlinks), rnd.randint(1, nlinks))}
+                for k in keys}
         for k in rnd.sample(keys, rnd.randint(0, len(keys) - 1)) if rnd.random() < 0.3 else ():
             del caps[k]  # rings on the links that take no share
         capacity = [rnd.choice([rnd.uniform(1e9, 3e10), 2.5e10, 1.25e10]) for _ in range(nlinks)]
