@@ -152,7 +152,7 @@ class Detail:
         short = {k for k, n in window.items() if self.states[k].done < n} if window else None
         never, inf = 1 << 62, float("inf")
         events = 0
-        self._stale = True  # the rates are this run's own (`_rates` computes them again where asked after it)
+        last = None  # the rates read last, kept as `self.rates` (as `_rates` keeps them)
         try:
             while events < max_events:
                 if short is not None and not short:
@@ -166,9 +166,9 @@ class Detail:
                     else:
                         if rates is None:
                             key = everyone if self.held else mask
-                            rates = by_mask.get(key)
+                            rates = last = by_mask.get(key)
                             if rates is None:
-                                rates = by_mask[key] = self._rates_of(rows, key)
+                                rates = last = by_mask[key] = self._rates_of(rows, key)
                         if coarse:
                             per = step_bytes / rates[k] + lat
                             lefts.append(s.remaining * per)
@@ -236,7 +236,9 @@ class Detail:
                     return Outcome(t, finished, events)
             return Outcome(t, [], events)
         finally:
-            self._stale = True
+            if last is not None:
+                self.rates = last
+            self._stale = True  # `_rates` computes them again where asked after this run (the same floats)
 
     def _rates_of(self, rows: list, mask: int) -> dict[int, float]:
         """The max-min rates of the rings of `rows` in `mask` (in their order), as `_rates` computes and keeps them."""
