@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -214,6 +215,37 @@ def test_rack_down_leaves_nothing_and_is_repeatable():
     assert _leftovers() == {}
     assert "nothing was left" in optirack_rack("down").stdout
     assert optirack_rack("status", check=False).returncode == 1
+
+
+def test_a_rack_up_that_fails_while_building_leaves_nothing(monkeypatch):
+    # Mininet's nodes have their shells before the state names them: a failure there must end them (a controller
+    # node's shell left by a failed rack-up made the next tests' leftover checks fail).
+    from mininet.net import Mininet
+
+    from emulation import rack as rackmod
+
+    built = Mininet.build
+
+    def build_then_fail(self):
+        built(self)
+        raise RuntimeError("made to fail once the nodes' shells were started")
+
+    monkeypatch.setattr(Mininet, "build", build_then_fail)
+    try:
+        with pytest.raises(RuntimeError, match="made to fail"):
+            rackmod.up(load_rack(PAPER), NOBODY, wait_connected=0)
+        assert _leftovers() == {}
+    finally:  # what a failure here leaves: Mininet's shells are this process's own children
+        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+                mine = int(stat[1]) == os.getpid() and b"mininet:" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if mine:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        rackmod.down(quiet=True)
 
 
 def test_rack_up_reports_controller_connections(controller):
