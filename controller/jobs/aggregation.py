@@ -8,11 +8,14 @@ aggregator has room, or no switch with one can take its GPUs now, it is placed a
 record says why.
 
 The reservation is the record itself while the job is active: nothing else holds it. A job that ends (done, failed,
-stopped) no longer counts; a recovering one still does until its new attempt is placed: the new attempt's GPUs are
-regrouped under a switch whose aggregator has room (the job's own room counted free, so it may stay), and its record
-then names that aggregator, or a ring with the reason, in one step (never two attempts holding room); the old
-attempt's pool is freed at its aggregator (controller/jobs/recovery.py). A restarted controller counts again from
-the jobs it loads, a recovery under way included. A job confined to its aggregator's switch that can
+stopped) no longer counts; a recovering one still does until its new attempt is planned. Its new attempt's room is
+chosen on the loop, where admission reserves, when its spares are (`choose`): under a switch whose aggregator has room
+(the job's own room counted free, so it may stay), and from then the recovery's record (`room`) holds it in place of
+the old attempt's, in that one step (never two attempts holding room); the circuit change places the new attempt under
+that switch (`place`), and the job's record then names that aggregator, or a ring with the reason. A swap that fails,
+or a restart that finds one under way, gives the chosen room up (`release`) until the next try chooses again; the old
+attempt's pool is freed at its aggregator (controller/jobs/recovery.py). A restarted controller counts again from the
+jobs it loads, a recovery under way included. A job confined to its aggregator's switch that can
 no longer be placed there when it starts (the circuits changed since its admission) is placed as any job and runs
 as a ring (`placed`); so does one whose workers say the aggregator did not take it (`reported`).
 """
@@ -50,11 +53,19 @@ def pool_shape(rack: Rack) -> tuple[int, int]:
     return aggproto.shape_for_mtu(rack.spec.emulation.mtu)
 
 
+def holds(job: Job) -> dict | None:
+    """The room the job holds: its new attempt's, chosen and not yet placed or given up (its recovery's `room`: None
+    once given up), else its record's; None where it holds none (a ring, or no aggregation asked)."""
+    rec = job.recovery if job.state == "recovering" else None
+    a = rec["room"] if rec is not None and "room" in rec else job.aggregation
+    return a if a is not None and a.get("collective") == AGGREGATE else None
+
+
 def held(book: JobBook, exclude: str | None = None) -> dict[str, tuple[int, int]]:
     """Switch -> (jobs, bytes) its aggregator holds for the active jobs (but `exclude`)."""
     use: dict[str, tuple[int, int]] = {}
     for job in book.jobs.live.values():
-        a = aggregating(job)
+        a = holds(job)
         if a is not None and job.active and job.id != exclude:
             n, b = use.get(a["switch"], (0, 0))
             use[a["switch"]] = (n + 1, b + a["bytes"])
@@ -104,6 +115,39 @@ def plan(book: JobBook, occ: Occupancy, job: Job,
     else:
         why = f"rack {book.rack.name} has no in-network aggregator"
     return policy.plan(occ, req), {"collective": RING, "reason": why}
+
+
+def choose(book: JobBook, occ: Occupancy, job: Job, req: policy.Request) -> None:
+    """A fail-over's new attempt (`req`, its GPUs named): its room chosen as `plan` does, on the occupancy now, and
+    reserved in the same step (the recovery's `room`, which `held` counts in place of the old attempt's). Where its
+    GPUs cannot be placed now, a ring with the reason."""
+    if not asks(job) or job.recovery is None:
+        return
+    try:
+        job.recovery["room"] = plan(book, occ, job, req)[1]
+    except policy.PlacementError as e:  # the circuit change will meet it too, and the step fail
+        job.recovery["room"] = {"collective": RING, "reason": f"no switch could take its GPUs when its new attempt "
+                                f"was planned: {e}"}
+
+
+def release(job: Job) -> None:
+    """The chosen room given up (a failed swap, a restart that found one under way): the job holds none until its
+    next try chooses again."""
+    if job.recovery is not None and "room" in job.recovery:
+        job.recovery["room"] = None
+
+
+def place(occ: Occupancy, req: policy.Request, room: dict | None) -> tuple[policy.Plan, dict | None]:
+    """The circuit change's plan of a fail-over's new attempt and its aggregation: under the switch of the room chosen
+    for it (`choose`); a ring with the reason where that switch can no longer take its GPUs (the circuits changed
+    since), placed as any job. `room` None: no aggregation asked. Raises as policy.plan."""
+    if room is None or room.get("collective") != AGGREGATE:
+        return policy.plan(occ, req), room
+    try:
+        return policy.plan(occ, dataclasses.replace(req, switches=(room["switch"],))), room
+    except policy.NoRoomNow as e:
+        return policy.plan(occ, req), {"collective": RING, "reason": f"{room['switch']}, whose aggregator was "
+                                       f"chosen for its new attempt, could no longer take its GPUs: {e}"}
 
 
 def failover_note(old: dict | None, new: dict | None) -> str:

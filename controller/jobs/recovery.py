@@ -24,7 +24,7 @@ of the job's workers still run: those are followed again and told, the rest star
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from controller.core import placement as policy
 from controller.core import spares as spare_rule
@@ -99,6 +99,8 @@ class Recovery(Rejoin):
         """After a restart: observe the job's servers first, then carry its recovery on, every rank restarted."""
         rec = job.recovery or {"step": "detected", "detected_at": self.book.clock(), "signs": {}}
         rec.update(resumed=True, tries=0)
+        if rec.get("step") == "assessed":
+            aggregation.release(job)  # a swap under way when the controller stopped: its room is chosen again
         rec.setdefault("old_gpus", list(job.gpus))
         job.recovery = rec
         LOG.warning("%s: recovering at the restart (step %s): observing its servers again", job.id, rec["step"])
@@ -177,7 +179,8 @@ class Recovery(Rejoin):
         job.attempt = rec["attempt"]
         job.gpus = [g for g in rec["old_gpus"] if g not in losing or g in own]  # the lost GPUs are no longer the job's
         down = set(self._down())
-        taken = set(self.book.busy_gpus()) | set(rec["old_gpus"]) | set(self.book.unlinked())
+        others = {g for g, holder in self.book.busy_gpus().items() if holder != job.id}  # its own last try's spares
+        taken = others | set(rec["old_gpus"]) | set(self.book.unlinked())  # are free to it again
         free = [g for g in rack.gpus if g not in taken and rack.server_of[g] not in down]
         where = {g: at[0] for g, at in self.book.state.circuits.gpu_locations(rack).items() if at}
         try:
@@ -195,21 +198,26 @@ class Recovery(Rejoin):
         fence = [g for g in losing if g not in rec["restarted"]]
         gone = [g for g in fence if rack.server_of[g] not in down]  # lost on a live server: its containers go
         rec["swap_started"] = self.book.clock()
-        self.actions.start(job.id, "recovery.swapped", self._change, job, rec, gpus, fence, stop, gone)
+        req = policy.Request(tuple(gpus), "regroup", job.request.get("gpu_model"),
+                             job.request["workload"].get("model", "vgg16"))
+        if aggregation.asks(job):  # its new attempt's room chosen and reserved here, on the loop, as admission does
+            aggregation.choose(self.book, self.book.occ(exclude=job.id, down=down), job, req)
+            self.book.save()
+        self.actions.start(job.id, "recovery.swapped", self._change, job, rec, req, rec.get("room"), fence, stop, gone)
 
-    def _change(self, job: Job, rec: dict, gpus: list[str], fence: list[str], stop: list[str], gone: list[str]):
-        """The action: the old attempt's workers stopped; one circuit change placing `gpus` under as few switches as
-        can be (an aggregating job's under a switch whose aggregator has room, else as a ring: controller/jobs/
-        aggregation.py) and taking the circuits of the GPUs fenced out; the old attempt's pool freed at its
-        aggregator; their containers removed where their server lives."""
+    def _change(self, job: Job, rec: dict, req: policy.Request, room: dict | None, fence: list[str], stop: list[str],
+                gone: list[str]):
+        """The action: the old attempt's workers stopped; one circuit change placing `req`'s GPUs under as few switches
+        as can be (an aggregating job's under the switch whose aggregator's room was chosen for it, else as a ring:
+        controller/jobs/aggregation.py) and taking the circuits of the GPUs fenced out; the old attempt's pool freed at
+        its aggregator; their containers removed where their server lives."""
         self.workers.kill(job, stop)
-        model, workload = job.request.get("gpu_model"), job.request["workload"].get("model", "vgg16")
         rack, decided = self.book.rack, dict[str, Any]()
         ports = {rack.gpu_port(g) for g in fence}
 
         def plan(current: CircuitMap) -> CircuitMap:
             occ = self.book.occ(current, exclude=job.id, down=self._down())
-            p, agg = aggregation.plan(self.book, occ, job, policy.Request(tuple(gpus), "regroup", model, workload))
+            p, agg = aggregation.place(occ, req, room)
             decided.update(plan=p, aggregation=agg, planned_at=self.book.clock())
             target = p.target(current)
             return CircuitMap([c for c in target.circuits if not (set(c) & ports)])
@@ -223,8 +231,8 @@ class Recovery(Rejoin):
             self.aggregators.end_aggregation(old["switch"], old["key"])
         if gone:
             self.rt.spawn(self.workers.remove, job, gone)
-        return {"plan": decided["plan"], "event": ev, "gpus": gpus, "t0": t0, "t1": decided["planned_at"],
-                "aggregation": decided["aggregation"]}
+        return {"plan": decided["plan"], "event": ev, "gpus": list(cast(tuple, req.gpus)), "t0": t0,
+                "t1": decided["planned_at"], "aggregation": decided["aggregation"]}
 
     def stopped(self, done: Done) -> None:
         self.reconcile(self.book.jobs[done.job])
@@ -235,12 +243,14 @@ class Recovery(Rejoin):
         if job.state != "recovering" or rec is None:
             return
         if done.error is not None:
+            aggregation.release(job)  # the room chosen for it: chosen again at the next try
             return self._failed_step(job, rec, "swapping spares in", done.error)
         p, ev = done.result["plan"], done.result["event"]
         job.gpus, job.switches = list(done.result["gpus"]), list(p.switches)
-        if aggregation.asks(job):  # the new attempt's room, the old one's given up, in the same record
+        if aggregation.asks(job):  # the new attempt's room (reserved when chosen) now the record's
             rec["aggregation"] = aggregation.failover_note(job.aggregation, done.result["aggregation"])
             job.aggregation = done.result["aggregation"]
+            rec.pop("room", None)
         if ev is not None:
             job.events.append(ev.id)
         job.circuits = self.book.circuits_of(job)

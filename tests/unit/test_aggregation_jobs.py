@@ -345,3 +345,97 @@ def test_a_restart_mid_recovery_counts_one_attempts_room(tmp_path, vrt, step):
     ended = jobs.recovery.aggregators.ended + jobs2.recovery.aggregators.ended
     assert ("as1", a["key"]) in ended and ("as2", a["key"]) not in ended
     jobs2.stop(again.id)
+
+
+def _failing_over_slowly(jobs, driver, vrt):
+    """gpu1 and gpu2 aggregating under as1 lose their servers; returns (the job, its first aggregation) once the
+    fail-over's circuit change is made and its action still waits (the OCS's switching, 0.5 s) before it returns."""
+    changes, planned = jobs.recovery.changes, []
+    real = changes.change
+
+    def slow(plan, kind, *args, **kw):
+        ev = real(plan, kind, *args, **kw)
+        if kind == "failover":
+            planned.append(ev)
+            vrt.sleep(0.5)
+        return ev
+
+    changes.change = slow
+    job = jobs.submit(req(gpus=["gpu1", "gpu2"], workload={"iterations": 1000}, checkpoint_every=5))
+    a = dict(job.aggregation)
+    vrt.run(lambda: len(job.iterations()) >= 7, what="a checkpoint")
+    driver.kill_server("srv1")
+    driver.kill_server("srv2")
+    vrt.run(lambda: bool(planned), what="the new attempt's circuit change")
+    return job, a
+
+
+def test_a_restart_while_a_fail_over_places_its_new_attempt_gives_the_chosen_room_up_and_chooses_again(tmp_path, vrt):
+    """The controller dies while the fail-over's circuit change is under way: the new controller finds the room
+    chosen for the new attempt (as2's) in the record, gives it up when it carries the recovery on, and chooses again:
+    never more than one room held, the job at as2's aggregator in the end."""
+    rack = rack_with(as1={"jobs": 1}, as2={"jobs": 1})
+    driver = FakeDriver(pace=1.0)
+    state, jobs = make(tmp_path, rack, driver, vrt)
+    job, a = _failing_over_slowly(jobs, driver, vrt)
+    rt2 = VirtualRuntime()
+    jobs2, state2, _ = service(tmp_path, rack, driver, rt2, start=False)
+    again = jobs2.book.jobs[job.id]
+    assert aggregation.held(jobs2.book) == {"as2": (1, a["bytes"])}  # the chosen room, from the record
+    jobs2.start()
+    seen: list = []
+    rt2.run(lambda: _watch(jobs2, seen) and again.state == "running" and again.recoveries, what="the new attempt")
+    assert {} in seen  # given up when the recovery is carried on, then chosen again
+    assert all(sum(n for n, _ in h.values()) <= 1 for h in seen), seen
+    assert again.aggregation["switch"] == "as2" and aggregation.held(jobs2.book) == {"as2": (1, a["bytes"])}
+    jobs2.stop(again.id)
+
+
+def test_an_admission_while_a_fail_over_places_its_new_attempt_cannot_take_the_room_chosen_for_it(tmp_path, vrt):
+    """The circuit change of a fail-over takes time after its plan (the OCS switching): a job admitted then sees the
+    new attempt's room at as2 held (chosen and reserved on the loop with the spares), as1's given up, and takes as1;
+    no aggregator ever holds more jobs than its most. A swap that fails gives the chosen room up."""
+    rack = rack_with(as1={"jobs": 1}, as2={"jobs": 1})
+    driver = FakeDriver(pace=1.0)
+    state, jobs = make(tmp_path, rack, driver, vrt)
+    job, a = _failing_over_slowly(jobs, driver, vrt)
+    assert job.state == "recovering" and job.aggregation["switch"] == "as1"  # not yet recorded as the job's
+    other = jobs.submit(req(gpus=["gpu6"], gpu_model="TitanV", workload={"iterations": 1000}))
+    seen: list = []
+    vrt.run(lambda: _watch(jobs, seen) and job.state == "running" and job.recoveries, what="the new attempt")
+    assert job.aggregation["switch"] == "as2" and other.aggregation["switch"] == "as1"
+    assert all(n <= 1 for h in seen for n, _ in h.values()), seen  # never two jobs at an aggregator of one
+    assert aggregation.held(jobs.book) == {"as1": (1, a["bytes"]), "as2": (1, a["bytes"])}
+    for j in (job, other):
+        jobs.stop(j.id)
+
+
+
+def test_a_swap_that_fails_gives_the_room_chosen_for_it_up(tmp_path, vrt):
+    """The fail-over's first circuit change fails (the OCS refused it): the room chosen for the new attempt at as2 is
+    given up with it (the job holds none, as1's given up when as2's was chosen), and the next try chooses again."""
+    rack = rack_with(as1={"jobs": 1}, as2={"jobs": 1})
+    driver = FakeDriver(pace=1.0)
+    state, jobs = make(tmp_path, rack, driver, vrt)
+    changes, failed = jobs.recovery.changes, []
+    real = changes.change
+
+    def refused_once(plan, kind, *args, **kw):
+        if kind == "failover" and not failed:
+            plan(state.circuits)
+            failed.append(aggregation.held(jobs.book))  # as2's, chosen before the change
+            raise OSError("the OCS refused the change")
+        return real(plan, kind, *args, **kw)
+
+    changes.change = refused_once
+    job = jobs.submit(req(gpus=["gpu1", "gpu2"], workload={"iterations": 1000}, checkpoint_every=5))
+    a = dict(job.aggregation)
+    vrt.run(lambda: len(job.iterations()) >= 7, what="a checkpoint")
+    driver.kill_server("srv1")
+    driver.kill_server("srv2")
+    seen: list = []
+    vrt.run(lambda: _watch(jobs, seen) and job.state == "running" and job.recoveries, what="the new attempt")
+    assert failed == [{"as2": (1, a["bytes"])}]
+    assert {} in seen[seen.index({"as2": (1, a["bytes"])}):]  # given up after the failure, before the next try
+    assert job.aggregation["switch"] == "as2" and aggregation.held(jobs.book) == {"as2": (1, a["bytes"])}
+    jobs.stop(job.id)
