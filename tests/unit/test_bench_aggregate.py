@@ -10,6 +10,8 @@ import pytest
 from evidence.report import aggregation as block
 from scripts import bench_aggregate as b
 
+ROOT = Path(__file__).resolve().parents[2]
+
 
 def lines(collective: str, comm: list[list[float]], compute: float = 0.4, check: str = "ok") -> dict:
     """Each rank's lines: start, one iteration per entry of comm[rank], done."""
@@ -77,6 +79,77 @@ def test_the_summary_of_alternating_runs():
         b.summarise([r for r in fake_runs() if r["collective"] == "ring"], 2.0, {"ring": 1, "aggregate": 1})
 
 
+DUMP = """OFPST_PORT reply (OF1.3) (xid=0x2): 1 ports
+  port  11: rx pkts=1200, bytes={rx}, drop=0, errs=0, frame=0, over=0, crc=0
+           tx pkts=1100, bytes={tx}, drop=0, errs=0, coll=0
+           duration=12.5s
+"""
+
+
+def test_a_nics_bytes_come_from_its_switch_ports_counters_in_units_of_the_gradient():
+    assert b.port_counters(DUMP.format(rx=1500, tx=900)) == (1500, 900)
+    with pytest.raises(ValueError, match="no byte counters"):
+        b.port_counters("ovs-ofctl: as1 is not a bridge or a socket")
+    nic = b.nic_bytes({"gpu1": (1000, 500), "gpu2": (0, 0)}, {"gpu1": (1000 + 3000, 500 + 4500), "gpu2": (2000, 2000)},
+                      gradient_bytes=1000, iterations=2)
+    assert nic["gpu1"] == {"sent": 3000, "received": 4500, "sent_s": 1.5, "received_s": 2.25}
+    assert nic["gpu2"]["sent_s"] == 1.0
+    with pytest.raises(ValueError, match="gpu1: its port's counters went back"):
+        b.nic_bytes({"gpu1": (10, 10)}, {"gpu1": (5, 20)}, 1000, 2)
+    assert b.expected_factor("aggregate", 4) == 1.0 and b.expected_factor("ring", 4) == 1.5
+    assert b.expected_factor("ring", 2) == 1.0
+
+
+def with_bytes(runs: list[dict], factor: dict[str, float]) -> list[dict]:
+    """Each run's NICs at `factor[collective]` S each way (the first NIC 3 % over in sending)."""
+    for r in runs:
+        f = factor[r["collective"]]
+        r["nic"] = {f"gpu{i}": {"sent": 0, "received": 0, "sent_s": f * (1.03 if i == 1 else 1.0), "received_s": f}
+                    for i in range(1, 5)}
+    return runs
+
+
+def test_the_bytes_each_way_are_checked_against_the_bound_of_each_collective():
+    s = b.summarise(with_bytes(fake_runs(), {"ring": 1.52, "aggregate": 1.01}), 2.0, {"ring": 0.34, "aggregate": 0.26})
+    assert s["aggregate"]["bytes"]["expected_s"] == 1.0 and s["ring"]["bytes"]["expected_s"] == 1.5
+    assert s["ring"]["bytes"]["sent_s"] == {"min": 1.52, "median": 1.52, "max": pytest.approx(1.52 * 1.03)}
+    assert s["checks"]["bytes_as_bound"] is True
+    ring_as_aggregate = b.summarise(with_bytes(fake_runs(), {"ring": 1.0, "aggregate": 1.0}), 2.0,
+                                    {"ring": 0.34, "aggregate": 0.26})  # a ring carrying S: not the 4-GPU ring
+    assert ring_as_aggregate["checks"]["bytes_as_bound"] is False and ring_as_aggregate["ring"]["bytes"]["within"] \
+        is False and ring_as_aggregate["aggregate"]["bytes"]["within"] is True
+    assert "bytes_as_bound" not in b.summarise(fake_runs(), 2.0, {"ring": 0.34, "aggregate": 0.26})["checks"]
+
+
+def test_at_two_gpus_there_is_no_bar_and_the_record_says_whether_a_gain_was_seen():
+    s = b.summarise(fake_runs(), 2.0, {"ring": 0.34, "aggregate": 0.26}, bar=None, n=2)
+    assert "all_reduce_at_least_bar" not in s["checks"] and s["gain_seen"] is True  # 0.27 against 0.13
+    same = fake_runs()
+    for r in same:
+        r["all_reduce_s"] = 0.2
+    assert b.summarise(same, 2.0, {"ring": 0.34, "aggregate": 0.26}, bar=None, n=2)["gain_seen"] is False
+    assert "gain_seen" not in b.summarise(fake_runs(), 2.0, {"ring": 0.34, "aggregate": 0.26})
+
+
+def test_the_matrix_and_its_cabling():
+    m = b.matrix([2, 4], ["vgg16", "resnet50"], ["one", "spread"])
+    assert len(m) == 8 and m[0] == {"n": 2, "model": "vgg16", "placement": "one"}
+    assert m[-1] == {"n": 4, "model": "resnet50", "placement": "spread"}
+    gpus = ["gpu1", "gpu2", "gpu3", "gpu4"]
+    assert b.cabling("one", gpus, ["as1", "as2"]) == {"as1": gpus}
+    assert b.cabling("spread", gpus, ["as1", "as2"]) == {"as1": ["gpu1", "gpu2"], "as2": ["gpu3", "gpu4"]}
+    assert b.cabling("spread", gpus[:2], ["as1", "as2"]) == {"as1": ["gpu1"], "as2": ["gpu2"]}
+    with pytest.raises(ValueError, match="placement 'everywhere'"):
+        b.cabling("everywhere", gpus, ["as1", "as2"])
+    with pytest.raises(ValueError, match="spread needs 2 switches"):
+        b.cabling("spread", gpus, ["as1"])
+    rack, circuits = b.cabled_rack(ROOT / "topologies" / "paper-testbed.yaml", {"as1": ["gpu1"], "as2": ["gpu2"]})
+    from controller.core.circuits import CircuitMap
+    where = CircuitMap.parse(rack, circuits).gpu_locations(rack)  # the cabled rack: the simulator's start
+    assert {g: at[0] for g, at in where.items() if g in ("gpu1", "gpu2")} == {"gpu1": "as1", "gpu2": "as2"}
+    assert CircuitMap.initial(rack).gpu_locations(rack)["gpu2"] == where["gpu2"]
+
+
 def test_the_report_block_renders_a_record_and_says_when_there_is_none(tmp_path):
     assert block.bench([], tmp_path).startswith("No record yet")
     runs = fake_runs()
@@ -84,9 +157,21 @@ def test_the_report_block_renders_a_record_and_says_when_there_is_none(tmp_path)
     record = {"results": {"model": "vgg16", "gpus": ["gpu1", "gpu2", "gpu3", "gpu4"], "switch": "as1",
                           "iterations": 3, "simulator": "calibrated", "runs": runs, "summary": s}}
     (tmp_path / "20261129T000000Z-abc1234-bench_aggregate.json").write_text(json.dumps(record))
+    text = block.bench([], tmp_path)  # a record made before the matrix: 4 GPUs under one switch, no counters
+    assert "| 4 × vgg16 | one (as1: gpu1, gpu2, gpu3, gpu4) | aggregate | 3 | 130 ms | 265 ms | 260 ms |" in text
+    assert f"| not counted | {s['all_reduce_speedup']:.2f}× / {s['iteration_speedup']:.2f}× (1.31×) |" in text
+    runs2 = with_bytes(fake_runs(), {"ring": 1.0, "aggregate": 1.0})
+    two = b.summarise(runs2, 2.0, {"ring": 0.34, "aggregate": 0.3}, bar=None, n=2)
+    matrix = {"results": {"iterations": 3, "repeats": 3, "configs": [
+        {"n": 2, "model": "resnet50", "placement": "spread", "gpus": ["gpu1", "gpu2"],
+         "under": {"as1": ["gpu1"], "as2": ["gpu2"]}, "simulator": "calibrated", "runs": runs2,
+         "summary": two}]}}
+    (tmp_path / "20261129T000002Z-abc1234-bench_aggregate.json").write_text(json.dumps(matrix))
     text = block.bench([], tmp_path)
-    assert "| aggregate | 3 | 130 ms | 265 ms | 260 ms |" in text
-    assert f"{s['all_reduce_speedup']:.2f}× / {s['iteration_speedup']:.2f}× (1.31×)" in text
+    assert "| 2 × resnet50 | spread (as1: gpu1; as2: gpu2) | ring |" in text
+    assert "| 1.00 (1.00–1.03) / 1.00 S (bound 1.00 S) |" in text and "; a gain seen |" in text
+    assert "every_run_within_tolerance" not in text and "failed: `20261129T000002Z-abc1234` 2 × resnet50 spread: " \
+        "every run within tolerance" in " ".join(text.split())
     (tmp_path / "20261129T000001Z-abc1234-bench_aggregate.json").write_text(json.dumps({"results": {}}))
     with pytest.raises(block.ReportError, match="not a bench_aggregate record"):
         block.bench([], tmp_path)
