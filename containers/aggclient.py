@@ -17,6 +17,18 @@ from containers import aggproto as P
 DropHook = Callable[[str, bytes], bool]  # ("in" | "out", datagram) -> drop it (tests inject loss with it)
 
 
+RTT_KEPT = 100_000  # round trips a client keeps (a run's first ones)
+
+
+def round_trips(rtts: list[float]) -> dict:
+    """A client's round trips (seconds) in milliseconds: how many, the 10th percentile, the median and the 90th."""
+    if not rtts:
+        return {"count": 0}
+    xs = sorted(rtts)
+    ms = {q: round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 3) for q in (0.1, 0.5, 0.9)}
+    return {"count": len(xs), "p10_ms": ms[0.1], "median_ms": ms[0.5], "p90_ms": ms[0.9]}
+
+
 class Refused(RuntimeError):
     """The aggregator would not hold this job (full, or the job is there with another shape): the reason."""
 
@@ -37,6 +49,7 @@ class AggClient:
         self.check = check  # called as the timers are looked at: it raises to abandon a collective (a left ring)
         self.op = 0
         self.stats = dict.fromkeys(("sent", "resent", "received", "ignored", "dropped"), 0)
+        self.rtts: list[float] = []  # seconds from a chunk's send to its sum's arrival, chunks sent once (RTT_KEPT)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
@@ -107,6 +120,7 @@ class AggClient:
         flight = [-1] * S  # the chunk each slot has in flight (-1: none)
         due = [0.0] * S  # when its timer runs out
         tries = [0] * S
+        sent_at = [0.0] * S  # when the slot's chunk was first sent
 
         def send(slot: int, k: int) -> None:
             count = min(C, size - k * C)
@@ -115,7 +129,7 @@ class AggClient:
 
         now = time.monotonic()
         for k in range(min(S, nchunks)):
-            flight[k], due[k] = k, now + self.rto
+            flight[k], due[k], sent_at[k] = k, now + self.rto, time.monotonic()
             send(k, k)
         self.stats["sent"] += min(S, nchunks)
         remaining, deadline, sweep = nchunks, now + self.timeout, now + self.rto / 2
@@ -129,10 +143,13 @@ class AggClient:
                 else:
                     array[k * C:k * C + count] = np.frombuffer(data, dtype="<f4", count=count, offset=P.HEADER.size)
                     self.stats["received"] += 1
+                    if tries[slot] == 0 and len(self.rtts) < RTT_KEPT:  # a resent chunk's is ambiguous
+                        self.rtts.append(time.monotonic() - sent_at[slot])
                     remaining -= 1
                     nxt = k + S
                     if nxt < nchunks:
-                        flight[slot], due[slot], tries[slot] = nxt, time.monotonic() + self.rto, 0
+                        sent_at[slot] = time.monotonic()
+                        flight[slot], due[slot], tries[slot] = nxt, sent_at[slot] + self.rto, 0
                         send(slot, nxt)
                         self.stats["sent"] += 1
                     else:

@@ -10,7 +10,7 @@ import time
 import zlib
 
 from containers import aggproto
-from containers.aggclient import AggClient, Refused
+from containers.aggclient import AggClient, Refused, round_trips
 from containers.session import emit
 
 JOIN_S = 5.0  # seconds a rank tries to join the aggregator before its job runs as a ring
@@ -98,7 +98,8 @@ class Aggregation:
         """Leave the aggregator (its job's slots are freed once every rank left); a second of trying at most."""
         if self.client is None:
             return
-        emit({"event": "aggregated", "rank": self.client.rank, **self.client.stats, "t": time.time()})
+        emit({"event": "aggregated", "rank": self.client.rank, **self.client.stats,
+              "round_trip": round_trips(self.client.rtts), "t": time.time()})
         self.client.timeout = 1.0
         try:
             self.client.leave()

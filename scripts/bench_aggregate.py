@@ -16,9 +16,11 @@ controller gives its workers (and `--aggregator` of the first switch's aggregato
 
 Each run keeps, from the workers' lines: the median over its iterations (the first left out: connections and the
 aggregator's join) of the all-reduce time (the slowest rank's) and of the iteration time (likewise), whether every
-sum was exact (the worker checks it), the collective each rank's start line says it ran, the gradient's bytes S;
-and each NIC's bytes each way over the run, from the Open vSwitch counters of the switch port its circuit lands on
-(`ovs-ofctl dump-ports`, read before and after), per iteration and in units of S: a NIC sends and receives S per
+sum was exact (the worker checks it), the collective each rank's start line says it ran, the gradient's bytes S,
+aggregating, each chunk's round trip from its send to its sum's return (the ranks' medians and percentiles, chunks
+sent once); and each NIC's bytes each way over the run, from the Open vSwitch counters of the switch port its
+circuit lands on (`ovs-ofctl dump-ports`, read before and after), per iteration and in units of S: a NIC sends and
+receives S per
 iteration aggregating, 2(n-1)/n S around a ring (1.5 S at 4 GPUs, S at 2, where no gain is expected: the record says
 whether one was seen).
 
@@ -83,10 +85,14 @@ def run_figures(lines: dict[str, list[dict]]) -> dict:
     done = [next((r for r in reversed(records) if r.get("event") == "done"), None) for records in lines.values()]
     sizes = {r["gradient_bytes"] for records in lines.values() for r in records
              if r.get("event") == "start" and "gradient_bytes" in r}
+    trips = [r["round_trip"] for records in lines.values() for r in records
+             if r.get("event") == "aggregated" and r.get("round_trip", {}).get("count")]
     return {"iterations": len(kept), "all_reduce_s": statistics.median(comm), "iteration_s": statistics.median(iters),
             "exact_sums": all(d is not None and d.get("check") == "ok" for d in done),
             "collective_run": starts.pop() if len(starts) == 1 else "mixed" if starts else "no start line",
-            "iterations_run": len(common), "gradient_bytes": sizes.pop() if len(sizes) == 1 else None}
+            "iterations_run": len(common), "gradient_bytes": sizes.pop() if len(sizes) == 1 else None,
+            "round_trip_ms": {k: statistics.median(t[k] for t in trips) for k in ("p10_ms", "median_ms", "p90_ms")}
+            if trips else None}
 
 
 def expected_factor(collective: str, n: int) -> float:
@@ -380,7 +386,10 @@ def run_config(tb, args, cfg: dict, agg, switches: list[str], log) -> dict:
             f"{r['iteration_s']:.3f} s (emulated; median of {r['iterations']}), NIC bytes per iteration / S: sent "
             f"{min(v['sent_s'] for v in nic.values()):.2f}-{max(v['sent_s'] for v in nic.values()):.2f}, received "
             f"{min(v['received_s'] for v in nic.values()):.2f}-{max(v['received_s'] for v in nic.values()):.2f}; "
-            f"sums exact: {r['exact_sums']}, ran as {r['collective_run']}")
+            f"sums exact: {r['exact_sums']}, ran as {r['collective_run']}" + (
+                f"; a chunk's round trip {r['round_trip_ms']['median_ms']:.1f} ms (median of the ranks' medians; "
+                f"p10 {r['round_trip_ms']['p10_ms']:.1f}, p90 {r['round_trip_ms']['p90_ms']:.1f})"
+                if r["round_trip_ms"] else ""))
     s = summarise(runs, tb.rack.spec.emulation.time_dilation, predicted, BAR if cfg["n"] >= 4 else None, n=cfg["n"])
     log(f"  aggregate over ring: all-reduce {s['all_reduce_speedup']:.2f}x, iteration {s['iteration_speedup']:.2f}x "
         f"(simulated {s['predicted_iteration_speedup']:.2f}x); worst run against the simulator "

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from containers import aggproto as P
-from containers.aggclient import AggClient, Refused
+from containers.aggclient import AggClient, Refused, round_trips
 from containers.aggregator import Aggregator
 
 RTO = 0.01  # short timers: a lost chunk is sent again after 10 ms
@@ -91,6 +91,13 @@ def test_sums_stream_through_a_pool_smaller_than_the_gradient(aggregator):
             assert np.array_equal(got, w)
     assert agg.stats["summed"] == 2 * 38 + 2 and agg.stats["stray"] == 0
     assert agg.pools == {}  # every rank left: the job's slots are free
+    for c in run_job.clients:  # type: ignore[attr-defined]
+        # each chunk's round trip, from its send to its sum (none resent on loopback without loss)
+        assert c.stats["resent"] == 0 and len(c.rtts) == c.stats["received"] == 2 * 38 + 2 and min(c.rtts) > 0
+        trips = round_trips(c.rtts)
+        assert trips["count"] == 78 and 0 < trips["p10_ms"] <= trips["median_ms"] <= trips["p90_ms"]
+    assert round_trips([]) == {"count": 0}
+    assert round_trips([0.002, 0.001, 0.004, 0.003]) == {"count": 4, "p10_ms": 1.0, "median_ms": 3.0, "p90_ms": 4.0}
 
 
 def test_two_jobs_on_one_aggregator_get_only_their_own_sums(aggregator):

@@ -30,7 +30,12 @@ def test_a_run_takes_the_slowest_rank_of_each_iteration_and_leaves_the_first_out
     # per iteration the slowest rank: 0.2, 0.3, 0.2 (the first, 9.0, left out): median 0.2
     assert f["iterations"] == 3 and f["all_reduce_s"] == pytest.approx(0.2)
     assert f["iteration_s"] == pytest.approx(0.6)
-    assert f["exact_sums"] and f["collective_run"] == "aggregate"
+    assert f["exact_sums"] and f["collective_run"] == "aggregate" and f["round_trip_ms"] is None
+    trips = lines("aggregate", [[0.1, 0.2], [0.1, 0.2]])
+    for rank, ms in enumerate((4.0, 6.0)):
+        trips[f"gpu{rank + 1}"].append({"event": "aggregated", "round_trip": {"count": 9, "p10_ms": ms - 1,
+                                                                              "median_ms": ms, "p90_ms": ms + 3}})
+    assert b.run_figures(trips)["round_trip_ms"] == {"p10_ms": 4.0, "median_ms": 5.0, "p90_ms": 8.0}
     bad = lines("ring", [[0.1, 0.1], [0.1, 0.1]])
     bad["gpu2"][-1]["check"] = "wrong"
     bad["gpu2"][0]["collective"] = "aggregate"
