@@ -50,6 +50,8 @@ class AggClient:
         self.op = 0
         self.stats = dict.fromkeys(("sent", "resent", "received", "ignored", "dropped"), 0)
         self.rtts: list[float] = []  # seconds from a chunk's send to its sum's arrival, chunks sent once (RTT_KEPT)
+        self.srtt: float | None = None  # the smoothed round trip and its deviation (RFC 6298's estimator)
+        self.rttvar = 0.0
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
@@ -58,6 +60,21 @@ class AggClient:
 
     def close(self) -> None:
         self.sock.close()
+
+    def sample(self, rtt: float) -> None:
+        """A chunk's round trip (seconds): kept, and into the smoothed estimate the timers use."""
+        if len(self.rtts) < RTT_KEPT:
+            self.rtts.append(rtt)
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+
+    def timer(self) -> float:
+        """A chunk's retransmission timeout: the smoothed round trip and four deviations, never under `rto`: a pool
+        whose sums come back slower than `rto` (across a loaded uplink) is not sent again before its time."""
+        return self.rto if self.srtt is None else max(self.rto, self.srtt + 4 * self.rttvar)
 
     def _send(self, parts: list) -> None:
         if self.drop is not None and self.drop("out", b"".join(bytes(p) for p in parts)):
@@ -129,7 +146,7 @@ class AggClient:
 
         now = time.monotonic()
         for k in range(min(S, nchunks)):
-            flight[k], due[k], sent_at[k] = k, now + self.rto, time.monotonic()
+            flight[k], due[k], sent_at[k] = k, now + self.timer(), time.monotonic()
             send(k, k)
         self.stats["sent"] += min(S, nchunks)
         remaining, deadline, sweep = nchunks, now + self.timeout, now + self.rto / 2
@@ -143,13 +160,13 @@ class AggClient:
                 else:
                     array[k * C:k * C + count] = np.frombuffer(data, dtype="<f4", count=count, offset=P.HEADER.size)
                     self.stats["received"] += 1
-                    if tries[slot] == 0 and len(self.rtts) < RTT_KEPT:  # a resent chunk's is ambiguous
-                        self.rtts.append(time.monotonic() - sent_at[slot])
+                    if tries[slot] == 0:  # a resent chunk's round trip is ambiguous (Karn)
+                        self.sample(time.monotonic() - sent_at[slot])
                     remaining -= 1
                     nxt = k + S
                     if nxt < nchunks:
                         sent_at[slot] = time.monotonic()
-                        flight[slot], due[slot], tries[slot] = nxt, sent_at[slot] + self.rto, 0
+                        flight[slot], due[slot], tries[slot] = nxt, sent_at[slot] + self.timer(), 0
                         send(slot, nxt)
                         self.stats["sent"] += 1
                     else:
@@ -165,6 +182,6 @@ class AggClient:
                 for slot in range(S):
                     if flight[slot] >= 0 and now >= due[slot]:
                         tries[slot] += 1
-                        due[slot] = now + self.rto * (1 << min(tries[slot], 5))
+                        due[slot] = now + self.timer() * (1 << min(tries[slot], 5))
                         send(slot, flight[slot])
                         self.stats["resent"] += 1

@@ -97,6 +97,20 @@ def test_sums_stream_through_a_pool_smaller_than_the_gradient(aggregator):
         trips = round_trips(c.rtts)
         assert trips["count"] == 78 and 0 < trips["p10_ms"] <= trips["median_ms"] <= trips["p90_ms"]
     assert round_trips([]) == {"count": 0}
+
+
+def test_a_chunks_timer_follows_the_round_trips_never_under_the_rto_given():
+    c = AggClient(("127.0.0.1", 9), 1, 0, 2, rto=0.05)
+    try:
+        assert c.timer() == 0.05  # no round trip yet
+        for _ in range(3):
+            c.sample(0.002)  # loopback: the given rto stays
+        assert c.timer() == 0.05 and c.rtts == [0.002] * 3
+        for _ in range(20):
+            c.sample(0.080)  # sums back after 80 ms (a loaded uplink): the timer beyond them
+        assert 0.080 < c.timer() < 0.2 and c.srtt == pytest.approx(0.080, rel=0.1)
+    finally:
+        c.close()
     assert round_trips([0.002, 0.001, 0.004, 0.003]) == {"count": 4, "p10_ms": 1.0, "median_ms": 3.0, "p90_ms": 4.0}
 
 
