@@ -450,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(text: str) -> None:
         print(text, flush=True)
 
+    from containers.image import ensure_images
+
+    ensure_images()  # the workers the controller starts run this tree's code (another checkout may have built its own)
     configs = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp, Testbed(rack, args.topo, Path(tmp)) as tb:
