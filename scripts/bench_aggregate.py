@@ -313,13 +313,22 @@ def run_direct(rack, gpus: list[str], collective: str, workload: dict, timeout: 
                    "--rate-scale", str(e.rate_scale), "--time-dilation", str(e.time_dilation),
                    "--workload", workload["model"], "--gpu-model", rack.gpus[g].model, "--ifname", rack.interface(g),
                    "--checkpoint-every", str(workload["iterations"] + 1), "--checkpoint-dir", str(tmp / f"ck{rank}"),
-                   "--control-dir", str(tmp / f"control{rank}"), "--timeout", str(int(timeout))]
+                   "--control-dir", str(tmp / f"control{rank}"), "--timeout", str(int(timeout)),
+                   "--wait-for-nic", "60"]  # a NIC a container of the run before still held comes back to its server
             if collective == "aggregate":
                 cmd += ["--collective", "aggregate", "--aggregator", aggregator.address, "--aggregation-job", str(key)]
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
         lines = {}
+        deadline = time.monotonic() + timeout
         for g, proc in zip(gpus, procs, strict=True):
-            out, err = proc.communicate(timeout=timeout)
+            try:
+                out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                tails = [f"{h}: {q.communicate()[1].strip()[-600:]}" for h, q in zip(gpus, procs, strict=True)]
+                raise RuntimeError(f"the {collective} run did not end within {timeout:g} s; " + " | ".join(tails)) \
+                    from None
             if proc.returncode != 0:
                 raise RuntimeError(f"{g}'s worker ({collective}) exited {proc.returncode}: {err.strip()[-1500:]}")
             lines[g] = [json.loads(x) for x in out.splitlines() if x.startswith("{") and '"alive"' not in x]
@@ -350,6 +359,22 @@ def cable(tb, circuits: list[list[str]]) -> None:
     tb.client.put("/ocs/circuits", {"circuits": kept + circuits})
 
 
+RUNS = iter(range(10**6))  # every run by hand its own master port and aggregation key
+
+
+def one_run(tb, cfg: dict, gpus: list[str], collective: str, workload: dict, timeout: float, agg) -> dict:
+    """One run of the configuration: through the REST API under one switch, by hand spread."""
+    if cfg["placement"] == "one":
+        r = run_job(tb.client, gpus, collective, workload, timeout)
+        if r["switches"] != [agg.switch]:
+            raise RuntimeError(f"{collective} run placed under {r['switches']}, not {agg.switch}")
+        return r
+    k = next(RUNS)
+    with tempfile.TemporaryDirectory() as tmp:
+        return run_direct(tb.rack, gpus, collective, workload, timeout, 29700 + k % 1000, 0x5EED0000 + k, agg,
+                          Path(tmp))
+
+
 def run_config(tb, args, cfg: dict, agg, switches: list[str], log) -> dict:
     """One configuration's runs, alternately ring and aggregate, with each NIC's bytes; its summary. `agg`: the
     aggregator (on switches[0]), `switches`: where `cabling` puts the GPUs."""
@@ -368,15 +393,20 @@ def run_config(tb, args, cfg: dict, agg, switches: list[str], log) -> dict:
     workload = {"model": cfg["model"], "iterations": args.iterations}
     runs = []
     for i, collective in enumerate(order(args.repeats)):
-        before = counters(where)
-        if cfg["placement"] == "one":
-            r = run_job(tb.client, gpus, collective, workload, args.timeout)
-            if r["switches"] != [agg.switch]:
-                raise RuntimeError(f"{collective} run placed under {r['switches']}, not {agg.switch}")
-        else:
-            with tempfile.TemporaryDirectory() as tmp:
-                r = run_direct(tb.rack, gpus, collective, workload, args.timeout, 29700 + len(runs) % 200,
-                               0x5EED0000 + 100 * len(runs) + i, agg, Path(tmp))
+        for attempt in (1, 2):  # a run that fails is run again once (said in the record), then the benchmark stops
+            before = counters(where)
+            try:
+                r = one_run(tb, cfg, gpus, collective, workload, args.timeout, agg)
+            except (RuntimeError, OSError) as e:
+                if attempt == 2:
+                    raise
+                log(f"  run {i + 1} ({collective}) failed, running it again: {e}")
+                failed = str(e)
+                continue
+            if attempt == 2:
+                r["failed_first"] = failed
+            break
+        if cfg["placement"] != "one":
             r["switches"] = sorted(under)
         after = counters(where)
         del r["lines"]
