@@ -359,6 +359,19 @@ def cable(tb, circuits: list[list[str]]) -> None:
     tb.client.put("/ocs/circuits", {"circuits": kept + circuits})
 
 
+def reachable(rack, gpus: list[str], address: str, within: float = 30.0) -> None:
+    """Wait until every GPU's NIC reaches `address` (the master's) from its server: a run by hand right after a
+    circuit change once had a rank that never reached the master's store."""
+    from controller.core.emulated import netns_of
+
+    deadline = time.monotonic() + within
+    for g in gpus:
+        while subprocess.run(["ip", "netns", "exec", netns_of(rack.server_of[g]), "ping", "-c", "1", "-W", "1", "-I",
+                              rack.interface(g), address], capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{g} does not reach {address} within {within:g} s")
+
+
 RUNS = iter(range(10**6))  # every run by hand its own master port and aggregation key
 
 
@@ -369,6 +382,7 @@ def one_run(tb, cfg: dict, gpus: list[str], collective: str, workload: dict, tim
         if r["switches"] != [agg.switch]:
             raise RuntimeError(f"{collective} run placed under {r['switches']}, not {agg.switch}")
         return r
+    reachable(tb.rack, gpus, tb.rack.addresses[gpus[0]][0])
     k = next(RUNS)
     with tempfile.TemporaryDirectory() as tmp:
         return run_direct(tb.rack, gpus, collective, workload, timeout, 29700 + k % 1000, 0x5EED0000 + k, agg,
@@ -448,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=4, help="runs of each collective per configuration "
                    "(default %(default)s)")
     p.add_argument("--iterations", type=int, default=12, help="iterations per run (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds one run may take (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds one run may take (default %(default)s)")
     add_json_option(p)
     args = p.parse_args(argv)
     if args.repeats < 1 or args.iterations < 2:
