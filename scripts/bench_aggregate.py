@@ -360,14 +360,17 @@ def cable(tb, circuits: list[list[str]]) -> None:
 
 
 def reachable(rack, gpus: list[str], address: str, within: float = 30.0) -> None:
-    """Wait until every GPU's NIC reaches `address` (the master's) from its server: a run by hand right after a
-    circuit change once had a rank that never reached the master's store."""
+    """Route the rack's subnet through each GPU's NIC in its server (a server with two NICs, the other one not on the
+    job's circuits, may route it through that one: its rank then never reached the master's store), and wait until
+    every one reaches `address` (the master's)."""
     from controller.core.emulated import netns_of
 
-    deadline = time.monotonic() + within
+    deadline, subnet = time.monotonic() + within, str(rack.spec.network.subnet)
     for g in gpus:
-        while subprocess.run(["ip", "netns", "exec", netns_of(rack.server_of[g]), "ping", "-c", "1", "-W", "1", "-I",
-                              rack.interface(g), address], capture_output=True).returncode != 0:
+        ns = ["ip", "netns", "exec", netns_of(rack.server_of[g])]
+        subprocess.run([*ns, "ip", "route", "replace", subnet, "dev", rack.interface(g), "src",
+                        rack.addresses[g][0]], check=True, capture_output=True)
+        while subprocess.run([*ns, "ping", "-c", "1", "-W", "1", address], capture_output=True).returncode != 0:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{g} does not reach {address} within {within:g} s")
 
