@@ -92,8 +92,10 @@ def test_sums_stream_through_a_pool_smaller_than_the_gradient(aggregator):
     assert agg.stats["summed"] == 2 * 38 + 2 and agg.stats["stray"] == 0
     assert agg.pools == {}  # every rank left: the job's slots are free
     for c in run_job.clients:  # type: ignore[attr-defined]
-        # each chunk's round trip, from its send to its sum (none resent on loopback without loss)
-        assert c.stats["resent"] == 0 and len(c.rtts) == c.stats["received"] == 2 * 38 + 2 and min(c.rtts) > 0
+        # each chunk's round trip, from its send to its sum, kept for the chunks sent once only (Karn's rule: a
+        # resent chunk's is ambiguous); none is lost on loopback, but a busy host may outlast the 10 ms timer
+        assert c.stats["received"] == 2 * 38 + 2
+        assert c.stats["received"] - c.stats["resent"] <= len(c.rtts) <= c.stats["received"] and min(c.rtts) > 0
         trips = round_trips(c.rtts)
         assert trips["count"] == 78 and 0 < trips["p10_ms"] <= trips["median_ms"] <= trips["p90_ms"]
     assert round_trips([]) == {"count": 0}
@@ -154,6 +156,9 @@ def test_lost_and_duplicated_datagrams_still_give_the_right_sums(aggregator):
         assert all(np.array_equal(a, b) for a, b in zip(out[r], expected(grads), strict=True))
     assert agg.stats["dropped"] > 20 and agg.stats["duplicate"] > 50 and agg.stats["resent"] > 0
     assert sum(c.stats["resent"] for c in run_job.clients) > 0  # type: ignore[attr-defined]
+    # Karn's rule: a resent chunk's round trip is not sampled (its sum may answer either send)
+    resending = [c for c in run_job.clients if c.stats["resent"]]  # type: ignore[attr-defined]
+    assert resending and all(len(c.rtts) <= c.stats["received"] - 1 for c in resending)
 
 
 def test_a_job_that_does_not_fit_is_refused_with_the_reason(aggregator):
