@@ -84,6 +84,8 @@ class Engines:
             self.client(server, PING_TIMEOUT).ping()
         except Exception as e:  # noqa: BLE001 (refused, timed out, TLS, ...: down, with the reason)
             why = str(e.why) if isinstance(e, EngineDown) else f"{e.__class__.__name__}: {_short(e)}"
+            if e.__class__.__name__ == "ReadTimeout":  # it took the connection and said nothing: hung, not gone
+                why = f"ReadTimeout: connected, no answer within {PING_TIMEOUT:g} s (hung)"
             if server not in self._down or server in self._returning:
                 LOG.error("the engine of %s (%s) is down: %s", server, self.url(server), why)
             self._returning.discard(server)

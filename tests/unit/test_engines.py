@@ -350,3 +350,21 @@ def test_rack_check_names_the_server_and_the_cause():
     assert results["srv4"].line().startswith("srv4") and " FAIL: " in results["srv4"].line()
     needs_gpus = {r.server: r for r in check_rack(driver, gpus_emulated=False)}
     assert not needs_gpus["srv1"].ok and "no NVIDIA runtime" in needs_gpus["srv1"].text
+
+
+def test_an_engine_that_takes_the_connection_and_never_answers_is_named_hung():
+    # A hung engine (its process stopped) still has its socket: the connection is made, the read times out. Whichever
+    # detector sees it first (the engines' watch or the silent workers' probe), the loss says hung, not gone.
+    class ReadTimeout(Exception):  # as requests names it
+        pass
+
+    rack = load_rack(PAPER)
+
+    class Hung(FakeEngine):
+        def ping(self):
+            raise ReadTimeout("HTTPConnectionPool: Read timed out. (read timeout=3.0)")
+
+    engines = {s: (Hung() if s == "srv3" else FakeEngine()) for s in rack.servers}
+    driver = ContainerDriver(rack, "optirack-worker:latest", Engines(rack, lambda server, timeout: engines[server]))
+    assert not driver.engines.ping("srv3") and driver.engines.ping("srv1")
+    assert driver.down_servers()["srv3"].endswith("no answer within 3 s (hung)")
