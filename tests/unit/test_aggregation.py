@@ -97,7 +97,7 @@ def test_sums_stream_through_a_pool_smaller_than_the_gradient(aggregator):
         assert c.stats["received"] == 2 * 38 + 2
         assert c.stats["received"] - c.stats["resent"] <= len(c.rtts) <= c.stats["received"] and min(c.rtts) > 0
         trips = round_trips(c.rtts)
-        assert trips["count"] == 78 and 0 < trips["p10_ms"] <= trips["median_ms"] <= trips["p90_ms"]
+        assert trips["count"] == len(c.rtts) and 0 < trips["p10_ms"] <= trips["median_ms"] <= trips["p90_ms"]
     assert round_trips([]) == {"count": 0}
 
 
