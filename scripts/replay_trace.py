@@ -10,7 +10,9 @@ it beside the simulator's run of the same trace on the same rack file).
 
 For each policy a fresh testbed (controller + rack, the rack file's cabling) is brought up, the trace's jobs are
 submitted at their arrival times (rack seconds x the rack's time dilation, from the first submission) with
-`queue: true`, and the replay waits until every job has ended; then the rack is taken down. `fixed` and `regroup`
+`queue: true` (after the host's probe: PROBE's jobs, each alone on the idle testbed, their rows kept in the
+record as the policy run's `probe`, so that a model of the host can be charged at that day's speed; `--no-probe`:
+none), and the replay waits until every job has ended; then the rack is taken down. `fixed` and `regroup`
 are the jobs' placement policies; `defrag` submits with `regroup` and posts `POST /regroup` every
 `--defrag-interval` rack seconds while jobs run, as the simulator's defrag policy does. `--queue backfill` (or
 `sjf`) starts the controller with that queue discipline and sends each job's `estimate_s`: the simulator's
@@ -54,6 +56,12 @@ DEFRAG_INTERVAL_S = 30.0  # rack seconds between defragmentation rounds (simulat
 ENDED = ("done", "failed", "stopped")
 RACK_UP_TRIES = 3
 JOB_TIMEOUT_S = 600.0  # emulated seconds a replay may run beyond its last arrival, per job of the trace
+# The host's probe: before each policy's trace, these jobs run one after another, each alone on the idle testbed, so
+# that the record says how fast this host did a job's container start, its start (torch's import, the ring's
+# rendezvous) and its iterations that day, apart from the trace's jobs (the same rack was about 2x faster at starts
+# on 2026-12-06 than on 2026-11-29): a model of the loaded host can be charged in the host's own units.
+PROBE = ({"gpus": 1, "model": "resnet50", "iterations": 20}, {"gpus": 2, "model": "vgg16", "iterations": 10})
+PROBE_TIMEOUT_S = 180.0  # emulated seconds one probe job may take
 
 
 def log(msg: str) -> None:
@@ -70,6 +78,13 @@ def request(index: int, job: dict, policy: str, estimate_s: float | None = None)
     if estimate_s is not None:
         body["estimate_s"] = estimate_s
     return body
+
+
+def probe_request(index: int, job: dict) -> dict:
+    """The REST body of the host's probe job `index`: placed where it is cabled (no circuit changes), no save."""
+    return {"name": f"probe {index + 1}", "gpus": job["gpus"], "policy": "fixed",
+            "workload": {"model": job["model"], "iterations": job["iterations"]},
+            "checkpoint_every": job["iterations"], "queue": True}
 
 
 def due(trace: list[dict], submitted: int, elapsed_s: float, dilation: float) -> list[int]:
@@ -115,10 +130,33 @@ def summary(rows: list[dict], events: list[dict]) -> dict:
 
 
 # --- on the rack ----------------------------------------------------------------------------------------------
+def probe(client, dilation: float) -> list[dict]:
+    """The host's probe (PROBE), each job alone, in turn; each its job row (rack s from its own submission). A
+    probe job that does not end done fails the replay: the host is not fit to replay on."""
+    rows = []
+    for i, spec in enumerate(PROBE):
+        t0 = time.time()
+        jid = client.post("/jobs", probe_request(i, spec))["job"]["id"]
+        while True:
+            job = client.get(f"/jobs/{jid}")["job"]
+            if job["state"] in ENDED:
+                break
+            if time.time() - t0 > PROBE_TIMEOUT_S:
+                raise TimeoutError(f"probe {i + 1} ({spec['gpus']} x {spec['model']}) still {job['state']} after "
+                                   f"{PROBE_TIMEOUT_S:.0f} s")
+            time.sleep(0.2)
+        if job["state"] != "done":
+            raise RuntimeError(f"probe {i + 1} ({spec['gpus']} x {spec['model']}) ended {job['state']}: "
+                               f"{job.get('reason')}")
+        rows.append(job_row(i, {**spec, "arrival_s": 0.0}, job, {}, job["created_at"], dilation))
+    return rows
+
+
 def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, workdir: Path, queue: str = "fifo",
-           estimates: list[float] | None = None) -> dict:
+           estimates: list[float] | None = None, probing: bool = True) -> dict:
     """One policy's replay on a fresh testbed whose controller queues by `queue`, each job sent its estimate
-    (`estimates`, rack s) where given; the testbed is taken down, pass or fail."""
+    (`estimates`, rack s) where given, after the host's probe (`probing`); the testbed is taken down, pass or
+    fail."""
     from emulation.harness import Testbed
 
     rack = load_rack(rack_file)
@@ -134,8 +172,15 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
             if attempt == RACK_UP_TRIES:
                 raise
     try:
-        log(f"  {policy}: testbed up in {time.time() - started:.0f} s; submitting {len(trace)} jobs")
+        log(f"  {policy}: testbed up in {time.time() - started:.0f} s")
         up = time.time()
+        probed = probe(tb.client, dilation) if probing else None
+        if probed:
+            log(f"  {policy}: the host's probe: " + "; ".join(
+                f"{r['gpus_asked']} x {r['model']} containers {r['start_s'] - r['admit_s']:.2f}, start "
+                f"{r['first_iteration_s'] - r['start_s']:.2f}, iteration {r['mean_iteration_s']:.3f} rack s"
+                for r in probed))
+        log(f"  {policy}: submitting {len(trace)} jobs")
         first_event = max((e["id"] for e in tb.client.get("/events", limit=1)["events"]), default=0)
         ids: list[str] = []
         rounds: list[dict] = []
@@ -174,7 +219,7 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
     finally:
         tb.__exit__(None, None, None)  # the rack down and the controller stopped, pass or fail
     out = {"policy": policy, "placement": PLACEMENT[policy], "scheduler": queue, "estimates_rack_s": estimates,
-           "testbed_up_s": up - started, "replay_wall_s": wall,
+           "testbed_up_s": up - started, "probe": probed, "replay_wall_s": wall,
            "defrag_interval_s": defrag_s if policy == "defrag" else None, "defrag_rounds": rounds,
            "jobs": rows, "events": [{k: e.get(k) for k in ("id", "kind", "job", "requested_at", "removed", "added",
                                                           "status")} for e in events]}
@@ -194,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue", default="fifo", help=f"the controller's queue discipline, of {', '.join(QUEUES)} "
                     "(%(default)s); backfill and sjf send each job's estimate, the simulator's")
     ap.add_argument("--results", type=Path, default=ROOT / "results", help="the record goes to DIR/replay/")
+    ap.add_argument("--no-probe", action="store_true", help="no host's probe before each policy's trace (PROBE: "
+                    "a few jobs alone on the idle testbed, about 20 s)")
     ap.add_argument("--no-record", action="store_true", help="write no record under --results")
     ap.add_argument("--json", type=Path, metavar="PATH", help="also write the record to PATH")
     args = ap.parse_args(argv)
@@ -235,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         for policy in policies:
             log(f"replaying {len(trace)} jobs under {policy}")
             record["policies"][policy] = replay(args.rack, trace, policy, args.defrag_interval, Path(tmp), args.queue,
-                                                estimates)
+                                                estimates, not args.no_probe)
             s = record["policies"][policy]["summary"]
             log(f"  {policy}: {s['done']}/{s['jobs']} done, makespan {s['makespan_s']:.1f} rack s, "
                 f"{s['circuit_changes']} circuit changes, replay {record['policies'][policy]['replay_wall_s']:.0f} s")

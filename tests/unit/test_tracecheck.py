@@ -218,3 +218,47 @@ def test_a_record_is_checked_against_the_trace_it_replayed_not_a_default(tmp_pat
         record_trace({"trace_file": "/elsewhere/traces/trace16.csv", "trace_sha256": sha}, root)
     with pytest.raises(KeyError, match="give --trace"):
         record_trace({}, root)
+
+
+class _ProbeClient:
+    """The REST calls the host's probe makes, against a controller whose jobs end as `states` say (pure logic)."""
+
+    def __init__(self, states: list[str]):
+        self.states, self.posted, self.jobs = list(states), [], {}
+
+    def post(self, path: str, body: dict) -> dict:
+        assert path == "/jobs"
+        jid = f"j{len(self.posted) + 1}"
+        self.posted.append(body)
+        self.jobs[jid] = {"id": jid, "state": "running", "created_at": 100.0 * len(self.posted),
+                          "admitted_at": 100.0 * len(self.posted) + 0.5, "started_at": 100.0 * len(self.posted) + 1.5,
+                          "ended_at": 100.0 * len(self.posted) + 9.0, "gpus": ["gpu1"],
+                          "iteration_log": [{"t_start": 100.0 * len(self.posted) + 4.0, "iter_s": 0.2}]}
+        return {"job": self.jobs[jid]}
+
+    def get(self, path: str) -> dict:
+        job = self.jobs[path.rsplit("/", 1)[1]]
+        if job["state"] == "running":  # ends at its second look
+            job["state"] = "ending"
+        elif job["state"] == "ending":
+            job["state"] = self.states.pop(0)
+        return {"job": job}
+
+
+def test_the_hosts_probe_runs_each_job_alone_fixed_and_keeps_its_phases_from_its_own_submission():
+    client = _ProbeClient(["done"] * len(rt.PROBE))
+    rows = rt.probe(client, 2.0)
+    assert [b["name"] for b in client.posted] == [f"probe {i + 1}" for i in range(len(rt.PROBE))]
+    assert all(b["policy"] == "fixed" and b["checkpoint_every"] == b["workload"]["iterations"] for b in client.posted)
+    assert [(r["gpus_asked"], r["model"]) for r in rows] == [(p["gpus"], p["model"]) for p in rt.PROBE]
+    r = rows[1]  # rack s from its own submission: (t - created_at) / dilation
+    assert (r["submit_s"], r["admit_s"], r["start_s"], r["first_iteration_s"], r["end_s"]) == (0.0, 0.25, 0.75, 2.0,
+                                                                                                4.5)
+    assert r["mean_iteration_s"] == pytest.approx(0.1)
+
+
+def test_a_probe_job_that_fails_fails_the_replay_naming_it():
+    client = _ProbeClient(["failed"])
+    with pytest.raises(RuntimeError, match=r"probe 1 \(1 x resnet50\) ended failed"):
+        rt.probe(client, 2.0)
+    assert len(client.posted) == 1  # nothing more is submitted
