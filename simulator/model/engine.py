@@ -72,6 +72,9 @@ class Run(FailureEvents, Moves):
                                   options.force, options.net.sharing == "held")
         self.placer = Placer(rack)
         self.server_gpus = max(len(s.gpus) for s in rack.spec.servers)
+        # each GPU's model and NIC line rate, read at every placement (the rack's GPU objects looked up once)
+        self.gpu_model = {g: spec.model for g, spec in rack.gpus.items()}
+        self.nic_gbps = {g: spec.nic.rate_gbps for g, spec in rack.gpus.items()}
         self.results = {i: JobResult(j.id, j.gpus, j.model, j.iterations, j.arrival_s, label=j.label)
                         for i, j in self.jobs.items()}
         self.key_of = {j.id: i for i, j in self.jobs.items()}
@@ -264,8 +267,8 @@ class Run(FailureEvents, Moves):
 
     def _cost(self, key: int, gpus) -> models.Cost:
         nvlink = self.o.nvlink_gbps * GBPS
-        nic = min(self.rack.gpus[g].nic.rate_gbps for g in gpus) * GBPS
-        return models.cost(self.jobs[key].model, [self.rack.gpus[g].model for g in gpus], self.server_gpus, nvlink, nic)
+        nic = min([self.nic_gbps[g] for g in gpus]) * GBPS
+        return models.cost(self.jobs[key].model, [self.gpu_model[g] for g in gpus], self.server_gpus, nvlink, nic)
 
     def _ring(self, key: int) -> Ring:
         gpus = self.placer.gpus[self.jobs[key].id]
