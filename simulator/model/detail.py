@@ -76,13 +76,7 @@ class Detail:
         if self._stale:
             moving = tuple(self.states) if self.held else \
                 tuple([k for k, s in self.states.items() if s.phase == TRANSFER])
-            tags = tuple(map(self._tags.__getitem__, moving))
-            rates = self._known.get(tags)
-            if rates is None:
-                rates = self._known[tags] = max_min(
-                    {k: self.rings[k].cap for k in moving}, {k: self.rings[k].links for k in moving}, self.capacity
-                )
-            self.rates = rates
+            self.rates = self._solved(moving)
             self._stale = False
         return self.rates
 
@@ -242,13 +236,36 @@ class Detail:
 
     def _rates_of(self, rows: list, mask: int) -> dict[int, float]:
         """The max-min rates of the rings of `rows` in `mask` (in their order), as `_rates` computes and keeps them."""
-        moving = tuple([row[0] for row in rows if row[-1] & mask])
-        tags = tuple(map(self._tags.__getitem__, moving))
-        rates = self._known.get(tags)
-        if rates is None:
-            rates = self._known[tags] = max_min(
-                {k: self.rings[k].cap for k in moving}, {k: self.rings[k].links for k in moving}, self.capacity
-            )
+        return self._solved(tuple([row[0] for row in rows if row[-1] & mask]))
+
+    def _solved(self, moving: tuple[int, ...]) -> dict[int, float]:
+        """The max-min rates of the rings `moving` (in the states' order), computed once per set of rings (by their
+        tags). Where every one of them has the same cap, the rings that share no link with the others' part are solved
+        part by part, each part kept by its own tags too (a part met again in another set is not solved again): there
+        progressive filling gives a part's rings the same floats alone as among the others (the others' rounds change
+        none of its links; its own rounds freeze the same rings at the same levels in the same order; a round at the
+        common cap freezes every ring left), which with different caps a cap's round freezing rings of several parts
+        at once need not (they are solved whole then)."""
+        tag = self._tags.__getitem__
+        tags = tuple(map(tag, moving))
+        known = self._known
+        rates = known.get(tags)
+        if rates is not None:
+            return rates
+        rings = self.rings
+        parts = _parts(moving, rings) if len(moving) > 1 and len({rings[k].cap for k in moving}) == 1 else [moving]
+        if len(parts) == 1:
+            rates = max_min({k: rings[k].cap for k in moving}, {k: rings[k].links for k in moving}, self.capacity)
+        else:
+            rates = {}
+            for part in parts:
+                key = tuple(map(tag, part))
+                got = known.get(key)
+                if got is None:
+                    got = known[key] = max_min({k: rings[k].cap for k in part}, {k: rings[k].links for k in part},
+                                               self.capacity)
+                rates.update(got)
+        known[tags] = rates
         return rates
 
     def _advance(self, dt: float) -> None:
@@ -286,3 +303,27 @@ class Detail:
         s.done += 1
         s.ends.append(t)
         return True
+
+
+def _parts(keys: tuple[int, ...], rings: dict[int, Ring]) -> list[tuple[int, ...]]:
+    """`keys` split into the parts joined by shared links, each in the order of `keys`, the parts by their first."""
+    parent = list(range(len(keys)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[int, int] = {}  # link -> the first of `keys` on it
+    for i, k in enumerate(keys):
+        for link in rings[k].links:
+            o = owner.setdefault(link, i)
+            if o != i:
+                a, b = root(o), root(i)
+                if a != b:
+                    parent[max(a, b)] = min(a, b)
+    parts: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        parts.setdefault(root(i), []).append(k)
+    return [tuple(p) for p in parts.values()]

@@ -163,3 +163,52 @@ def test_max_min_gives_the_plain_progressive_fillings_floats_in_its_order():
         capacity = [rnd.choice([rnd.uniform(1e9, 3e10), 2.5e10, 1.25e10]) for _ in range(nlinks)]
         got, want = max_min(caps, uses, capacity), _max_min_plain(caps, uses, capacity)
         assert list(got.items()) == list(want.items())
+
+
+def _sharing_sets(rnd, equal_caps: bool):
+    """Random rings on a few links (some sharing none with the others), and each ring's cap."""
+    keys = rnd.sample(range(100_000), rnd.randint(2, 10))
+    nlinks = rnd.randint(2, 16)
+    capacity = [rnd.choice([rnd.uniform(1e9, 3e10), 2.5e10, 1.25e10]) for _ in range(nlinks)]
+    rings = {}
+    for k in keys:
+        links = {link: rnd.randint(1, 3) for link in rnd.sample(range(nlinks), rnd.randint(0, min(3, nlinks)))}
+        cap = 1.25e10 if equal_caps else rnd.choice([rnd.uniform(1e9, 3e10), 1.25e10])
+        rings[k] = Ring(k, 0.01, 0.01, 4, 1e6, cap, links, coarse=True)
+    return rings, capacity
+
+
+def test_rates_solved_part_by_part_are_the_whole_solves_floats(monkeypatch):
+    """Rings of one cap that share no link with another part get, solved part by part, the floats max_min gives them
+    solved all together; a part met again in another set is not solved again; with caps that differ the set is solved
+    whole."""
+    import simulator.model.detail as detail_module
+
+    rnd = random.Random(11)
+    calls = []
+    monkeypatch.setattr(detail_module, "max_min", lambda caps, *a: calls.append(tuple(caps)) or max_min(caps, *a))
+    split = whole = 0
+    for trial in range(600):
+        rings, capacity = _sharing_sets(rnd, trial % 3 != 0)
+        equal = len({r.cap for r in rings.values()}) == 1  # drawn alike or not
+        d = Detail(list(rings.values()), capacity, 1e-6)
+        keys = tuple(d.states)
+        calls.clear()
+        got = d._solved(keys)
+        want = max_min({k: rings[k].cap for k in keys}, {k: rings[k].links for k in keys}, capacity)
+        assert {k: v.hex() for k, v in got.items()} == {k: v.hex() for k, v in want.items()}
+        parts = detail_module._parts(keys, rings)
+        assert sorted(k for p in parts for k in p) == sorted(keys)
+        assert all(not set(rings[a].links) & set(rings[b].links) for p in parts for q in parts if p != q
+                   for a in p for b in q)
+        if equal and len(parts) > 1:
+            split += 1
+            assert calls == list(parts)  # each part solved on its own
+            calls.clear()
+            for p in parts:  # met again, alone: no solve
+                assert d._solved(p) == {k: got[k] for k in p}
+            assert calls == []
+        else:
+            whole += not equal
+            assert calls == [keys]
+    assert split > 100 and whole > 100  # both paths exercised
