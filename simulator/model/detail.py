@@ -129,9 +129,9 @@ class Detail:
                   window: dict[int, int] | None) -> Outcome:
         """`run` with `_time_left`, `_advance` and `_transition` inlined, the same arithmetic in the same order (every
         float the same), and the window's rings still short of their count kept as a set, checked where an iteration
-        ends. The transferring rings are kept as a bit mask, changed where a ring's phase changes, and the rates of
-        each mask met in this run are looked up by it (a set of rings' rates are `_rates`'s, by their tags, computed
-        once)."""
+        ends. The transferring rings are kept as a bit mask, changed where a ring's phase changes, and each ring's pace
+        under each mask met in this run (a coarse ring's step seconds, a fine one's rate: the same expressions) is
+        computed once, from the mask's rates (a set of rings' rates are `_solved`'s, by their tags, computed once)."""
         rows = []
         mask = 0
         for i, (k, s) in enumerate(self.states.items()):
@@ -143,6 +143,8 @@ class Detail:
                 mask |= 1 << i
         everyone = (1 << len(rows)) - 1
         by_mask: dict[int, dict[int, float]] = {}
+        paces: dict[int, tuple[list[float], dict[int, float]]] = {}  # by mask: each ring's pace (0.0 idle), rates
+        idle = [0.0] * len(rows)
         short = {k for k, n in window.items() if self.states[k].done < n} if window else None
         never, inf = 1 << 62, float("inf")
         events = 0
@@ -151,25 +153,23 @@ class Detail:
             while events < max_events:
                 if short is not None and not short:
                     break
-                rates = None
-                lefts, pace = [], []  # each ring's time left, and for a transferring ring its step's seconds or rate
-                for k, s, coarse, step_bytes, lat, _, _, _, _ in rows:
-                    if s.phase != TRANSFER:
-                        lefts.append(s.remaining)
-                        pace.append(0.0)
-                    else:
+                # each ring's time left, and for a transferring ring its step's seconds (coarse) or its rate: the paces
+                # of a mask computed once in this run, from the rates of its rings (all of them, held)
+                if mask:
+                    entry = paces.get(mask)
+                    if entry is None:
+                        key = everyone if self.held else mask
+                        rates = by_mask.get(key)
                         if rates is None:
-                            key = everyone if self.held else mask
-                            rates = last = by_mask.get(key)
-                            if rates is None:
-                                rates = last = by_mask[key] = self._rates_of(rows, key)
-                        if coarse:
-                            per = step_bytes / rates[k] + lat
-                            lefts.append(s.remaining * per)
-                        else:
-                            per = rates[k]
-                            lefts.append(s.remaining / per)
-                        pace.append(per)
+                            rates = by_mask[key] = self._rates_of(rows, key)
+                        entry = paces[mask] = ([(row[3] / rates[row[0]] + row[4] if row[2] else rates[row[0]])
+                                                if row[-1] & mask else 0.0 for row in rows], rates)
+                    pace, last = entry
+                    lefts = [row[1].remaining if not row[-1] & mask else row[1].remaining * per if row[2]
+                             else row[1].remaining / per for row, per in zip(rows, pace, strict=True)]
+                else:
+                    pace = idle
+                    lefts = [row[1].remaining for row in rows]
                 dt = min(lefts, default=inf)
                 if t + dt > until:
                     step = until - t
