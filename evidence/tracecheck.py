@@ -133,14 +133,15 @@ def calibration_for(fabric: str = "lossless"):
 
 
 def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, with_lags: bool = True,
-             one_step: bool = False, scheduler: str = "fifo") -> tuple[list[dict], int]:
+             one_step: bool = False, scheduler: str = "fifo", host: float = 1.0) -> tuple[list[dict], int]:
     """The trace's jobs through the simulator (simulator/model/tracesim.py) under the queue discipline `scheduler`,
-    calibrated as `calibration_for` the rack's fabric says."""
+    calibrated as `calibration_for` the rack's fabric says, the lags charged for a host `host` times slower than the
+    fit's (simulator/model/lags.py's host_factor)."""
     from controller.core.rack import load_rack
     from simulator.model import tracesim
 
     cal, _ = calibration_for(load_rack(rack_file).spec.emulation.fabric)
-    return tracesim.simulate(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler)
+    return tracesim.simulate(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler, host)
 
 
 def estimates(rack_file: Path, trace: list[dict]) -> list[float]:
@@ -157,14 +158,18 @@ def compare_record(record: dict, trace: list[dict], rack_file: Path, with_lags: 
                    one_step: bool = False) -> dict[str, dict]:
     """Every policy of a replay record beside the simulator's run of the same jobs under the queue discipline the
     controller ran (the run's `scheduler`; fifo in records made before the controller had another), `with_lags`,
-    `one_step`: as `simulate`'s."""
+    `one_step`: as `simulate`'s. The lags are charged at the record's host's speed (its probe: lags.host_factor; a
+    record without a probe at the fit's host's, factor 1), which each comparison keeps as `host`."""
+    from simulator.model import lags
+
+    host = lags.host_factor(record)
     out = {}
     for policy, run in record["policies"].items():
         jobs = trace[: record["jobs_replayed"]]
         sim, changes = simulate(rack_file, jobs, policy, run.get("defrag_interval_s") or 300.0, with_lags, one_step,
-                                run.get("scheduler", "fifo"))
+                                run.get("scheduler", "fifo"), 1.0 if host is None else host)
         out[policy] = {**compare(emulated_rows(run), sim, run["summary"]["circuit_changes"], changes),
-                       "scheduler": run.get("scheduler", "fifo")}
+                       "scheduler": run.get("scheduler", "fifo"), "host": host}
     return out
 
 

@@ -1,24 +1,27 @@
-"""Where the emulation's lags (simulator/model/lags.py) come from: each measured from committed records.
+"""Where the emulation's lags (simulator/model/lags.py) come from: each measured from committed records, in the
+fit's host's units.
 
-`python -m evidence.tracefit` reads the trace replay record(s) (results/replay/, scripts/replay_trace.py) and the
-`make demo` records with a detailed job log (results/records/: the first repeat of each case keeps `runs[i].job`,
-its ranks' own iterations) and prints, in emulated seconds (the lags' unit) and rack seconds:
-- admit: submit to start of the jobs placed at once (the replay's jobs with no other job's end between their
-  submit, less RELEASE_WINDOW_S, and their start; the demo's detailed jobs);
-- start: start to the first iteration (every rank's first iteration begins together: the ring's rendezvous);
-  a least-squares line over the replay's jobs against the GPUs placed at the same instant up to and including the
-  job (the engine's `burst`: jobs placed within GROUP_S of the one before), and the per-rank spread in the demo;
-- end: the latest rank's last iteration to `ended_at` (the demo's detailed jobs);
-- release: `ended_at` of the last job to end before a queued job's start to that start (the replay's jobs that
-  waited);
-- iteration: the 1-GPU jobs of the replay (no all-reduce): (end - first iteration - end lag) / iterations less the
-  profile's compute, the cost of an iteration beyond it;
+`python -m evidence.tracefit` reads the trace replay records (results/replay/, scripts/replay_trace.py) made with the
+host's probe and prints, in emulated seconds on the fit's host (each replay's seconds divided by its host factor,
+lags.host_factor: its probe against PROBE_S, the probe's median over the fit's policy runs) and rack seconds:
+- probe: each policy run's probe (its jobs' GPUs granted to first iteration, summed), whose median is PROBE_S;
+- containers: submit to `started_at` of the jobs placed at once (no other job's end between their submit, less
+  RELEASE_WINDOW_S, and their start), less a per-GPU part (the least-squares slope within the queue drains);
+- start: start to the first iteration (every rank's first iteration begins together: the ring's rendezvous), a
+  least-squares plane through the origin on the GPUs placed at the same instant up to and including the job's (the
+  engine's `burst`: jobs placed within GROUP_S of the one before) and the GPUs of other jobs iterating at its
+  admission;
+- end and iteration: the 1-GPU jobs (no all-reduce): their first iteration to `ended_at` less the profile's compute,
+  a least-squares line on their iterations: the intercept is the end (the ranks' exit, the controller seeing it),
+  the slope each iteration's cost beyond its compute;
+- release: `ended_at` of the last job to end before a queued job's start to that start, less the containers' part
+  (the jobs that waited);
 - what is left after the first iteration: each job's emulated time per iteration against the simulator's for the
   same GPUs alone on the rack (with and without the per-iteration lag), by job size and switches.
 `--repeatability` instead sets the replay records against each other, job by job (the emulation's own spread: the
 floor under the trace check's bounds).
 A pure reading of the records: it predicts nothing (the model is simulator/model/, known by its fingerprint).
-tests/unit/test_tracefit.py ties lags.py's constants to what this prints for the committed records.
+tests/unit/test_tracefit.py ties lags.py's constants to what this prints for the committed records (REPLAYS).
 """
 from __future__ import annotations
 
@@ -29,10 +32,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# the replays of the model before (b3b639874df2), made on this code's worker and controller: tuning data, all three
-# policies pooled; the replays made after the lags' commit check them
-REPLAYS = tuple(ROOT / "results" / "replay" / f"{s}.json" for s in ("20261126T212055Z-a3efd36",
-                                                                       "20261126T220734Z-1e191d8"))
+FIT_SET = ("20261206T102947Z-669a8da", "20261206T103904Z-669a8da", "20261206T110447Z-669a8da",
+           "20261206T111416Z-669a8da")
+# The fit set (docs/trace-model.md's rule): every replay with the host's probe of trace16.csv and trace16-small.csv
+# made from the main line on 2026-12-06 before the freeze, none dropped
+REPLAYS = tuple(ROOT / "results" / "replay" / f"{s}.json" for s in FIT_SET)
+# make demo records with a detailed job log: each rank's first iteration (the ranks start iterating together)
 DEMO = tuple(ROOT / "results" / "records" / f"{s}.json" for s in (
     "20261126T154629Z-aafc90a", "20261126T155916Z-aafc90a", "20261126T161207Z-aafc90a"))
 GROUP_S = 0.5  # rack s: the controller places the jobs of one queue drain within this of each other
@@ -73,6 +78,14 @@ def bursts(jobs: list[dict]) -> list[int]:
     return out
 
 
+def starting(jobs: list[dict]) -> list[int]:
+    """Per job (the rows' order): the GPUs starting at its admission, as the engine counts them: its own and those
+    of the jobs admitted at or before it and not yet at their first iteration (their containers and torch's import
+    share the host's cores)."""
+    return [sum(o["gpus_asked"] for o in jobs if o["admit_s"] <= j["admit_s"] < o["first_iteration_s"] or o is j)
+            for j in jobs]
+
+
 def drains(jobs: list[dict]) -> list[list[dict]]:
     """The replay's jobs in groups placed by one queue drain (started within GROUP_S of the one before), 2 or more."""
     out: list[list[dict]] = []
@@ -100,6 +113,13 @@ def line(x: list[float], y: list[float]) -> tuple[float, float]:
     sxx = sum((v - mx) ** 2 for v in x)
     b = sum((u - mx) * (v - my) for u, v in zip(x, y, strict=True)) / sxx if sxx else 0.0
     return my - b * mx, b
+
+
+def lstsq(rows: list[list[float]], y: list[float]) -> list[float]:
+    """Least squares y = rows . b (numpy's)."""
+    import numpy as np
+
+    return [float(v) for v in np.linalg.lstsq(np.array(rows, dtype=float), np.array(y, dtype=float), rcond=None)[0]]
 
 
 def plane(x1: list[float], x2: list[float], y: list[float]) -> tuple[float, float]:
@@ -136,29 +156,38 @@ def demo_jobs(record: dict) -> list[dict]:
     return out
 
 
-def per_iteration(jobs: list[dict], rack_file: Path, lags_on: bool) -> list[dict]:
+def per_iteration(runs: list[tuple[list[dict], float]], rack_file: Path, lags_on: bool) -> list[dict]:
     """Each replayed job's emulated time per iteration after the first (end lag out) beside the simulator's for
-    its GPUs alone on the rack (rack s)."""
+    its GPUs alone on the rack (rack s), the lags at its replay's host factor; `runs`: (jobs, host factor)."""
     from controller.core.rack import load_rack
     from evidence import tracecheck
-    from simulator.inputs.workloads import JobSpec
-    from simulator.model import lags, models
-    from simulator.model.engine import Options, Run, policies
+    from simulator.model import lags
+    from simulator.model.engine import Options
 
     rack = load_rack(rack_file)
     d = rack.spec.emulation.time_dilation
     cal, _ = tracecheck.calibration_for(rack.spec.emulation.fabric)
-    charged = lags.Lags(iteration_s=lags.ITERATION_S / d) if lags_on else lags.NONE
-    opts = Options(net=cal.net(rack), step_model="exact", lags=charged)
     out = []
-    for j in jobs:
-        spec = JobSpec("x", 0.0, j["gpus_asked"], j["model"], j["iterations"], names=tuple(j["gpus"]), policy="fixed")
-        sim = Run(rack, [spec], policies(300.0)["fixed"], opts).run().jobs[0].alone_iteration_s
-        emu = (j["end_s"] - j["first_iteration_s"] - lags.END_S / d) / j["iterations"]
-        compute = max(models.cost(j["model"], [rack.gpus[g].model for g in j["gpus"]], 4, 0.0, 1.0).compute_s)
-        out.append({"index": j["index"], "gpus": j["gpus_asked"], "switches": len(j["switches"]),
-                    "model": j["model"], "emulated_s": emu, "simulated_s": sim, "compute_s": compute})
+    for jobs, h in runs:
+        charged = lags.Lags(iteration_s=h * lags.ITERATION_S / d, iteration_per_gb_s=h * lags.ITERATION_PER_GB_S / d) \
+            if lags_on else lags.NONE
+        opts = Options(net=cal.net(rack), step_model="exact", lags=charged)
+        for j in jobs:
+            out.append(_per_iteration(j, rack, opts, h * lags.END_S / d))
     return out
+
+
+def _per_iteration(j: dict, rack, opts, end_s: float) -> dict:
+    from simulator.inputs.workloads import JobSpec
+    from simulator.model import models
+    from simulator.model.engine import Run, policies
+
+    spec = JobSpec("x", 0.0, j["gpus_asked"], j["model"], j["iterations"], names=tuple(j["gpus"]), policy="fixed")
+    sim = Run(rack, [spec], policies(300.0)["fixed"], opts).run().jobs[0].alone_iteration_s
+    emu = (j["end_s"] - j["first_iteration_s"] - end_s) / j["iterations"]
+    compute = max(models.cost(j["model"], [rack.gpus[g].model for g in j["gpus"]], 4, 0.0, 1.0).compute_s)
+    return {"index": j["index"], "gpus": j["gpus_asked"], "switches": len(j["switches"]),
+            "model": j["model"], "emulated_s": emu, "simulated_s": sim, "compute_s": compute}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,17 +229,30 @@ def main(argv: list[str] | None = None) -> int:
                   f"{statistics.fmean(m):.1f} s, the longest {100 * (max(m) / min(m) - 1):.1f} % over the shortest; "
                   f"a prediction within {100 * bound:g} % of every one {window}")
         return 0
-    runs = replay_runs(records)
+    from simulator.model import lags
+
+    seconds = probes(records)
+    if not seconds:
+        print("tracefit: no --replay record has the host's probe", file=sys.stderr)
+        return 2
+    probe_s = statistics.median(seconds)
+    try:
+        runs = host_runs(records, probe_s)
+    except ValueError as e:
+        print(f"tracefit: {e}", file=sys.stderr)
+        return 2
     dj = [x for r in demos for x in demo_jobs(r)]
     rack_file = ROOT / records[0]["rack_file"]
     fig = fit(runs, dj, d, rack_file)
-    print(f"{', '.join(p.stem for p in args.replay)}: {len(runs)} policy runs, {sum(map(len, runs))} jobs, and "
-          f"{len(dj)} detailed demo jobs; emulated s (rack s at dilation {d:g}):")
+    print(f"{', '.join(p.stem for p in args.replay)}: {len(runs)} policy runs, {sum(len(j) for j, _ in runs)} jobs; "
+          f"the fit's host's emulated s (rack s at dilation {d:g}):")
+    print(f"  probe (the fit's host, PROBE_S): {_fmt(seconds, d)}")
+    for p, r in zip(args.replay, records, strict=True):
+        print(f"  {p.stem}: host factor {lags.host_factor(r) * lags.PROBE_S / probe_s:.3f}")
     for k, v in fig.items():
         print(f"  {k}: {_fmt(v, d) if isinstance(v, list) else f'{v:.3f} s'}")
-    jobs = [j for run in runs for j in run]
-    rows = per_iteration(jobs, rack_file, False)
-    with_lag = per_iteration(jobs, rack_file, True)
+    rows = per_iteration(runs, rack_file, False)
+    with_lag = per_iteration(runs, rack_file, True)
     print("  after the first iteration, emulated per iteration / simulated alone (median; min-max):")
     for label, pick in (("1 GPU", lambda r: r["gpus"] == 1), ("one switch, 2+ GPUs",
                                                                lambda r: r["gpus"] > 1 and r["switches"] == 1),
@@ -220,8 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                         ("all", lambda r: True)):
         for name, rs in (("without", rows), ("with", with_lag)):
             q = [r["emulated_s"] / r["simulated_s"] for r in rs if pick(r)]
-            print(f"    {label}, {name} the per-iteration lag: {statistics.median(q):.3f} ({min(q):.3f}-"
-                  f"{max(q):.3f}) over {len(q)} jobs")
+            if q:
+                print(f"    {label}, {name} the per-iteration lag: {statistics.median(q):.3f} ({min(q):.3f}-"
+                      f"{max(q):.3f}) over {len(q)} jobs")
     return 0
 
 
@@ -260,52 +303,82 @@ def replay_runs(records: list[dict]) -> list[list[dict]]:
     return [[j for j in run["jobs"] if j["state"] == "done"] for r in records for run in r["policies"].values()]
 
 
+def host_runs(records: list[dict], probe_s: float | None = None) -> list[tuple[list[dict], float]]:
+    """Every policy run of each replay record (its jobs that ended done) with its record's host factor
+    (lags.host_factor; against `probe_s` in place of lags.PROBE_S where given); a record without the host's probe is
+    an error: it cannot be put in the fit's host's units."""
+    from simulator.model import lags
+
+    out = []
+    for r in records:
+        h = lags.host_factor(r)
+        if h is not None and probe_s is not None:
+            h = h * lags.PROBE_S / probe_s
+        if h is None:
+            raise ValueError(f"the replay of {r.get('started_utc') or r.get('trace_file')} has no host's probe")
+        out += [([j for j in run["jobs"] if j["state"] == "done"], h) for run in r["policies"].values()]
+    return out
+
+
+def probes(records: list[dict]) -> list[float]:
+    """Every policy run's probe seconds (lags.probe_seconds), emulated s, over the records."""
+    from simulator.model import lags
+
+    return [x for r in records for run in r["policies"].values()
+            if (x := lags.probe_seconds(run, r["time_dilation"])) is not None]
+
+
 def _fmt(values: list[float], d: float) -> str:
     return (f"{statistics.median(values):.3f} s ({statistics.median(values) / d:.3f} rack s; median, "
             f"{min(values):.3f}-{max(values):.3f}, {len(values)} values)")
 
 
-def fit(runs: list[list[dict]], demo: list[dict], d: float, rack_file: Path) -> dict[str, list[float] | float]:
-    """The lags' figures, emulated s: each a list of measured values (its median is the lag) or a fitted number.
-    `runs`: replays' policy runs, each its jobs (rack s, dilation `d`), pooled (queue drains, bursts and releases
-    are each run's own); `demo`: demo_jobs of the demo records."""
+def fit(runs: list[tuple[list[dict], float]], demo: list[dict], d: float,
+        rack_file: Path) -> dict[str, list[float] | float]:
+    """The lags' figures in the fit's host's emulated s: each a list of measured values (its median is the lag) or a
+    fitted number. `runs`: replays' policy runs, each (its jobs, rack s at dilation `d`; its replay's host factor),
+    pooled (queue drains, bursts and releases are each run's own), each value divided by its run's factor; `demo`:
+    demo_jobs of the demo records (the ranks' first iterations only: those records have no probe)."""
     from controller.core.rack import load_rack
     from simulator.model import models
 
     rack = load_rack(rack_file)
-    per_gpu = d * per_gpu_within([g for jobs in runs for g in drains(jobs)])
-    free = [(j, j["start_s"] - j["submit_s"]) for jobs in runs for j in jobs
-            if j["start_s"] - j["submit_s"] in admit_replay(jobs)]
-    at_once = [d * x - per_gpu * j["gpus_asked"] for j, x in free] + [x["admit"] - per_gpu * x["gpus"] for x in demo]
-    containers = statistics.median(at_once)
-    every = [j for jobs in runs for j in jobs]
-    delays = [d * (j["first_iteration_s"] - j["start_s"]) for j in every]
-    placed_now = [float(x) for jobs in runs for x in bursts(jobs)]
-    a, b = line(placed_now, delays)
-    per_placed, per_busy = plane(placed_now, [x for jobs in runs for x in iterating_at(jobs)], delays)
-    busy = [x for jobs in runs for x in iterating_at(jobs, "start_s")]
-    end = statistics.median(x["end"] for x in demo)
-    iteration = [d * (j["end_s"] - j["first_iteration_s"]) / j["iterations"] - end / j["iterations"]
-                 - d * models.cost(j["model"], [rack.gpus[j["gpus"][0]].model], 4, 0.0, 1.0).compute_s[0]
-                 for j in every if j["gpus_asked"] == 1]
-    waited = [(j, x) for jobs in runs for j, x in release_rows(jobs)]
+    # each run's rack seconds in the fit's host's emulated seconds
+    k = {id(jobs): d / h for jobs, h in runs}
+    every = [(jobs, j) for jobs, _ in runs for j in jobs]
+    starting_now = [float(x) for jobs, _ in runs for x in starting(jobs)]
+    busy = [x for jobs, _ in runs for x in iterating_at(jobs)]
+    load = [[1.0, x, y] for x, y in zip(starting_now, busy, strict=True)]
+    granted = [k[id(jobs)] * (j["start_s"] - j["admit_s"]) for jobs, j in every]
+    containers, per_gpu, per_busy_c = lstsq(load, granted)
+    delays = [k[id(jobs)] * (j["first_iteration_s"] - j["start_s"]) for jobs, j in every]
+    start, per_placed, per_busy = lstsq(load, delays)
+    ones = [(jobs, j) for jobs, j in every if j["gpus_asked"] == 1]
+    costs = [models.cost(j["model"], [rack.gpus[j["gpus"][0]].model], 4, 0.0, 1.0) for _, j in ones]
+    # the emulated compute is the worker's sleep (rack s x dilation), not the host's work: out before the factor
+    tail = [k[id(jobs)] * (j["end_s"] - j["first_iteration_s"] - j["iterations"] * c.compute_s[0])
+            for (jobs, j), c in zip(ones, costs, strict=True)]
+    end, per_gb = line([j["iterations"] * c.gradient_bytes / 1e9 for (_, j), c in zip(ones, costs, strict=True)], tail)
+    load_of = {id(j): (x, y) for (_, j), (_, x, y) in zip(every, load, strict=True)}
+    waited = [(j, k[id(jobs)] * x) for jobs, _ in runs for j, x in release_rows(jobs)]
     return {
-        "submit to started_at, GPUs free (replay)": [d * x for _, x in free],
-        "submit to started_at, GPUs free (demo)": [x["admit"] for x in demo],
-        "containers per GPU (least squares within the replay's queue drains)": per_gpu,
-        "containers (GPUs free; less the per-GPU part)": at_once,
-        "start to first iteration (replay)": delays,
-        "start: a, least squares on the GPUs placed at the instant": a,
-        "start: b, per GPU placed at the instant": b,
-        "start: per GPU iterating on the rack at its start (least squares slope)": line(busy, delays)[1],
-        "start (the lags' model): per GPU placed at the instant, through the origin with the next": per_placed,
-        "start (the lags' model): per GPU of other jobs iterating at its admission": per_busy,
+        "GPUs granted to containers started": granted,
+        "containers: a, least squares on the GPUs starting and those iterating at its admission": containers,
+        "containers: per GPU starting": per_gpu,
+        "containers: per GPU of other jobs iterating": per_busy_c,
+        "start to first iteration": delays,
+        "start: a, least squares on the GPUs starting and those iterating at its admission": start,
+        "start: per GPU starting": per_placed,
+        "start: per GPU of other jobs iterating": per_busy,
         "start to every rank's first iteration (demo)": [statistics.median(x["start"]) for x in demo],
-        "ranks' first iterations apart (demo), at most": max(max(x["start"]) - min(x["start"]) for x in demo),
-        "end (demo)": [x["end"] for x in demo],
-        "ended_at to the next start (replay)": [d * x for _, x in waited],
-        "release (that less the containers')": [d * x - containers - per_gpu * j["gpus_asked"] for j, x in waited],
-        "iteration beyond compute (replay's 1-GPU jobs)": iteration,
+        "ranks' first iterations apart (demo), at most": max(max(x["start"]) - min(x["start"]) for x in demo)
+        if demo else 0.0,
+        "1-GPU jobs, first iteration to ended_at beyond compute": tail,
+        "end (the line's intercept on the 1-GPU jobs' iterations x gradient GB)": end,
+        "iteration beyond compute, per GB of gradient (the line's slope)": per_gb,
+        "ended_at to the next start": [x for _, x in waited],
+        "release (that less the containers')": [x - containers - per_gpu * load_of[id(j)][0]
+                                                - per_busy_c * load_of[id(j)][1] for j, x in waited],
     }
 
 

@@ -206,8 +206,9 @@ def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
 
     replays, records, demo = _lag_records(results)
     try:
-        f = tracefit.fit(tracefit.replay_runs(records), demo, records[0]["time_dilation"],
+        f = tracefit.fit(tracefit.host_runs(records), demo, records[0]["time_dilation"],
                          ROOT / records[0]["rack_file"])
+        probes = tracefit.probes(records)
     except (KeyError, TypeError, ValueError) as e:
         raise ReportError(f"{', '.join(map(str, replays))}: not trace replay records ({type(e).__name__}: {e})") \
             from None
@@ -215,21 +216,26 @@ def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
     def spread(values: list[float], what: str) -> str:
         return f"{min(values):.2f}–{max(values):.2f} s, {len(values)} {what}"
 
+    slope = f["iteration beyond compute, per GB of gradient (the line's slope)"]
+
     rows = [
+        ("probe", "the host's probe: its two jobs' GPUs granted to first iteration, summed (each replay's host factor "
+         "is its median over this)", f"{lags.PROBE_S:.3f} s", spread(probes, "policy runs")),
         ("containers", "GPUs granted to the containers started (`started_at`, the start the check compares)",
-         f"{lags.CONTAINERS_S:.3f} s + {lags.CONTAINERS_PER_GPU_S:.3f} s per GPU",
-         spread(f["containers (GPUs free; less the per-GPU part)"], "jobs placed at once (replays and demo)")),
+         f"{lags.CONTAINERS_S:.3f} s + {lags.CONTAINERS_PER_GPU_S:.3f} s per GPU starting + "
+         f"{lags.CONTAINERS_PER_BUSY_GPU_S:.3f} s per GPU of other jobs iterating",
+         spread(f["GPUs granted to containers started"], "jobs")),
         ("start", "containers started to the first iteration (torch's import, the ring's rendezvous)",
-         f"{lags.START_PER_GPU_S:.3f} s per GPU placed at the same instant + {lags.START_PER_BUSY_GPU_S:.3f} s per "
-         f"GPU of other jobs iterating (+ {lags.START_S:.3f} s)",
-         spread(f["start to first iteration (replay)"], "replay jobs") + "; demo "
-         + spread(f["start to every rank's first iteration (demo)"], "jobs")),
-        ("end", "the latest rank's last iteration to `ended_at`", f"{lags.END_S:.3f} s",
-         spread(f["end (demo)"], "demo jobs")),
+         f"{lags.START_S:.3f} s + {lags.START_PER_GPU_S:.3f} s per GPU starting + "
+         f"{lags.START_PER_BUSY_GPU_S:.3f} s per GPU of other jobs iterating", spread(f["start to first iteration"],
+                                                                                      "jobs")),
+        ("end", "the latest rank's last iteration to `ended_at` (the 1-GPU jobs' line's intercept)",
+         f"{lags.END_S:.3f} s", spread(f["1-GPU jobs, first iteration to ended_at beyond compute"], "1-GPU jobs")),
         ("release", "`ended_at` to the GPUs free again, before the next queued job's containers",
-         f"{lags.RELEASE_S:.3f} s", spread(f["release (that less the containers')"], "replay jobs")),
-        ("iteration", "each iteration beyond its compute on the loaded host (1-GPU jobs: no all-reduce)",
-         f"{lags.ITERATION_S:.3f} s", spread(f["iteration beyond compute (replay's 1-GPU jobs)"], "jobs")),
+         f"{lags.RELEASE_S:.3f} s", spread(f["release (that less the containers')"], "jobs")),
+        ("iteration", "each iteration beyond its compute on the loaded host, per GB of the job's gradient (filling "
+         "and checking it; the 1-GPU jobs' line's slope)", f"{lags.ITERATION_PER_GB_S:.4f} s per GB "
+         f"(+ {lags.ITERATION_S:.4f} s)", f"{slope:.4f} s per GB (slope), over the 1-GPU jobs"),
     ]
     out = ["| lag (simulator/model/lags.py) | what it is | the constant, emulated s | measured values |",
            "| --- | --- | --- | --- |"]
@@ -237,27 +243,45 @@ def sim_trace_lags(_records: list, results: Path = RESULTS) -> str:
 
 
 def sim_trace_insample(_records: list, results: Path = RESULTS) -> str:
-    """The trace check on the replay records the lags were chosen on (in-sample: no check): without the lags (the
-    model before them) and with them."""
-    from evidence import tracecheck
+    """The trace check on the replay records the lags were fitted on (in sample: the freeze's test, not a verdict):
+    each record and policy with the lags at its host factor, then each fit trace's policies against its replays' mean,
+    the freeze's criterion (docs/trace-model.md): per-job median and p90 |error| within the bars."""
+    from evidence import tracebars, tracecheck, tracejudge
     from simulator.inputs.workloads import read_trace
 
     replays, records, _ = _lag_records(results)
-    trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
-             for j in sorted(read_trace(TRACE), key=lambda j: j.arrival_s)]
     _, cal_name = tracecheck.calibration_for("lossless")
-    rows = ["| record | model | completion time: median / p90 of \\|error\\| | queueing, mean: emulated → simulated "
-            "| makespan: emulated → simulated | start order |", "| --- | --- | --- | --- | --- | --- |"]
+    rows = ["| record | trace | host factor | policy | completion time: median / p90 of \\|error\\| "
+            "| queueing, mean: emulated → simulated | makespan: emulated → simulated | start order |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    by_trace: dict[str, list] = {}
     for replay, record in zip(replays, records, strict=True):
-        for label, on in (("no lags (`--no-lags`)", False), ("the lags", True)):
-            for policy, c in tracecheck.compare_record(record, trace, ROOT / record["rack_file"], on).items():
-                order = "the same" if c["start_order_same"] else f"{len(c['start_order_discordant'])} pairs differ"
-                rows.append(f"| `{replay.stem}` | {label}, {policy} | {100 * c['jct_error_median']:.1f} % / "
-                            f"{100 * c['jct_error_p90']:.1f} % "
-                            f"| {c['queue_emulated_mean_s']:.1f} → {c['queue_simulated_mean_s']:.1f} s "
-                            f"| {c['makespan_emulated_s']:.1f} → {c['makespan_simulated_s']:.1f} s "
-                            f"({100 * c['makespan_error']:+.1f} %) | {order} |")
-    return "\n".join(rows + ["", f"(Calibrated by `{cal_name}`.)"])
+        path = trace_of(record)
+        trace = [{"arrival_s": j.arrival_s, "gpus": j.gpus, "model": j.model, "iterations": j.iterations}
+                 for j in sorted(read_trace(path), key=lambda j: j.arrival_s)]
+        compared = tracecheck.compare_record(record, trace, ROOT / record["rack_file"])
+        by_trace.setdefault(path.name, []).append(compared)
+        for policy, c in compared.items():
+            order = "the same" if c["start_order_same"] else f"{len(c['start_order_discordant'])} pairs differ"
+            rows.append(f"| `{replay.stem}` | `{path.name}` | {c['host']:.3f} | {policy} "
+                        f"| {100 * c['jct_error_median']:.1f} % / {100 * c['jct_error_p90']:.1f} % "
+                        f"| {c['queue_emulated_mean_s']:.1f} → {c['queue_simulated_mean_s']:.1f} s "
+                        f"| {c['makespan_emulated_s']:.1f} → {c['makespan_simulated_s']:.1f} s "
+                        f"({100 * c['makespan_error']:+.1f} %) | {order} |")
+    bars = tracebars.newest().literal
+    mean = ["| trace | policy | replays | against the replays' mean: completion time median / p90 \\|error\\| "
+            "| makespan | the freeze's per-job bars |", "| --- | --- | --- | --- | --- | --- |"]
+    for name, comps in by_trace.items():
+        for policy in tracejudge.POLICIES:
+            runs = [c[policy] for c in comps if policy in c]
+            if not runs:
+                continue
+            m = tracejudge.against_mean(runs)
+            ok = m["jct_error_median"] <= bars["jct_error_median"] and m["jct_error_p90"] <= bars["jct_error_p90"]
+            mean.append(f"| `{name}` | {policy} | {len(runs)} | {100 * m['jct_error_median']:.1f} % / "
+                        f"{100 * m['jct_error_p90']:.1f} % | {100 * m['makespan_error']:+.1f} % of "
+                        f"{m['makespan_emulated_mean_s']:.1f} s | {'met' if ok else 'MISSED'} |")
+    return "\n".join(rows + ["", *mean, "", f"(Calibrated by `{cal_name}`.)"])
 
 
 def sim_trace_bars(_records: list, results: Path = RESULTS) -> str:

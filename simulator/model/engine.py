@@ -105,7 +105,6 @@ class Run(FailureEvents, Moves):
         self.requeued = 0  # jobs waiting for a repair before they queue again
         self.arrived = 0
         self.releasing: dict[int, float] = {}  # ended, their GPUs not yet free: when they are (Lags.release_s)
-        self.burst = (-1.0, 0)  # the instant of the latest placement, and the GPUs placed at it (Lags.start_delay)
         self.stoppers: dict[str, list[int]] = {}  # job -> the jobs stopped when it ends
         for i, j in self.jobs.items():
             if j.stops_with:
@@ -201,11 +200,11 @@ class Run(FailureEvents, Moves):
             return admission.Outcome.REFUSED
         ready = self._reconfigure(t, p.diff)
         lags, started = self.o.lags, t
-        if lags != NO_LAGS:  # its containers start, then the ring's first iteration: later with more jobs at once
-            started = t + lags.containers(job.gpus)
-            self.burst = (t, (self.burst[1] if self.burst[0] == t else 0) + job.gpus)
+        if lags != NO_LAGS:  # its containers start, then the ring's first iteration: later with more jobs starting
+            starting = job.gpus + sum(self.jobs[k].gpus for k in self.pending)  # placed, not yet iterating
             busy = sum(self.jobs[k].gpus for k in self.running)
-            ready = max(ready, started) + lags.start_delay(self.burst[1], busy)
+            started = t + lags.containers(starting, busy)
+            ready = max(ready, started) + lags.start_delay(starting, busy)
         r = self.results[key]
         again = key in self.resume
         if not again:
@@ -273,7 +272,8 @@ class Run(FailureEvents, Moves):
     def _ring(self, key: int) -> Ring:
         gpus = self.placer.gpus[self.jobs[key].id]
         c = self._cost(key, gpus)
-        computes = [s + self.o.lags.iteration_s for s in c.compute_s]
+        extra = self.o.lags.iteration(c.gradient_bytes)
+        computes = [s + extra for s in c.compute_s]
         net = ring_net(self.fabric, gpus, self.placer.switch_of(gpus), self.o.nvlink_gbps * GBPS)
         links = {} if self.policy.ideal else net.links  # non-blocking: no link between switches limits it
         latency = self.o.net.step_latency(c.gradient_bytes / len(gpus))

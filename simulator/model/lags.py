@@ -16,15 +16,19 @@ None of these is the rack's: they are the emulation's, as STEP_S (simulator/mode
 charges them only where it is set against a replay (evidence/tracecheck.py); `Options.lags` defaults to none,
 so every other run (the demo's points, the sweeps, the CLI) predicts what it predicted before.
 
-The constants are emulated seconds (wall clock on the emulating host), as measured; `for_rack` turns them into
-rack seconds by the rack's time dilation. All were chosen on the two replay records of the model before
-(the replays `20261126T212055Z-a3efd36` and `20261126T220734Z-1e191d8`, every policy; this worker and
-controller) and the three `make demo` records of 2026-11-26 15:46-16:12 (tuning data: none of them checks this
-model; replay records made after its commit do); tests/unit/test_tracefit.py ties each to what `python -m
+The constants are emulated seconds on the fit's host (wall clock on the emulating host, as measured), and the host
+changes from day to day (its starts were about twice as fast on 2026-12-06 as on 2026-11-29): every replay runs the
+host's probe (scripts/replay_trace.py's PROBE: two jobs, each alone on the idle testbed, before each policy's
+trace), and a replay's host factor (`host_factor`) is its probe over PROBE_S, the probe on the fit's host. `for_rack`
+turns the constants into rack seconds for a rack emulated `dilation` times slower, on a host `host` times slower than
+the fit's. All were fitted on the fit set of docs/trace-model.md's rule (evidence/tracefit.py's REPLAYS: every
+replay with the probe of trace16.csv and trace16-small.csv made from the main line on 2026-12-06 before the
+freeze), each replay's seconds divided by its factor; tests/unit/test_tracefit.py ties each to what `python -m
 evidence.tracefit` prints for those records.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 
@@ -32,53 +36,87 @@ from dataclasses import dataclass
 class Lags:
     """Rack seconds (see the module docstring); all zero: none."""
     containers_s: float = 0.0  # GPUs granted to its containers started
-    containers_per_gpu_s: float = 0.0  # and for each GPU of the job
+    containers_per_gpu_s: float = 0.0  # and for each GPU starting as it is placed (its own and other jobs' not yet
+    # at their first iteration)
+    containers_per_busy_gpu_s: float = 0.0  # and for each GPU iterating on the rack as it is placed
     start_s: float = 0.0  # containers started to the first iteration
-    start_per_gpu_s: float = 0.0  # and for each GPU placed at the same instant (its own and those placed before it)
+    start_per_gpu_s: float = 0.0  # and for each GPU starting as it is placed (as containers_per_gpu_s)
     start_per_busy_gpu_s: float = 0.0  # and for each GPU iterating on the rack as it is placed (the host's cores)
     end_s: float = 0.0
     release_s: float = 0.0
     iteration_s: float = 0.0
+    iteration_per_gb_s: float = 0.0  # and for each GB of the job's gradient (filled and checked at every iteration)
 
-    def containers(self, gpus: int) -> float:
-        """GPUs granted to the containers of a job of `gpus` GPUs started."""
-        return self.containers_s + self.containers_per_gpu_s * gpus
+    def containers(self, gpus_starting: int, gpus_iterating: int = 0) -> float:
+        """GPUs granted to the containers of a job started, the job placed with `gpus_starting` GPUs starting (its
+        own and those of jobs placed before it not yet at their first iteration: their containers and torch's import
+        share the host's cores) and `gpus_iterating` GPUs of other jobs iterating."""
+        return self.containers_s + self.containers_per_gpu_s * gpus_starting \
+            + self.containers_per_busy_gpu_s * gpus_iterating
 
-    def start_delay(self, gpus_placed_now: int, gpus_iterating: int = 0) -> float:
-        """Containers started to the first iteration, for a job placed with `gpus_placed_now` GPUs (its own among
-        them) placed at the same instant and `gpus_iterating` GPUs of other jobs iterating."""
-        return self.start_s + self.start_per_gpu_s * gpus_placed_now + self.start_per_busy_gpu_s * gpus_iterating
+    def start_delay(self, gpus_starting: int, gpus_iterating: int = 0) -> float:
+        """Containers started to the first iteration, for a job placed with `gpus_starting` GPUs starting (as
+        `containers`) and `gpus_iterating` GPUs of other jobs iterating."""
+        return self.start_s + self.start_per_gpu_s * gpus_starting + self.start_per_busy_gpu_s * gpus_iterating
+
+    def iteration(self, gradient_bytes: float) -> float:
+        """Each iteration's cost beyond its compute for a job whose gradient is `gradient_bytes`."""
+        return self.iteration_s + self.iteration_per_gb_s * gradient_bytes / 1e9
 
 
 NONE = Lags()
 
-# Emulated seconds, as `python -m evidence.tracefit` prints them for the records named above (every policy of both
-# replays pooled):
-# containers: the slope of started_at on the job's GPUs among jobs placed at one instant (the replays' queue drains,
-# least squares within each drain), and the median of submit to started_at less that slope's part over the jobs
-# placed at once (the replays' jobs with GPUs free and no end before them, the demo records' twelve detailed jobs)
-CONTAINERS_S = 1.170
-CONTAINERS_PER_GPU_S = 0.127
-# containers started to the first iteration: the host's two cores shared by the containers starting and the workers
-# iterating, so no fixed part: least squares through the origin over the replays' 240 jobs against the GPUs placed at
-# their instant up to and including their own, and the GPUs of other jobs iterating as they were admitted. (The
-# model before, 8.826 s + 0.239 s per GPU placed at the instant, charged a lone job on an idle host about 2.5 times
-# the start it had, and such a job's end decides where the next jobs go.)
-START_S = 0.0
-START_PER_GPU_S = 0.832
-START_PER_BUSY_GPU_S = 0.212
-# the latest rank's last iteration's end to ended_at: median of the demo records' twelve detailed jobs
-END_S = 0.698
-# ended_at of the latest job to end before a queued job's start to that start, less the containers' part: median
-# over the replays' jobs that waited
-RELEASE_S = 0.601
-# per iteration beyond the profile's compute: median of the replays' 1-GPU jobs (no all-reduce), (end - first
-# iteration - END_S) / iterations - compute
-ITERATION_S = 0.006
+# Emulated seconds on the fit's host, as `python -m evidence.tracefit` prints them for the fit set
+# (evidence/tracefit.py's REPLAYS: four replays, 12 policy runs, 420 jobs; each replay's seconds over its host factor):
+# the host's probe: the median over the fit's 12 policy runs (3.90-5.16 s)
+PROBE_S = 4.141
+# GPUs granted to containers started: least squares over every job on the GPUs starting as it is admitted (its own and
+# those of jobs admitted before it not yet at their first iteration) and the GPUs of other jobs iterating
+CONTAINERS_S = 0.699
+CONTAINERS_PER_GPU_S = 0.209
+CONTAINERS_PER_BUSY_GPU_S = 0.105
+# containers started to the first iteration: the same least squares (torch's import and the ring's rendezvous share
+# the host's two cores with the other jobs starting and iterating)
+START_S = 1.872
+START_PER_GPU_S = 0.613
+START_PER_BUSY_GPU_S = 0.256
+# the 1-GPU jobs (no all-reduce): their first iteration to ended_at less the profile's compute, a line on iterations x
+# the gradient's GB: the intercept is the end (the ranks' exit, the controller seeing it), the slope each iteration's
+# cost per GB of gradient (filling and checking it; VGG16's 0.53 GB against ResNet-50's 0.10 GB); no part per
+# iteration beyond it (the line with one fits no better: -0.0008 s)
+END_S = 0.881
+ITERATION_S = 0.0
+ITERATION_PER_GB_S = 0.072
+# ended_at of the latest job to end before a queued job's start to that start, less the containers' part: its median
+# over the 364 jobs that waited is -0.110 s, below zero (the containers' line charges them more than they took), so
+# none: GPUs are not free before the job's end
+RELEASE_S = 0.0
 
 
-def for_rack(dilation: float) -> Lags:
-    """The emulation's lags in rack seconds for a rack emulated `dilation` times slower."""
-    return Lags(CONTAINERS_S / dilation, CONTAINERS_PER_GPU_S / dilation, START_S / dilation,
-                START_PER_GPU_S / dilation, START_PER_BUSY_GPU_S / dilation, END_S / dilation, RELEASE_S / dilation,
-                ITERATION_S / dilation)
+def probe_seconds(run: dict, dilation: float) -> float | None:
+    """A replay's policy run's host's probe (scripts/replay_trace.py's PROBE, the run's `probe` rows, rack s): each
+    probe job's GPUs granted to its first iteration, summed over the probe's jobs, in emulated seconds; None where the
+    run has no probe (records made before it, or with --no-probe)."""
+    rows = run.get("probe") or []
+    if not rows or any(r.get("admit_s") is None or r.get("first_iteration_s") is None for r in rows):
+        return None
+    return dilation * sum(r["first_iteration_s"] - r["admit_s"] for r in rows)
+
+
+def host_factor(record: dict) -> float | None:
+    """How much slower than the fit's host the host of a replay record was: the median over its policy runs of the
+    probe's seconds (probe_seconds), over PROBE_S. None where no run has a probe: the model in the host's units
+    neither fits on nor judges such a record."""
+    d = record.get("time_dilation", 1.0)
+    seconds = [x for x in (probe_seconds(run, d) for run in record["policies"].values()) if x is not None]
+    return statistics.median(seconds) / PROBE_S if seconds else None
+
+
+def for_rack(dilation: float, host: float = 1.0) -> Lags:
+    """The emulation's lags in rack seconds for a rack emulated `dilation` times slower on a host `host` times
+    slower than the fit's (host_factor): every lag is the host's work, so each is charged `host` times."""
+    k = host / dilation
+    return Lags(containers_s=CONTAINERS_S * k, containers_per_gpu_s=CONTAINERS_PER_GPU_S * k,
+                containers_per_busy_gpu_s=CONTAINERS_PER_BUSY_GPU_S * k, start_s=START_S * k,
+                start_per_gpu_s=START_PER_GPU_S * k, start_per_busy_gpu_s=START_PER_BUSY_GPU_S * k, end_s=END_S * k,
+                release_s=RELEASE_S * k, iteration_s=ITERATION_S * k, iteration_per_gb_s=ITERATION_PER_GB_S * k)

@@ -14,14 +14,15 @@ from simulator.model.engine import Options, Run, policies, with_scheduler
 
 
 def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, cal, with_lags: bool = True,
-             one_step: bool = False, scheduler: str = "fifo") -> tuple[list[dict], int]:
+             one_step: bool = False, scheduler: str = "fifo", host: float = 1.0) -> tuple[list[dict], int]:
     """The trace's jobs (dicts of arrival_s, gpus, model, iterations; trace order) through the engine on
     `rack_file` under `policy`, the network calibrated by `cal` (a simulator.model.calibration.Calibration): (comparison
     rows, circuits changed). The emulation's lags are charged unless `with_lags` is false (the model before them,
     for comparison); `one_step`: every ring step costs STEP_S whatever its chunk (the model before the small
     chunks' step, simulator/model/calibration.py); `scheduler`: the queue's discipline (controller/core/admission.py),
-    each job's estimate the simulator's own."""
-    jobs, run = _run(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler)
+    each job's estimate the simulator's own; `host`: how much slower than the fit's the emulating host was (the
+    replay's probe, lags.host_factor), every lag charged that many times."""
+    jobs, run = _run(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler, host)
     out = run.run()
     by_id = {j.id: j for j in out.jobs}
     rows = []
@@ -43,10 +44,10 @@ def estimates(rack_file: Path, trace: list[dict], cal, with_lags: bool = True, o
 
 
 def _run(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, cal, with_lags: bool, one_step: bool,
-         scheduler: str) -> tuple[list[JobSpec], Run]:
+         scheduler: str, host: float = 1.0) -> tuple[list[JobSpec], Run]:
     rack = load_rack(rack_file)
     jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
-    charged = lags.for_rack(rack.spec.emulation.time_dilation) if with_lags else lags.NONE
+    charged = lags.for_rack(rack.spec.emulation.time_dilation, host) if with_lags else lags.NONE
     net = cal.net(rack)
     if one_step:
         net = dataclasses.replace(net, small_step_latency_s=None)

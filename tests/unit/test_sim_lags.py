@@ -82,6 +82,36 @@ def test_a_rack_slower_in_time_charges_the_emulated_lags_in_fewer_rack_seconds()
     assert two.release_s == pytest.approx(lags.RELEASE_S / 2) and two.end_s == pytest.approx(lags.END_S / 2)
 
 
+def test_a_slower_host_charges_every_lag_that_many_times():
+    base, slow = lags.for_rack(2.0), lags.for_rack(2.0, host=1.5)
+    for field in ("containers_s", "containers_per_gpu_s", "start_s", "start_per_gpu_s", "start_per_busy_gpu_s",
+                  "end_s", "release_s", "iteration_s"):
+        assert getattr(slow, field) == pytest.approx(1.5 * getattr(base, field)), field
+
+
+def test_the_host_factor_is_the_median_probe_over_the_fits():
+    def run(*phases):  # each probe job: GPUs granted at 1.0 rack s, its first iteration `phase` later
+        return {"probe": [{"admit_s": 1.0, "first_iteration_s": 1.0 + x} for x in phases]}
+
+    d = 2.0
+    record = {"time_dilation": d, "policies": {"fixed": run(1.0, 2.0), "regroup": run(2.0, 2.0),
+                                               "defrag": run(3.0, 3.0)}}
+    assert lags.probe_seconds(record["policies"]["fixed"], d) == pytest.approx(6.0)  # (1 + 2) x dilation
+    assert lags.host_factor(record) == pytest.approx(8.0 / lags.PROBE_S)  # the median run: 8.0 emulated s
+    assert lags.host_factor({"time_dilation": d, "policies": {"fixed": {"jobs": []}}}) is None
+    assert lags.probe_seconds({"probe": [{"admit_s": None, "first_iteration_s": 2.0}]}, d) is None
+
+
+def test_the_trace_check_charges_a_slower_hosts_lags_from_its_probe():
+    trace = [{"arrival_s": 0.0, "gpus": 3, "model": "resnet50", "iterations": 20}]
+    fast, _ = tracecheck.simulate(TRACE16, trace, "fixed", 300.0)
+    slow, _ = tracecheck.simulate(TRACE16, trace, "fixed", 300.0, host=2.0)
+    d = load_rack(TRACE16).spec.emulation.time_dilation
+    assert slow[0]["start_s"] == pytest.approx(2 * fast[0]["start_s"]) == pytest.approx(
+        2 * lags.for_rack(d).containers(3))
+    assert slow[0]["end_s"] > fast[0]["end_s"]
+
+
 def test_the_trace_check_charges_the_lags_and_compares_the_containers_start():
     trace = [{"arrival_s": 0.0, "gpus": 3, "model": "resnet50", "iterations": 20},
              {"arrival_s": 0.5, "gpus": 16, "model": "vgg16", "iterations": 5}]

@@ -16,31 +16,70 @@ from simulator.model import lags
 def figures():
     missing = [p for p in (*tracefit.REPLAYS, *tracefit.DEMO) if not p.exists()]
     if missing:
-        pytest.fail(f"the records the lags were chosen on are missing: {', '.join(map(str, missing))}")
+        pytest.fail(f"the records the lags were fitted on are missing: {', '.join(map(str, missing))}")
     records = [json.loads(p.read_text()) for p in tracefit.REPLAYS]
     demo = [x for p in tracefit.DEMO for x in tracefit.demo_jobs(json.loads(p.read_text()))]
-    return tracefit.fit(tracefit.replay_runs(records), demo, records[0]["time_dilation"],
-                        tracefit.ROOT / records[0]["rack_file"])
+    figures = tracefit.fit(tracefit.host_runs(records), demo, records[0]["time_dilation"],
+                           tracefit.ROOT / records[0]["rack_file"])
+    return {**figures, "probes": tracefit.probes(records)}
+
+
+def test_the_fit_set_is_every_probe_replay_of_the_two_fit_traces():
+    """docs/trace-model.md's rule: trace16.csv and trace16-small.csv, each replay with the host's probe."""
+    assert len(tracefit.REPLAYS) >= 4
+    for path in tracefit.REPLAYS:
+        record = json.loads(path.read_text())
+        assert record["trace_file"].endswith(("trace16.csv", "trace16-small.csv")), path
+        assert lags.host_factor(record) is not None, path
 
 
 def test_each_constant_is_its_measurement(figures):
     med = statistics.median
-    assert lags.CONTAINERS_PER_GPU_S == pytest.approx(figures[
-        "containers per GPU (least squares within the replay's queue drains)"], abs=5e-4)
-    assert lags.CONTAINERS_S == pytest.approx(med(figures["containers (GPUs free; less the per-GPU part)"]), abs=5e-4)
-    assert lags.START_S == 0.0  # the start is work on the host's cores: no fixed part
-    assert lags.START_PER_GPU_S == pytest.approx(figures[
-        "start (the lags' model): per GPU placed at the instant, through the origin with the next"], abs=5e-4)
-    assert lags.START_PER_BUSY_GPU_S == pytest.approx(figures[
-        "start (the lags' model): per GPU of other jobs iterating at its admission"], abs=5e-4)
-    assert lags.END_S == pytest.approx(med(figures["end (demo)"]), abs=5e-4)
-    assert lags.RELEASE_S == pytest.approx(med(figures["release (that less the containers')"]), abs=5e-4)
-    assert lags.ITERATION_S == pytest.approx(med(figures["iteration beyond compute (replay's 1-GPU jobs)"]), abs=5e-4)
+    assert lags.PROBE_S == pytest.approx(med(figures["probes"]), abs=5e-4)
+    fitted = {
+        "CONTAINERS_S": "containers: a, least squares on the GPUs starting and those iterating at its admission",
+        "CONTAINERS_PER_GPU_S": "containers: per GPU starting",
+        "CONTAINERS_PER_BUSY_GPU_S": "containers: per GPU of other jobs iterating",
+        "START_S": "start: a, least squares on the GPUs starting and those iterating at its admission",
+        "START_PER_GPU_S": "start: per GPU starting",
+        "START_PER_BUSY_GPU_S": "start: per GPU of other jobs iterating",
+        "END_S": "end (the line's intercept on the 1-GPU jobs' iterations x gradient GB)",
+        "ITERATION_PER_GB_S": "iteration beyond compute, per GB of gradient (the line's slope)",
+    }
+    for name, figure in fitted.items():
+        assert getattr(lags, name) == pytest.approx(figures[figure], abs=5e-4), name
+    assert lags.RELEASE_S == pytest.approx(max(0.0, med(figures["release (that less the containers')"])), abs=5e-4)
+    assert lags.ITERATION_S == 0.0  # the 1-GPU jobs' line has no part per iteration beyond the gradient's
+
+
+def test_the_starting_gpus_are_counted_as_the_engine_counts_them():
+    """A job's own GPUs and those of jobs admitted at or before it and not yet at their first iteration."""
+    jobs = [{"admit_s": a, "first_iteration_s": f, "gpus_asked": g}
+            for a, f, g in ((0.0, 3.0, 2), (1.0, 2.0, 4), (2.5, 4.0, 1), (5.0, 6.0, 3))]
+    assert tracefit.starting(jobs) == [2, 6, 3, 3]
 
 
 def test_every_rank_starts_iterating_together(figures):
     """Why the lags start a job's ranks together: the demo's ranks' first iterations are milliseconds apart."""
     assert figures["ranks' first iterations apart (demo), at most"] < 0.05
+
+
+def test_a_replay_in_the_hosts_units_is_its_seconds_over_its_host_factor():
+    """A run on a host twice as slow, every phase twice as long: the same figures as the run at factor 1."""
+    def record(scale, probe):
+        jobs = [{"index": i, "state": "done", "gpus_asked": g, "gpus": ["s1g1"] * g, "model": "resnet50",
+                 "iterations": it, "submit_s": a, "admit_s": a, "start_s": a + scale * 0.2 * g,
+                 "first_iteration_s": a + scale * (0.2 * g + 0.5 * g),
+                 "end_s": a + scale * (0.2 * g + 0.5 * g + 0.3 + 0.01 * it) + 0.05 * it}
+                for i, (a, g, it) in enumerate(((0.0, 1, 20), (30.0, 1, 40), (60.0, 2, 20), (90.0, 1, 60)))]
+        return {"time_dilation": 1.0, "policies": {"fixed": {"jobs": jobs, "probe": [
+            {"admit_s": 0.0, "first_iteration_s": probe}]}}}
+
+    assert lags.host_factor(record(2.0, 2.0 * lags.PROBE_S)) == pytest.approx(2.0)
+    (jobs, h), = tracefit.host_runs([record(2.0, 2.0 * lags.PROBE_S)])
+    assert h == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="no host's probe"):
+        tracefit.host_runs([{"time_dilation": 1.0, "policies": {"fixed": {"jobs": []}}}])
 
 
 def test_the_groups_and_bursts_are_counted_as_the_engine_counts_them():
