@@ -108,13 +108,13 @@ class Occupancy:
         self.n_bare = self.n_empty.sum(axis=1)  # per switch, its downlinks with no circuit (`n_empty` over groups)
         self.n_loose = np.zeros((ng, nm), dtype=np.int64)  # sizes of free_loose
         self.n_wired = np.zeros((ng, nm), dtype=np.int64)  # free_wired as an array
-        # the same arrays as flat views, indexed by one integer (w x groups + g, then x models + m): a change of one
-        # count costs less than through a tuple index
+        # the same arrays as flat memoryviews of their memory, indexed by one integer (w x groups + g, then x models
+        # + m): a change of one count through them costs a third of numpy's scalar indexing (the same integers)
         self._ng, self._nm = ng, nm
-        self._f_under, self._f_stay = self.n_under.reshape(-1), self.n_stay.reshape(-1)
-        self._f_empty, self._f_idle = self.n_empty.reshape(-1), self.n_idle.reshape(-1)
-        self._f_loose, self._f_wired = self.n_loose.reshape(-1), self.n_wired.reshape(-1)
-        assert all(np.shares_memory(f, a) for f, a in ((self._f_under, self.n_under), (self._f_empty, self.n_empty)))
+        self._f_under, self._f_stay = memoryview(self.n_under.reshape(-1)), memoryview(self.n_stay.reshape(-1))
+        self._f_empty, self._f_idle = memoryview(self.n_empty.reshape(-1)), memoryview(self.n_idle.reshape(-1))
+        self._f_loose, self._f_wired = memoryview(self.n_loose.reshape(-1)), memoryview(self.n_wired.reshape(-1))
+        self._f_open, self._f_bare = memoryview(self.n_open), memoryview(self.n_bare)
         for gi in range(len(ix.gpus)):
             self.free_loose[ix.gpu_group[gi]][ix.gpu_model[gi]].add(gi)
             self.n_loose[ix.gpu_group[gi], ix.gpu_model[gi]] += 1
@@ -132,7 +132,7 @@ class Occupancy:
         self.empty[w][g].discard(d)
         wg = w * self._ng + g
         self._f_empty[wg] -= 1
-        self.n_bare[w] -= 1
+        self._f_bare[w] -= 1
         self.loc[gi] = w
         if self.holder[gi] is None:  # an empty downlink becomes an idle one: n_open stays
             m, nm = ix.gpu_model[gi], self._nm
@@ -150,7 +150,7 @@ class Occupancy:
             self.idle[w][g].add(d)
             self._f_idle[wg] += 1
         else:
-            self.n_open[w] -= 1
+            self._f_open[w] -= 1
         self._map = None
         if self._journal is not None:
             self._journal.append((self._disconnect, gi))
@@ -164,7 +164,7 @@ class Occupancy:
         self.empty[w][g].add(d)
         wg = w * self._ng + g
         self._f_empty[wg] += 1
-        self.n_bare[w] += 1
+        self._f_bare[w] += 1
         self.loc[gi] = -1
         if self.holder[gi] is None:  # an idle downlink becomes an empty one: n_open stays
             m, nm = ix.gpu_model[gi], self._nm
@@ -182,7 +182,7 @@ class Occupancy:
             self.idle[w][g].discard(d)
             self._f_idle[wg] -= 1
         else:
-            self.n_open[w] += 1
+            self._f_open[w] += 1
         self._map = None
         if self._journal is not None:
             self._journal.append((self._connect, gi, d))
@@ -197,7 +197,7 @@ class Occupancy:
             self.wired_free[g][m].discard(gi)
             self._f_under[wg * nm + m] -= 1
             self._f_stay[w * nm + m] -= 1
-            self.n_open[w] -= 1
+            self._f_open[w] -= 1
             self.free_switch[w] -= 1
             self.free_wired[g][m] -= 1
             self._f_wired[g * nm + m] -= 1
@@ -217,11 +217,8 @@ class Occupancy:
             self._journal.append((self._unhold, gi))
 
     def _unhold(self, gi: int) -> None:
-        ix = self.ix
         job = self.holder[gi]
-        assert job is not None, f"GPU {ix.gpus[gi]} is not held"
-        g, m, w, nm = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi], self._nm
-        self.holder[gi] = None
+        assert job is not None, f"GPU {self.ix.gpus[gi]} is not held"
         held = self.jobs[job]
         if held[-1] == gi:  # a job's GPUs are freed in the order they were held, or the last first (a rollback)
             held.pop()
@@ -231,6 +228,16 @@ class Occupancy:
             held.remove(gi)
         if not held:
             del self.jobs[job]
+        self._free(gi)
+        if self._journal is not None:
+            self._journal.append((self._hold, gi, job))
+
+    def _free(self, gi: int) -> None:
+        """`_unhold`'s changes to the indices (the GPU idle again), apart so that `release` frees a job's GPUs
+        without taking each off the job's list."""
+        ix = self.ix
+        g, m, w, nm = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi], self._nm
+        self.holder[gi] = None
         if w >= 0:
             wg = w * self._ng + g
             self.free_under[w][g][m].add(gi)
@@ -238,7 +245,7 @@ class Occupancy:
             self.wired_free[g][m].add(gi)
             self._f_under[wg * nm + m] += 1
             self._f_stay[w * nm + m] += 1
-            self.n_open[w] += 1
+            self._f_open[w] += 1
             self.free_switch[w] += 1
             self.free_wired[g][m] += 1
             self._f_wired[g * nm + m] += 1
@@ -248,8 +255,6 @@ class Occupancy:
             self.free_loose[g][m].add(gi)
             self._f_loose[g * nm + m] += 1
         self.free_model[m] += 1
-        if self._journal is not None:
-            self._journal.append((self._hold, gi, job))
 
     def move(self, gi: int, d: int) -> list[tuple[int, int]]:
         """Circuit GPU `gi` to downlink `d`, cutting what either had; returns the (gpu port, downlink) cut."""
@@ -324,9 +329,13 @@ class Occupancy:
         self.hold(job, plan.gpus)
 
     def release(self, job: str) -> None:
-        """Free every GPU `job` holds (their circuits stay)."""
-        for gi in list(self.jobs.get(job, ())):
-            self._unhold(gi)
+        """Free every GPU `job` holds (their circuits stay), in the order it took them (as `_unhold` one by one)."""
+        if self._journal is not None:
+            for gi in list(self.jobs.get(job, ())):
+                self._unhold(gi)
+            return
+        for gi in self.jobs.pop(job, ()):
+            self._free(gi)
 
     def apply(self, remove: Iterable[Circuit] = (), add: Iterable[Circuit] = ()) -> None:
         """Change circuits: `remove` first, then `add` (GPU-port / downlink pairs)."""

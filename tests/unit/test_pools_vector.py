@@ -167,3 +167,37 @@ def test_a_plan_handed_over_to_its_job_leaves_what_release_and_hold_leave(seed):
     with pytest.raises(ValueError, match="is held by"):
         a.take_over(pools._PLANNING, "job2", [ix.gpus[free[9]], ix.gpus[taken]])
     assert _state(a) == before
+
+
+def _orders(occ: Occupancy) -> tuple:
+    """The state with every set as the list its iteration gives (the same operations in the same order leave the
+    same order), and the count arrays the memoryviews write to."""
+    def listed(x):
+        return [listed(v) for v in x] if isinstance(x, list) else list(x) if isinstance(x, set) else x
+
+    return (_state(occ), [listed(getattr(occ, a)) for a in ("empty", "idle", "free_under", "free_loose", "free_at",
+                                                             "wired_free")], occ.n_empty.tolist(), occ.n_bare.tolist())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_release_in_bulk_leaves_what_unhold_one_by_one_leaves(seed):
+    """Occupancy.release (a job's GPUs freed without taking each off its list) leaves the state, and every set's
+    iteration order, that `_unhold` of each GPU in the order the job took them leaves; inside a tentative change it
+    is undone as before."""
+    a, b = scrambled(seed), scrambled(seed)
+    rng = random.Random(seed)
+    for i in range(6):
+        free = [gi for gi in range(len(a.ix.gpus)) if a.holder[gi] is None]
+        taken = rng.sample(free, min(len(free), rng.randrange(1, 9)))
+        for occ in (a, b):
+            occ.hold(f"new{i}", [occ.ix.gpus[gi] for gi in taken])
+    for job in rng.sample(sorted(a.jobs), len(a.jobs)):
+        for gi in list(b.jobs[job]):
+            b._unhold(gi)
+        a.release(job)
+        assert _orders(a) == _orders(b) and job not in a.jobs
+        before = a.holders()
+        for occ in (a, b):  # the same on both: a rollback leaves them equal again
+            with occ.tentative():
+                occ.release(next(iter(occ.jobs), "none"))
+        assert a.holders() == before and _orders(a) == _orders(b)
