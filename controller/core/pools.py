@@ -108,18 +108,8 @@ class _Named:
 
     def rows(self, occ: Occupancy, w: int) -> list[tuple[int, int, int, int]]:
         under, idle_under = self.under.get(w, {}), self.idle_under.get(w, {})
-        return [
-            (
-                g,
-                *_split(
-                    self.n_loose[g],
-                    self.n_wired[g] - len(under.get(g, ())),
-                    len(occ.empty[w][g]),
-                    len(occ.idle[w][g]) - idle_under.get(g, 0),
-                ),
-            )
-            for g in self.groups
-        ]
+        return [(g, *_split(self.n_loose[g], self.n_wired[g] - len(under.get(g, ())), len(occ.empty[w][g]),
+                            len(occ.idle[w][g]) - idle_under.get(g, 0))) for g in self.groups]
 
     def stayers(self, w: int, k: int) -> list[int]:
         return sorted(chain.from_iterable(self.under.get(w, {}).values()))
@@ -301,7 +291,14 @@ def _bounded(occ: Occupancy, need: int, used: list[int], stay: np.ndarray, under
     many as the loose GPUs and its empty downlinks allow; and a score (fits x (3 need + 1) - cost) rises with fits,
     so `top` bounds a switch's score. The `_FIRST` switches of highest bound are weighed, then every other whose bound
     passes the best score so far (or equals it, before the best): those left out score less, or as much but later, so
-    the winner (the highest score, then the first switch) is `_best`'s."""
+    the winner (the highest score, then the first switch) is `_best`'s. First of all, a switch with `need` of the pool
+    under it scores the most any can (all of `need` at no change): the first such switch wins, nothing else weighed."""
+    ok = stay >= need
+    if used:
+        ok[used] = False
+    w = int(ok.argmax())
+    if ok[w]:
+        return need, 0, w
     weight = 3 * need + 1
     ub = np.minimum(occ.n_open, min(need, sum(occ.ix.group_width[g] for g in groups)))
     k = np.maximum(ub - stay, 0)  # moves to fill it; at cost 1 only a loose GPU to an empty downlink, the rest 2 or 3

@@ -201,3 +201,26 @@ def test_release_in_bulk_leaves_what_unhold_one_by_one_leaves(seed):
             with occ.tentative():
                 occ.release(next(iter(occ.jobs), "none"))
         assert a.holders() == before and _orders(a) == _orders(b)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_first_switch_with_need_under_it_wins_unweighed(seed, monkeypatch):
+    """Where a switch not used yet has `need` of the pool's idle GPUs under it, `_bounded` returns the first such
+    switch at no change without weighing any (`_tiers` not called), and that is what weighing every switch gives."""
+    occ = scrambled(seed)
+    pool = pools._Models(occ, [0, 1])
+    stay = occ.n_stay.sum(axis=1)
+    hits = 0
+    for need in range(1, 9):
+        for used in ([], [int(stay.argmax())], [0, 1, 2]):
+            under = occ.n_under.sum(axis=2)
+            full = pools._best(occ, need, False, used, under, under, pool.n_loose, pool.n_wired)
+            first = [w for w in range(len(stay)) if stay[w] >= need and w not in used]
+            if first:
+                hits += 1
+                with monkeypatch.context() as m:
+                    m.setattr(pools, "_tiers", None)  # weighing any switch fails
+                    assert pool.best(occ, need, False, used) == (need, 0, first[0]) == full
+            else:
+                assert pool.best(occ, need, False, used) == full
+    assert hits
