@@ -108,13 +108,13 @@ class Occupancy:
         self.n_bare = self.n_empty.sum(axis=1)  # per switch, its downlinks with no circuit (`n_empty` over groups)
         self.n_loose = np.zeros((ng, nm), dtype=np.int64)  # sizes of free_loose
         self.n_wired = np.zeros((ng, nm), dtype=np.int64)  # free_wired as an array
-        # the same arrays as flat memoryviews of their memory, indexed by one integer (w x groups + g, then x models
-        # + m): a change of one count through them costs a third of numpy's scalar indexing (the same integers)
+        # the same arrays as flat memoryviews of their memory (`.data`), indexed by one integer (w x groups + g, then
+        # x models + m): a change of one count through them costs a third of numpy's scalar indexing (the same integers)
         self._ng, self._nm = ng, nm
-        self._f_under, self._f_stay = memoryview(self.n_under.reshape(-1)), memoryview(self.n_stay.reshape(-1))
-        self._f_empty, self._f_idle = memoryview(self.n_empty.reshape(-1)), memoryview(self.n_idle.reshape(-1))
-        self._f_loose, self._f_wired = memoryview(self.n_loose.reshape(-1)), memoryview(self.n_wired.reshape(-1))
-        self._f_open, self._f_bare = memoryview(self.n_open), memoryview(self.n_bare)
+        self._f_under, self._f_stay = self.n_under.reshape(-1).data, self.n_stay.reshape(-1).data
+        self._f_empty, self._f_idle = self.n_empty.reshape(-1).data, self.n_idle.reshape(-1).data
+        self._f_loose, self._f_wired = self.n_loose.reshape(-1).data, self.n_wired.reshape(-1).data
+        self._f_open, self._f_bare = self.n_open.data, self.n_bare.data
         for gi in range(len(ix.gpus)):
             self.free_loose[ix.gpu_group[gi]][ix.gpu_model[gi]].add(gi)
             self.n_loose[ix.gpu_group[gi], ix.gpu_model[gi]] += 1
