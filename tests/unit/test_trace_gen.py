@@ -44,7 +44,8 @@ def test_the_trace_rack_has_16_gpus_of_two_models_two_ocs_and_oversubscribed_upl
         assert down > 4 * sum(u.rate_gbps for u in w.uplinks)  # oversubscribed
 
 
-@pytest.mark.parametrize("name", ["trace16.csv", "trace16-small.csv", "trace16-bursty.csv", "trace16-even.csv"])
+@pytest.mark.parametrize("name", ["trace16.csv", "trace16-small.csv", "trace16-bursty.csv", "trace16-even.csv",
+                                  "trace16-interim.csv"])
 def test_each_committed_trace_is_remade_by_the_command_in_its_first_line(tmp_path, name):
     committed = (ROOT / "traces" / name).read_text()
     command = committed.splitlines()[0].split("python -m scripts.trace_gen ", 1)[1].split()
