@@ -182,6 +182,23 @@ def sim_trace_replay(_records: list, results: Path = RESULTS, fingerprint: str |
     return "\n".join(lines)
 
 
+def sim_trace_unjudged(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
+    """Every replay record of the current model of a trace that neither fits nor judges it (a committed trace not in
+    JUDGED, such as trace16-interim.csv: docs/trace-model.md), beside the simulator with the newest bars' literal
+    result per record and policy: reported as it comes, no verdict drawn."""
+    from evidence import tracecheck
+
+    out = []
+    for trace in sorted((ROOT / "traces").glob("trace16*.csv")):
+        if trace in JUDGED:
+            continue
+        comparisons, _, current = trace_comparisons(results, fingerprint, trace)
+        out += [f"**`traces/{trace.name}`**", ""]
+        out += [tracecheck.table(comparisons) if comparisons else
+                f"No replay by the current model ({current[:12]}) yet.", ""]
+    return "\n".join(out).rstrip("\n") or "No trace outside the judged ones is committed."
+
+
 def _lag_records(results: Path) -> tuple[list[Path], list[dict], list[dict]]:
     """The replay records and the demo records' detailed jobs the lags were chosen on (evidence/tracefit.py),
     under `results`."""
@@ -362,6 +379,7 @@ def sim_trace_traces(_records: list, results: Path = RESULTS) -> str:
 
 BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-trace-lags": sim_trace_lags, "sim-trace-insample": sim_trace_insample, "sim-trace-replay": sim_trace_replay,
+    "sim-trace-unjudged": sim_trace_unjudged,
     "sim-trace-verdict": sim_trace_verdict, "sim-trace-verdict-earlier": sim_trace_verdict_earlier,
     "sim-trace-bars": sim_trace_bars,
     "sim-trace-traces": sim_trace_traces,

@@ -52,6 +52,26 @@ def test_trace_replay_compares_each_record_of_the_current_model_and_names_the_ot
     assert "20261127T000000Z-abc1234" in none and "|" not in none
 
 
+def test_a_replay_of_a_trace_that_neither_fits_nor_judges_is_shown_in_its_own_block_and_judged_nowhere(tmp_path):
+    from simulator.inputs.workloads import read_trace
+
+    interim = sorted(read_trace(report_trace.ROOT / "traces" / "trace16-interim.csv"), key=lambda j: j.arrival_s)
+    record = _replay("m1", [])
+    record["trace_file"] = "traces/trace16-interim.csv"
+    record["jobs_replayed"] = 2
+    record["policies"]["fixed"]["jobs"] = [{"index": i, "submit_s": interim[i].arrival_s, "state": "done",
+                                            "start_s": interim[i].arrival_s, "end_s": 1000.0} for i in range(2)]
+    _write(tmp_path / "replay" / "20261206T160000Z-abc1234.json", json.dumps(record))
+    _write(tmp_path / "replay" / "20261206T150000Z-abc1233.json", json.dumps(_replay("m1", [1000.0, 1000.0])))
+    text = report_trace.sim_trace_unjudged([], tmp_path, fingerprint="m1")
+    assert text.startswith("**`traces/trace16-interim.csv`**")
+    rows = [line for line in text.splitlines() if line.startswith("| `")]
+    assert len(rows) == 1 and rows[0].startswith("| `20261206T160000Z-abc1234` | fixed |")  # not trace16.csv's
+    assert "20261206T160000Z-abc1234" not in report_trace.sim_trace_verdict([], tmp_path, fingerprint="m1")
+    none = report_trace.sim_trace_unjudged([], tmp_path, fingerprint="m2")
+    assert "No replay by the current model (m2) yet." in none and "|" not in none
+
+
 def test_trace_replay_of_a_record_that_is_not_one_is_an_error_naming_it(tmp_path):
     path = _write(tmp_path / "replay" / "20261127T000000Z-abc1234.json", json.dumps({"model_fingerprint": "m1"}))
     with pytest.raises(ReportError, match=re.escape(str(path)) + ": not a trace replay record"):
