@@ -115,6 +115,9 @@ class Occupancy:
         self._f_empty, self._f_idle = self.n_empty.reshape(-1).data, self.n_idle.reshape(-1).data
         self._f_loose, self._f_wired = self.n_loose.reshape(-1).data, self.n_wired.reshape(-1).data
         self._f_open, self._f_bare = self.n_open.data, self.n_bare.data
+        self._views = (self.free_under, self.free_at, self.wired_free, self.idle, self.free_loose, self._f_under,  # the
+                       self._f_stay, self._f_open, self._f_wired, self._f_idle, self._f_loose, self.free_switch,  # held
+                       self.free_wired, self.free_model)  # GPUs' indices, for _hold_all and _free_all
         for gi in range(len(ix.gpus)):
             self.free_loose[ix.gpu_group[gi]][ix.gpu_model[gi]].add(gi)
             self.n_loose[ix.gpu_group[gi], ix.gpu_model[gi]] += 1
@@ -188,33 +191,42 @@ class Occupancy:
             self._journal.append((self._connect, gi, d))
 
     def _hold(self, gi: int, job: str) -> None:
-        ix = self.ix
-        g, m, w, nm = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi], self._nm
-        if w >= 0:
-            wg = w * self._ng + g
-            self.free_under[w][g][m].discard(gi)
-            self.free_at[w][m].discard(gi)
-            self.wired_free[g][m].discard(gi)
-            self._f_under[wg * nm + m] -= 1
-            self._f_stay[w * nm + m] -= 1
-            self._f_open[w] -= 1
-            self.free_switch[w] -= 1
-            self.free_wired[g][m] -= 1
-            self._f_wired[g * nm + m] -= 1
-            self.idle[w][g].discard(self.partner[ix.gpu_port[gi]])
-            self._f_idle[wg] -= 1
-        else:
-            self.free_loose[g][m].discard(gi)
-            self._f_loose[g * nm + m] -= 1
-        self.free_model[m] -= 1
-        self.holder[gi] = job
+        self._hold_all((gi,), job)
+
+    def _hold_all(self, ids: Iterable[int], job: str) -> None:
+        """`_hold` of each of `ids` in turn (the same changes in the same order), the lookups made once."""
+        ix, nm, ng, loc, holder, journal = self.ix, self._nm, self._ng, self.loc, self.holder, self._journal
+        gpu_group, gpu_model, gpu_port, partner = ix.gpu_group, ix.gpu_model, ix.gpu_port, self.partner
+        (free_under, free_at, wired_free, idle, free_loose, f_under, f_stay, f_open, f_wired, f_idle, f_loose,
+         free_switch, free_wired, free_model) = self._views
         held = self.jobs.get(job)
-        if held is None:
-            self.jobs[job] = [gi]
-        else:
+        if made := held is None:
+            held = self.jobs[job] = []
+        for gi in ids:
+            g, m, w = gpu_group[gi], gpu_model[gi], loc[gi]
+            if w >= 0:
+                wg = w * ng + g
+                free_under[w][g][m].discard(gi)
+                free_at[w][m].discard(gi)
+                wired_free[g][m].discard(gi)
+                f_under[wg * nm + m] -= 1
+                f_stay[w * nm + m] -= 1
+                f_open[w] -= 1
+                free_switch[w] -= 1
+                free_wired[g][m] -= 1
+                f_wired[g * nm + m] -= 1
+                idle[w][g].discard(partner[gpu_port[gi]])
+                f_idle[wg] -= 1
+            else:
+                free_loose[g][m].discard(gi)
+                f_loose[g * nm + m] -= 1
+            free_model[m] -= 1
+            holder[gi] = job
             held.append(gi)
-        if self._journal is not None:
-            self._journal.append((self._unhold, gi))
+            if journal is not None:
+                journal.append((self._unhold, gi))
+        if made and not held:
+            del self.jobs[job]
 
     def _unhold(self, gi: int) -> None:
         job = self.holder[gi]
@@ -228,33 +240,36 @@ class Occupancy:
             held.remove(gi)
         if not held:
             del self.jobs[job]
-        self._free(gi)
+        self._free_all((gi,))
         if self._journal is not None:
             self._journal.append((self._hold, gi, job))
 
-    def _free(self, gi: int) -> None:
-        """`_unhold`'s changes to the indices (the GPU idle again), apart so that `release` frees a job's GPUs
-        without taking each off the job's list."""
-        ix = self.ix
-        g, m, w, nm = ix.gpu_group[gi], ix.gpu_model[gi], self.loc[gi], self._nm
-        self.holder[gi] = None
-        if w >= 0:
-            wg = w * self._ng + g
-            self.free_under[w][g][m].add(gi)
-            self.free_at[w][m].add(gi)
-            self.wired_free[g][m].add(gi)
-            self._f_under[wg * nm + m] += 1
-            self._f_stay[w * nm + m] += 1
-            self._f_open[w] += 1
-            self.free_switch[w] += 1
-            self.free_wired[g][m] += 1
-            self._f_wired[g * nm + m] += 1
-            self.idle[w][g].add(self.partner[ix.gpu_port[gi]])
-            self._f_idle[wg] += 1
-        else:
-            self.free_loose[g][m].add(gi)
-            self._f_loose[g * nm + m] += 1
-        self.free_model[m] += 1
+    def _free_all(self, ids: Iterable[int]) -> None:
+        """`_unhold`'s index changes (idle again) for each of `ids` in turn, not taking them off the job's list."""
+        ix, nm, ng, loc, holder = self.ix, self._nm, self._ng, self.loc, self.holder
+        gpu_group, gpu_model, gpu_port, partner = ix.gpu_group, ix.gpu_model, ix.gpu_port, self.partner
+        (free_under, free_at, wired_free, idle, free_loose, f_under, f_stay, f_open, f_wired, f_idle, f_loose,
+         free_switch, free_wired, free_model) = self._views
+        for gi in ids:
+            g, m, w = gpu_group[gi], gpu_model[gi], loc[gi]
+            holder[gi] = None
+            if w >= 0:
+                wg = w * ng + g
+                free_under[w][g][m].add(gi)
+                free_at[w][m].add(gi)
+                wired_free[g][m].add(gi)
+                f_under[wg * nm + m] += 1
+                f_stay[w * nm + m] += 1
+                f_open[w] += 1
+                free_switch[w] += 1
+                free_wired[g][m] += 1
+                f_wired[g * nm + m] += 1
+                idle[w][g].add(partner[gpu_port[gi]])
+                f_idle[wg] += 1
+            else:
+                free_loose[g][m].add(gi)
+                f_loose[g * nm + m] += 1
+            free_model[m] += 1
 
     def move(self, gi: int, d: int) -> list[tuple[int, int]]:
         """Circuit GPU `gi` to downlink `d`, cutting what either had; returns the (gpu port, downlink) cut."""
@@ -316,6 +331,9 @@ class Occupancy:
             raise ValueError(f"{busy[0]} is held by {holder[ix.gpu_id[busy[0]]]}")
         self.jobs.pop(planner, None)
         mine = self.jobs.setdefault(job, [])
+        if not planned:
+            self._hold_all(ids, job)
+            return
         for gi in ids:
             if gi in planned:
                 holder[gi] = job
@@ -334,8 +352,7 @@ class Occupancy:
             for gi in list(self.jobs.get(job, ())):
                 self._unhold(gi)
             return
-        for gi in self.jobs.pop(job, ()):
-            self._free(gi)
+        self._free_all(self.jobs.pop(job, ()))
 
     def apply(self, remove: Iterable[Circuit] = (), add: Iterable[Circuit] = ()) -> None:
         """Change circuits: `remove` first, then `add` (GPU-port / downlink pairs)."""

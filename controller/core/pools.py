@@ -212,8 +212,7 @@ class _Models:
 
     def rest(self, occ: Occupancy, placed: list[int]):
         """The pool without `placed` (they are held by the plan now)."""
-        for gi in placed:
-            occ._hold(gi, _PLANNING)
+        occ._hold_all(placed, _PLANNING)
         return _Models(occ, self.models)
 
     def member(self, gi: int) -> bool:
