@@ -208,7 +208,8 @@ def _plan_count(occ: Occupancy, req: Request, n: int, job: str | None = None) ->
             with occ.tentative():
                 placed, used = _place(occ, _Models(occ, models), n, fixed, original, _only(occ, req))
                 p = _plan_from(occ, placed, used, original, "")
-                slowest = max(speed[ix.gpu_model[ix.gpu_id[g]]] for g in p.gpus)
+                # a pool of one model places only that model's GPUs: the max over them is its speed
+                slowest = speed[models[0]] if len(models) == 1 else max(speed[ix.gpu_model[gi]] for gi in placed)
                 key = (len(p.switches), slowest, p.changes)
                 last = key[:2] == (1, min(speed.values())) or models is candidates[-1]
                 if job is not None and last and (best is None or key < best[0]):  # the plan: committed as it is

@@ -76,6 +76,7 @@ class Fabric:
         self._hops, links = next_hop_ports(rack), switch_links(rack)
         self._peer = {at: {p: n for n, p in ports.items()} for at, ports in links.items()}  # port -> neighbour
         self._routes: dict[tuple[str, str], tuple[int, ...]] = {}  # filled as rings ask (all pairs: S^2 on big racks)
+        self.nic_bps = {g: spec.nic.rate_gbps * GBPS for g, spec in rack.gpus.items()}  # each GPU's NIC, bytes/s
 
     def route(self, src: str, dst: str) -> tuple[int, ...]:
         if src == dst:
@@ -109,7 +110,8 @@ def ring_net(fabric: Fabric, gpus: tuple[str, ...] | list[str], where: dict[str,
     that rate, not through the NICs (0: every flow leaves through its NIC, as in the emulation)."""
     rack = fabric.rack
     n = len(gpus)
-    rates = [rack.gpus[g].nic.rate_gbps * GBPS for g in gpus]
+    nic = fabric.nic_bps
+    rates = [nic[g] for g in gpus]
     if nvlink_bps > 0 and n > 1:
         server = rack.server_of
         rates = [nvlink_bps if server[g] == server[gpus[(i + 1) % n]]
