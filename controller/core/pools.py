@@ -196,7 +196,7 @@ class _Models:
 
     def stayers(self, w: int, k: int) -> list[int]:
         at = self.occ.free_at[w]  # every idle GPU of the pool's models under w is in one of its groups
-        return heapq.nsmallest(k, chain.from_iterable(at[m] for m in self.models))
+        return sorted(chain.from_iterable(at[m] for m in self.models))[:k]  # nsmallest's (ids differ), in C
 
     def movers(self, g: int, w: int, k: int) -> list[int]:
         occ = self.occ
@@ -346,7 +346,7 @@ def _assign(occ: Occupancy, pool, w: int, k: int, original: dict[int, int]) -> l
         if not m:
             continue
         movers = pool.movers(g, w, m)
-        slots = heapq.nsmallest(m, occ.empty[w][g])
+        slots = sorted(occ.empty[w][g])[:m]  # a switch's few downlinks: nsmallest's (distinct ids), sorted in C
         if len(slots) < m:
             idle = (d for d in occ.idle[w][g] if not pool.member(ix.port_gpu[occ.partner[d]]))
             slots += heapq.nsmallest(m - len(slots), idle)
