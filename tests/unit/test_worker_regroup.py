@@ -17,9 +17,19 @@ class Rank:
     def __init__(self, tmp, rank: int, argv: list[str]):
         self.control = tmp / f"control-{rank}"
         self.lines: list[dict] = []
-        self.proc = subprocess.Popen([sys.executable, "-m", "containers.worker", "--control-dir", str(self.control),
-                                      *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        threading.Thread(target=self._read, daemon=True).start()
+        with open(tmp / f"stderr-{rank}-{id(self)}", "w") as err:  # a file: never a full pipe
+            self.proc = subprocess.Popen([sys.executable, "-m", "containers.worker", "--control-dir",
+                                          str(self.control), *argv], stdout=subprocess.PIPE, stderr=err, text=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def wait(self, timeout: float) -> int:
+        """The process's exit status once it has ended and every line it wrote has been read (the reader reaches the
+        pipe's end after the process: its last lines are not read yet when wait() returns)."""
+        rc = self.proc.wait(timeout=timeout)
+        self.reader.join(timeout=10)
+        assert not self.reader.is_alive(), "the rank's output never reached its end"
+        return rc
 
     def _read(self):
         for line in self.proc.stdout:
@@ -76,7 +86,7 @@ def test_survivors_keep_their_process_and_regroup_with_a_new_rank(tmp_path):
         ranks[2].proc.kill()  # the silent peer dies now: its sockets reset under the old ring's threads, still blocked
         ranks[2].proc.wait()  # in the group the survivors left
         for r in (ranks[0], ranks[1], spare):
-            assert r.proc.wait(timeout=90) == 0, [x.lines[-3:] for x in (ranks[0], ranks[1], spare)]
+            assert r.wait(90) == 0, [x.lines[-3:] for x in (ranks[0], ranks[1], spare)]
     finally:
         for p in [r.proc for r in ranks] + ([spare.proc] if spare else []):
             if p.poll() is None:
@@ -121,7 +131,7 @@ def test_a_survivor_still_computing_when_told_never_joins_the_new_ring_with_its_
         for r in (0, 1):
             ranks[r].tell(1, argv(r, second, 1, ["--resume-from", str(k), "--restore-from", "local"]))
         for r in (ranks[0], ranks[1], spare):
-            assert r.proc.wait(timeout=90) == 0, [x.lines[-3:] for x in (ranks[0], ranks[1], spare)]
+            assert r.wait(90) == 0, [x.lines[-3:] for x in (ranks[0], ranks[1], spare)]
     finally:
         for p in [r.proc for r in ranks] + [spare.proc]:
             if p.poll() is None:
