@@ -26,6 +26,10 @@ this module turns it into what the neighbour's architecture would run:
 - collective `ina-single` (SwitchML-like): one aggregation tree whose only aggregating switch is the root
   (the job's first switch): every other switch's stream crosses the core and the root's downlink, so that
   link carries k-1 streams up and k-1 results back.
+- collective `ina-root` (the emulated rack's aggregator, docs/neighbour-panama.md): one aggregator, at the root
+  switch, and none on the way: each GPU under another switch streams its own gradient to it and gets the sum back,
+  so each link of its switch's route carries one stream per GPU under it, each way (ina-single aggregates each
+  switch's GPUs first: one stream per switch).
 """
 from __future__ import annotations
 
@@ -43,7 +47,8 @@ FABRICS = {"oddl": "ODDL: 2-D WSS all-optical, a circuit per flow",
            "topoopt": "TopoOpt-like: a per-job topology set once, parallel rings",
            "sipml": "SiP-ML-like: all-optical silicon photonics, Tbit/s per GPU"}
 COLLECTIVES = {"ring": "ring all-reduce", "ina": "in-network aggregation at every switch (PANAMA)",
-               "ina-single": "one aggregation tree, aggregation at its root only (SwitchML-like)"}
+               "ina-single": "one aggregation tree, aggregation at its root only (SwitchML-like)",
+               "ina-root": "one aggregator, at the root switch; every other GPU streams to it (the emulated rack's)"}
 
 
 @dataclass(frozen=True)
@@ -106,17 +111,18 @@ def oddl_step_setup_s(nodes: Sequence[int], side: int, p: Params) -> float:
 
 
 # --- in-network aggregation trees ---------------------------------------------------------------
-def tree_links(switches: Sequence[str], route, root_only: bool) -> dict[int, int]:
+def tree_links(switches: Sequence[str], route, root_only: bool, streams: Sequence[int] = ()) -> dict[int, int]:
     """Streams of the gradient on each directed link for one aggregation over the job's switches.
     `switches`: the distinct switches its GPUs hang under, the first the root; `route(a, b)`: link ids
     from switch a to b. Aggregating at every switch: one stream per link of the tree. At the root only:
-    a stream per other switch on each link of its route, to the root and back."""
+    a stream per other switch on each link of its route, to the root and back, or, given `streams` (a count per
+    switch, in the order of `switches`: its GPUs, none aggregated before the root), that many."""
     if len(switches) < 2:
         return {}
     root, links = switches[0], {}
-    for s in switches[1:]:
+    for i, s in enumerate(switches[1:], 1):
         for link in (*route(s, root), *route(root, s)):
-            links[link] = 1 if not root_only else links.get(link, 0) + 1
+            links[link] = 1 if not root_only else links.get(link, 0) + (streams[i] if streams else 1)
     return links
 
 
@@ -137,8 +143,9 @@ class TreeRing(Ring):
 
 
 def adapt(ring: Ring, fabric: str, collective: str, p: Params, efficiency: float, nodes: Sequence[int] = (),
-          side: int = 1, switches: Sequence[str] = (), route=None) -> Ring:
-    """The job's ring as the neighbour runs it."""
+          side: int = 1, switches: Sequence[str] = (), route=None, per_switch: Sequence[int] = ()) -> Ring:
+    """The job's ring as the neighbour runs it (`per_switch`: the job's GPUs under each of `switches`, for
+    `ina-root`)."""
     if ring.n < 2:
         return ring
     if fabric == "oddl":  # every step's circuits set up before it moves (folded into the compute phase: exact
@@ -150,8 +157,10 @@ def adapt(ring: Ring, fabric: str, collective: str, p: Params, efficiency: float
     if fabric == "sipml":
         cap = p.sipml_gbps * 1e9 / 8 * efficiency
         return replace(ring, links={}, cap=cap, compute_s=ring.compute_s + ring.steps * p.sipml_setup_s)
-    if collective in ("ina", "ina-single"):
-        links = tree_links(switches, route, collective == "ina-single")
+    if collective in ("ina", "ina-single", "ina-root"):
+        if collective == "ina-root" and len(per_switch) != len(switches):
+            raise ValueError("ina-root needs the job's GPUs under each of its switches")
+        links = tree_links(switches, route, collective != "ina", per_switch if collective == "ina-root" else ())
         # one step: each GPU streams its gradient up while the sums stream down (full duplex)
         return TreeRing(ring.key, ring.compute_s, ring.busy_s, ring.n, ring.gradient_bytes, ring.cap, links,
                         ring.coarse, phase_steps=1, phase_bytes=ring.gradient_bytes)
@@ -162,7 +171,7 @@ def adapt(ring: Ring, fabric: str, collective: str, p: Params, efficiency: float
 @dataclass(frozen=True)
 class NeighbourPolicy(Policy):
     fabric: str = ""  # oddl | topoopt | sipml ("" the rack's)
-    collective: str = "ring"  # ring | ina | ina-single
+    collective: str = "ring"  # ring | ina | ina-single | ina-root
     sharing: str = ""  # mltcp ("" the network's: max-min fair, or held)
     params: Params = field(default_factory=Params)
 
@@ -226,9 +235,10 @@ class NeighbourRun(Run):
         pol = self.policy
         gpus = self.placer.gpus[self.jobs[key].id]
         where = self.placer.switch_of(gpus)
+        switches = list(dict.fromkeys(where[g] for g in gpus))
         return adapt(ring, pol.fabric, pol.collective, pol.params, self.o.net.efficiency,
-                     nodes=[self.node[g] for g in gpus], side=self.side,
-                     switches=list(dict.fromkeys(where[g] for g in gpus)), route=self.fabric.route)
+                     nodes=[self.node[g] for g in gpus], side=self.side, switches=switches, route=self.fabric.route,
+                     per_switch=[sum(where[g] == s for g in gpus) for s in switches])
 
 
 def run_class(policy: Policy) -> type[Run]:

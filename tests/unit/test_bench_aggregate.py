@@ -223,3 +223,10 @@ def test_losses_are_compared_rank_by_rank_and_iteration_by_iteration_with_the_fi
     text = block.losses([], tmp_path)
     assert "| j2 | aggregate | 1.0e-03 | 0.0e+00 | 4 of 5 | yes | 100 ms |" in text
     assert "failed: aggregate within tolerance, every iteration compared" in " ".join(text.split())
+
+
+def test_the_bar_is_set_at_four_gpus_and_more_under_one_switch_only():
+    assert b.bar_for({"n": 4, "placement": "one", "model": "vgg16"}) == b.BAR
+    assert b.bar_for({"n": 8, "placement": "one", "model": "resnet50"}) == b.BAR
+    assert b.bar_for({"n": 2, "placement": "one", "model": "vgg16"}) is None
+    assert b.bar_for({"n": 4, "placement": "spread", "model": "vgg16"}) is None  # 2 S on the uplink against 1.5 S

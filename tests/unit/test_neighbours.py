@@ -77,6 +77,9 @@ def test_aggregation_tree_streams_per_link():
     assert neighbours.tree_links(["a", "b", "c"], _route, root_only=True) == {
         "b^": 1, "a_": 2, "a^": 2, "b_": 1, "c^": 1, "c_": 1}
     assert neighbours.tree_links(["a"], _route, root_only=True) == {}
+    # one aggregator at the root, none on the way (ina-root): a stream per GPU under each other switch
+    assert neighbours.tree_links(["a", "b", "c"], _route, root_only=True, streams=[1, 2, 3]) == {
+        "b^": 2, "a_": 5, "a^": 5, "b_": 2, "c^": 3, "c_": 3}
 
 
 def test_aggregation_halves_the_bytes_and_the_root_link_limits_a_single_tree():
@@ -93,6 +96,24 @@ def test_aggregation_halves_the_bytes_and_the_root_link_limits_a_single_tree():
     assert ring.end_s - ring.start_s == pytest.approx(10 * (compute + 22 * (s / 12 / rate + LAT)))
     assert panama.end_s - panama.start_s == pytest.approx(10 * (compute + s / rate + LAT))
     assert single.end_s - single.start_s == pytest.approx(10 * (compute + s / (rate / 2) + LAT))
+
+
+def test_one_aggregator_at_the_root_carries_a_stream_per_gpu_of_the_other_switches():
+    """The emulated rack's aggregator (ina-root): the same 12 GPUs on 3 switches; the 8 GPUs under the other two each
+    stream S to the root's aggregator across the root's core link, and get the sum back: S at an eighth of an
+    uplink's rate, where the single tree aggregates each switch's four first (half)."""
+    rack = generate(RackOptions(12, gpus_per_switch=4, gpus_per_server=1, oversubscription=4,
+                                models=(("V100", 1.0),), spare=1.0))
+    job = JobSpec("a", 0.0, 12, "resnet50", 10, names=tuple(rack.gpus))
+    s, rate = WORKLOADS["resnet50"].gradient_bytes, 100 * GBPS * EFF
+    compute = compute_seconds("resnet50", "V100")
+    pol = neighbours.NeighbourPolicy("agg", "regroup", collective="ina-root")
+    root = neighbours.run_class(pol)(rack, [job], pol, Options()).run().jobs[0]
+    assert root.switches == 3
+    assert root.end_s - root.start_s == pytest.approx(10 * (compute + s / (rate / 8) + LAT))
+    ring = neighbours.Ring("r", 0.1, 0.0, 4, s, rate)
+    with pytest.raises(ValueError, match="ina-root needs the job's GPUs under each of its switches"):
+        neighbours.adapt(ring, "", "ina-root", DEFAULT, EFF, switches=["a", "b"], route=_route)
 
 
 def test_topoopt_and_sipml_rates():
