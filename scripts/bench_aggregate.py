@@ -26,11 +26,12 @@ whether one was seen).
 
 The prediction beside each configuration is the simulator's (`optirack simulate`'s model): the job alone on the same
 rack with the same cabling: under one switch policy `regroup` for the ring and `panama` for aggregation, spread the
-GPUs kept where they are (`fixed`) and aggregation at the first switch only (`switchml`'s single tree, as the rack's
-one aggregator does), with the network calibrated from the newest whole `make demo` record of the current model
-(simulator/model/calibration.py), in rack seconds: the emulated times divided by the rack's time dilation. It models
-the aggregator at line rate: the slot pool's window and the aggregator's own software are not in it. Needs root and
-the worker image; for a record, run it with nothing else running on the machine:
+GPUs kept where they are (`fixed`) and one aggregator at the first switch (collective `ina-root`: each rank under
+the other switch streams its own gradient to it, as on the rack), with the network calibrated from the newest whole
+`make demo` record of the current model (simulator/model/calibration.py), in rack seconds: the emulated times
+divided by the rack's time dilation. It models the aggregator at line rate: the slot pool's window and the
+aggregator's own software are not in it. Needs root and the worker image; for a record, run it with nothing else
+running on the machine:
 
     python -m scripts.bench_aggregate --matrix --json results/bench/<UTC>-<commit>-bench_aggregate.json
 
