@@ -199,6 +199,38 @@ def sim_trace_unjudged(_records: list, results: Path = RESULTS, fingerprint: str
     return "\n".join(out).rstrip("\n") or "No trace outside the judged ones is committed."
 
 
+def sim_trace_noise(_records: list, results: Path = RESULTS, fingerprint: str | None = None) -> str:
+    """The emulation against itself: each pair of replays of one trace (evidence/tracefit.py's repeatability), per
+    policy, for the fit set's traces (tracefit.REPLAYS) and each trace that neither fits nor judges the current model
+    (its replays by that model): the range over pairs and policies of the per-job |difference|'s median and p90, and of
+    the makespans' difference."""
+    from evidence import tracefit
+
+    replays, records, _ = _lag_records(results)
+    groups: dict[str, list[tuple[str, dict]]] = {}
+    for path, record in zip(replays, records, strict=True):
+        groups.setdefault(f"`{trace_of(record).name}` (fit)", []).append((path.stem, record))
+    for trace in sorted((ROOT / "traces").glob("trace16*.csv")):
+        if trace in JUDGED:
+            continue
+        names = [name for name, _ in trace_comparisons(results, fingerprint, trace)[0]]
+        if names:
+            groups[f"`{trace.name}` (fits nothing)"] = [
+                (n, json.loads(_read(results / "replay" / f"{n}.json"))) for n in names]
+    rows = ["| trace | replays | completion time \\|difference\\|, per pair and policy: median | p90 | makespans |",
+            "| --- | --- | --- | --- | --- |"]
+    for label, recs in groups.items():
+        pairs = [r for i, (_, a) in enumerate(recs) for _, b in recs[i + 1:]
+                 for r in tracefit.repeatability(a, b).values()]
+        if not pairs:
+            continue
+        med, p90 = [100 * r["median"] for r in pairs], [100 * r["p90"] for r in pairs]
+        span = [100 * (r["makespan_b_s"] / r["makespan_a_s"] - 1) for r in pairs]
+        rows.append(f"| {label} | {', '.join(f'`{n}`' for n, _ in recs)} | {min(med):.1f}–{max(med):.1f} % "
+                    f"| {min(p90):.1f}–{max(p90):.1f} % | {min(span):+.1f} to {max(span):+.1f} % |")
+    return "\n".join(rows)
+
+
 def _lag_records(results: Path) -> tuple[list[Path], list[dict], list[dict]]:
     """The replay records and the demo records' detailed jobs the lags were chosen on (evidence/tracefit.py),
     under `results`."""
@@ -379,7 +411,7 @@ def sim_trace_traces(_records: list, results: Path = RESULTS) -> str:
 
 BLOCKS: dict[str, Callable[[list], str]] = {
     "sim-trace-lags": sim_trace_lags, "sim-trace-insample": sim_trace_insample, "sim-trace-replay": sim_trace_replay,
-    "sim-trace-unjudged": sim_trace_unjudged,
+    "sim-trace-unjudged": sim_trace_unjudged, "sim-trace-noise": sim_trace_noise,
     "sim-trace-verdict": sim_trace_verdict, "sim-trace-verdict-earlier": sim_trace_verdict_earlier,
     "sim-trace-bars": sim_trace_bars,
     "sim-trace-traces": sim_trace_traces,

@@ -72,6 +72,31 @@ def test_a_replay_of_a_trace_that_neither_fits_nor_judges_is_shown_in_its_own_bl
     assert "No replay by the current model (m2) yet." in none and "|" not in none
 
 
+def test_the_emulation_against_itself_is_each_pair_of_replays_of_a_trace(tmp_path):
+    import shutil
+
+    from evidence import tracefit
+    from simulator.inputs.workloads import read_trace
+
+    interim = sorted(read_trace(report_trace.ROOT / "traces" / "trace16-interim.csv"), key=lambda j: j.arrival_s)
+    for path in (*tracefit.REPLAYS, *tracefit.DEMO):  # the fit set's records, as committed
+        target = tmp_path / path.relative_to(report_trace.RESULTS)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
+    for name, ends in (("20261206T160000Z-abc1234", [10.0, 20.0]), ("20261206T170000Z-abc1234", [11.0, 20.0])):
+        record = _replay("m1", [])
+        record["trace_file"], record["jobs_replayed"] = "traces/trace16-interim.csv", 2
+        record["policies"]["fixed"]["jobs"] = [{"index": i, "submit_s": interim[i].arrival_s, "state": "done",
+                                                "start_s": interim[i].arrival_s, "end_s": interim[i].arrival_s + e}
+                                               for i, e in enumerate(ends)]
+        _write(tmp_path / "replay" / f"{name}.json", json.dumps(record))
+    rows = report_trace.sim_trace_noise([], tmp_path, fingerprint="m1").splitlines()
+    assert [r.split(" | ")[0] for r in rows[2:]] == ["| `trace16-small.csv` (fit)", "| `trace16.csv` (fit)",
+                                                     "| `trace16-interim.csv` (fits nothing)"]
+    # job 0 took 10 then 11 s (10 %), job 1 20 s both times: median 5 %, p90 9 % (interpolated); the makespan the same
+    assert rows[-1].endswith("| 5.0–5.0 % | 9.0–9.0 % | +0.0 to +0.0 % |"), rows[-1]
+
+
 def test_trace_replay_of_a_record_that_is_not_one_is_an_error_naming_it(tmp_path):
     path = _write(tmp_path / "replay" / "20261127T000000Z-abc1234.json", json.dumps({"model_fingerprint": "m1"}))
     with pytest.raises(ReportError, match=re.escape(str(path)) + ": not a trace replay record"):
