@@ -64,6 +64,7 @@ PLACEMENTS = ("one", "spread")
 MODELS = ("vgg16", "resnet50")
 ENDED = ("done", "failed", "stopped")
 BAR = 1.3  # the all-reduce's speed-up asked at 4 GPUs and more under one switch (the bytes' bound there: 1.5x)
+CHUNK_COUNTS = ("sent", "resent", "received", "ignored", "dropped")
 GAIN_SEEN = 1.05  # an all-reduce speed-up beyond this where no bar is set is a gain seen
 
 
@@ -99,12 +100,16 @@ def run_figures(lines: dict[str, list[dict]]) -> dict:
              if r.get("event") == "start" and "gradient_bytes" in r}
     trips = [r["round_trip"] for records in lines.values() for r in records
              if r.get("event") == "aggregated" and r.get("round_trip", {}).get("count")]
+    # each rank's chunks (the aggregation client's counts, containers/aggclient.py): sent once, sent again, sums
+    # received, datagrams ignored (a sum that came twice, another collective's)
+    chunks = {gpu: {k: a[k] for k in CHUNK_COUNTS if k in a} for gpu, records in sorted(lines.items())
+              for a in records if a.get("event") == "aggregated"}
     return {"iterations": len(kept), "all_reduce_s": statistics.median(comm), "iteration_s": statistics.median(iters),
             "exact_sums": all(d is not None and d.get("check") == "ok" for d in done),
             "collective_run": starts.pop() if len(starts) == 1 else "mixed" if starts else "no start line",
             "iterations_run": len(common), "gradient_bytes": sizes.pop() if len(sizes) == 1 else None,
             "round_trip_ms": {k: statistics.median(t[k] for t in trips) for k in ("p10_ms", "median_ms", "p90_ms")}
-            if trips else None}
+            if trips else None, "chunks": chunks or None}
 
 
 def expected_factor(collective: str, n: int) -> float:
@@ -449,7 +454,9 @@ def run_config(tb, args, cfg: dict, agg, switches: list[str], log) -> dict:
             f"sums exact: {r['exact_sums']}, ran as {r['collective_run']}" + (
                 f"; a chunk's round trip {r['round_trip_ms']['median_ms']:.1f} ms (median of the ranks' medians; "
                 f"p10 {r['round_trip_ms']['p10_ms']:.1f}, p90 {r['round_trip_ms']['p90_ms']:.1f})"
-                if r["round_trip_ms"] else ""))
+                if r["round_trip_ms"] else "") + (
+                "; chunks sent again per rank: " + ", ".join(f"{c.get('resent', 0)} of {c.get('sent', 0)}"
+                                                             for c in r["chunks"].values()) if r["chunks"] else ""))
     s = summarise(runs, tb.rack.spec.emulation.time_dilation, predicted, bar_for(cfg), n=cfg["n"])
     log(f"  aggregate over ring: all-reduce {s['all_reduce_speedup']:.2f}x, iteration {s['iteration_speedup']:.2f}x "
         f"(simulated {s['predicted_iteration_speedup']:.2f}x); worst run against the simulator "

@@ -36,6 +36,10 @@ def test_a_run_takes_the_slowest_rank_of_each_iteration_and_leaves_the_first_out
         trips[f"gpu{rank + 1}"].append({"event": "aggregated", "round_trip": {"count": 9, "p10_ms": ms - 1,
                                                                               "median_ms": ms, "p90_ms": ms + 3}})
     assert b.run_figures(trips)["round_trip_ms"] == {"p10_ms": 4.0, "median_ms": 5.0, "p90_ms": 8.0}
+    assert f["chunks"] is None
+    trips["gpu1"][-1].update(sent=10, resent=2, received=10, ignored=1, dropped=0)
+    assert b.run_figures(trips)["chunks"] == {"gpu1": {"sent": 10, "resent": 2, "received": 10, "ignored": 1,
+                                                       "dropped": 0}, "gpu2": {}}
     bad = lines("ring", [[0.1, 0.1], [0.1, 0.1]])
     bad["gpu2"][-1]["check"] = "wrong"
     bad["gpu2"][0]["collective"] = "aggregate"
