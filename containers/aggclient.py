@@ -18,6 +18,9 @@ DropHook = Callable[[str, bytes], bool]  # ("in" | "out", datagram) -> drop it (
 
 
 RTT_KEPT = 100_000  # round trips a client keeps (a run's first ones)
+# a chunk's timer before any round trip is known (RFC 6298, 2.1: one second): the first collective's sums wait for
+# every rank's first chunks across the rack (on the spread 4-GPU job 120-155 ms), longer than any `rto` floor given
+FIRST_TIMER = 1.0
 
 
 def round_trips(rtts: list[float]) -> dict:
@@ -52,6 +55,7 @@ class AggClient:
         self.rtts: list[float] = []  # seconds from a chunk's send to its sum's arrival, chunks sent once (RTT_KEPT)
         self.srtt: float | None = None  # the smoothed round trip and its deviation (RFC 6298's estimator)
         self.rttvar = 0.0
+        self.backoff = 1  # Karn: a timer that ran out doubles the next chunks' too, until one comes back sent once
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
             self.sock.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
@@ -62,7 +66,9 @@ class AggClient:
         self.sock.close()
 
     def sample(self, rtt: float) -> None:
-        """A chunk's round trip (seconds): kept, and into the smoothed estimate the timers use."""
+        """A chunk's round trip (seconds), of a chunk sent once: kept, into the smoothed estimate the timers use, and
+        the timers' backoff ends."""
+        self.backoff = 1
         if len(self.rtts) < RTT_KEPT:
             self.rtts.append(rtt)
         if self.srtt is None:
@@ -74,7 +80,18 @@ class AggClient:
     def timer(self) -> float:
         """A chunk's retransmission timeout: the smoothed round trip and four deviations, never under `rto`: a pool
         whose sums come back slower than `rto` (across a loaded uplink) is not sent again before its time."""
-        return self.rto if self.srtt is None else max(self.rto, self.srtt + 4 * self.rttvar)
+        return max(self.rto, FIRST_TIMER) if self.srtt is None else max(self.rto, self.srtt + 4 * self.rttvar)
+
+    def chunk_timer(self) -> float:
+        """A new chunk's timer: `timer()` times the backoff. Only chunks sent once are sampled, so while sums come
+        back later than the timers (a queue grown on the way), no sample lowers them; without the backoff kept,
+        every new chunk got the short timer again, was sent again, and the duplicates (and the sums the aggregator
+        sent again for them) kept the queue long: runs on the rack's spread job sent a NIC's gradient 2.3 times."""
+        return self.timer() * self.backoff
+
+    def timed_out(self, tries: int) -> None:
+        """A chunk's timer ran out for the `tries`-th time: new chunks' timers back off as much (RFC 6298, 5.5)."""
+        self.backoff = min(max(self.backoff, 1 << min(tries, 5)), 32)
 
     def _send(self, parts: list) -> None:
         if self.drop is not None and self.drop("out", b"".join(bytes(p) for p in parts)):
@@ -146,7 +163,7 @@ class AggClient:
 
         now = time.monotonic()
         for k in range(min(S, nchunks)):
-            flight[k], due[k], sent_at[k] = k, now + self.timer(), time.monotonic()
+            flight[k], due[k], sent_at[k] = k, now + self.chunk_timer(), time.monotonic()
             send(k, k)
         self.stats["sent"] += min(S, nchunks)
         remaining, deadline, sweep = nchunks, now + self.timeout, now + self.rto / 2
@@ -166,7 +183,7 @@ class AggClient:
                     nxt = k + S
                     if nxt < nchunks:
                         sent_at[slot] = time.monotonic()
-                        flight[slot], due[slot], tries[slot] = nxt, sent_at[slot] + self.timer(), 0
+                        flight[slot], due[slot], tries[slot] = nxt, sent_at[slot] + self.chunk_timer(), 0
                         send(slot, nxt)
                         self.stats["sent"] += 1
                     else:
@@ -182,6 +199,7 @@ class AggClient:
                 for slot in range(S):
                     if flight[slot] >= 0 and now >= due[slot]:
                         tries[slot] += 1
+                        self.timed_out(tries[slot])
                         due[slot] = now + self.timer() * (1 << min(tries[slot], 5))
                         send(slot, flight[slot])
                         self.stats["resent"] += 1

@@ -104,13 +104,24 @@ def test_sums_stream_through_a_pool_smaller_than_the_gradient(aggregator):
 def test_a_chunks_timer_follows_the_round_trips_never_under_the_rto_given():
     c = AggClient(("127.0.0.1", 9), 1, 0, 2, rto=0.05)
     try:
-        assert c.timer() == 0.05  # no round trip yet
+        assert c.timer() == 1.0  # no round trip yet: the first second (RFC 6298), over the 50 ms given
         for _ in range(3):
             c.sample(0.002)  # loopback: the given rto stays
         assert c.timer() == 0.05 and c.rtts == [0.002] * 3
         for _ in range(20):
             c.sample(0.080)  # sums back after 80 ms (a loaded uplink): the timer beyond them
         assert 0.080 < c.timer() < 0.2 and c.srtt == pytest.approx(0.080, rel=0.1)
+        base = c.timer()
+        assert c.chunk_timer() == base
+        c.timed_out(1)  # a timer ran out: the next chunks' timers double, and again, up to 32 times
+        assert c.chunk_timer() == 2 * base
+        c.timed_out(3)
+        c.timed_out(2)
+        assert c.chunk_timer() == 8 * base
+        c.timed_out(9)
+        assert c.chunk_timer() == 32 * base
+        c.sample(0.080)  # a chunk sent once came back: the backoff ends
+        assert c.chunk_timer() == c.timer()
     finally:
         c.close()
     assert round_trips([0.002, 0.001, 0.004, 0.003]) == {"count": 4, "p10_ms": 1.0, "median_ms": 3.0, "p90_ms": 4.0}
