@@ -238,7 +238,8 @@ class NeighbourRun(Run):
         switches = list(dict.fromkeys(where[g] for g in gpus))
         return adapt(ring, pol.fabric, pol.collective, pol.params, self.o.net.efficiency,
                      nodes=[self.node[g] for g in gpus], side=self.side, switches=switches, route=self.fabric.route,
-                     per_switch=[sum(where[g] == s for g in gpus) for s in switches])
+                     per_switch=[sum(where[g] == s for g in gpus) for s in switches]
+                     if pol.collective == "ina-root" else ())
 
 
 def run_class(policy: Policy) -> type[Run]:
