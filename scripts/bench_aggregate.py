@@ -358,8 +358,18 @@ def run_direct(rack, gpus: list[str], collective: str, workload: dict, timeout: 
             if collective == "aggregate" else None, **run_figures(lines), "lines": lines}
 
 
+SETTLE = ("ovs-appctl", "revalidator/wait")
+
+
 def counters(locations: dict[str, tuple[str, int]]) -> dict[str, tuple[int, int]]:
-    """Each GPU's switch port's (received, transmitted) bytes, from Open vSwitch (`ovs-ofctl dump-ports`)."""
+    """Each GPU's switch port's (received, transmitted) bytes, from Open vSwitch (`ovs-ofctl dump-ports`), read once
+    the bytes already through are counted. A patch port (the emulated rack joins its bridges by them) has no kernel
+    counters: ovs-vswitchd adds the datapath flows' bytes to it when its revalidators next pass, about every 0.5 s,
+    so read at once after a run its counters lack the run's last iteration, which the next run's count then carries
+    (a ring of 4 x resnet50 spread read 1.41 S per NIC after an aggregating run and 1.62 S after a ring, where each
+    NIC carries 1.5 S). `revalidator/wait` twice: the first may return as a pass begun before the run ended does."""
+    for _ in range(2):
+        subprocess.run(SETTLE, capture_output=True, text=True, check=True)
     out = {}
     for g, (switch, port) in sorted(locations.items()):
         proc = subprocess.run(["ovs-ofctl", "-O", "OpenFlow13", "dump-ports", switch, str(port)], capture_output=True,

@@ -109,6 +109,21 @@ def test_a_nics_bytes_come_from_its_switch_ports_counters_in_units_of_the_gradie
     assert b.expected_factor("ring", 2) == 1.0
 
 
+def test_the_counters_are_read_after_the_revalidators_have_passed_twice(monkeypatch):
+    """Patch ports get their bytes when ovs-vswitchd's revalidators pass: read before that, a run's last iteration
+    would be counted in the next run."""
+    calls = []
+
+    def run(cmd, **_kw):
+        calls.append(tuple(cmd))
+        return type("P", (), {"stdout": DUMP.format(rx=7, tx=9), "returncode": 0})()
+
+    monkeypatch.setattr(b.subprocess, "run", run)
+    assert b.counters({"gpu1": ("as1", 1), "gpu2": ("as2", 1)}) == {"gpu1": (7, 9), "gpu2": (7, 9)}
+    assert calls[:2] == [b.SETTLE, b.SETTLE]
+    assert [c[-2:] for c in calls[2:]] == [("as1", "1"), ("as2", "1")]
+
+
 def with_bytes(runs: list[dict], factor: dict[str, float]) -> list[dict]:
     """Each run's NICs at `factor[collective]` S each way (the first NIC 3 % over in sending)."""
     for r in runs:
