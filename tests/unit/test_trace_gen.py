@@ -45,7 +45,7 @@ def test_the_trace_rack_has_16_gpus_of_two_models_two_ocs_and_oversubscribed_upl
 
 
 @pytest.mark.parametrize("name", ["trace16.csv", "trace16-small.csv", "trace16-bursty.csv", "trace16-even.csv",
-                                  "trace16-interim.csv"])
+                                  "trace16-interim.csv", "trace16-after.csv"])
 def test_each_committed_trace_is_remade_by_the_command_in_its_first_line(tmp_path, name):
     committed = (ROOT / "traces" / name).read_text()
     command = committed.splitlines()[0].split("python -m scripts.trace_gen ", 1)[1].split()
@@ -63,12 +63,13 @@ def test_the_new_traces_differ_from_trace16_in_sizes_models_load_and_arrivals():
                 "bunched": sum(g < 2.0 for g in gaps) / len(gaps)}
 
     base = figures("trace16.csv")
-    new = {n: figures(n) for n in ("trace16-small.csv", "trace16-bursty.csv", "trace16-even.csv")}
+    new = {n: figures(n) for n in ("trace16-small.csv", "trace16-bursty.csv", "trace16-even.csv", "trace16-after.csv")}
     for name, f in new.items():
         assert f["sizes"] != base["sizes"], name
         assert abs(f["vgg16"] - base["vgg16"]) > 0.1, name
         assert abs(f["load"] - base["load"]) > 0.2, name
     assert new["trace16-bursty.csv"]["bunched"] > 0.6 > base["bunched"]  # most arrivals within 2 s of the last
+    assert new["trace16-after.csv"]["bunched"] > 0.7 > base["bunched"]  # in threes
 
 
 @pytest.mark.parametrize("argv, what", [
