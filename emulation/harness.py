@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -100,6 +101,21 @@ class ControllerProcess:
             self.log = None
 
 
+def _exit_on_sigterm():
+    """SIGTERM ends the process by SystemExit, so that a testbed brought up is taken down (a benchmark run in the
+    background, where the shell ignores SIGINT for it, is stopped by SIGTERM; by default that ends Python at once and
+    leaves the rack, its controller and its aggregators running). Only where nothing else handles SIGTERM, and only in
+    the main thread; the handler before (to put back), or None where none was put in."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def stop(_sig, _frame):
+        raise SystemExit(128 + signal.SIGTERM)
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
 class Testbed:
     """Controller + emulated rack, brought up together and taken down together."""
 
@@ -112,6 +128,7 @@ class Testbed:
         self.quiet = quiet
 
     def __enter__(self) -> Testbed:
+        self._on_term = _exit_on_sigterm()
         self.controller.start()
         try:
             if self.bare:
@@ -147,3 +164,6 @@ class Testbed:
             rackmod.down(quiet=self.quiet)
         finally:
             self.controller.stop()
+            if self._on_term is not None:
+                signal.signal(signal.SIGTERM, self._on_term)
+                self._on_term = None
