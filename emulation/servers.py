@@ -30,6 +30,7 @@ def _server_nics(rack: Rack, server: str):
 def kill(rack: Rack, plan: engines.EnginePlan) -> dict:
     """The server dies: engine, containerd, shims and containers (SIGKILL), then its NIC ports down."""
     t0 = time.monotonic()
+    frozen = slurm.stop_node(plan.server)  # its Slurm ranks see nothing of what follows (killed after the ports)
     engine = engines.stop(plan, signal.SIGKILL)  # the controller's streams from it break at once
     pid = engine_procs.containerd_pid(plan)
     if pid is not None:
@@ -43,7 +44,7 @@ def kill(rack: Rack, plan: engines.EnginePlan) -> dict:
     for nic in _server_nics(rack, plan.server):
         ns.ip("link", "set", "dev", nic.port, "down", netns=netns_of(plan.server), check=False)
         ports.append(nic.port)
-    node = slurm.kill_node(plan.server)  # after the ports: its ranks' peers hear nothing, as from a dead host
+    node = slurm.kill_node(plan.server, frozen)  # after the ports: its ranks' peers hear nothing, as from a dead host
     return {"engine": engine, "containerd": pid is not None, "shims": shims, "ports_down": ports,
             "nics_dropped": dropped, "slurm": node, "seconds": time.monotonic() - t0}
 

@@ -273,19 +273,42 @@ def running() -> bool:
     return _pid(LAYOUT.ctld_pid, "slurmctld") is not None
 
 
-def kill_node(server: str) -> dict[str, int]:
-    """The node dies with its server: its slurmd and every job step in the server's namespace (slurmstepd and the
-    ranks it started), by SIGKILL, as a power loss would; nothing is told to slurmctld. Nothing to do without Slurm."""
+def _node(server: str) -> tuple[int | None, list[int]]:
+    """The node's slurmd and every job step in the server's namespace (slurmstepd and what it started)."""
     pid = _pid(LAYOUT.node_dir(server) / "slurmd.pid", "slurmd")
     try:
         steps = _steps_in({os.stat(f"/run/netns/{netns_of(server)}").st_ino})
     except OSError:
         steps = []
-    for p in ([pid] if pid else []) + steps:
+    return pid, steps
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for p in pids:
         try:
-            os.kill(p, signal.SIGKILL)
+            os.kill(p, sig)
         except ProcessLookupError:
             pass
+
+
+def stop_node(server: str) -> tuple[int | None, list[int]]:
+    """The node's processes frozen (SIGSTOP) as its server starts to die, so that none of them sees the server's NICs
+    go and ends by itself (a rank whose link drops fails its collective and exits: counted, or signalled, after that,
+    it is no longer there); `kill_node` ends them. What was stopped: (slurmd, steps)."""
+    pid, steps = _node(server)
+    _signal_all(([pid] if pid else []) + steps, signal.SIGSTOP)
+    return pid, steps
+
+
+def kill_node(server: str, stopped: tuple[int | None, list[int]] | None = None) -> dict[str, int]:
+    """The node dies with its server: its slurmd and every job step in the server's namespace (slurmstepd and the
+    ranks it started), by SIGKILL, as a power loss would; nothing is told to slurmctld. `stopped`: what `stop_node`
+    froze (killed with whatever is found now). Nothing to do without Slurm."""
+    pid, steps = _node(server)
+    if stopped is not None:
+        pid = pid or stopped[0]
+        steps = list(dict.fromkeys(stopped[1] + steps))
+    _signal_all(([pid] if pid else []) + steps, signal.SIGKILL)
     return {"slurmd": int(pid is not None), "steps": len(steps)}
 
 
