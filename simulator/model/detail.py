@@ -103,6 +103,9 @@ class Detail:
         or after `max_events` events."""
         targets = targets or {}
         if type(self) is Detail:  # a subclass may time or change phases otherwise: it takes the general loop
+            if self.rings and all(r.coarse for r in self.rings.values()) and all(
+                    s.phase != GAP and type(s.remaining) is float for s in self.states.values()):
+                return self._run_coarse(t, until, targets, max_events, window)
             return self._run_lean(t, until, targets, max_events, window)
         events = 0
         while events < max_events:
@@ -149,6 +152,7 @@ class Detail:
         never, inf = 1 << 62, float("inf")
         events = 0
         last = None  # the rates read last, kept as `self.rates` (as `_rates` keeps them)
+        solve = None  # `_rates_of` by the mask alone (`_mask_solver`), made at the first mask met
         try:
             while events < max_events:
                 if short is not None and not short:
@@ -161,7 +165,9 @@ class Detail:
                         key = everyone if self.held else mask
                         rates = by_mask.get(key)
                         if rates is None:
-                            rates = by_mask[key] = self._rates_of(rows, key)
+                            if solve is None:
+                                solve = self._mask_solver(rows)
+                            rates = by_mask[key] = solve(key)
                         entry = paces[mask] = ([(row[3] / rates[row[0]] + row[4] if row[2] else rates[row[0]])
                                                 if row[-1] & mask else 0.0 for row in rows], rates)
                     pace, last = entry
@@ -234,9 +240,160 @@ class Detail:
                 self.rates = last
             self._stale = True  # `_rates` computes them again where asked after this run (the same floats)
 
+    def _run_coarse(self, t: float, until: float, targets: dict[int, int], max_events: int,
+                    window: dict[int, int] | None) -> Outcome:
+        """`_run_lean` where every ring is coarse (none in a latency gap: a coarse ring never is): each ring's time
+        left and its advance by `dt` as one expression for every phase, over lists of the rings' remainders and, per
+        mask, divisors (a transferring ring's step seconds, 1.0 for the others: x * 1.0 and x / 1.0 are x, exactly, so
+        every float is `_run_lean`'s); only the rings whose phase ended are looked at one by one."""
+        keys = list(self.states)
+        states = [self.states[k] for k in keys]
+        rows = []
+        mask = 0
+        for i, (k, s) in enumerate(zip(keys, states, strict=True)):
+            ring = self.rings[k]
+            rows.append((k, s, True, ring.step_bytes, latency_of(ring, self.latency), ring.steps, float(ring.steps),
+                         ring.compute_s, 1 << i))
+            if s.phase == TRANSFER:
+                mask |= 1 << i
+        rem = [s.remaining for s in states]
+        step = [s.step for s in states]
+        everyone = (1 << len(rows)) - 1
+        by_mask: dict[int, dict[int, float]] = {}
+        paces: dict[int, tuple[list[float], dict[int, float] | None]] = {0: ([1.0] * len(rows), None)}
+        short = {k for k, n in window.items() if self.states[k].done < n} if window else None
+        never = 1 << 62
+        events = 0
+        last = None  # the rates read last, kept as `self.rates` (as `_rates` keeps them)
+        solve = None
+        try:
+            while events < max_events:
+                if short is not None and not short:
+                    break
+                entry = paces.get(mask)
+                if entry is None:
+                    key = everyone if self.held else mask
+                    rates = by_mask.get(key)
+                    if rates is None:
+                        if solve is None:
+                            solve = self._mask_solver(rows)
+                        rates = by_mask[key] = solve(key)
+                    entry = paces[mask] = ([row[3] / rates[row[0]] + row[4] if row[-1] & mask else 1.0
+                                            for row in rows], rates)
+                div, rates = entry
+                if mask:
+                    last = rates
+                lefts = [r * d for r, d in zip(rem, div, strict=True)]
+                dt = min(lefts)
+                if t + dt > until:
+                    gone = until - t
+                    rem = [r - gone / d for r, d in zip(rem, div, strict=True)]
+                    return Outcome(until, [], events)
+                t += dt
+                rem = [r - dt / d for r, d in zip(rem, div, strict=True)]
+                edge = dt * (1 + 1e-9) + 1e-12
+                finished = []
+                for i, left in enumerate(lefts):
+                    if left > edge:
+                        continue
+                    k, s, _, _, _, steps, fsteps, compute_s, bit = rows[i]
+                    if s.phase == COMPUTE and steps:
+                        s.phase = TRANSFER
+                        rem[i], step[i] = fsteps, 0
+                        mask |= bit
+                        continue
+                    mask &= ~bit
+                    s.phase = COMPUTE
+                    rem[i], step[i] = compute_s, 0
+                    s.done += 1
+                    s.ends.append(t)
+                    if short is not None and k in short and s.done >= window[k]:  # type: ignore[index]
+                        short.discard(k)
+                    if s.done >= targets.get(k, never):
+                        finished.append(k)
+                events += 1
+                if finished:
+                    return Outcome(t, finished, events)
+            return Outcome(t, [], events)
+        finally:
+            for s, r, n in zip(states, rem, step, strict=True):
+                s.remaining, s.step = r, n
+            if last is not None:
+                self.rates = last
+            self._stale = True
+
     def _rates_of(self, rows: list, mask: int) -> dict[int, float]:
         """The max-min rates of the rings of `rows` in `mask` (in their order), as `_rates` computes and keeps them."""
         return self._solved(tuple([row[0] for row in rows if row[-1] & mask]))
+
+    def _mask_solver(self, rows: list):
+        """`_rates_of(rows, mask)` as a function of the mask alone: the same rates (`_solved`'s, the same dicts kept by
+        the same tags), with the rings' tags, caps and the rings each shares a link with read once per run, and a set
+        split into its parts (`_parts`'s, in the same order) by bit masks."""
+        rings, known, tag = self.rings, self._known, self._tags.__getitem__
+        keys = [row[0] for row in rows]
+        tags = [tag(k) for k in keys]
+        caps = [rings[k].cap for k in keys]
+        one_cap = len(set(caps)) == 1  # then every set of them has one cap
+        on_link: dict[int, int] = {}  # link -> the rings on it, as bits
+        for i, k in enumerate(keys):
+            for link in rings[k].links:
+                on_link[link] = on_link.get(link, 0) | 1 << i
+        near = []  # per ring, the rings sharing a link with it (itself included), as bits
+        for k in keys:
+            bits = 0
+            for link in rings[k].links:
+                bits |= on_link[link]
+            near.append(bits)
+        span = range(len(keys))
+        by_part: dict[int, dict[int, float]] = {}  # this run's parts met, by mask
+
+        def split(mask: int) -> list[int]:
+            """The mask's parts (rings joined by shared links), by their first ring."""
+            parts = []
+            rest = mask
+            while rest:
+                part = grow = rest & -rest
+                while grow:
+                    reach = 0
+                    while grow:
+                        bit = grow & -grow
+                        reach |= near[bit.bit_length() - 1]
+                        grow ^= bit
+                    grow = reach & rest & ~part
+                    part |= grow
+                rest &= ~part
+                parts.append(part)
+            return parts
+
+        def solve(mask: int) -> dict[int, float]:
+            ids = [i for i in span if mask >> i & 1]
+            whole = tuple([tags[i] for i in ids])
+            rates = known.get(whole)
+            if rates is not None:
+                return rates
+            parts = split(mask) if len(ids) > 1 and (one_cap or len({caps[i] for i in ids}) == 1) else [mask]
+            if len(parts) == 1:
+                moving = [keys[i] for i in ids]
+                rates = max_min({k: rings[k].cap for k in moving}, {k: rings[k].links for k in moving}, self.capacity)
+            else:
+                rates = {}
+                for part in parts:
+                    got = by_part.get(part)
+                    if got is None:
+                        members = [i for i in ids if part >> i & 1]
+                        tkey = tuple([tags[i] for i in members])
+                        got = known.get(tkey)
+                        if got is None:
+                            moving = [keys[i] for i in members]
+                            got = known[tkey] = max_min({k: rings[k].cap for k in moving},
+                                                        {k: rings[k].links for k in moving}, self.capacity)
+                        by_part[part] = got
+                    rates.update(got)
+            known[whole] = rates
+            return rates
+
+        return solve
 
     def _solved(self, moving: tuple[int, ...]) -> dict[int, float]:
         """The max-min rates of the rings `moving` (in the states' order), computed once per set of rings (by their

@@ -212,3 +212,73 @@ def test_rates_solved_part_by_part_are_the_whole_solves_floats(monkeypatch):
             whole += not equal
             assert calls == [keys]
     assert split > 100 and whole > 100  # both paths exercised
+
+
+def test_the_mask_solver_gives_rates_of_its_rates_with_the_same_solves(monkeypatch):
+    """The lean loop's solver by mask (`Detail._mask_solver`) gives what `_rates_of` gives for every mask (every float,
+    in the same order), solving the same rings in the same order (each part once), and keeps the same rates by the
+    same tags."""
+    import simulator.model.detail as detail_module
+
+    rnd = random.Random(5)
+    calls = []
+    monkeypatch.setattr(detail_module, "max_min", lambda caps, *a: calls.append(tuple(caps)) or max_min(caps, *a))
+    split = 0
+    for trial in range(300):
+        rings, capacity = _sharing_sets(rnd, trial % 3 != 0)
+        a, b = (Detail(list(rings.values()), capacity, 1e-6) for _ in range(2))
+        rows = [(k, None, 1 << i) for i, k in enumerate(a.states)]  # a row's key first, its bit last
+        solve = a._mask_solver(rows)
+        masks = [rnd.randint(1, (1 << len(rows)) - 1) for _ in range(12)]
+        for mask in masks + masks[:4]:  # some met again
+            calls.clear()
+            got = solve(mask)
+            mine = list(calls)
+            calls.clear()
+            want = b._rates_of(rows, mask)
+            assert [(k, v.hex()) for k, v in got.items()] == [(k, v.hex()) for k, v in want.items()]
+            assert mine == calls
+            split += len(mine) > 1
+        assert {t: list(r.items()) for t, r in a._known.items()} == {t: list(r.items()) for t, r in b._known.items()}
+    assert split > 50  # sets solved part by part exercised
+
+
+def _hexed(states):
+    return {k: (s.phase, s.remaining.hex(), s.step, s.done, [t.hex() for t in s.ends]) for k, s in states.items()}
+
+
+def test_the_coarse_loop_steps_as_the_lean_one_bit_for_bit():
+    """Every ring coarse (the cluster scale): `Detail.run` takes `_run_coarse`, which gives `_run_lean`'s outcome,
+    rates kept and states, every float the same (their hex), held or not, stopped by a target, a window, `until` or the
+    events' bound."""
+    rnd = random.Random(13)
+    taken = 0
+    for trial in range(200):
+        rings = []
+        for key in rnd.sample(range(1000), rnd.randint(1, 9)):
+            links = {link: rnd.randint(1, 3) for link in rnd.sample(range(6), rnd.randint(0, 3))}
+            rings.append(Ring(key, rnd.uniform(0.01, 0.2), 0.0, rnd.choice([1, 2, 4, 8]), rnd.uniform(1e6, 5e8),
+                              rnd.choice([1.25e10, rnd.uniform(5e9, 2e10)]), links, True, rnd.choice([None, 1e-5])))
+        capacity = [rnd.uniform(5e9, 3e10) for _ in range(6)]
+        held = trial % 4 == 0
+        states = {}
+        for r in rings:
+            if r.steps and rnd.random() < 0.4:
+                states[r.key] = RingState(1, rnd.uniform(0.01, float(r.steps)), 0, rnd.randint(0, 3))
+            else:
+                states[r.key] = RingState(remaining=r.compute_s * rnd.random(), done=rnd.randint(0, 3))
+        a, b = (Detail(rings, capacity, 2e-6, {k: s.copy() for k, s in states.items()}, held) for _ in range(2))
+        targets = {r.key: rnd.randint(4, 40) for r in rings if rnd.random() < 0.8}
+        window = {r.key: rnd.randint(4, 20) for r in rings} if trial % 2 else None
+        until = rnd.choice([float("inf"), rnd.uniform(0.05, 2.0)])
+        most = rnd.choice([7, 10**6])
+        calls = []
+        a._run_coarse = lambda *args, real=a._run_coarse, calls=calls: calls.append(1) or real(*args)
+        out_a = a.run(0.0, until, targets=targets, window=window, max_events=most)
+        out_b = b._run_lean(0.0, until, targets, most, window)
+        assert calls == [1]
+        assert (out_a.t.hex(), out_a.finished, out_a.events) == (out_b.t.hex(), out_b.finished, out_b.events)
+        assert _hexed(a.states) == _hexed(b.states)
+        assert {k: v.hex() for k, v in a.rates.items()} == {k: v.hex() for k, v in b.rates.items()}
+        taken += out_a.events > 20
+    assert taken > 50
