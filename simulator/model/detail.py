@@ -21,6 +21,7 @@ from simulator.model.maxmin import max_min
 from simulator.model.rings import Ring, latency_of
 
 COMPUTE, TRANSFER, GAP = 0, 1, 2
+NEVER = 1 << 62  # a target no ring reaches
 
 
 @dataclass
@@ -149,7 +150,7 @@ class Detail:
         paces: dict[int, tuple[list[float], dict[int, float]]] = {}  # by mask: each ring's pace (0.0 idle), rates
         idle = [0.0] * len(rows)
         short = {k for k, n in window.items() if self.states[k].done < n} if window else None
-        never, inf = 1 << 62, float("inf")
+        inf = float("inf")
         events = 0
         last = None  # the rates read last, kept as `self.rates` (as `_rates` keeps them)
         solve = None  # `_rates_of` by the mask alone (`_mask_solver`), made at the first mask met
@@ -225,12 +226,7 @@ class Detail:
                             continue
                         mask &= ~bit
                     s.phase, s.remaining, s.step = COMPUTE, compute_s, 0
-                    s.done += 1
-                    s.ends.append(t)
-                    if short is not None and k in short and s.done >= window[k]:  # type: ignore[index]
-                        short.discard(k)
-                    if s.done >= targets.get(k, never):
-                        finished.append(k)
+                    _iteration_ended(s, k, t, short, window, targets, finished)
                 events += 1
                 if finished:
                     return Outcome(t, finished, events)
@@ -262,7 +258,6 @@ class Detail:
         by_mask: dict[int, dict[int, float]] = {}
         paces: dict[int, tuple[list[float], dict[int, float] | None]] = {0: ([1.0] * len(rows), None)}
         short = {k for k, n in window.items() if self.states[k].done < n} if window else None
-        never = 1 << 62
         events = 0
         last = None  # the rates read last, kept as `self.rates` (as `_rates` keeps them)
         solve = None
@@ -305,12 +300,7 @@ class Detail:
                     mask &= ~bit
                     s.phase = COMPUTE
                     rem[i], step[i] = compute_s, 0
-                    s.done += 1
-                    s.ends.append(t)
-                    if short is not None and k in short and s.done >= window[k]:  # type: ignore[index]
-                        short.discard(k)
-                    if s.done >= targets.get(k, never):
-                        finished.append(k)
+                    _iteration_ended(s, k, t, short, window, targets, finished)
                 events += 1
                 if finished:
                     return Outcome(t, finished, events)
@@ -460,6 +450,18 @@ class Detail:
         s.done += 1
         s.ends.append(t)
         return True
+
+
+def _iteration_ended(s: RingState, k: int, t: float, short: set[int] | None, window: dict[int, int] | None,
+                     targets: dict[int, int], finished: list[int]) -> None:
+    """Ring `k` ended an iteration at `t` (its state already back in compute): counted, its end kept, out of `short`
+    once its window is done, and in `finished` once it reached its target (the lean and the coarse loop alike)."""
+    s.done += 1
+    s.ends.append(t)
+    if short is not None and k in short and s.done >= window[k]:  # type: ignore[index]
+        short.discard(k)
+    if s.done >= targets.get(k, NEVER):
+        finished.append(k)
 
 
 def _parts(keys: tuple[int, ...], rings: dict[int, Ring]) -> list[tuple[int, ...]]:
