@@ -71,3 +71,15 @@ def from_file(path: Path, program: str | None = None, marker: str | None = None)
     """The PID in the PID file `path` if that process is ours (`ours`), else None (a stale file names nothing)."""
     pid = read_pid(path)
     return pid if pid is not None and ours(pid, program, marker) else None
+
+
+def signal_all(pids: list[int], sig: int) -> int:
+    """Send `sig` to each of `pids` (ours, found by the caller); those already gone are passed over. How many got it."""
+    sent = 0
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+            sent += 1
+        except ProcessLookupError:
+            pass
+    return sent

@@ -19,7 +19,7 @@ import time
 
 from controller.core.emulated import netns_of, nic_plans
 from controller.core.rack import Rack
-from emulation import engine_procs, engines, nics, slurm
+from emulation import engine_procs, engines, nics, procs, slurm
 from emulation import netns as ns
 
 
@@ -66,14 +66,14 @@ def hang(plan: engines.EnginePlan) -> dict:
     """The server hangs, as a wedged kernel or host looks: every process of it stopped (SIGSTOP), its links up, so
     nothing is refused and no link goes down: its engine simply does not answer, and its workers print nothing."""
     t0 = time.monotonic()
-    stopped = _signal(processes(plan), signal.SIGSTOP)
+    stopped = procs.signal_all(processes(plan), signal.SIGSTOP)
     return {"stopped": stopped, "seconds": time.monotonic() - t0}
 
 
 def wake(plan: engines.EnginePlan) -> dict:
     """A hung server wakes: every process of it continued (SIGCONT) where it stopped."""
     t0 = time.monotonic()
-    continued = _signal(list(reversed(processes(plan))), signal.SIGCONT)
+    continued = procs.signal_all(list(reversed(processes(plan))), signal.SIGCONT)
     return {"continued": continued, "seconds": time.monotonic() - t0}
 
 
@@ -82,7 +82,7 @@ def kill_containers(rack: Rack, plan: engines.EnginePlan) -> int:
     often shows (a cascade: its engine's daemons die a moment later, `kill`). Their NICs die with them, as in `kill`
     (left in a dying namespace, a NIC's MAC stays taken on its port). The number of processes killed."""
     _drop_nics(rack, plan)
-    return _signal(engine_procs.container_inits(plan), signal.SIGKILL)
+    return procs.signal_all(engine_procs.container_inits(plan), signal.SIGKILL)
 
 
 def worker_pid(rack: Rack, job: str, gpu: str) -> int:
@@ -117,17 +117,6 @@ def throttle(rack: Rack, job: str, gpu: str, factor: float) -> None:
     c = engine_client(rack, rack.server_of[gpu], 30).containers.get(container_name(job, gpu))
     if not c.put_archive(CONTROL_PARENT, buf.getvalue()):
         raise RuntimeError(f"could not hand the slowdown to the worker of {gpu}")
-
-
-def _signal(pids: list[int], sig: int) -> int:
-    sent = 0
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-            sent += 1
-        except ProcessLookupError:
-            pass
-    return sent
 
 
 def _drop_nics(rack: Rack, plan: engines.EnginePlan) -> list[str]:

@@ -283,20 +283,12 @@ def _node(server: str) -> tuple[int | None, list[int]]:
     return pid, steps
 
 
-def _signal_all(pids: list[int], sig: int) -> None:
-    for p in pids:
-        try:
-            os.kill(p, sig)
-        except ProcessLookupError:
-            pass
-
-
 def stop_node(server: str) -> tuple[int | None, list[int]]:
     """The node's processes frozen (SIGSTOP) as its server starts to die, so that none of them sees the server's NICs
     go and ends by itself (a rank whose link drops fails its collective and exits: counted, or signalled, after that,
     it is no longer there); `kill_node` ends them. What was stopped: (slurmd, steps)."""
     pid, steps = _node(server)
-    _signal_all(([pid] if pid else []) + steps, signal.SIGSTOP)
+    procs.signal_all(([pid] if pid else []) + steps, signal.SIGSTOP)
     return pid, steps
 
 
@@ -308,7 +300,7 @@ def kill_node(server: str, stopped: tuple[int | None, list[int]] | None = None) 
     if stopped is not None:
         pid = pid or stopped[0]
         steps = list(dict.fromkeys(stopped[1] + steps))
-    _signal_all(([pid] if pid else []) + steps, signal.SIGKILL)
+    procs.signal_all(([pid] if pid else []) + steps, signal.SIGKILL)
     return {"slurmd": int(pid is not None), "steps": len(steps)}
 
 

@@ -42,3 +42,17 @@ def test_a_process_in_the_middle_of_its_exec_is_not_named_ours(monkeypatch):
     monkeypatch.setattr(procs.Path, "read_bytes", lambda self: b"")
     assert procs.cmdline(1) == []
     assert not procs.ours(1, "sleep")
+
+
+def test_a_signal_reaches_each_live_pid_and_passes_over_those_gone():
+    import signal
+
+    live, gone = subprocess.Popen(["sleep", "30"]), subprocess.Popen(["true"])
+    gone.wait()
+    try:
+        assert procs.signal_all([live.pid, gone.pid], signal.SIGKILL) == 1
+        assert live.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if live.poll() is None:
+            live.kill()
+            live.wait()
