@@ -28,6 +28,7 @@ from controller.slurm.topology import TopologyKeeper
 LOG = logging.getLogger("optirack.slurm")
 POLL_S = 0.2  # seconds between two looks at the circuits' version (a refresh follows a change within this)
 EPILOG_WAIT_S = 2.0  # how long a prolog waits for the end of the Slurm job that held its GPUs before asking Slurm
+RECONFIGURE_RETRY_S = 5.0  # seconds before a refused or unanswered `scontrol reconfigure` is tried again
 RESUME_RETRY_S = 10.0  # seconds between two tries to resume the nodes left down, while Slurm does not answer
 
 SLURM_JOB = {"slurm_job": r"[^/]+"}
@@ -131,24 +132,26 @@ class SlurmApi(OptirackController):
         if keeper is None:
             return json_response({"slurm_conf": None, "topology": None, "kept": False, "refreshes": 0, "unchanged": 0,
                                   "reconfigures": 0, "failed": 0, "in_flight": 0, "most_in_flight": 0,
-                                  "history": []})
+                                  "stale": False, "history": []})
         return json_response(keeper.status())
 
 
 def keep_topology(ctx, keeper: TopologyKeeper) -> None:
     """The keeper's thread: a refresh whenever the circuits' version or slurm.conf moved since the last one (one at a
     time: changes during a refresh are seen, together, by the next)."""
-    seen = None
+    seen, retry_at = None, None
     while True:
         key = (ctx.circuits_version, keeper.key())
-        if key != seen:
-            seen = key
+        if key != seen or (retry_at is not None and keeper.clock() >= retry_at):
+            seen, retry_at = key, None
             try:
                 done = keeper.refresh()
                 if done in ("reconfigured", "failed"):
                     last = keeper.history[-1]
                     LOG.info("topology.conf rewritten, scontrol reconfigure %s in %.2f s%s", done, last["seconds"],
                              f": {last['error']}" if last["error"] else "")
+                if done == "failed":  # slurmctld may hold the tree before: reload again, change or not
+                    retry_at = keeper.clock() + RECONFIGURE_RETRY_S
             except Exception:  # noqa: BLE001 (the keeper goes on at the next change)
                 LOG.exception("keeping %s", keeper.path)
         ctx.rt.sleep(POLL_S)

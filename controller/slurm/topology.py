@@ -43,6 +43,7 @@ class TopologyKeeper:
         self.history: deque[dict] = deque(maxlen=HISTORY)  # each reconfigure: started, seconds, ok, error
         self.in_flight = 0  # reconfigures running now (never above 1: one caller, synchronous)
         self.most_in_flight = 0
+        self.stale = False  # the file's tree written, its reload refused or unanswered: the next refresh reloads
 
     def key(self) -> float | None:
         """What, besides the circuits' version, makes a refresh due: slurm.conf's modification time (a Slurm
@@ -55,13 +56,14 @@ class TopologyKeeper:
     def refresh(self) -> str:
         """Write the tree of the live circuits if it differs from the file's, then have slurmctld reload it.
         Returns what was done: "off" (no slurm.conf with the tree plugin), "unchanged", "reconfigured", or
-        "failed" (written, the reload refused or unanswered: the history says why; the next change tries again)."""
+        "failed" (written, the reload refused or unanswered: the history says why; the next refresh reloads again,
+        even when the tree did not change since, as slurmctld may still hold the one before)."""
         if not tree_plugin(self.conf):
             return "off"
         self.counts["refreshes"] += 1
         text = topology_conf(self.rack, self.circuits())
         try:
-            if self.path.read_text() == text:
+            if self.path.read_text() == text and not self.stale:
                 self.counts["unchanged"] += 1
                 return "unchanged"
         except OSError:
@@ -84,9 +86,10 @@ class TopologyKeeper:
         self.history.append({"started": started, "seconds": self.clock() - started, "ok": not error,
                              "error": error, "tree": [x for x in text.splitlines() if not x.startswith("#")]})
         self.counts["reconfigures" if not error else "failed"] += 1
+        self.stale = bool(error)
         return "failed" if error else "reconfigured"
 
     def status(self) -> dict:
         return {"slurm_conf": str(self.conf), "topology": str(self.path), "kept": tree_plugin(self.conf),
                 **self.counts, "in_flight": self.in_flight, "most_in_flight": self.most_in_flight,
-                "history": list(self.history)}
+                "stale": self.stale, "history": list(self.history)}

@@ -128,6 +128,55 @@ def test_no_tree_plugin_means_nothing_is_kept_and_a_refused_reload_is_recorded(t
     assert keeper.status()["failed"] == 1 and "Unable to contact" in keeper.history[-1]["error"]
 
 
+def test_a_refused_reload_is_tried_again_though_the_tree_did_not_change(tmp_path):
+    """The file was written before the reload that failed, so "the same tree as the file's" no longer means that
+    slurmctld holds it: the next refresh reloads, and an accepted reload ends that."""
+    answers = [(1, "", "Unable to contact slurm controller"), (0, "", "")]
+
+    def slurm(argv, timeout):
+        calls.append(argv)
+        code, out, err = answers.pop(0) if answers else (0, "", "")
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    calls: list[list[str]] = []
+    keeper = _keeper(tmp_path, slurm, [MOVED])
+    assert keeper.refresh() == "failed" and keeper.status()["stale"]
+    assert keeper.refresh() == "reconfigured" and not keeper.status()["stale"] and len(calls) == 2
+    assert keeper.refresh() == "unchanged" and len(calls) == 2
+
+
+def test_the_apps_thread_retries_a_refused_reload_with_no_circuit_change(tmp_path, monkeypatch):
+    now = [0.0]
+
+    class Ctx:
+        circuits_version = 1
+
+    class Rt:
+        sleeps = 0
+
+        def sleep(self, s):
+            now[0] += s
+            Rt.sleeps += 1
+            if now[0] > slurm_api.RECONFIGURE_RETRY_S + 1:
+                raise _Stop
+
+    answers = [1, 0]
+
+    def slurm(argv, timeout):
+        calls.append(now[0])
+        return subprocess.CompletedProcess(argv, answers.pop(0) if answers else 0, "", "refused")
+
+    calls: list[float] = []
+    ctx = Ctx()
+    ctx.rt = Rt()
+    keeper = _keeper(tmp_path, slurm, [MOVED])
+    keeper.clock = lambda: now[0]
+    with pytest.raises(_Stop):
+        slurm_api.keep_topology(ctx, keeper)
+    assert len(calls) == 2 and calls[1] - calls[0] >= slurm_api.RECONFIGURE_RETRY_S  # once more, after the wait
+    assert keeper.status()["reconfigures"] == 1 and keeper.status()["failed"] == 1 and not keeper.stale
+
+
 class _Stop(Exception):
     pass
 
