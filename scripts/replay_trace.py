@@ -80,11 +80,15 @@ def request(index: int, job: dict, policy: str, estimate_s: float | None = None)
     return body
 
 
-def probe_request(index: int, job: dict) -> dict:
-    """The REST body of the host's probe job `index`: placed where it is cabled (no circuit changes), no save."""
-    return {"name": f"probe {index + 1}", "gpus": job["gpus"], "policy": "fixed",
+def probe_request(index: int, job: dict, estimate_s: float | None = None) -> dict:
+    """The REST body of the host's probe job `index`: placed where it is cabled (no circuit changes), no save; with
+    `estimate_s` where the controller's queue needs one (backfill, sjf)."""
+    body = {"name": f"probe {index + 1}", "gpus": job["gpus"], "policy": "fixed",
             "workload": {"model": job["model"], "iterations": job["iterations"]},
             "checkpoint_every": job["iterations"], "queue": True}
+    if estimate_s is not None:
+        body["estimate_s"] = estimate_s
+    return body
 
 
 def due(trace: list[dict], submitted: int, elapsed_s: float, dilation: float) -> list[int]:
@@ -130,13 +134,15 @@ def summary(rows: list[dict], events: list[dict]) -> dict:
 
 
 # --- on the rack ----------------------------------------------------------------------------------------------
-def probe(client, dilation: float) -> list[dict]:
+def probe(client, dilation: float, queue: str = "fifo") -> list[dict]:
     """The host's probe (PROBE), each job alone, in turn; each its job row (rack s from its own submission). A
-    probe job that does not end done fails the replay: the host is not fit to replay on."""
+    probe job that does not end done fails the replay: the host is not fit to replay on. Under a queue that needs
+    estimates (backfill, sjf) each is sent its time bound, PROBE_TIMEOUT_S: alone on the rack, it orders nothing."""
     rows = []
+    estimate = None if queue == "fifo" else PROBE_TIMEOUT_S
     for i, spec in enumerate(PROBE):
         t0 = time.time()
-        jid = client.post("/jobs", probe_request(i, spec))["job"]["id"]
+        jid = client.post("/jobs", probe_request(i, spec, estimate))["job"]["id"]
         while True:
             job = client.get(f"/jobs/{jid}")["job"]
             if job["state"] in ENDED:
@@ -174,7 +180,7 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
     try:
         log(f"  {policy}: testbed up in {time.time() - started:.0f} s")
         up = time.time()
-        probed = probe(tb.client, dilation) if probing else None
+        probed = probe(tb.client, dilation, queue) if probing else None
         if probed:
             log(f"  {policy}: the host's probe: " + "; ".join(
                 f"{r['gpus_asked']} x {r['model']} containers {r['start_s'] - r['admit_s']:.2f}, start "

@@ -257,6 +257,20 @@ def test_the_hosts_probe_runs_each_job_alone_fixed_and_keeps_its_phases_from_its
     assert r["mean_iteration_s"] == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("queue", ["fifo", "backfill", "sjf"])
+def test_the_probe_sends_an_estimate_where_the_controllers_queue_needs_one(queue):
+    """A controller that queues by backfill or sjf refuses a job without estimate_s (controller/jobs/admission.py):
+    the probe's jobs carry their time bound there, and nothing under fifo."""
+    from controller.core.jobs import JobRequest
+
+    client = _ProbeClient(["done"] * len(rt.PROBE))
+    rt.probe(client, 2.0, queue)
+    estimates = {b.get("estimate_s") for b in client.posted}
+    assert estimates == ({None} if queue == "fifo" else {rt.PROBE_TIMEOUT_S})
+    for body in client.posted:
+        assert JobRequest.model_validate(body).estimate_s == body.get("estimate_s")
+
+
 def test_a_probe_job_that_fails_fails_the_replay_naming_it():
     client = _ProbeClient(["failed"])
     with pytest.raises(RuntimeError, match=r"probe 1 \(1 x resnet50\) ended failed"):
