@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -262,7 +263,8 @@ def without_shapers(devices: list[tuple[str, str | None]]):
         for dev, netns in devices:
             rate = shaped_mbps(dev, netns)
             mtu = _mtu(dev, netns)
-            saved.append((dev, netns, rate, mtu, _queue_frames(dev, netns, mtu), _fair_flows(dev, netns)))
+            saved.append((dev, netns, rate, mtu, _queue_frames(dev, netns, mtu), _fair_flows(dev, netns),
+                          _bucket(dev, netns)))
             subprocess.run(
                 ["tc", *(["-n", netns] if netns else []), "qdisc", "del", "dev", dev, "root"],
                 capture_output=True,
@@ -271,10 +273,10 @@ def without_shapers(devices: list[tuple[str, str | None]]):
         try:
             yield
         finally:
-            for dev, netns, rate, mtu, frames, flows in saved:
+            for dev, netns, rate, mtu, frames, flows, bucket in saved:
                 if rate is None:
                     continue
-                for args in htb_commands(rate, mtu, frames, flows):
+                for args in htb_commands(rate, mtu, frames, flows, bucket):
                     subprocess.run(
                         ["tc", *(["-n", netns] if netns else []), *[dev if a == DEV else a for a in args]],
                         capture_output=True,
@@ -302,6 +304,23 @@ def _fair_flows(dev: str, netns: str | None) -> list[str] | None:
                 leaves[minor] = str(ipaddress.IPv4Address(int(line.split()[1].split("/")[0], 16)))
             minor = None
     return [leaves[m] for m in sorted(leaves)] or None
+
+
+def parse_bucket(text: str) -> int | None:
+    """The burst of htb's root class 5:1 in `tc class show`'s text, in bytes (tc prints it as b, Kb or Mb, to a few
+    bytes of what was set); None where there is none."""
+    m = re.search(r"^class htb 5:1 root .*?\bburst (\d+(?:\.\d+)?)(b|Kb|Mb)\b", text, re.M)
+    if m is None:
+        return None
+    return round(float(m.group(1)) * {"b": 1, "Kb": 1024, "Mb": 1024 * 1024}[m.group(2)])
+
+
+def _bucket(dev: str, netns: str | None) -> int | None:
+    """The htb bucket an interface's shaper has (emulation/shaping.py: an uplink's is smaller than a NIC's)."""
+    out = subprocess.run(
+        ["tc", *(["-n", netns] if netns else []), "class", "show", "dev", dev], capture_output=True, text=True
+    ).stdout
+    return parse_bucket(out)
 
 
 def _queue_frames(dev: str, netns: str | None, mtu: int) -> int:

@@ -58,13 +58,29 @@ FAIR_DEFAULT = 0x99  # the fair bulk class's leaf for what no address filter tak
 FAIR_FIRST = 0x100  # the fair bulk class's leaf of the i-th address: 5:(0x100 + i)
 
 
+# An uplink's htb bucket: the time at its rate it holds (`bucket_bytes`). htb sends while its bucket is not empty, so
+# after an idle time it passes the bucket and one frame more at once, at the rate of the port before it. Two frames
+# there (18 kB) let each ring step's first 27 kB cross a 6.5 Mbit/s uplink at the NIC's 50 Mbit/s, which a real port
+# cannot: a 2-GPU ResNet-50 ring across as1-as2 ran 10 % faster than its bytes at the uplink's rate allow
+# (docs/neighbour-panama.md). A millisecond keeps the rate when the qdisc's timer fires late (tokens beyond the bucket
+# are lost) and lets through one frame and ~0.8 kB more. The NICs keep two frames: their bucket is in the ring step's
+# measured cost (STEP_S, simulator/model/calibration.py, measured under one switch), which a change here would move.
+UPLINK_BUCKET_S = 1e-3
+
+
+def bucket_bytes(mbps: float, seconds: float = UPLINK_BUCKET_S) -> int:
+    """An htb bucket of `seconds` at `mbps` Mbit/s, in bytes, at least one."""
+    return max(1, int(mbps * 1e6 / 8 * seconds))
+
+
 def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES,
-                 flows: list[str] | None = None) -> list[list[str]]:
+                 flows: list[str] | None = None, bucket: int | None = None) -> list[list[str]]:
     """tc argument lists (after `tc`), with ``{dev}`` where the interface goes.
 
-    The quantum is one full frame, so a jumbo frame is sent in one round. The bucket holds two
-    frames (at least 15 kB): a burst is what a sender gets above the rate after an idle compute
-    phase, so a bigger one would let each all-reduce step beat the line rate.
+    The quantum is one full frame, so a jumbo frame is sent in one round. The bucket (burst and cburst of every
+    class) is `bucket` bytes where given (an uplink's: `bucket_bytes`), else two frames (at least 15 kB, a NIC's):
+    a burst is what a sender gets above the rate after an idle compute phase, so a bigger one would let each
+    all-reduce step beat the line rate.
 
     `flows` (destination addresses): the bulk class is split into one leaf per address, each queue its own and
     each guaranteed an equal part, lending what it leaves idle to the others one frame per round (htb's deficit
@@ -73,7 +89,7 @@ def htb_commands(mbps: float, mtu: int = 1500, frames: int = QUEUE_FRAMES,
     rings' flows meet, get it (emulation/topo.py)."""
     rate, acks, bulk = f"{mbps:g}Mbit", f"{mbps / 10:g}Mbit", f"{mbps * 0.9:g}Mbit"
     frame = mtu + 14
-    burst = str(max(15_000, 2 * frame))
+    burst = str(bucket if bucket is not None else max(15_000, 2 * frame))
     common = ["burst", burst, "cburst", burst, "quantum", str(frame)]
     queue = ["bfifo", "limit", str(frames * frame)]
     leaves = [(FAIR_DEFAULT, None)] + [(FAIR_FIRST + i, addr) for i, addr in enumerate(flows)] if flows else []

@@ -21,7 +21,7 @@ from mininet.topo import Topo
 from controller.core import aggregators
 from controller.core.emulated import nic_plans, port_intf
 from controller.core.rack import Rack, RackError
-from emulation.shaping import DEV, QUEUE_FRAMES, htb_commands, queue_frames
+from emulation.shaping import DEV, QUEUE_FRAMES, bucket_bytes, htb_commands, queue_frames
 
 MAX_EMULATED_MBPS = 1000.0  # Mininet's htb settings are meant for at most 1 Gbit/s
 MIN_EMULATED_MBPS = 0.1
@@ -48,21 +48,23 @@ class ShapedIntf(TCIntf):
     """Mininet's TCIntf with optirack's shaping (emulation/shaping.py) instead of its single htb class,
     and the rack's MTU set before the shaper is sized for it."""
 
-    def config(self, mtu: int = 1500, frames: int = QUEUE_FRAMES, flows: list[str] | None = None, **params):
-        self.mtu, self.frames, self.flows = mtu, frames, flows
+    def config(self, mtu: int = 1500, frames: int = QUEUE_FRAMES, flows: list[str] | None = None,
+               bucket: int | None = None, **params):
+        self.mtu, self.frames, self.flows, self.bucket = mtu, frames, flows, bucket
         self.cmd("ip", "link", "set", "dev", self.name, "mtu", str(mtu))
         return super().config(**params)
 
     def bwCmds(self, bw=None, **kw):  # noqa: N802 (Mininet's name)
         if bw is None:
             return [], " root "
-        cmds = htb_commands(bw, self.mtu, self.frames, self.flows)
+        cmds = htb_commands(bw, self.mtu, self.frames, self.flows, self.bucket)
         return ["%s " + " ".join("%s" if a == DEV else a for a in args) for args in cmds], " parent 5:20 "
 
 
-def _shaped(mbps: float | None, mtu: int, frames: int, flows: list[str] | None = None) -> dict:
+def _shaped(mbps: float | None, mtu: int, frames: int, flows: list[str] | None = None,
+            bucket: int | None = None) -> dict:
     # tx checksum offload off: TCP through userspace OVS over veth stalls with it on.
-    params = {"txo": False, "gro": False, "mtu": mtu, "frames": frames, "flows": flows}
+    params = {"txo": False, "gro": False, "mtu": mtu, "frames": frames, "flows": flows, "bucket": bucket}
     if mbps is not None:
         params["bw"] = mbps
     return params
@@ -101,8 +103,8 @@ class RackTopo(Topo):
                 self.addLink(w.name, u.peer.device, port1=u.port, port2=u.peer.port,
                              intfName1=port_intf(w.name, u.port), intfName2=port_intf(u.peer.device, u.peer.port),
                              cls=Link, cls1=ShapedIntf, cls2=ShapedIntf,
-                             params1=_shaped(mbps, scale.mtu, frames, fair),
-                             params2=_shaped(mbps, scale.mtu, frames, fair))
+                             params1=_shaped(mbps, scale.mtu, frames, fair, bucket_bytes(mbps)),
+                             params2=_shaped(mbps, scale.mtu, frames, fair, bucket_bytes(mbps)))
 
 
 def port_mtus(rack: Rack) -> list[str]:

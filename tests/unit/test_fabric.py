@@ -69,6 +69,41 @@ def test_only_the_lossless_fabric_shares_uplinks_fairly():
         assert uplinks and all(bool(i["params1"]["flows"]) == fair for i in uplinks), fabric
 
 
+def test_an_uplinks_bucket_holds_a_millisecond_and_a_nics_two_frames():
+    """After an idle phase htb passes its bucket and one frame at once: on the paper rack's 6.5 Mbit/s uplink two
+    frames let each ring step's first 27 kB beat the line rate; the NICs keep theirs (in the measured step cost)."""
+    import yaml
+
+    from controller.core.rack import parse_rack
+    from emulation.calibrate import parse_bucket
+    from emulation.shaping import bucket_bytes
+    from emulation.topo import RackTopo
+    from tests.unit.test_rack import PAPER
+
+    rack = parse_rack(yaml.safe_load(PAPER.read_text()))
+    topo = RackTopo(rack=rack)
+    switches = {w.name for w in rack.spec.switches}
+    links = [topo.linkInfo(a, b) for a, b in topo.links()]
+    uplinks = [i for i in links if {i["node1"], i["node2"]} <= switches]
+    nics = [i for i in links if i not in uplinks and "bw" in i["params1"]]
+    assert uplinks and nics
+    for info in uplinks:
+        for params in (info["params1"], info["params2"]):
+            assert params["bucket"] == bucket_bytes(params["bw"]) == int(params["bw"] * 1e6 / 8 * 1e-3) < 9014
+            cmds = htb_commands(params["bw"], params["mtu"], params["frames"], params["flows"], params["bucket"])
+            classes = [c for c in cmds if c[:2] == ["class", "replace"]]
+            assert {(c[c.index("burst") + 1], c[c.index("cburst") + 1]) for c in classes} == {
+                (str(params["bucket"]),) * 2}
+    for info in nics:
+        assert info["params1"]["bucket"] is None and info["params2"]["bucket"] is None
+        cmd = htb_commands(info["params1"]["bw"], info["params1"]["mtu"])[1]
+        assert cmd[cmd.index("burst") + 1] == str(2 * (info["params1"]["mtu"] + 14))
+    # what the calibration reads back to restore a shaper it took off
+    assert parse_bucket("class htb 5:1 root rate 6500Kbit ceil 6500Kbit burst 810b cburst 810b \n") == 810
+    assert parse_bucket("class htb 5:1 root rate 50Mbit ceil 50Mbit burst 17.5Kb cburst 17.5Kb\n") == 17920
+    assert parse_bucket("class htb 5:20 parent 5:1 prio 1 rate 6Mbit ceil 6500Kbit burst 812b\n") is None
+
+
 def test_only_the_lossless_fabric_locks_each_flows_window():
     lossless = " ".join(route_window("lossless"))
     assert f"cwnd lock {WINDOW_SEGMENTS}" in lossless and f"initcwnd {WINDOW_SEGMENTS}" in lossless
