@@ -88,7 +88,7 @@ class Interference:
         # lost a ring may have come apart, the others are connected, and only a ring added joins pieces
         self._pieces: list[list[int]] = []
         self._piece_of: dict[int, int] = {}
-        self._broken: set[int] = set()
+        self._broken: dict[int, list[int]] = {}  # the pieces that lost a ring, and the links the rings lost crossed
         # stepping through: the max-min rates of each set of transferring rings met, by the rings' tags (a ring put on
         # the fabric again is another ring: a new tag)
         self._known: dict[tuple[int, ...], dict[int, float]] = {}
@@ -115,12 +115,13 @@ class Interference:
         state, progress = self._pending.pop(key)
         if state is _COLUMNS:
             state, progress = self.cols.get(key)
-        self._broken.add(self._piece_of.pop(key))
+        self._broken.setdefault(self._piece_of.pop(key), []).extend(self.rings[key].links)
         if progress is None:  # it joined at this very instant
             progress = state.done + self._fraction(state, self.rings[key], self.period_alone(self.rings[key]))
         for link in self.rings[key].links:
             self.users[link].discard(key)
         del self.rings[key], self.targets[key], self._tags[key]
+        self.comp.pop(key, None)  # its component's entry, left by `_settle`
         self.cols.drop(key)
         self.finish.pop(key, None)
         return state, progress
@@ -130,10 +131,10 @@ class Interference:
         instant (a job ends, the next starts) are solved once."""
         if self._pending and t != self._pending_t:
             self._flush()
-        fresh = {k for k in keys if k not in self._pending}
-        if fresh:
-            for comp in {id(self.comp[k]): self.comp[k] for k in fresh}.values():
-                self._settle(t, comp)
+        pending = self._pending
+        for k in {k for k in keys if k not in pending}:  # each component once, by its first ring met
+            if k not in pending:  # (settled, its rings are pending)
+                self._settle(t, self.comp[k])
         self._pending_t = t
 
     def _flush(self) -> None:
@@ -141,7 +142,7 @@ class Interference:
         if not self._pending:
             return
         pending, pieces, piece_of, broken = self._pending, self._pieces, self._piece_of, self._broken
-        self._pending, self._pieces, self._piece_of, self._broken = {}, [], {}, set()
+        self._pending, self._pieces, self._piece_of, self._broken = {}, [], {}, {}
         parent = list(range(len(pieces)))
 
         def root(i: int) -> int:
@@ -150,24 +151,28 @@ class Interference:
                 i = parent[i]
             return i
 
-        for i, piece in enumerate(pieces):  # a ring added joins the pieces whose rings share its links
+        # a ring added joins the pieces whose rings share its links (each such piece once: a set's root is its least
+        # piece whatever the order of the joins)
+        for i, piece in enumerate(pieces):
             if len(piece) == 1 and piece[0] in pending and pending[piece[0]][1] is None:
-                for link in self.rings[piece[0]].links:
-                    for k in self.users[link]:
-                        a, b = root(i), root(piece_of[k])
-                        if a != b:
-                            parent[max(a, b)] = min(a, b)
+                for j in {piece_of[k] for link in self.rings[piece[0]].links for k in self.users[link]}:
+                    a, b = root(i), root(j)
+                    if a != b:
+                        parent[max(a, b)] = min(a, b)
         joined: dict[int, list[int]] = {}
         for i in range(len(pieces)):
             joined.setdefault(root(i), []).append(i)
         for members in joined.values():
-            keys = [k for i in members for k in pieces[i] if piece_of.get(k) == i]  # each ring in its last piece
+            keys = []  # each ring in its last piece: only a piece that lost a ring (broken) may hold one not its own
+            for i in members:
+                keys += [k for k in pieces[i] if piece_of.get(k) == i] if i in broken else pieces[i]
             if not any(i in broken for i in members):
                 if keys:
                     self._solve(self._pending_t, sorted(keys), pending)
                 continue
-            if len(keys) >= self.VECTOR_MIN:  # as arrays
-                for group in self.cols.parts(keys):
+            if len(keys) >= self.VECTOR_MIN:  # as arrays, searched for its parts unless shown joined
+                cut = [link for i in members if i in broken for link in broken[i]]
+                for group in [keys] if self._joined(cut) else self.cols.parts(keys):
                     self._solve(self._pending_t, sorted(group), pending)
                 continue
             rest = set(keys)
@@ -240,6 +245,38 @@ class Interference:
                         todo.append(k)
         return seen
 
+    JOIN_RINGS = 64  # `_joined` looks at no more rings than this (beyond it `Columns.parts` costs less)
+
+    def _joined(self, cut: list[int]) -> bool:
+        """Whether the links `cut` (those the rings that left a component crossed) that still carry rings are joined to
+        each other through the rings now on the fabric, found by a search from one of them over at most JOIN_RINGS
+        rings. Then what is left of the component is one component still (each part of it holds a ring that shared a
+        link with a ring that left: it crosses one of `cut`), and with it whatever rings added at the instant joined to
+        it. False: not shown so (it may still be one)."""
+        users, rings = self.users, self.rings
+        links = {link for link in cut if users[link]}
+        left = len(links) - 1  # cut links not reached yet
+        if left <= 0:
+            return True
+        first = next(iter(links))
+        seen, met, todo = {first}, set(), [first]
+        while todo:
+            for k in users[todo.pop()]:
+                if k in met:
+                    continue
+                if len(met) == self.JOIN_RINGS:
+                    return False
+                met.add(k)
+                for link in rings[k].links:
+                    if link not in seen:
+                        seen.add(link)
+                        todo.append(link)
+                        if link in links:
+                            left -= 1
+                            if not left:
+                                return True
+        return False
+
     def _settle(self, t: float, comp: _Comp | Block) -> None:
         """Hold the rings of `comp` at `t` as pending, with their states and progress; what the component computed
         since it was solved is added to `busy`."""
@@ -270,10 +307,9 @@ class Interference:
                     computed += max(0.0, p - comp.p0[k]) * ring.busy_s * ring.n  # every rank computes each iteration
             if t > comp.t0:
                 self.busy.add(comp.t0, t, computed)
-        comps, finish = self.comp, self.finish
+        finish = self.finish
         self._piece_of.update(dict.fromkeys(comp.keys, piece))
-        for k in comp.keys:
-            del comps[k]
+        for k in comp.keys:  # no prediction while pending; `comp` is read only for rings not pending (a solve sets it)
             finish.pop(k, None)
 
     def _mode(self, keys: list[int]) -> str:

@@ -151,3 +151,45 @@ def test_parts_as_arrays_are_the_components_a_search_finds():
         parts = inter.cols.parts(keys)
         assert sorted(sorted(p) for p in parts) == sorted(found)
         assert len(found) > 1 and any(len(g) > 2 for g in found)  # several parts, not all single rings
+
+
+def test_a_component_shown_joined_after_rings_leave_is_one_part():
+    """`Interference._joined`: where the rings on the links that the rings gone crossed are joined through each other,
+    what is left of a component is one part (what `Columns.parts` finds); it says so often, and never wrongly."""
+    rng = random.Random(8)
+    said = split = 0
+    for _ in range(300):
+        rings = [r for r in random_rings(rng, 40, 30) if r.links]
+        inter = Interference([1.0] * 30, 0.0)
+        for r in rings:
+            inter.rings[r.key] = r
+            for link in r.links:
+                inter.users.setdefault(link, set()).add(r.key)
+            inter.cols.set_ring(r, 1)
+        whole = max(inter.cols.parts([r.key for r in rings]), key=len)  # one component
+        gone = rng.sample(whole, rng.randint(1, 3))
+        for k in gone:
+            for link in inter.rings[k].links:
+                inter.users[link].discard(k)
+        rest = [k for k in whole if k not in gone]
+        joined = inter._joined([link for k in gone for link in inter.rings[k].links])
+        parts = len(inter.cols.parts(rest)) if rest else 1
+        assert parts == 1 or not joined
+        said += joined
+        split += parts > 1
+    assert said > 150 and split > 10  # both cases met
+
+
+def test_a_run_that_skips_the_search_for_parts_where_shown_joined_equals_one_that_searches(monkeypatch):
+    rack = racks.generate(racks.RackOptions(256, gpus_per_switch=8, gpus_per_server=4, oversubscription=8,
+                                            models=(("V100", 0.5), ("A100", 0.5)), spare=2.0))
+    jobs = workloads.synthetic(800, 3, len(rack.gpus), {m: _typical_iteration(rack, m) for m in WORKLOADS}, 0.9)
+    options = Options(NetParams(), Limits(rings=3))
+    shown = []
+    joined = Interference._joined
+    monkeypatch.setattr(Interference, "_joined", lambda self, cut: shown.append(joined(self, cut)) or shown[-1])
+    jobs_a, busy_a, stats_a, blocks_a = _run(rack, jobs, "fixed", options, 5, monkeypatch)
+    assert sum(shown) >= 5  # of 14 searches (deterministic: seeded)
+    monkeypatch.setattr(Interference, "_joined", lambda self, cut: False)  # every one searched
+    jobs_s, busy_s, stats_s, blocks_s = _run(rack, jobs, "fixed", options, 5, monkeypatch)
+    assert (jobs_a, busy_a, stats_a, blocks_a) == (jobs_s, busy_s, stats_s, blocks_s)
