@@ -57,28 +57,41 @@ def solve(compute: np.ndarray, volume: np.ndarray, waits: np.ndarray, own: np.nd
     bins = int(link_of.max()) + 1 if len(link_of) else 0
     linked = counts > 0
     starts = (np.cumsum(counts) - counts)[linked]
-    period = compute.copy()
     every = bool(linked.all())  # every ring crosses a link: no mask (the same values)
     own_linked = own if every else own[linked]
+    # each round's arrays written in place into these (the same operations in the same order: the same floats)
+    period, new, change = compute.copy(), np.empty(len(compute)), np.empty(len(compute))
+    wd, share = np.empty(len(link_of)), np.empty(len(link_of))
+    d = np.array(d, dtype=float)  # the caller's array is left as it is
     for _ in range(ROUNDS):
-        wd = weight * d[ring_of]
+        np.take(d, ring_of, out=wd, mode="clip")  # weight * d per pair
+        np.multiply(weight, wd, out=wd)
         load = np.bincount(link_of, weights=wd, minlength=bins)
-        share = load[link_of]  # (weight + load - wd) * inverse, in that order, in place
+        np.take(load, link_of, out=share, mode="clip")  # (weight + load - wd) * inverse, in that order
         np.add(weight, share, out=share)
         np.subtract(share, wd, out=share)
         np.multiply(share, inverse, out=share)
         if not len(starts):
             per_byte = own.copy()
         elif every:  # the worst share over each ring's links (max is exact: any grouping gives the same)
-            per_byte = np.maximum(own_linked, np.maximum.reduceat(share, starts))
+            per_byte = np.maximum.reduceat(share, starts)
+            np.maximum(own_linked, per_byte, out=per_byte)
         else:
             per_byte = own.copy()
             per_byte[linked] = np.maximum(own_linked, np.maximum.reduceat(share, starts))
-        transfer = volume * per_byte
-        new = compute + transfer + waits
-        worst = float(np.max(np.abs(new - period) / new))
-        period = new
-        d = 0.5 * d + 0.5 * transfer / new  # damped
+        transfer = np.multiply(volume, per_byte, out=per_byte)
+        np.add(compute, transfer, out=new)  # compute + transfer + waits
+        np.add(new, waits, out=new)
+        np.subtract(new, period, out=change)  # the largest |new - period| / new
+        np.abs(change, out=change)
+        np.divide(change, new, out=change)
+        worst = float(change.max())
+        period, new = new, period
+        # damped: 0.5 * d + 0.5 * transfer / period, as 0.5 * (d + transfer / period): halving is exact (no duty cycle
+        # comes near the subnormal range), so the same floats
+        np.divide(transfer, period, out=transfer)
+        np.add(d, transfer, out=d)
+        np.multiply(d, 0.5, out=d)
         if worst < TOLERANCE:
             break
     return period, d
