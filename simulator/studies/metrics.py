@@ -3,15 +3,22 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
+
+from simulator.model.busy import Busy, Rows
 from simulator.model.engine import JobResult, RunResult
 
 BINS = 200
 
 
 def quantile(values: list[float], q: float) -> float:
-    if not values:
+    return _quantile(sorted(values), q)
+
+
+def _quantile(s: list[float], q: float) -> float:
+    """`quantile` of values already sorted (`s`)."""
+    if not s:
         return float("nan")
-    s = sorted(values)
     pos = q * (len(s) - 1)
     lo = int(pos)
     hi = min(lo + 1, len(s) - 1)
@@ -19,9 +26,10 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values) if values else float("nan"), "median": quantile(values, 0.5),
-            "p50": quantile(values, 0.5), "p90": quantile(values, 0.9), "p95": quantile(values, 0.95),
-            "p99": quantile(values, 0.99), "max": max(values, default=float("nan"))}
+    s = sorted(values)  # once for every quantile
+    return {"mean": statistics.fmean(values) if values else float("nan"), "median": _quantile(s, 0.5),
+            "p50": _quantile(s, 0.5), "p90": _quantile(s, 0.9), "p95": _quantile(s, 0.95),
+            "p99": _quantile(s, 0.99), "max": max(values, default=float("nan"))}
 
 
 SIZE_CLASSES = ((1, 1), (2, 8), (9, 32), (33, 128), (129, 10**9))  # GPUs: one GPU, one server, ...
@@ -59,14 +67,37 @@ def steady_window(run: RunResult) -> tuple[float, float]:
     return first + WARMUP * (last - first), last
 
 
+def _columns(rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of three numbers (a run's `busy` or `held`) as three float arrays: a Busy's or Rows' typed arrays read as
+    they are, a list's tuples copied."""
+    if isinstance(rows, Busy):
+        columns = (rows.t0, rows.t1, rows.amount)
+    elif isinstance(rows, Rows):
+        columns = rows.columns
+    else:
+        rows = list(rows)
+        columns = tuple([row[i] for row in rows] for i in range(3))
+    return tuple(np.asarray(c, dtype=float) for c in columns)  # type: ignore[return-value]
+
+
+def _held(run: RunResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The run's GPUs held as pieces (from, to, GPU-seconds: GPUs x (to - from))."""
+    a, b, n = _columns(run.held)
+    return a, b, n * (b - a)
+
+
+def _sum(x: np.ndarray) -> float:
+    """0.0 + x[0] + x[1] + ... in that order, as a loop (or Python's sum) adds them: the same float (np.sum adds them
+    pairwise, which rounds otherwise)."""
+    return float(np.cumsum(np.concatenate(([0.0], x)))[-1])
+
+
 def _within(pieces, t0: float, t1: float) -> float:
-    """Amount of pieces (from, to, amount spread evenly) that falls in [t0, t1)."""
-    total = 0.0
-    for a, b, amount in pieces:
-        overlap = min(b, t1) - max(a, t0)
-        if b > a and overlap > 0:
-            total += amount * overlap / (b - a)
-    return total
+    """Amount of pieces (from, to, amount spread evenly; three arrays or rows) that falls in [t0, t1)."""
+    a, b, amount = pieces if isinstance(pieces, tuple) else _columns(pieces)
+    overlap = np.minimum(b, t1) - np.maximum(a, t0)
+    ok = (b > a) & (overlap > 0)
+    return _sum(amount[ok] * overlap[ok] / (b[ok] - a[ok]))
 
 
 def steady_utilization(run: RunResult, gpus: int) -> dict:
@@ -74,7 +105,7 @@ def steady_utilization(run: RunResult, gpus: int) -> dict:
     if t1 <= t0:
         return {"from_s": t0, "to_s": t1, "held": float("nan"), "computing": float("nan"),
                 "window": "none: all jobs arrive at once"}
-    held = _within([(a, b, n * (b - a)) for a, b, n in run.held], t0, t1)
+    held = _within(_held(run), t0, t1)
     busy = _within(run.busy, t0, t1)
     return {"from_s": t0, "to_s": t1, "held": held / (gpus * (t1 - t0)), "computing": busy / (gpus * (t1 - t0)),
             "window": f"from {100 * WARMUP:g} % into the arrivals to the last arrival (warm-up and drain left out)"}
@@ -186,26 +217,28 @@ def interval(values: list[float]) -> dict[str, float]:
     return {"mean": mean, "ci95": t * statistics.stdev(values) / len(values) ** 0.5, "n": len(values)}
 
 
-def series(pieces: list[tuple[float, float, float]], end: float, bins: int = BINS) -> list[float]:
-    """Average level per bin of [0, end) of pieces (from, to, amount spread evenly over [from, to))."""
+def series(pieces, end: float, bins: int = BINS) -> list[float]:
+    """Average level per bin of [0, end) of pieces (from, to, amount spread evenly over [from, to); three arrays or
+    rows): each piece's share of each bin it overlaps, rate x overlap / width, added to the bin piece after piece (a
+    bin's sum in the pieces' order, as a loop over them adds it)."""
     width = end / bins if end > 0 else 1.0
-    out = [0.0] * bins
-    for t0, t1, amount in pieces:
-        if t1 <= t0:
-            continue
-        rate = amount / (t1 - t0)
-        first, last = int(t0 / width), min(int(t1 / width), bins - 1)
-        for b in range(max(first, 0), last + 1):
-            overlap = min(t1, (b + 1) * width) - max(t0, b * width)
-            if overlap > 0:
-                out[b] += rate * overlap / width
-    return out
+    t0, t1, amount = pieces if isinstance(pieces, tuple) else _columns(pieces)
+    moving = t1 > t0
+    t0, t1, amount = t0[moving], t1[moving], amount[moving]
+    rate = amount / (t1 - t0)
+    first = np.maximum(np.trunc(t0 / width), 0.0)  # int() truncates
+    count = np.maximum(np.minimum(np.trunc(t1 / width), bins - 1) - first + 1, 0).astype(np.int64)
+    piece = np.repeat(np.arange(len(t0)), count)  # a row per piece and bin it spans, piece after piece
+    b = first[piece] + (np.arange(len(piece)) - np.repeat(np.cumsum(count) - count, count))
+    overlap = np.minimum(t1[piece], (b + 1) * width) - np.maximum(t0[piece], b * width)
+    ok = overlap > 0
+    return np.bincount(b[ok].astype(np.int64), weights=rate[piece[ok]] * overlap[ok] / width, minlength=bins).tolist()
 
 
 def utilization(run: RunResult, gpus: int, bins: int = BINS) -> dict[str, list[float]]:
     """Fractions of the cluster's GPUs held by jobs, and computing, per time bin."""
     end = max((j.end_s for j in run.jobs), default=0.0)
-    held = series([(a, b, n * (b - a)) for a, b, n in run.held], end, bins)
+    held = series(_held(run), end, bins)
     busy = series(run.busy, end, bins)
     width = end / bins if end else 1.0
     return {"t_s": [width * (b + 0.5) for b in range(bins)], "held": [h / gpus for h in held],
@@ -215,8 +248,8 @@ def utilization(run: RunResult, gpus: int, bins: int = BINS) -> dict[str, list[f
 def summary(run: RunResult, gpus: int, wall_s: float) -> dict:
     jobs: list[JobResult] = [j for j in run.jobs if not j.failed]
     end = max((j.end_s for j in jobs), default=0.0)
-    held = sum((b - a) * n for a, b, n in run.held)
-    busy = sum(x for _, _, x in run.busy)
+    held = _sum(_held(run)[2])
+    busy = _sum(_columns(run.busy)[2])
     return {
         "jobs": len(jobs), "jct_s": spread([j.jct_s for j in jobs]), "queue_s": spread([j.queue_s for j in jobs]),
         "slowdown": spread([slowdown(j) for j in jobs]), "steady": steady_utilization(run, gpus),

@@ -282,3 +282,60 @@ def test_the_coarse_loop_steps_as_the_lean_one_bit_for_bit():
         assert {k: v.hex() for k, v in a.rates.items()} == {k: v.hex() for k, v in b.rates.items()}
         taken += out_a.events > 20
     assert taken > 50
+
+
+def _series_by_piece(pieces, end, bins):
+    """metrics.series as a loop over the pieces (its definition)."""
+    width = end / bins if end > 0 else 1.0
+    out = [0.0] * bins
+    for t0, t1, amount in pieces:
+        if t1 <= t0:
+            continue
+        rate = amount / (t1 - t0)
+        first, last = int(t0 / width), min(int(t1 / width), bins - 1)
+        for b in range(max(first, 0), last + 1):
+            overlap = min(t1, (b + 1) * width) - max(t0, b * width)
+            if overlap > 0:
+                out[b] += rate * overlap / width
+    return out
+
+
+def _within_by_piece(pieces, t0, t1):
+    total = 0.0
+    for a, b, amount in pieces:
+        overlap = min(b, t1) - max(a, t0)
+        if b > a and overlap > 0:
+            total += amount * overlap / (b - a)
+    return total
+
+
+def test_utilization_figures_as_arrays_are_the_loops_floats():
+    """metrics' series, steady window share and totals over a run's rows as arrays: every float the loops over the
+    rows give (each bin and total summed in the rows' order), from Busy, Rows and lists alike."""
+    from simulator.model.busy import Busy
+    from simulator.studies import metrics
+
+    rnd = random.Random(4)
+    for _ in range(40):
+        busy, held = Busy(), Rows("ddq")
+        for _ in range(rnd.randint(0, 3000)):
+            a = rnd.choice([0.0, rnd.uniform(0, 5000), float(rnd.randint(0, 100)) * 25.0])
+            b = a + rnd.choice([0.0, rnd.uniform(0, 10), rnd.uniform(0, 3000), 25.0])
+            busy.add(a, b, rnd.uniform(0, 1e4))
+            held.append((a, b, rnd.randint(1, 64)))
+        end = max([b for _, b, _ in busy], default=0.0) * rnd.choice([1.0, 0.9])
+        pieces = [(a, b, n * (b - a)) for a, b, n in held]
+        for rows, listed in ((busy, list(busy)), (metrics._held(_Held(held)), pieces)):
+            got = metrics.series(rows, end, 200)
+            assert [x.hex() for x in got] == [x.hex() for x in _series_by_piece(listed, end, 200)]
+            assert metrics.series(listed, end, 200) == got
+            t0, t1 = sorted(rnd.uniform(0, 5000) for _ in range(2))
+            assert metrics._within(rows, t0, t1).hex() == _within_by_piece(listed, t0, t1).hex()
+        assert metrics._sum(metrics._held(_Held(held))[2]).hex() == float(sum((b - a) * n for a, b, n in held)).hex()
+        assert metrics._sum(metrics._columns(busy)[2]).hex() == float(sum(x for _, _, x in busy)).hex()
+
+
+@dataclasses.dataclass
+class _Held:
+    held: object
+
