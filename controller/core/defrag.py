@@ -82,8 +82,7 @@ def _plan_in_order(occ: Occupancy, ids, before, kept: dict[str, str], order: lis
                 except NoRoomNow:
                     worse[j] = "no room for it once the others moved"
                     break
-                for gi in ids[j]:
-                    occ._hold(gi, j)
+                occ._hold_all(ids[j], j)  # each GPU's `_hold` in turn
                 n_before, n_after = len(before[j]), len(_switches(occ, ids[j]))
                 if n_after >= n_before:
                     worse[j] = f"cannot fall below {n_before} switches"

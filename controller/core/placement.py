@@ -109,10 +109,11 @@ def _plan_from(
 
 
 # --- the entry points -----------------------------------------------------------------------------
-def plan(occ: Occupancy, req: Request, job: str | None = None) -> Plan:
+def plan(occ: Occupancy, req: Request, job: str | None = None, noted: bool = True) -> Plan:
     """Choose GPUs for `req` (or take the named ones) and the circuits that place them. `job`: also commit the plan
     to `occ` for that job, as `occ.commit(job, plan)` after it would (the planner's own changes kept where they are
-    the plan's, not undone and made again); `occ` is unchanged when it raises."""
+    the plan's, not undone and made again); `occ` is unchanged when it raises. `noted` False: a count's plan comes
+    without its note (words no caller of the simulator reads), the same plan otherwise."""
     if req.policy not in POLICIES:
         raise InvalidRequest(f"unknown policy {req.policy!r} ({', '.join(POLICIES)})", "policy")
     if req.gpu_model is not None and req.gpu_model not in occ.ix.model_id:
@@ -123,7 +124,7 @@ def plan(occ: Occupancy, req: Request, job: str | None = None) -> Plan:
             "gpu_model",
         )
     if isinstance(req.gpus, int):
-        return _plan_count(occ, req, req.gpus, job)
+        return _plan_count(occ, req, req.gpus, job, noted)
     p = _plan_named(occ, req, req.gpus)
     if job is not None:
         occ.commit(job, p)
@@ -177,7 +178,7 @@ def _only(occ: Occupancy, req: Request) -> list[int] | None:
     return [occ.ix.switches.index(w) for w in req.switches if w in occ.ix.switches]
 
 
-def _plan_count(occ: Occupancy, req: Request, n: int, job: str | None = None) -> Plan:
+def _plan_count(occ: Occupancy, req: Request, n: int, job: str | None = None, noted: bool = True) -> Plan:
     ix = occ.ix
     if n < 1:
         raise InvalidRequest("at least 1 GPU")
@@ -188,18 +189,17 @@ def _plan_count(occ: Occupancy, req: Request, n: int, job: str | None = None) ->
         raise PlacementError(f"{n} {what} asked for, the rack has {total}")
     free = _free(occ, fixed)
     speed = {m: seconds_per_iteration(req.workload, ix.models[m]) for m in range(len(ix.models))}
-    free_text = ", ".join(f"{ix.models[m]} {k}" for m, k in enumerate(free))
     wired = " with circuits" if fixed else ""
     if req.gpu_model is not None:
         m = ix.model_id[req.gpu_model]
         if free[m] < n:
-            raise NoRoomNow(f"{n} x {req.gpu_model} asked for, {free[m]} free{wired} (free: {free_text})")
+            raise NoRoomNow(f"{n} x {req.gpu_model} asked for, {free[m]} free{wired} (free: {_free_text(ix, free)})")
         candidates = [[m]]
     else:
         candidates = [[m] for m in sorted(range(len(free)), key=lambda m: speed[m]) if free[m] >= n]
         if not candidates:
             if sum(free) < n:
-                raise NoRoomNow(f"{n} GPUs asked for, {sum(free)} free{wired} (free: {free_text})")
+                raise NoRoomNow(f"{n} GPUs asked for, {sum(free)} free{wired} (free: {_free_text(ix, free)})")
             candidates = [_fastest_mix(free, speed, n)]
     best, kept = None, False
     for models in candidates:
@@ -228,7 +228,13 @@ def _plan_count(occ: Occupancy, req: Request, n: int, job: str | None = None) ->
     _, p, models = best
     if job is not None and not kept:
         occ.commit(job, p)
-    return _with_note(p, _count_note(occ, req, p, models, free_text, len(candidates) > 1, speed))
+    if not noted:
+        return p
+    return _with_note(p, _count_note(occ, req, p, models, _free_text(ix, free), len(candidates) > 1, speed))
+
+
+def _free_text(ix, free: list[int]) -> str:
+    return ", ".join(f"{ix.models[m]} {k}" for m, k in enumerate(free))
 
 
 def _free(occ: Occupancy, fixed: bool) -> list[int]:

@@ -54,7 +54,8 @@ class OccupancyPlacer:
         if not names and gpus > self.free():
             return None
         try:
-            p = core.plan(self.occ, core.Request(names or gpus, policy, gpu_model, workload), job)  # and committed
+            p = core.plan(self.occ, core.Request(names or gpus, policy, gpu_model, workload), job,  # and committed
+                          noted=False)  # the controller's words on it: not read here
         except core.NoRoomNow:
             return None
         except core.PlacementError as e:

@@ -4,6 +4,7 @@ tuples they were, and the detail loop with its arithmetic inlined steps exactly 
 import dataclasses
 import os
 import random
+import re
 import time
 
 import pytest
@@ -339,3 +340,36 @@ def test_utilization_figures_as_arrays_are_the_loops_floats():
 class _Held:
     held: object
 
+
+def test_a_plan_without_its_note_is_the_same_plan_committed_alike():
+    """`placement.plan(..., noted=False)` (the simulator's: it never reads the note) gives and commits the plan that
+    `noted=True` gives, with no note; the same errors where none can be made."""
+    from controller.core import placement
+    from controller.core.circuits import CircuitMap
+    from controller.core.occupancy import Occupancy
+
+    rack = racks.generate(racks.RackOptions(256, gpus_per_switch=8, gpus_per_server=4, oversubscription=4,
+                                            models=(("V100", 0.5), ("A100", 0.5)), spare=1.5))
+    noted, bare = (Occupancy(rack, CircuitMap.initial(rack), {}) for _ in range(2))
+    rnd = random.Random(2)
+    placed = 0
+    for i in range(400):
+        if noted.jobs and rnd.random() < 0.4:
+            job = rnd.choice(sorted(noted.jobs))
+            noted.release(job)
+            bare.release(job)
+            continue
+        req = placement.Request(rnd.choice([1, 2, 4, 8, 16, 32, 64]), rnd.choice(["fixed", "regroup"]),
+                                rnd.choice([None, None, "A100"]), rnd.choice(["vgg16", "resnet50"]))
+        try:
+            p = placement.plan(noted, req, f"j{i}")
+        except placement.PlacementError as e:
+            with pytest.raises(type(e), match=re.escape(str(e))):
+                placement.plan(bare, req, f"j{i}", noted=False)
+            continue
+        q = placement.plan(bare, req, f"j{i}", noted=False)
+        assert (p.gpus, p.switches, p.remove, p.add) == (q.gpus, q.switches, q.remove, q.add)
+        assert p.note and not q.note
+        assert (noted.holder, noted.partner, noted.jobs) == (bare.holder, bare.partner, bare.jobs)
+        placed += 1
+    assert placed > 150
