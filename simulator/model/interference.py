@@ -88,7 +88,8 @@ class Interference:
         # lost a ring may have come apart, the others are connected, and only a ring added joins pieces
         self._pieces: list[list[int]] = []
         self._piece_of: dict[int, int] = {}
-        self._broken: dict[int, list[int]] = {}  # the pieces that lost a ring, and the links the rings lost crossed
+        # the pieces that lost a ring: the rings they lost, and the links those crossed
+        self._broken: dict[int, tuple[list[int], list[int]]] = {}
         # stepping through: the max-min rates of each set of transferring rings met, by the rings' tags (a ring put on
         # the fabric again is another ring: a new tag)
         self._known: dict[tuple[int, ...], dict[int, float]] = {}
@@ -115,7 +116,9 @@ class Interference:
         state, progress = self._pending.pop(key)
         if state is _COLUMNS:
             state, progress = self.cols.get(key)
-        self._broken.setdefault(self._piece_of.pop(key), []).extend(self.rings[key].links)
+        lost, cut = self._broken.setdefault(self._piece_of.pop(key), ([], []))
+        lost.append(key)
+        cut.extend(self.rings[key].links)
         if progress is None:  # it joined at this very instant
             progress = state.done + self._fraction(state, self.rings[key], self.period_alone(self.rings[key]))
         for link in self.rings[key].links:
@@ -163,15 +166,21 @@ class Interference:
         for i in range(len(pieces)):
             joined.setdefault(root(i), []).append(i)
         for members in joined.values():
-            keys = []  # each ring in its last piece: only a piece that lost a ring (broken) may hold one not its own
+            keys = []  # each ring in its last piece: a piece holds every ring it was made with but those it lost
             for i in members:
-                keys += [k for k in pieces[i] if piece_of.get(k) == i] if i in broken else pieces[i]
+                if i in broken:
+                    mine = list(pieces[i])
+                    for k in broken[i][0]:
+                        mine.remove(k)
+                    keys += mine
+                else:
+                    keys += pieces[i]
             if not any(i in broken for i in members):
                 if keys:
                     self._solve(self._pending_t, sorted(keys), pending)
                 continue
             if len(keys) >= self.VECTOR_MIN:  # as arrays, searched for its parts unless shown joined
-                cut = [link for i in members if i in broken for link in broken[i]]
+                cut = [link for i in members if i in broken for link in broken[i][1]]
                 for group in [keys] if self._joined(cut) else self.cols.parts(keys):
                     self._solve(self._pending_t, sorted(group), pending)
                 continue
@@ -245,36 +254,33 @@ class Interference:
                         todo.append(k)
         return seen
 
-    JOIN_RINGS = 64  # `_joined` looks at no more rings than this (beyond it `Columns.parts` costs less)
+    JOIN_LOOKS = 128  # `_joined` looks at no more rings than this (each costs a look at its links)
 
     def _joined(self, cut: list[int]) -> bool:
         """Whether the links `cut` (those the rings that left a component crossed) that still carry rings are joined to
-        each other through the rings now on the fabric, found by a search from one of them over at most JOIN_RINGS
-        rings. Then what is left of the component is one component still (each part of it holds a ring that shared a
-        link with a ring that left: it crosses one of `cut`), and with it whatever rings added at the instant joined to
-        it. False: not shown so (it may still be one)."""
+        each other through rings that cross two of them, found by a search from one of them that looks at no more
+        than JOIN_LOOKS rings. Then what is left of the component is one component still (each part of it holds a
+        ring that shared a link with a ring that left: it crosses one of `cut`), and with it whatever rings added at
+        the instant joined to it. False: not shown so (it may still be one)."""
         users, rings = self.users, self.rings
         links = {link for link in cut if users[link]}
         left = len(links) - 1  # cut links not reached yet
         if left <= 0:
             return True
         first = next(iter(links))
-        seen, met, todo = {first}, set(), [first]
+        seen, todo, looks = {first}, [first], self.JOIN_LOOKS
         while todo:
             for k in users[todo.pop()]:
-                if k in met:
-                    continue
-                if len(met) == self.JOIN_RINGS:
+                looks -= 1
+                if looks < 0:
                     return False
-                met.add(k)
                 for link in rings[k].links:
-                    if link not in seen:
+                    if link in links and link not in seen:
+                        left -= 1
+                        if not left:
+                            return True
                         seen.add(link)
                         todo.append(link)
-                        if link in links:
-                            left -= 1
-                            if not left:
-                                return True
         return False
 
     def _settle(self, t: float, comp: _Comp | Block) -> None:
