@@ -145,15 +145,13 @@ class Detail:
                          ring.compute_s, 1 << i))
             if s.phase == TRANSFER:
                 mask |= 1 << i
-        everyone = (1 << len(rows)) - 1
-        by_mask: dict[int, dict[int, float]] = {}
+        rates_of = self._rates_by_mask(rows)
         paces: dict[int, tuple[list[float], dict[int, float]]] = {}  # by mask: each ring's pace (0.0 idle), rates
         idle = [0.0] * len(rows)
         short = {k for k, n in window.items() if self.states[k].done < n} if window else None
         inf = float("inf")
         events = 0
         last = None  # the rates read last, kept as `self.rates` (as `_rates` keeps them)
-        solve = None  # `_rates_of` by the mask alone (`_mask_solver`), made at the first mask met
         try:
             while events < max_events:
                 if short is not None and not short:
@@ -163,12 +161,7 @@ class Detail:
                 if mask:
                     entry = paces.get(mask)
                     if entry is None:
-                        key = everyone if self.held else mask
-                        rates = by_mask.get(key)
-                        if rates is None:
-                            if solve is None:
-                                solve = self._mask_solver(rows)
-                            rates = by_mask[key] = solve(key)
+                        rates = rates_of(mask)
                         entry = paces[mask] = ([(row[3] / rates[row[0]] + row[4] if row[2] else rates[row[0]])
                                                 if row[-1] & mask else 0.0 for row in rows], rates)
                     pace, last = entry
@@ -254,25 +247,18 @@ class Detail:
                 mask |= 1 << i
         rem = [s.remaining for s in states]
         step = [s.step for s in states]
-        everyone = (1 << len(rows)) - 1
-        by_mask: dict[int, dict[int, float]] = {}
+        rates_of = self._rates_by_mask(rows)
         paces: dict[int, tuple[list[float], dict[int, float] | None]] = {0: ([1.0] * len(rows), None)}
         short = {k for k, n in window.items() if self.states[k].done < n} if window else None
         events = 0
         last = None  # the rates read last, kept as `self.rates` (as `_rates` keeps them)
-        solve = None
         try:
             while events < max_events:
                 if short is not None and not short:
                     break
                 entry = paces.get(mask)
                 if entry is None:
-                    key = everyone if self.held else mask
-                    rates = by_mask.get(key)
-                    if rates is None:
-                        if solve is None:
-                            solve = self._mask_solver(rows)
-                        rates = by_mask[key] = solve(key)
+                    rates = rates_of(mask)
                     entry = paces[mask] = ([row[3] / rates[row[0]] + row[4] if row[-1] & mask else 1.0
                                             for row in rows], rates)
                 div, rates = entry
@@ -315,6 +301,25 @@ class Detail:
     def _rates_of(self, rows: list, mask: int) -> dict[int, float]:
         """The max-min rates of the rings of `rows` in `mask` (in their order), as `_rates` computes and keeps them."""
         return self._solved(tuple([row[0] for row in rows if row[-1] & mask]))
+
+    def _rates_by_mask(self, rows: list):
+        """The rates of the rings of a mask (of every ring while held), each solved once in a run: `_rates_of` by the
+        mask alone (`_mask_solver`, made at the first mask met)."""
+        everyone = (1 << len(rows)) - 1
+        by_mask: dict[int, dict[int, float]] = {}
+        solve = None
+
+        def rates_of(mask: int) -> dict[int, float]:
+            nonlocal solve
+            key = everyone if self.held else mask
+            rates = by_mask.get(key)
+            if rates is None:
+                if solve is None:
+                    solve = self._mask_solver(rows)
+                rates = by_mask[key] = solve(key)
+            return rates
+
+        return rates_of
 
     def _mask_solver(self, rows: list):
         """`_rates_of(rows, mask)` as a function of the mask alone: the same rates (`_solved`'s, the same dicts kept by

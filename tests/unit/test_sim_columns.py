@@ -132,16 +132,22 @@ def test_a_ring_stored_as_columns_comes_back_as_the_per_ring_state():
     assert all(isinstance(x, int) for x in (state.phase, state.step, state.done))
 
 
+def _interference_of(rings, links: int) -> Interference:
+    """An Interference over `links` links of capacity 1 holding `rings`, each ring's columns set."""
+    inter = Interference([1.0] * links, 0.0)
+    for r in rings:
+        inter.rings[r.key] = r
+        for link in r.links:
+            inter.users.setdefault(link, set()).add(r.key)
+        inter.cols.set_ring(r, 1)
+    return inter
+
+
 def test_parts_as_arrays_are_the_components_a_search_finds():
     rng = random.Random(3)
     for _ in range(20):
         rings = [r for r in random_rings(rng, 60, 150) if r.links]
-        inter = Interference([1.0] * 150, 0.0)
-        for r in rings:
-            inter.rings[r.key] = r
-            for link in r.links:
-                inter.users.setdefault(link, set()).add(r.key)
-            inter.cols.set_ring(r, 1)
+        inter = _interference_of(rings, 150)
         keys = [r.key for r in rings]
         found, rest = [], set(keys)
         while rest:
@@ -160,12 +166,7 @@ def test_a_component_shown_joined_after_rings_leave_is_one_part():
     said = split = 0
     for _ in range(300):
         rings = [r for r in random_rings(rng, 40, 30) if r.links]
-        inter = Interference([1.0] * 30, 0.0)
-        for r in rings:
-            inter.rings[r.key] = r
-            for link in r.links:
-                inter.users.setdefault(link, set()).add(r.key)
-            inter.cols.set_ring(r, 1)
+        inter = _interference_of(rings, 30)
         whole = max(inter.cols.parts([r.key for r in rings]), key=len)  # one component
         gone = rng.sample(whole, rng.randint(1, 3))
         for k in gone:
