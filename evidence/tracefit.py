@@ -8,9 +8,10 @@ lags.host_factor: its probe against PROBE_S, the probe's median over the fit's p
 - containers: submit to `started_at` of the jobs placed at once (no other job's end between their submit, less
   RELEASE_WINDOW_S, and their start), less a per-GPU part (the least-squares slope within the queue drains);
 - start: start to the first iteration (every rank's first iteration begins together: the ring's rendezvous), a
-  least-squares plane through the origin on the GPUs placed at the same instant up to and including the job's (the
-  engine's `burst`: jobs placed within GROUP_S of the one before) and the GPUs of other jobs iterating at its
-  admission;
+  least-squares plane on the GPUs starting at its admission (its own and those of jobs admitted before it not yet
+  at their first iteration) and the GPUs of other jobs iterating then;
+- the spread around both: each job's measured lag over the least squares', the standard deviation of its log for
+  the containers' and the start lag and the two logs' correlation (the draws of tracesim's ensemble, lags.draws);
 - end and iteration: the 1-GPU jobs (no all-reduce): their first iteration to `ended_at` less the profile's compute,
   a least-squares line on their iterations: the intercept is the end (the ranks' exit, the controller seeing it),
   the slope each iteration's cost beyond its compute;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -250,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     for p, r in zip(args.replay, records, strict=True):
         print(f"  {p.stem}: host factor {lags.host_factor(r) * lags.PROBE_S / probe_s:.3f}")
     for k, v in fig.items():
-        print(f"  {k}: {_fmt(v, d) if isinstance(v, list) else f'{v:.3f} s'}")
+        unit = "" if "log" in k else " s"  # the spread's figures are of logs: no unit
+        print(f"  {k}: {_fmt(v, d) if isinstance(v, list) else f'{v:.3f}{unit}'}")
     rows = per_iteration(runs, rack_file, False)
     with_lag = per_iteration(runs, rack_file, True)
     print("  after the first iteration, emulated per iteration / simulated alone (median; min-max):")
@@ -359,6 +362,10 @@ def fit(runs: list[tuple[list[dict], float]], demo: list[dict], d: float,
     tail = [k[id(jobs)] * (j["end_s"] - j["first_iteration_s"] - j["iterations"] * c.compute_s[0])
             for (jobs, j), c in zip(ones, costs, strict=True)]
     end, per_gb = line([j["iterations"] * c.gradient_bytes / 1e9 for (_, j), c in zip(ones, costs, strict=True)], tail)
+    # the spread: each job's measured lag over the least squares'
+    log_c = [math.log(g / (containers + per_gpu * x + per_busy_c * y))
+             for g, (_, x, y) in zip(granted, load, strict=True)]
+    log_s = [math.log(v / (start + per_placed * x + per_busy * y)) for v, (_, x, y) in zip(delays, load, strict=True)]
     load_of = {id(j): (x, y) for (_, j), (_, x, y) in zip(every, load, strict=True)}
     waited = [(j, k[id(jobs)] * x) for jobs, _ in runs for j, x in release_rows(jobs)]
     return {
@@ -370,6 +377,9 @@ def fit(runs: list[tuple[list[dict], float]], demo: list[dict], d: float,
         "start: a, least squares on the GPUs starting and those iterating at its admission": start,
         "start: per GPU starting": per_placed,
         "start: per GPU of other jobs iterating": per_busy,
+        "containers: log of measured over the least squares', standard deviation": statistics.pstdev(log_c),
+        "start: log of measured over the least squares', standard deviation": statistics.pstdev(log_s),
+        "the two logs' correlation": statistics.correlation(log_c, log_s),
         "start to every rank's first iteration (demo)": [statistics.median(x["start"]) for x in demo],
         "ranks' first iterations apart (demo), at most": max(max(x["start"]) - min(x["start"]) for x in demo)
         if demo else 0.0,

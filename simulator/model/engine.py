@@ -203,8 +203,9 @@ class Run(FailureEvents, Moves):
         if lags != NO_LAGS:  # its containers start, then the ring's first iteration: later with more jobs starting
             starting = job.gpus + sum(self.jobs[k].gpus for k in self.pending)  # placed, not yet iterating
             busy = sum(self.jobs[k].gpus for k in self.running)
-            started = t + lags.containers(starting, busy)
-            ready = max(ready, started) + lags.start_delay(starting, busy)
+            c, s = self.o.jitter[key] if self.o.jitter is not None else (1.0, 1.0)
+            started = t + c * lags.containers(starting, busy)
+            ready = max(ready, started) + s * lags.start_delay(starting, busy)
         r = self.results[key]
         again = key in self.resume
         if not again:

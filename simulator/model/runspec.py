@@ -75,6 +75,8 @@ class Options:
     durations: str = "derived"  # jobs given by duration: "derived" iterations or "replayed" as is (workloads.py)
     failures: Failures | None = None  # server failures and how jobs recover (simulator/model/failures.py); None: none
     lags: Lags = NO_LAGS  # the emulation's container start and end, GPU release and per-iteration lags (lags.py)
+    jitter: tuple[tuple[float, float], ...] | None = None  # per job (trace order): its containers' and start lags'
+    # factors, one draw of the emulation's spread around them (lags.draws); None: each lag as charged
 
     def coarse(self, rack: Rack) -> bool:
         return self.step_model == "phase" or (self.step_model == "auto" and len(rack.gpus) > 64)

@@ -43,6 +43,9 @@ def test_each_constant_is_its_measurement(figures):
         "START_S": "start: a, least squares on the GPUs starting and those iterating at its admission",
         "START_PER_GPU_S": "start: per GPU starting",
         "START_PER_BUSY_GPU_S": "start: per GPU of other jobs iterating",
+        "CONTAINERS_LOG_SD": "containers: log of measured over the least squares', standard deviation",
+        "START_LOG_SD": "start: log of measured over the least squares', standard deviation",
+        "LOG_CORRELATION": "the two logs' correlation",
         "END_S": "end (the line's intercept on the 1-GPU jobs' iterations x gradient GB)",
         "ITERATION_PER_GB_S": "iteration beyond compute, per GB of gradient (the line's slope)",
     }
