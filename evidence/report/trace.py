@@ -21,7 +21,7 @@ TRACE_RACK = ROOT / "topologies" / "trace16.yaml"
 TRACE = ROOT / "traces" / "trace16.csv"
 # The traces whose verdict the sim-trace-verdict block shows, each by the bars in force: the one the model's lags
 # were fitted on, then three it was never fitted on (docs/trace-check.md says each one's part).
-JUDGED = (TRACE, *(ROOT / "traces" / f"trace16-{n}.csv" for n in ("small", "bursty", "even", "after")))
+JUDGED = (TRACE, *(ROOT / "traces" / f"trace16-{n}.csv" for n in ("small", "bursty", "even", "after", "v4a", "v4b")))
 
 
 def trace_of(record: dict) -> Path:

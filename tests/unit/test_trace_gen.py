@@ -45,7 +45,7 @@ def test_the_trace_rack_has_16_gpus_of_two_models_two_ocs_and_oversubscribed_upl
 
 
 @pytest.mark.parametrize("name", ["trace16.csv", "trace16-small.csv", "trace16-bursty.csv", "trace16-even.csv",
-                                  "trace16-interim.csv", "trace16-after.csv"])
+                                  "trace16-interim.csv", "trace16-after.csv", "trace16-v4a.csv", "trace16-v4b.csv"])
 def test_each_committed_trace_is_remade_by_the_command_in_its_first_line(tmp_path, name):
     committed = (ROOT / "traces" / name).read_text()
     command = committed.splitlines()[0].split("python -m scripts.trace_gen ", 1)[1].split()
@@ -60,16 +60,19 @@ def test_the_new_traces_differ_from_trace16_in_sizes_models_load_and_arrivals():
         gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
         return {"sizes": sorted({int(j[1]) for j in jobs}), "vgg16": sum(j[2] == "vgg16" for j in jobs) / len(jobs),
                 "load": sum(int(j[1]) * int(j[3]) * trace_gen.EST_ITERATION_S for j in jobs) / (16 * arrivals[-1]),
-                "bunched": sum(g < 2.0 for g in gaps) / len(gaps)}
+                "bunched": sum(g < 2.0 for g in gaps) / len(gaps), "paired": all(g < 2.0 for g in gaps[0::2])}
 
     base = figures("trace16.csv")
-    new = {n: figures(n) for n in ("trace16-small.csv", "trace16-bursty.csv", "trace16-even.csv", "trace16-after.csv")}
+    new = {n: figures(n) for n in ("trace16-small.csv", "trace16-bursty.csv", "trace16-even.csv", "trace16-after.csv",
+                                   "trace16-v4a.csv", "trace16-v4b.csv")}
     for name, f in new.items():
         assert f["sizes"] != base["sizes"], name
         assert abs(f["vgg16"] - base["vgg16"]) > 0.1, name
         assert abs(f["load"] - base["load"]) > 0.2, name
     assert new["trace16-bursty.csv"]["bunched"] > 0.6 > base["bunched"]  # most arrivals within 2 s of the last
     assert new["trace16-after.csv"]["bunched"] > 0.7 > base["bunched"]  # in threes
+    assert new["trace16-v4a.csv"]["paired"] and not base["paired"]  # in twos: each pair's second within 2 s
+    assert new["trace16-v4b.csv"]["bunched"] == 0.0 < base["bunched"]  # evenly spaced
 
 
 @pytest.mark.parametrize("argv, what", [
