@@ -206,7 +206,7 @@ def _plan_count(occ: Occupancy, req: Request, n: int, job: str | None = None, no
         original: dict[int, int] = {}
         try:
             with occ.tentative():
-                placed, used = _place(occ, _Models(occ, models), n, fixed, original, _only(occ, req))
+                placed, used = _place(occ, _Models(occ, models, not fixed), n, fixed, original, _only(occ, req))
                 p = _plan_from(occ, placed, used, original, "")
                 # a pool of one model places only that model's GPUs: the max over them is its speed
                 slowest = speed[models[0]] if len(models) == 1 else max(speed[ix.gpu_model[gi]] for gi in placed)

@@ -133,8 +133,12 @@ class _Models:
 
     fixed_set = False
 
-    def __init__(self, occ: Occupancy, models: Sequence[int]):
-        self.occ, self.models = occ, list(models)
+    def __init__(self, occ: Occupancy, models: Sequence[int], counted: bool = True):
+        """`counted` False: for the fixed policy, whose steps read only `occ.n_stay` and the idle GPUs under a switch
+        (`best` and `stayers`): the pool's loose and wired counts per group are not taken (reading them raises)."""
+        self.occ, self.models, self.counted = occ, list(models), counted
+        if not counted:
+            return
         if len(self.models) == 1:  # one model's column (the sum over one column, without the copy and the sum)
             loose, wired = occ.n_loose[:, self.models[0]], occ.n_wired[:, self.models[0]]
         else:
@@ -213,7 +217,7 @@ class _Models:
     def rest(self, occ: Occupancy, placed: list[int]):
         """The pool without `placed` (they are held by the plan now)."""
         occ._hold_all(placed, _PLANNING)
-        return _Models(occ, self.models)
+        return _Models(occ, self.models, self.counted)
 
     def member(self, gi: int) -> bool:
         return self.occ.ix.gpu_model[gi] in self.models

@@ -59,15 +59,18 @@ def solve(compute: np.ndarray, volume: np.ndarray, waits: np.ndarray, own: np.nd
     starts = (np.cumsum(counts) - counts)[linked]
     every = bool(linked.all())  # every ring crosses a link: no mask (the same values)
     own_linked = own if every else own[linked]
-    # each round's arrays written in place into these (the same operations in the same order: the same floats)
+    # each round's arrays written in place into these (the same operations in the same order: the same floats); the
+    # gathers and the largest change called as the arrays' and the ufunc's own methods (numpy's module functions wrap
+    # them in Python: the same C loops)
     period, new, change = compute.copy(), np.empty(len(compute)), np.empty(len(compute))
     wd, share = np.empty(len(link_of)), np.empty(len(link_of))
     d = np.array(d, dtype=float)  # the caller's array is left as it is
+    largest = np.maximum.reduce
     for _ in range(ROUNDS):
-        np.take(d, ring_of, out=wd, mode="clip")  # weight * d per pair
+        d.take(ring_of, out=wd, mode="clip")  # weight * d per pair
         np.multiply(weight, wd, out=wd)
         load = np.bincount(link_of, weights=wd, minlength=bins)
-        np.take(load, link_of, out=share, mode="clip")  # (weight + load - wd) * inverse, in that order
+        load.take(link_of, out=share, mode="clip")  # (weight + load - wd) * inverse, in that order
         np.add(weight, share, out=share)
         np.subtract(share, wd, out=share)
         np.multiply(share, inverse, out=share)
@@ -85,7 +88,7 @@ def solve(compute: np.ndarray, volume: np.ndarray, waits: np.ndarray, own: np.nd
         np.subtract(new, period, out=change)  # the largest |new - period| / new
         np.abs(change, out=change)
         np.divide(change, new, out=change)
-        worst = float(change.max())
+        worst = float(largest(change))
         period, new = new, period
         # damped: 0.5 * d + 0.5 * transfer / period, as 0.5 * (d + transfer / period): halving is exact (no duty cycle
         # comes near the subnormal range), so the same floats

@@ -224,3 +224,42 @@ def test_the_first_switch_with_need_under_it_wins_unweighed(seed, monkeypatch):
             else:
                 assert pool.best(occ, need, False, used) == full
     assert hits
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_fixed_plan_takes_no_pool_counts_and_is_the_counted_pool_s(seed, monkeypatch):
+    """The fixed policy's pools leave their loose and wired counts per group untaken (`counted` False: reading one
+    raises): job after job, committed or not, the same plan, the same error and the same occupancy as with pools
+    that take them (as before), of either model or mixed, over several switches."""
+    rng = random.Random(seed)
+    a, b = scrambled(seed), scrambled(seed)
+    counted = pools._Models
+
+    def always_counted(occ, models, _counted=True):
+        return counted(occ, models, True)
+
+    seen = 0
+    for i in range(24):
+        req = placement.Request(rng.choice([1, 2, 3, 5, 8, 12, 20]), "fixed", rng.choice([None, None, "V100"]))
+        job = f"new{i}" if rng.random() < 0.7 else None
+        with monkeypatch.context() as m:
+            m.setattr(pools, "_Models", always_counted)
+            m.setattr(placement, "_Models", always_counted)
+            try:
+                want = placement.plan(b, req, job)
+            except placement.NoRoomNow as e:
+                want = e
+        try:
+            got = placement.plan(a, req, job)
+        except placement.NoRoomNow as e:
+            assert isinstance(want, placement.NoRoomNow) and str(e) == str(want)
+        else:
+            assert got == want
+            seen += len(got.switches) > 1
+        assert state(a) == state(b)
+        if rng.random() < 0.3:
+            a.release(f"new{i - 1}"), b.release(f"new{i - 1}")
+    assert seen  # some plans spread over several switches (more than one step)
+    pool = pools._Models(a, [0], counted=False)
+    with pytest.raises(AttributeError):
+        pool.n_loose  # noqa: B018
