@@ -98,7 +98,10 @@ class Rejoin:
 
     def _record(self, job: Job, rec: dict, kept: list[str]) -> None:
         now, warm = self.book.clock(), rec.pop("warm_told", [])
-        k = newest_checkpoint(job, self.book.rack, [g for g in job.gpus if g in rec["old_gpus"]])[0]
+        # the checkpoint the ranks were told (_tell), not the newest held now: they may have saved newer ones since
+        told = [r[0] for r in rec.get("restores", {}).values()]
+        k = max(told, default=0) if "restores" in rec else \
+            newest_checkpoint(job, self.book.rack, [g for g in job.gpus if g in rec["old_gpus"]])[0]
         done = {key: rec[key] for key in ("attempt", "reason", "detected_at", "restartable", "errors",
                                           "servers_down", "reached", "spares", "restarted", "planning_s", "ocs_s",
                                           "event", "switches", "planned_at", "told_s", "aggregation") if key in rec}

@@ -431,6 +431,42 @@ def test_a_swap_with_no_warm_spare_starts_a_container_and_says_so(tmp_path, vrt)
     assert [g for j, g, c in driver.started if j == job.id][4:] == [spare]  # only the spare's container
 
 
+def test_the_record_says_the_checkpoint_the_ranks_were_told_though_they_saved_a_newer_one_before_it(tmp_path, vrt,
+                                                                                                      monkeypatch):
+    """The spare's container is slow to come up (8 s more, as on a loaded host) while the survivors, told to go on
+    from iteration 10, already train and save iteration 15 in the new attempt: the recovery's record says 10, the
+    checkpoint every rank restored (not the newest one held when the record is written), and counts the iterations
+    redone from it."""
+    from controller.jobs.workers import Workers
+    from tests.unit.jobfakes import service
+
+    start = Workers.start
+
+    def slow_start(self, job, gpus, restores=None, *more, **kw):
+        image = start(self, job, gpus, restores, *more, **kw)
+        if restores:  # a recovery's containers: up, and slow to say so
+            vrt.sleep(8.0)
+        return image
+
+    monkeypatch.setattr(Workers, "start", slow_start)
+    driver = FakeDriver(pace=PACE)
+    placement, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
+    vrt.advance(0)
+    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"], warm_spares=0)
+    vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
+    driver.kill_server("srv2")
+    vrt.run(lambda: job.recoveries or not job.active, what="the recovery's record")
+    (rec,) = job.recoveries
+    newer = [r["iteration"] for g in rec["kept"] for r in job.reports[g]
+             if r.get("event") == "checkpoint" and r.get("attempt") == rec["attempt"]]
+    assert newer and max(newer) > 10, newer  # the race: a newer checkpoint held before the record
+    told = {g: argv for j, g, argv in driver.regrouped if j == job.id}
+    assert all(a[a.index("--resume-from") + 1] == "10" for a in told.values()), told
+    assert rec["resumed_from"] == 10 and rec["iterations_redone"] == rec["reached"] - 10, rec
+    vrt.run(finished(placement, job.id), what="the job to end")
+    assert job.state == "done", job.reason
+
+
 def test_a_job_keeps_warm_spares_per_gpu_model_and_switch_it_spans(tmp_path, vrt):
     """warm_spares counts per (GPU model, switch) of the job's GPUs: a job of an M40 and a TitanV under one switch
     keeps one warm spare of each model; with warm_spares 2, two of each where the rack has them."""
