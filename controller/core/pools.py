@@ -77,6 +77,8 @@ class _Named:
         self.groups = sorted(set(self.loose) | set(self.wired))
         self.n_loose = [len(self.loose.get(g, ())) for g in range(ng)]
         self.n_wired = [len(self.wired.get(g, ())) for g in range(ng)]
+        # every one of them under a switch is idle (defragmentation's movers, unheld): `under` is `idle_under`
+        self.all_idle = sum(k for per in self.idle_under.values() for k in per.values()) == sum(self.n_wired)
 
     def totals(self, occ: Occupancy, w: int, fixed: bool) -> tuple[int, int, int, int]:
         """(stayers, movers at cost 1, 2, 3) for switch `w`."""
@@ -97,10 +99,14 @@ class _Named:
     def best(self, occ: Occupancy, need: int, fixed: bool, used: list[int]) -> tuple[int, int, int] | None:
         """(fits, cost, switch) of the first switch that takes the most of `need`, then with the fewest changes."""
         shape = occ.n_idle.shape
-        under, idle_under = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        under = np.zeros(shape, dtype=np.int64)
         for w, per in self.under.items():
             for g, ids in per.items():
                 under[w, g] = len(ids)
+        if self.all_idle and not fixed:  # `_bounded`'s bound holds (each GPU under a switch on an open downlink)
+            return _bounded(occ, need, used, under.sum(axis=1), lambda _, rows: under[rows], self.groups,
+                            self.n_loose, self.n_wired)
+        idle_under = np.zeros(shape, dtype=np.int64)
         for w, idle_per in self.idle_under.items():
             for g, k in idle_per.items():
                 idle_under[w, g] = k

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from controller.core import placement, pools
 from controller.core.circuits import CircuitMap
+from controller.core.defrag import plan_defrag
 from controller.core.occupancy import Occupancy
 from simulator.inputs.racks import RackOptions, generate
 
@@ -263,3 +265,81 @@ def test_a_fixed_plan_takes_no_pool_counts_and_is_the_counted_pool_s(seed, monke
     pool = pools._Models(a, [0], counted=False)
     with pytest.raises(AttributeError):
         pool.n_loose  # noqa: B018
+
+
+def _named_in_full(occ, pool, need, fixed, used):
+    """`_Named.best` as it was: every switch weighed (`_best`) from the pool's GPUs and idle ones under each switch."""
+    under, idle_under = np.zeros(occ.n_idle.shape, dtype=np.int64), np.zeros(occ.n_idle.shape, dtype=np.int64)
+    for w, per in pool.under.items():
+        for g, ids in per.items():
+            under[w, g] = len(ids)
+    for w, per in pool.idle_under.items():
+        for g, k in per.items():
+            idle_under[w, g] = k
+    return pools._best(occ, need, fixed, used, under, idle_under, pool.n_loose, pool.n_wired)
+
+
+@pytest.mark.parametrize("shape", [(64, 8, 1.5), (96, 4, 2.0)])
+def test_a_named_pool_weighs_in_full_only_what_could_win(shape, monkeypatch):
+    """A named pool whose GPUs under a switch are all idle (defragmentation's movers) is weighed by `_bounded` (one
+    switch weighed before the bound sets others aside): the choice of weighing every switch, ties included, in states
+    from idle to busy, some of the pool's GPUs loose; a pool with a held GPU is weighed in full as before."""
+    monkeypatch.setattr(pools, "_FIRST", 1)
+    gpus, per_switch, spare = shape
+    rack = generate(RackOptions(gpus, gpus_per_switch=per_switch, gpus_per_server=4, oversubscription=4, spare=spare))
+    bounded = held = 0
+    for seed in range(10):
+        rng = random.Random(seed)
+        occ = Occupancy(rack, CircuitMap.initial(rack), {})
+        ix = occ.ix
+        for _ in range(rng.randrange(200)):
+            gi, w = rng.randrange(len(ix.gpus)), rng.randrange(len(ix.switches))
+            if ix.downlinks[w][ix.gpu_group[gi]]:
+                occ.move(gi, rng.choice(ix.downlinks[w][ix.gpu_group[gi]]))
+        for gi in rng.sample(range(len(ix.gpus)), int(rng.random() * len(ix.gpus))):
+            occ._hold(gi, "job")
+        for gi in rng.sample(range(len(ix.gpus)), rng.randrange(len(ix.gpus) // 3)):
+            if occ.loc[gi] >= 0 and occ.holder[gi] is None:
+                occ._disconnect(gi)
+        free = [gi for gi in range(len(ix.gpus)) if occ.holder[gi] is None]
+        taken = [gi for gi in range(len(ix.gpus)) if occ.holder[gi] is not None and occ.loc[gi] >= 0]
+        for need in range(1, 20):
+            ids = rng.sample(free, min(need, len(free)))
+            if taken and rng.random() < 0.2:
+                ids[-1:] = [rng.choice(taken)]
+            pool = pools._Named(occ, ids)
+            bounded += pool.all_idle
+            held += not pool.all_idle
+            for used in ([], [0], rng.sample(range(len(ix.switches)), 3)):
+                for fixed in (False, True):
+                    want = _named_in_full(occ, pool, len(ids), fixed, used)
+                    assert pool.best(occ, len(ids), fixed, used) == want, (seed, need, used, fixed)
+    assert bounded > 100 and held
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_defragmentation_plans_the_same_with_the_bound(seed, monkeypatch):
+    """plan_defrag with the named pools weighed by `_bounded` gives the plan that weighing every switch gives: the
+    same moves, circuits, kept jobs and switch counts, on racks made fragmented by jobs placed and ended at random."""
+    rack = generate(RackOptions(256, gpus_per_switch=16, gpus_per_server=4, oversubscription=4, spare=1.5))
+    rng = random.Random(seed)
+    occ = Occupancy(rack, CircuitMap.initial(rack), {})
+    moved = 0
+    for i in range(120):
+        req = placement.Request(rng.choice([2, 4, 6, 8, 12, 20, 24]), rng.choice(["fixed", "regroup"]))
+        try:
+            placement.plan(occ, req, f"j{i}")
+        except placement.NoRoomNow:
+            pass
+        if rng.random() < 0.45 and occ.jobs:
+            occ.release(rng.choice(sorted(occ.jobs)))
+        if i % 10 == 9:
+            jobs = {j: [occ.ix.gpus[gi] for gi in v] for j, v in occ.jobs.items()}
+            got = plan_defrag(occ, jobs)
+            with monkeypatch.context() as m:
+                m.setattr(pools._Named, "best", lambda self, occ, need, fixed, used:
+                          _named_in_full(occ, self, need, fixed, used))
+                want = plan_defrag(occ, jobs)
+            assert got == want
+            moved += len(got.moves)
+    assert moved
