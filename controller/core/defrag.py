@@ -73,8 +73,7 @@ def _plan_in_order(occ: Occupancy, ids, before, kept: dict[str, str], order: lis
         worse: dict[str, str] = {}
         with occ.tentative():
             for j in movers:
-                for gi in ids[j]:
-                    occ._unhold(gi)
+                occ._unhold_all(ids[j])  # each GPU's `_unhold` in turn
             original: dict[int, int] = {}
             for j in movers:
                 try:

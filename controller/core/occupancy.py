@@ -14,7 +14,7 @@ A circuit always joins a GPU's NIC port and a switch downlink on one OCS at one 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -202,6 +202,7 @@ class Occupancy:
         held = self.jobs.get(job)
         if made := held is None:
             held = self.jobs[job] = []
+        before = len(held)
         for gi in ids:
             g, m, w = gpu_group[gi], gpu_model[gi], loc[gi]
             if w >= 0:
@@ -223,10 +224,36 @@ class Occupancy:
             free_model[m] -= 1
             holder[gi] = job
             held.append(gi)
-            if journal is not None:
-                journal.append((self._unhold, gi))
+        if journal is not None and len(held) > before:  # one entry: `_unhold` of each, the last first
+            journal.append((self._unhold_all, held[before:][::-1]))
         if made and not held:
             del self.jobs[job]
+
+    def _unhold_all(self, ids: Sequence[int]) -> None:
+        """`_unhold` of each of `ids` in turn (held GPUs): the same lists and indexes after, and one journal entry per
+        run of GPUs of one job (`_hold_all` of the run, the last first: what `_hold` of each, the last first, does)."""
+        holder, jobs, journal = self.holder, self.jobs, self._journal
+        run: list[int] = []
+        for gi in ids:
+            job = holder[gi]
+            assert job is not None, f"GPU {self.ix.gpus[gi]} is not held"
+            held = jobs[job]
+            if held[-1] == gi:
+                held.pop()
+            elif held[0] == gi:
+                del held[0]
+            else:
+                held.remove(gi)
+            if not held:
+                del jobs[job]
+            if journal is not None:
+                if run and holder[run[-1]] != job:
+                    journal.append((self._hold_all, run[::-1], holder[run[-1]]))
+                    run = []
+                run.append(gi)
+        if run:
+            journal.append((self._hold_all, run[::-1], holder[run[-1]]))  # type: ignore[union-attr]
+        self._free_all(ids)
 
     def _unhold(self, gi: int) -> None:
         job = self.holder[gi]
