@@ -375,6 +375,45 @@ def _place(occ: Occupancy, pool, n: int, fixed: bool, original: dict[int, int],
     """Place `n` GPUs of `pool` under the fewest switches (greedy: the switch that takes the most,
     then the fewest changes, then the first); mutates `occ` (callers wrap it in `occ.tentative()`).
     `only`: all of them under one of these switches, or NoRoomNow. Returns (GPU ids placed, switch ids used)."""
+    if fixed and not pool.fixed_set:
+        return _place_fixed(occ, pool, n, only)
+    return _place_steps(occ, pool, n, fixed, original, only)
+
+
+def _place_fixed(occ: Occupancy, pool, n: int, only: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """`_place_steps` for a model pool under the fixed policy (no moves: each step takes the idle GPUs of the pool's
+    models under the switch with the most of them, up to the need, the first among equals), each step's switch read
+    from one copy of the counts per switch: a step's holds change only its own switch's count, which a used switch's
+    zero stands for (`best` zeroes the used ones). The same steps, holds and errors in the same order."""
+    models = pool.models
+    stay = occ.n_stay[:, models[0]].copy() if len(models) == 1 else occ.n_stay[:, models].sum(axis=1)
+    if only is not None:
+        stay[[w for w in range(len(occ.ix.switches)) if w not in only]] = 0
+    fits = np.empty_like(stay)
+    placed: list[int] = []
+    used: list[int] = []
+    while True:
+        need = n - len(placed)
+        np.minimum(stay, need, out=fits)
+        w = int(fits.argmax())
+        got = int(fits[w])
+        if only is not None and got < need:
+            names = ", ".join(occ.ix.switches[w] for w in only)
+            raise NoRoomNow(f"no switch of {names} can take all {need} GPUs under it now")
+        if got <= 0:
+            raise NoRoomNow(_no_room(occ, pool, need, True))
+        ids = pool.stayers(w, got)
+        used.append(w)
+        placed += ids
+        if len(placed) >= n:
+            return placed, used
+        occ._hold_all(ids, _PLANNING)  # `rest`: the pool without them
+        stay[w] = 0
+
+
+def _place_steps(occ: Occupancy, pool, n: int, fixed: bool, original: dict[int, int],
+                 only: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
+    """`_place`, step by step: each step's switch weighed by the pool (`best`), its GPUs put under it (`_assign`)."""
     placed: list[int] = []
     used: list[int] = []
     barred = [] if only is None else [w for w in range(len(occ.ix.switches)) if w not in only]

@@ -343,3 +343,38 @@ def test_defragmentation_plans_the_same_with_the_bound(seed, monkeypatch):
             assert got == want
             moved += len(got.moves)
     assert moved
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_fixed_placement_from_one_copy_of_the_counts_is_the_step_by_step_one(seed, monkeypatch):
+    """The fixed policy's placement reading each step's switch from one copy of the counts (`_place_fixed`) gives,
+    request after request (either model or mixed, committed or not, some confined to a few switches, releases between),
+    the plans, NoRoomNow errors and occupancy (set orders included) of weighing each step (`_place_steps`: `best`,
+    `_assign`, `rest`, as before); some plans spread over several switches."""
+    rng = random.Random(seed)
+    a, b = scrambled(seed), scrambled(seed)
+    names = a.ix.switches
+    spread = errors = 0
+    for i in range(40):
+        only = tuple(rng.sample(names, 3)) if rng.random() < 0.25 else None
+        req = placement.Request(rng.choice([1, 2, 3, 5, 8, 12, 20, 30]), "fixed", rng.choice([None, None, "V100"]),
+                                switches=only)
+        job = f"new{i}" if rng.random() < 0.7 else None
+        with monkeypatch.context() as m:
+            m.setattr(pools, "_place_fixed", lambda occ, pool, n, only: pools._place_steps(occ, pool, n, True, {}, only))
+            try:
+                want = placement.plan(b, req, job)
+            except placement.NoRoomNow as e:
+                want = e
+        try:
+            got = placement.plan(a, req, job)
+        except placement.NoRoomNow as e:
+            assert isinstance(want, placement.NoRoomNow) and str(e) == str(want)
+            errors += 1
+        else:
+            assert got == want
+            spread += len(got.switches) > 1
+        assert _orders(a) == _orders(b)
+        if rng.random() < 0.3:
+            a.release(f"new{i - 1}"), b.release(f"new{i - 1}")
+    assert spread and errors
