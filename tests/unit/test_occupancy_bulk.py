@@ -117,7 +117,7 @@ def _pair(seed: int, cls) -> Occupancy:
 def test_bulk_journal_entries_undo_as_one_entry_per_gpu(seed: int):
     """Inside a tentative change, `_hold_all`'s one journal entry and `_unhold_all`'s one per run of a job's GPUs
     leave, change by change and after the rollback, what one entry per GPU (`_unhold`, `_hold`) left: every index, set
-    iteration orders, the jobs' lists and their order (a rollback does not restore a list's order: the same as before)."""
+    iteration orders, the jobs' lists and their order (a rollback does not restore a list's order: as before)."""
     a, b = _pair(seed, Occupancy), _pair(seed, _OneByOne)
     rng, ix = random.Random(seed), a.ix
     assert _ordered(a) == _ordered(b)
