@@ -195,14 +195,23 @@ class _Models:
         return stay, n1, n2, n3
 
     def rows(self, occ: Occupancy, w: int) -> list[tuple[int, int, int, int]]:
-        under = occ.free_under[w]
-        rows = []
-        for g in self.groups:
-            s = sum(len(under[g][m]) for m in self.models)
-            rows.append(
-                (g, *_split(self.n_loose[g], self.n_wired[g] - s, len(occ.empty[w][g]), len(occ.idle[w][g]) - s))
-            )
-        return rows
+        """(group, movers at cost 1, 2, 3) for switch `w`, each group's `_split` (of the pool's loose and wired GPUs
+        but its idle ones under `w`, `w`'s empty downlinks and those of idle GPUs not the pool's): computed for the
+        pool's groups at once from the occupancy's counts (`n_under`, `n_empty`, `n_idle`: the sets' sizes), the same
+        integers."""
+        groups = self.groups
+        if not groups:
+            return []
+        g = np.asarray(groups, dtype=np.intp)
+        models = self.models
+        s = occ.n_under[w, g, models[0]] if len(models) == 1 else occ.n_under[w][g][:, models].sum(axis=1)
+        u, e = np.asarray(self.n_loose, dtype=np.int64)[g], occ.n_empty[w, g]
+        n = np.asarray(self.n_wired, dtype=np.int64)[g] - s + u  # u + c
+        np.minimum(n, occ.n_idle[w, g] - s + e, out=n)  # against e + i
+        np.maximum(n, 0, out=n)  # none where n <= 0
+        n1 = np.minimum(np.minimum(u, e), n)
+        n3 = np.maximum(n - np.maximum(u, e), 0)
+        return list(zip(groups, n1.tolist(), (n - n1 - n3).tolist(), n3.tolist(), strict=True))
 
     def stayers(self, w: int, k: int) -> list[int]:
         at = self.occ.free_at[w]  # every idle GPU of the pool's models under w is in one of its groups

@@ -361,7 +361,8 @@ def test_a_fixed_placement_from_one_copy_of_the_counts_is_the_step_by_step_one(s
                                 switches=only)
         job = f"new{i}" if rng.random() < 0.7 else None
         with monkeypatch.context() as m:
-            m.setattr(pools, "_place_fixed", lambda occ, pool, n, only: pools._place_steps(occ, pool, n, True, {}, only))
+            m.setattr(pools, "_place_fixed",
+                      lambda occ, pool, n, only: pools._place_steps(occ, pool, n, True, {}, only))
             try:
                 want = placement.plan(b, req, job)
             except placement.NoRoomNow as e:
@@ -378,3 +379,48 @@ def test_a_fixed_placement_from_one_copy_of_the_counts_is_the_step_by_step_one(s
         if rng.random() < 0.3:
             a.release(f"new{i - 1}"), b.release(f"new{i - 1}")
     assert spread and errors
+
+
+def _rows_one_by_one(pool, occ, w):
+    """_Models.rows as it was: each group's `_split` from the sets' sizes, group by group."""
+    under = occ.free_under[w]
+    rows = []
+    for g in pool.groups:
+        s = sum(len(under[g][m]) for m in pool.models)
+        rows.append((g, *pools._split(pool.n_loose[g], pool.n_wired[g] - s, len(occ.empty[w][g]),
+                                      len(occ.idle[w][g]) - s)))
+    return rows
+
+
+@pytest.mark.parametrize("shape", [(64, 8, 1.5), (96, 4, 2.0)])
+def test_a_switch_s_rows_from_the_counts_are_the_group_by_group_ones(shape):
+    """_Models.rows (each group's movers at cost 1, 2 and 3 for a switch) computed for all the pool's groups at once
+    from the occupancy's counts: the list of (group, n1, n2, n3), Python integers, that `_split` group by group gives,
+    for every switch, pools of either model or both, in states from idle to busy, some GPUs loose; all three tiers
+    met."""
+    gpus, per_switch, spare = shape
+    rack = generate(RackOptions(gpus, gpus_per_switch=per_switch, gpus_per_server=4, oversubscription=4, spare=spare))
+    tiers = [0, 0, 0]
+    for seed in range(10):
+        rng = random.Random(seed)
+        occ = Occupancy(rack, CircuitMap.initial(rack), {})
+        ix = occ.ix
+        for _ in range(rng.randrange(200)):
+            gi, w = rng.randrange(len(ix.gpus)), rng.randrange(len(ix.switches))
+            if ix.downlinks[w][ix.gpu_group[gi]]:
+                occ.move(gi, rng.choice(ix.downlinks[w][ix.gpu_group[gi]]))
+        for gi in rng.sample(range(len(ix.gpus)), int(rng.random() * len(ix.gpus))):
+            occ._hold(gi, "job")
+        for gi in rng.sample(range(len(ix.gpus)), rng.randrange(len(ix.gpus) // 3)):
+            if occ.loc[gi] >= 0 and occ.holder[gi] is None:
+                occ._disconnect(gi)
+        for models in ([0], [1], [0, 1]):
+            pool = pools._Models(occ, models)
+            for w in range(len(ix.switches)):
+                got = pool.rows(occ, w)
+                assert got == _rows_one_by_one(pool, occ, w), (seed, models, w)
+                assert all(type(x) is int for row in got for x in row)
+                for row in got:
+                    for t in range(3):
+                        tiers[t] += row[t + 1] > 0
+    assert all(tiers)
