@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from controller.core.circuits import Changes, Circuit
 from controller.core.occupancy import Occupancy
 from controller.core.placement import NoRoomNow
-from controller.core.pools import _Named, _place
+from controller.core.placing import _place
+from controller.core.pools import _Named
 
 
 @dataclass(frozen=True)

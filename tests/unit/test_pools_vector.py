@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from controller.core import placement, pools
+from controller.core import placement, placing, pools
 from controller.core.circuits import CircuitMap
 from controller.core.defrag import plan_defrag
 from controller.core.occupancy import Occupancy
@@ -361,8 +361,8 @@ def test_a_fixed_placement_from_one_copy_of_the_counts_is_the_step_by_step_one(s
                                 switches=only)
         job = f"new{i}" if rng.random() < 0.7 else None
         with monkeypatch.context() as m:
-            m.setattr(pools, "_place_fixed",
-                      lambda occ, pool, n, only: pools._place_steps(occ, pool, n, True, {}, only))
+            m.setattr(placing, "_place_fixed",
+                      lambda occ, pool, n, only: placing._place_steps(occ, pool, n, True, {}, only))
             try:
                 want = placement.plan(b, req, job)
             except placement.NoRoomNow as e:
