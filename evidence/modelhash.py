@@ -58,7 +58,9 @@ MODEL_FILES = (
 
 # modules the probe set runs besides MODEL_FILES (not in the old hash, so that it stays what records carry)
 MORE_MODEL = (
+    "controller/core/placing.py",  # placing a pool's GPUs under switches step by step (split from pools.py)
     "controller/core/rackgen.py",  # generated racks of any size
+    "controller/core/rackindex.py",  # the rack's integer ids of ports, GPUs, switches (split from occupancy.py)
     "simulator/model/busy.py",  # GPU-seconds computed (split from interference.py)
     "simulator/model/eventkinds.py",  # the kinds of a run's events (split from engine.py)
     "simulator/model/neighbours.py",  # the neighbours' fabrics and collectives

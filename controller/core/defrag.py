@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from controller.core.circuits import Changes, Circuit
 from controller.core.occupancy import Occupancy
 from controller.core.placement import NoRoomNow
-from controller.core.pools import _Named, _place
+from controller.core.placing import _place
+from controller.core.pools import _Named
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,7 @@ def _plan_in_order(occ: Occupancy, ids, before, kept: dict[str, str], order: lis
         worse: dict[str, str] = {}
         with occ.tentative():
             for j in movers:
-                for gi in ids[j]:
-                    occ._unhold(gi)
+                occ._unhold_all(ids[j])  # each GPU's `_unhold` in turn
             original: dict[int, int] = {}
             for j in movers:
                 try:

@@ -1,7 +1,7 @@
 """Who holds what on a rack, kept in incremental indices so that placement never rescans the rack.
 
-`RackIndex` gives every port, GPU, aggregator switch, GPU model and (OCS, line rate) group an
-integer id; it is built once per `Rack` and cached. `Occupancy` is the mutable state placement
+`RackIndex` (controller/core/rackindex.py) gives every port, GPU, aggregator switch, GPU model and (OCS, line
+rate) group an integer id; it is built once per `Rack` and cached. `Occupancy` is the mutable state placement
 reads: each port's circuit partner, each GPU's holder (a job id, or None when idle) and switch,
 and, per switch and group, the downlinks with no circuit (`empty`) and those whose circuit goes
 to an idle GPU (`idle`: a job may take them by cutting that circuit). Idle GPUs are indexed by
@@ -13,66 +13,14 @@ A circuit always joins a GPU's NIC port and a switch downlink on one OCS at one 
 """
 from __future__ import annotations
 
-import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 
 import numpy as np
 
-from controller.core.circuits import Circuit, CircuitMap, normalize
-from controller.core.rack import PortRef, Rack
-
-
-class RackIndex:
-    """Integer ids for a rack's ports, GPUs, aggregator switches, models and (OCS, rate) groups."""
-
-    def __init__(self, rack: Rack):
-        self.rack = rack
-        self.ports: list[PortRef] = list(rack.endpoints)
-        self.port_id = {p: i for i, p in enumerate(self.ports)}
-        self.gpus: list[str] = list(rack.gpus)
-        self.gpu_id = {g: i for i, g in enumerate(self.gpus)}
-        self.switches: list[str] = rack.aggregators()
-        self.switch_id = {w: i for i, w in enumerate(self.switches)}
-        self.models: list[str] = list(dict.fromkeys(g.model for g in rack.gpus.values()))
-        self.model_id = {m: i for i, m in enumerate(self.models)}
-        groups: dict[tuple[str, float], int] = {}
-        for ref, ep in rack.endpoints.items():
-            groups.setdefault((ref.device, ep.rate_gbps), len(groups))
-        self.groups: list[tuple[str, float]] = list(groups)
-        n = len(self.ports)
-        self.port_gpu, self.port_switch, self.port_group = [-1] * n, [-1] * n, [0] * n
-        self.switch_port = [0] * n  # the switch's own port number of a downlink
-        for i, ref in enumerate(self.ports):
-            ep = rack.endpoints[ref]
-            self.port_group[i] = groups[(ref.device, ep.rate_gbps)]
-            if ep.kind == "gpu":
-                self.port_gpu[i] = self.gpu_id[ep.name]
-            elif ep.name in self.switch_id:
-                self.port_switch[i], self.switch_port[i] = self.switch_id[ep.name], ep.port
-        self.gpu_port = [self.port_id[rack.gpu_port(g)] for g in self.gpus]
-        self.gpu_group = [self.port_group[p] for p in self.gpu_port]
-        self.gpu_model = [self.model_id[rack.gpus[g].model] for g in self.gpus]
-        self.downlinks: list[list[list[int]]] = [[[] for _ in self.groups] for _ in self.switches]  # [switch][group]
-        for i in sorted(range(n), key=lambda i: self.switch_port[i]):
-            if self.port_switch[i] >= 0:
-                self.downlinks[self.port_switch[i]][self.port_group[i]].append(i)
-        self.model_count = [self.gpu_model.count(m) for m in range(len(self.models))]
-        self.group_width = [max(len(per[g]) for per in self.downlinks) for g in range(len(self.groups))]  # downlinks
-
-    def circuit(self, a: int, b: int) -> Circuit:
-        return normalize(self.ports[a], self.ports[b])
-
-
-_INDEXES: weakref.WeakKeyDictionary[Rack, RackIndex] = weakref.WeakKeyDictionary()
-
-
-def index_of(rack: Rack) -> RackIndex:
-    """The rack's index, built on first use."""
-    ix = _INDEXES.get(rack)
-    if ix is None:
-        ix = _INDEXES[rack] = RackIndex(rack)
-    return ix
+from controller.core.circuits import Circuit, CircuitMap
+from controller.core.rack import Rack
+from controller.core.rackindex import RackIndex, index_of  # noqa: F401 (occupancy's names too)
 
 
 class Occupancy:
@@ -202,6 +150,7 @@ class Occupancy:
         held = self.jobs.get(job)
         if made := held is None:
             held = self.jobs[job] = []
+        before = len(held)
         for gi in ids:
             g, m, w = gpu_group[gi], gpu_model[gi], loc[gi]
             if w >= 0:
@@ -223,10 +172,36 @@ class Occupancy:
             free_model[m] -= 1
             holder[gi] = job
             held.append(gi)
-            if journal is not None:
-                journal.append((self._unhold, gi))
+        if journal is not None and len(held) > before:  # one entry: `_unhold` of each, the last first
+            journal.append((self._unhold_all, held[before:][::-1]))
         if made and not held:
             del self.jobs[job]
+
+    def _unhold_all(self, ids: Sequence[int]) -> None:
+        """`_unhold` of each of `ids` in turn (held GPUs): the same lists and indexes after, and one journal entry per
+        run of GPUs of one job (`_hold_all` of the run, the last first: what `_hold` of each, the last first, does)."""
+        holder, jobs, journal = self.holder, self.jobs, self._journal
+        run: list[int] = []
+        for gi in ids:
+            job = holder[gi]
+            assert job is not None, f"GPU {self.ix.gpus[gi]} is not held"
+            held = jobs[job]
+            if held[-1] == gi:
+                held.pop()
+            elif held[0] == gi:
+                del held[0]
+            else:
+                held.remove(gi)
+            if not held:
+                del jobs[job]
+            if journal is not None:
+                if run and holder[run[-1]] != job:
+                    journal.append((self._hold_all, run[::-1], holder[run[-1]]))
+                    run = []
+                run.append(gi)
+        if run:
+            journal.append((self._hold_all, run[::-1], holder[run[-1]]))  # type: ignore[union-attr]
+        self._free_all(ids)
 
     def _unhold(self, gi: int) -> None:
         job = self.holder[gi]

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from controller.core.circuits import Changes, Circuit, CircuitMap
 from controller.core.occupancy import Occupancy
+from controller.core.placing import _place
 from controller.core.pools import (  # noqa: F401 (the errors are placement's names too)
     _PLANNING,
     InvalidRequest,
@@ -43,7 +44,6 @@ from controller.core.pools import (  # noqa: F401 (the errors are placement's na
     _cost,
     _Models,
     _Named,
-    _place,
 )
 from profiles import GPU_MODELS, WORKLOADS, compute_seconds
 

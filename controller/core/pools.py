@@ -1,5 +1,6 @@
-"""The pools a placement step chooses GPUs from, and the cheapest way to put k of them under one switch: the
-combinatorial core of controller/core/placement.py, apart so that each module stays readable."""
+"""The pools a placement step chooses GPUs from, and how many of them each switch takes at what cost: the
+combinatorial core of controller/core/placement.py, apart so that each module stays readable (the steps that place
+them: controller/core/placing.py)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ class _Named:
         self.groups = sorted(set(self.loose) | set(self.wired))
         self.n_loose = [len(self.loose.get(g, ())) for g in range(ng)]
         self.n_wired = [len(self.wired.get(g, ())) for g in range(ng)]
+        # every one of them under a switch is idle (defragmentation's movers, unheld): `under` is `idle_under`
+        self.all_idle = sum(k for per in self.idle_under.values() for k in per.values()) == sum(self.n_wired)
 
     def totals(self, occ: Occupancy, w: int, fixed: bool) -> tuple[int, int, int, int]:
         """(stayers, movers at cost 1, 2, 3) for switch `w`."""
@@ -97,10 +100,14 @@ class _Named:
     def best(self, occ: Occupancy, need: int, fixed: bool, used: list[int]) -> tuple[int, int, int] | None:
         """(fits, cost, switch) of the first switch that takes the most of `need`, then with the fewest changes."""
         shape = occ.n_idle.shape
-        under, idle_under = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+        under = np.zeros(shape, dtype=np.int64)
         for w, per in self.under.items():
             for g, ids in per.items():
                 under[w, g] = len(ids)
+        if self.all_idle and not fixed:  # `_bounded`'s bound holds (each GPU under a switch on an open downlink)
+            return _bounded(occ, need, used, under.sum(axis=1), lambda _, rows: under[rows], self.groups,
+                            self.n_loose, self.n_wired)
+        idle_under = np.zeros(shape, dtype=np.int64)
         for w, idle_per in self.idle_under.items():
             for g, k in idle_per.items():
                 idle_under[w, g] = k
@@ -189,14 +196,23 @@ class _Models:
         return stay, n1, n2, n3
 
     def rows(self, occ: Occupancy, w: int) -> list[tuple[int, int, int, int]]:
-        under = occ.free_under[w]
-        rows = []
-        for g in self.groups:
-            s = sum(len(under[g][m]) for m in self.models)
-            rows.append(
-                (g, *_split(self.n_loose[g], self.n_wired[g] - s, len(occ.empty[w][g]), len(occ.idle[w][g]) - s))
-            )
-        return rows
+        """(group, movers at cost 1, 2, 3) for switch `w`, each group's `_split` (of the pool's loose and wired GPUs
+        but its idle ones under `w`, `w`'s empty downlinks and those of idle GPUs not the pool's): computed for the
+        pool's groups at once from the occupancy's counts (`n_under`, `n_empty`, `n_idle`: the sets' sizes), the same
+        integers."""
+        groups = self.groups
+        if not groups:
+            return []
+        g = np.asarray(groups, dtype=np.intp)
+        models = self.models
+        s = occ.n_under[w, g, models[0]] if len(models) == 1 else occ.n_under[w][g][:, models].sum(axis=1)
+        u, e = np.asarray(self.n_loose, dtype=np.int64)[g], occ.n_empty[w, g]
+        n = np.asarray(self.n_wired, dtype=np.int64)[g] - s + u  # u + c
+        np.minimum(n, occ.n_idle[w, g] - s + e, out=n)  # against e + i
+        np.maximum(n, 0, out=n)  # none where n <= 0
+        n1 = np.minimum(np.minimum(u, e), n)
+        n3 = np.maximum(n - np.maximum(u, e), 0)
+        return list(zip(groups, n1.tolist(), (n - n1 - n3).tolist(), n3.tolist(), strict=True))
 
     def stayers(self, w: int, k: int) -> list[int]:
         at = self.occ.free_at[w]  # every idle GPU of the pool's models under w is in one of its groups
@@ -330,69 +346,3 @@ def _bounded(occ: Occupancy, need: int, used: list[int], stay: np.ndarray, under
     winners = rows[score == score.max()]
     i = int(np.flatnonzero(rows == winners.min())[0])
     return (int(fits[i]), int(cost[i]), int(rows[i])) if fits[i] > 0 else None
-
-
-def _assign(occ: Occupancy, pool, w: int, k: int, original: dict[int, int]) -> list[int]:
-    """Put `k` GPUs of `pool` under switch `w`: stayers first, then the cheapest moves."""
-    ix = occ.ix
-    placed = pool.stayers(w, k)[:k]
-    k -= len(placed)
-    if k <= 0:
-        return placed
-    rows = pool.rows(occ, w)
-    take = {row[0]: 0 for row in rows}
-    for tier in (1, 2, 3):
-        for row in rows:
-            t = min(k, row[tier])
-            take[row[0]] += t
-            k -= t
-    for g, m in take.items():
-        if not m:
-            continue
-        movers = pool.movers(g, w, m)
-        slots = sorted(occ.empty[w][g])[:m]  # a switch's few downlinks: nsmallest's (distinct ids), sorted in C
-        if len(slots) < m:
-            idle = (d for d in occ.idle[w][g] if not pool.member(ix.port_gpu[occ.partner[d]]))
-            slots += heapq.nsmallest(m - len(slots), idle)
-        for gi, d in zip(movers, slots, strict=True):
-            original.setdefault(gi, occ.partner[ix.gpu_port[gi]])
-            other = occ.partner[d]
-            if other >= 0:
-                original.setdefault(ix.port_gpu[other], d)
-            occ.move(gi, d)
-        placed += movers
-    return placed
-
-
-def _place(occ: Occupancy, pool, n: int, fixed: bool, original: dict[int, int],
-           only: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
-    """Place `n` GPUs of `pool` under the fewest switches (greedy: the switch that takes the most,
-    then the fewest changes, then the first); mutates `occ` (callers wrap it in `occ.tentative()`).
-    `only`: all of them under one of these switches, or NoRoomNow. Returns (GPU ids placed, switch ids used)."""
-    placed: list[int] = []
-    used: list[int] = []
-    barred = [] if only is None else [w for w in range(len(occ.ix.switches)) if w not in only]
-    while len(placed) < n:
-        need = n - len(placed)
-        best = pool.best(occ, need, fixed, used + barred)
-        if only is not None and (best is None or best[0] < need):
-            names = ", ".join(occ.ix.switches[w] for w in only)
-            raise NoRoomNow(f"no switch of {names} can take all {need} GPUs under it now")
-        if best is None:
-            raise NoRoomNow(_no_room(occ, pool, need, fixed))
-        fits, _, w = best
-        ids = _assign(occ, pool, w, fits, original)
-        used.append(w)
-        placed += ids
-        if len(placed) < n:
-            pool = pool.rest(occ, ids)
-    return placed, used
-
-
-def _no_room(occ: Occupancy, pool, need: int, fixed: bool) -> str:
-    if fixed:
-        return f"{need} more free GPUs with circuits are needed (the fixed policy keeps the cabling)"
-    if pool.fixed_set:
-        names = ", ".join(occ.ix.gpus[gi] for gi in sorted(pool.ids))
-        return f"no free downlink can take {names} (every switch port is held by other jobs)"
-    return f"no switch has a free downlink for {need} more GPUs (every switch port is held by other jobs)"

@@ -187,7 +187,8 @@ def _over_seeds(args, rack, chosen, options, first: dict) -> dict:
     per = {m: _typical_iteration(rack, m) for m in WORKLOADS}
     for seed in seeds[1:]:
         jobs = workloads.synthetic(args.jobs, seed, len(rack.gpus), per, args.load)
-        study = run_all(rack, jobs, chosen, options, quiet=args.quiet, workers=args.workers or None)
+        study = run_all(rack, jobs, chosen, options, quiet=args.quiet, workers=args.workers or None,
+                        figures=report.run_figures)
         records.append(report.build(study, {}, args.baseline))
     base = first["baseline"]
     out = {"n": len(seeds), "seeds": seeds, "baseline": base, "policies": {}}
@@ -273,7 +274,8 @@ def main(args) -> int:
         args.durations,
         fails if recoveries != ["none"] else None,
     )
-    study = run_all(rack, jobs, chosen, options, quiet=args.quiet, workers=args.workers or None)
+    study = run_all(rack, jobs, chosen, options, quiet=args.quiet, workers=args.workers or None,
+                    figures=report.run_figures)
     meta = {
         "command": "optirack simulate " + " ".join(shlex.quote(a) for a in sys.argv[2:])
         if sys.argv[1:2] == ["simulate"]

@@ -27,26 +27,31 @@ def rows_kept(study: Study) -> bool:
     return len(study.jobs) <= DETAIL_LIMIT
 
 
-def build(study: Study, meta: dict, baseline: str | None = None) -> dict:
-    gpus = len(study.rack.gpus)
-    placements = len(study.jobs) <= 500
+def run_figures(study: Study, name: str) -> dict:
+    """One run's own part of the record (its label, summary, utilization, fragmentation, and its jobs' rows or their
+    distributions): `build`'s, or `run_all`'s `figures` (made while another process still runs a policy)."""
+    run, gpus = study.runs[name], len(study.rack.gpus)
     ports = max((len(study.rack.downlink_ports(w)) for w in study.rack.aggregators()), default=1)
+    out = {
+        "label": run.policy.label,
+        "summary": metrics.summary(run, gpus, study.wall_s[name]),
+        "utilization": metrics.utilization(run, gpus),
+        "fragmentation": metrics.fragmentation(run, ports),
+    }
+    if rows_kept(study):
+        out["jobs"] = metrics.job_rows(run, len(study.jobs) <= 500)
+    else:
+        done = [j for j in run.jobs if not j.failed]
+        out["cdf"] = {key: metrics.quantiles([max(getattr(j, key), 0.0) for j in done], CDF_POINTS)
+                      for key in ("jct_s", "queue_s")}
+    return out
+
+
+def build(study: Study, meta: dict, baseline: str | None = None) -> dict:
     record = {**meta, "policies": {}}
-    for name, run in study.runs.items():
-        record["policies"][name] = {
-            "label": run.policy.label,
-            "summary": metrics.summary(run, gpus, study.wall_s[name]),
-            "utilization": metrics.utilization(run, gpus),
-            "fragmentation": metrics.fragmentation(run, ports),
-        }
-        if rows_kept(study):
-            record["policies"][name]["jobs"] = metrics.job_rows(run, placements)
-        else:
-            done = [j for j in run.jobs if not j.failed]
-            record["policies"][name]["cdf"] = {
-                key: metrics.quantiles([max(getattr(j, key), 0.0) for j in done], CDF_POINTS)
-                for key in ("jct_s", "queue_s")
-            }
+    for name in study.runs:
+        figures = study.figures.get(name)
+        record["policies"][name] = dict(figures) if isinstance(figures, dict) else run_figures(study, name)
     base = baseline or next(iter(study.runs))
     record["baseline"] = base
     for p in record["policies"].values():

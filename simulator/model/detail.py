@@ -16,6 +16,8 @@ share a link before the cluster engine goes on with their measured iteration tim
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import mul, sub, truediv
 
 from simulator.model.maxmin import max_min
 from simulator.model.rings import Ring, latency_of
@@ -264,19 +266,17 @@ class Detail:
                 div, rates = entry
                 if mask:
                     last = rates
-                lefts = [r * d for r, d in zip(rem, div, strict=True)]
+                lefts = list(map(mul, rem, div))  # r * d, ring by ring (map: the loops in C)
                 dt = min(lefts)
                 if t + dt > until:
                     gone = until - t
-                    rem = [r - gone / d for r, d in zip(rem, div, strict=True)]
+                    rem = list(map(sub, rem, map(truediv, repeat(gone), div)))  # r - gone / d
                     return Outcome(until, [], events)
                 t += dt
-                rem = [r - dt / d for r, d in zip(rem, div, strict=True)]
+                rem = list(map(sub, rem, map(truediv, repeat(dt), div)))  # r - dt / d
                 edge = dt * (1 + 1e-9) + 1e-12
                 finished = []
-                for i, left in enumerate(lefts):
-                    if left > edge:
-                        continue
+                for i in [i for i, left in enumerate(lefts) if not left > edge]:  # those whose phase ended
                     k, s, _, _, _, steps, fsteps, compute_s, bit = rows[i]
                     if s.phase == COMPUTE and steps:
                         s.phase = TRANSFER

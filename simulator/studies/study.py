@@ -10,7 +10,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.core.rack import Rack
 from simulator.inputs.workloads import JobSpec
@@ -50,6 +50,7 @@ class Study:
     jobs: list[JobSpec]
     runs: dict[str, RunResult]
     wall_s: dict[str, float]
+    figures: dict[str, object] = field(default_factory=dict)  # run_all's `figures` of each run, where it was given
 
 
 _COUNTERS = None  # while policies run in several processes: jobs finished per policy, shared by them
@@ -112,25 +113,38 @@ def _work(tasks, claimed, counters, results) -> None:
 
 
 def run_all(rack: Rack, jobs: list[JobSpec], policies: list[Policy], options: Options, quiet: bool = False,
-            workers: int | None = None) -> Study:
-    """Each policy's run; every run is independent and deterministic, so the order they finish in changes nothing."""
+            workers: int | None = None,
+            figures: Callable[[Study, str], object] | None = None) -> Study:
+    """Each policy's run; every run is independent and deterministic, so the order they finish in changes nothing.
+    `figures(study, name)`: what a run gives (its figures), kept in Study.figures, computed in this process as soon as
+    it holds the run and runs no policy: while a worker still runs its last, not after it (it reads `study.runs[name]`
+    and `study.wall_s[name]`, and the rack and jobs)."""
     workers = min(len(policies), workers or os.cpu_count() or 1)
     bar = Progress(len(jobs) * len(policies))
     tasks = [(i, p) for i, p in enumerate(policies)]
     runs, wall = {}, {}
     global _SHARED
     _SHARED = (rack, jobs, options)
+    study = Study(rack, jobs, runs, wall)
+    idle = False  # this process runs no more policies: a run's figures are made at once
 
     def finished(name: str, result: RunResult, seconds: float) -> None:
         runs[name], wall[name] = result, seconds
         if not quiet:
             bar.note(f"simulate: {name}: {len(jobs)} jobs in {seconds:.1f} s")
+        if idle:
+            figure(name)
+
+    def figure(name: str) -> None:
+        if figures is not None and name not in study.figures:
+            study.figures[name] = figures(study, name)
 
     if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         for task in tasks:
             bar.label = f"policy {task[1].name}"
             base = task[0] * len(jobs)
             finished(*_one(task, None if quiet else (lambda done, b=base: bar.step(done, b))))
+        idle = True
     else:
         # this process runs policies too, beside workers-1 forked ones, each taking the next policy no one took:
         # one process fewer holding the rack and the trace, and this one's runs are never pickled. The workers are
@@ -146,6 +160,13 @@ def run_all(rack: Rack, jobs: list[JobSpec], policies: list[Policy], options: Op
             proc.start()
         try:
             _init(counters)
+            # the workers take the first policies (the default's first, fixed, runs longest): this process then runs
+            # the shorter share and is the one idle at the end, making the figures of the runs done and taking the
+            # workers' runs while their last one runs
+            started = time.monotonic()
+            while claimed.value < len(procs) and time.monotonic() - started < 10 and \
+                    all(proc.is_alive() for proc in procs):
+                time.sleep(0.002)
             while (index := _claim(claimed, len(tasks))) is not None:
                 def tick(done: int, i: int = index) -> None:
                     counters[i] = done
@@ -153,6 +174,9 @@ def run_all(rack: Rack, jobs: list[JobSpec], policies: list[Policy], options: Op
 
                 finished(*_one(tasks[index], None if quiet else tick))
             _trim()  # what this process's own runs freed goes back to the system before the workers' runs come
+            idle = True
+            for name in list(runs):
+                figure(name)
             while len(runs) < len(tasks):  # what the workers ran
                 try:
                     outcome = results.get(timeout=0.25)
@@ -173,4 +197,9 @@ def run_all(rack: Rack, jobs: list[JobSpec], policies: list[Policy], options: Op
                 proc.join(timeout=10)
                 if proc.is_alive():
                     proc.terminate()
-    return Study(rack, jobs, {p.name: runs[p.name] for p in policies}, {p.name: wall[p.name] for p in policies})
+    for p in policies:
+        figure(p.name)
+    study.runs = {p.name: runs[p.name] for p in policies}  # in the policies' order
+    study.wall_s = {p.name: wall[p.name] for p in policies}
+    study.figures = {p.name: study.figures[p.name] for p in policies if p.name in study.figures}
+    return study

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
-from controller.core import placement, pools
+from controller.core import placement, placing, pools
 from controller.core.circuits import CircuitMap
+from controller.core.defrag import plan_defrag
 from controller.core.occupancy import Occupancy
 from simulator.inputs.racks import RackOptions, generate
 
@@ -263,3 +265,162 @@ def test_a_fixed_plan_takes_no_pool_counts_and_is_the_counted_pool_s(seed, monke
     pool = pools._Models(a, [0], counted=False)
     with pytest.raises(AttributeError):
         pool.n_loose  # noqa: B018
+
+
+def _named_in_full(occ, pool, need, fixed, used):
+    """`_Named.best` as it was: every switch weighed (`_best`) from the pool's GPUs and idle ones under each switch."""
+    under, idle_under = np.zeros(occ.n_idle.shape, dtype=np.int64), np.zeros(occ.n_idle.shape, dtype=np.int64)
+    for w, per in pool.under.items():
+        for g, ids in per.items():
+            under[w, g] = len(ids)
+    for w, per in pool.idle_under.items():
+        for g, k in per.items():
+            idle_under[w, g] = k
+    return pools._best(occ, need, fixed, used, under, idle_under, pool.n_loose, pool.n_wired)
+
+
+@pytest.mark.parametrize("shape", [(64, 8, 1.5), (96, 4, 2.0)])
+def test_a_named_pool_weighs_in_full_only_what_could_win(shape, monkeypatch):
+    """A named pool whose GPUs under a switch are all idle (defragmentation's movers) is weighed by `_bounded` (one
+    switch weighed before the bound sets others aside): the choice of weighing every switch, ties included, in states
+    from idle to busy, some of the pool's GPUs loose; a pool with a held GPU is weighed in full as before."""
+    monkeypatch.setattr(pools, "_FIRST", 1)
+    gpus, per_switch, spare = shape
+    rack = generate(RackOptions(gpus, gpus_per_switch=per_switch, gpus_per_server=4, oversubscription=4, spare=spare))
+    bounded = held = 0
+    for seed in range(10):
+        rng = random.Random(seed)
+        occ = Occupancy(rack, CircuitMap.initial(rack), {})
+        ix = occ.ix
+        for _ in range(rng.randrange(200)):
+            gi, w = rng.randrange(len(ix.gpus)), rng.randrange(len(ix.switches))
+            if ix.downlinks[w][ix.gpu_group[gi]]:
+                occ.move(gi, rng.choice(ix.downlinks[w][ix.gpu_group[gi]]))
+        for gi in rng.sample(range(len(ix.gpus)), int(rng.random() * len(ix.gpus))):
+            occ._hold(gi, "job")
+        for gi in rng.sample(range(len(ix.gpus)), rng.randrange(len(ix.gpus) // 3)):
+            if occ.loc[gi] >= 0 and occ.holder[gi] is None:
+                occ._disconnect(gi)
+        free = [gi for gi in range(len(ix.gpus)) if occ.holder[gi] is None]
+        taken = [gi for gi in range(len(ix.gpus)) if occ.holder[gi] is not None and occ.loc[gi] >= 0]
+        for need in range(1, 20):
+            ids = rng.sample(free, min(need, len(free)))
+            if taken and rng.random() < 0.2:
+                ids[-1:] = [rng.choice(taken)]
+            pool = pools._Named(occ, ids)
+            bounded += pool.all_idle
+            held += not pool.all_idle
+            for used in ([], [0], rng.sample(range(len(ix.switches)), 3)):
+                for fixed in (False, True):
+                    want = _named_in_full(occ, pool, len(ids), fixed, used)
+                    assert pool.best(occ, len(ids), fixed, used) == want, (seed, need, used, fixed)
+    assert bounded > 100 and held
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_defragmentation_plans_the_same_with_the_bound(seed, monkeypatch):
+    """plan_defrag with the named pools weighed by `_bounded` gives the plan that weighing every switch gives: the
+    same moves, circuits, kept jobs and switch counts, on racks made fragmented by jobs placed and ended at random."""
+    rack = generate(RackOptions(256, gpus_per_switch=16, gpus_per_server=4, oversubscription=4, spare=1.5))
+    rng = random.Random(seed)
+    occ = Occupancy(rack, CircuitMap.initial(rack), {})
+    moved = 0
+    for i in range(120):
+        req = placement.Request(rng.choice([2, 4, 6, 8, 12, 20, 24]), rng.choice(["fixed", "regroup"]))
+        try:
+            placement.plan(occ, req, f"j{i}")
+        except placement.NoRoomNow:
+            pass
+        if rng.random() < 0.45 and occ.jobs:
+            occ.release(rng.choice(sorted(occ.jobs)))
+        if i % 10 == 9:
+            jobs = {j: [occ.ix.gpus[gi] for gi in v] for j, v in occ.jobs.items()}
+            got = plan_defrag(occ, jobs)
+            with monkeypatch.context() as m:
+                m.setattr(pools._Named, "best", lambda self, occ, need, fixed, used:
+                          _named_in_full(occ, self, need, fixed, used))
+                want = plan_defrag(occ, jobs)
+            assert got == want
+            moved += len(got.moves)
+    assert moved
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_fixed_placement_from_one_copy_of_the_counts_is_the_step_by_step_one(seed, monkeypatch):
+    """The fixed policy's placement reading each step's switch from one copy of the counts (`_place_fixed`) gives,
+    request after request (either model or mixed, committed or not, some confined to a few switches, releases between),
+    the plans, NoRoomNow errors and occupancy (set orders included) of weighing each step (`_place_steps`: `best`,
+    `_assign`, `rest`, as before); some plans spread over several switches."""
+    rng = random.Random(seed)
+    a, b = scrambled(seed), scrambled(seed)
+    names = a.ix.switches
+    spread = errors = 0
+    for i in range(40):
+        only = tuple(rng.sample(names, 3)) if rng.random() < 0.25 else None
+        req = placement.Request(rng.choice([1, 2, 3, 5, 8, 12, 20, 30]), "fixed", rng.choice([None, None, "V100"]),
+                                switches=only)
+        job = f"new{i}" if rng.random() < 0.7 else None
+        with monkeypatch.context() as m:
+            m.setattr(placing, "_place_fixed",
+                      lambda occ, pool, n, only: placing._place_steps(occ, pool, n, True, {}, only))
+            try:
+                want = placement.plan(b, req, job)
+            except placement.NoRoomNow as e:
+                want = e
+        try:
+            got = placement.plan(a, req, job)
+        except placement.NoRoomNow as e:
+            assert isinstance(want, placement.NoRoomNow) and str(e) == str(want)
+            errors += 1
+        else:
+            assert got == want
+            spread += len(got.switches) > 1
+        assert _orders(a) == _orders(b)
+        if rng.random() < 0.3:
+            a.release(f"new{i - 1}"), b.release(f"new{i - 1}")
+    assert spread and errors
+
+
+def _rows_one_by_one(pool, occ, w):
+    """_Models.rows as it was: each group's `_split` from the sets' sizes, group by group."""
+    under = occ.free_under[w]
+    rows = []
+    for g in pool.groups:
+        s = sum(len(under[g][m]) for m in pool.models)
+        rows.append((g, *pools._split(pool.n_loose[g], pool.n_wired[g] - s, len(occ.empty[w][g]),
+                                      len(occ.idle[w][g]) - s)))
+    return rows
+
+
+@pytest.mark.parametrize("shape", [(64, 8, 1.5), (96, 4, 2.0)])
+def test_a_switch_s_rows_from_the_counts_are_the_group_by_group_ones(shape):
+    """_Models.rows (each group's movers at cost 1, 2 and 3 for a switch) computed for all the pool's groups at once
+    from the occupancy's counts: the list of (group, n1, n2, n3), Python integers, that `_split` group by group gives,
+    for every switch, pools of either model or both, in states from idle to busy, some GPUs loose; all three tiers
+    met."""
+    gpus, per_switch, spare = shape
+    rack = generate(RackOptions(gpus, gpus_per_switch=per_switch, gpus_per_server=4, oversubscription=4, spare=spare))
+    tiers = [0, 0, 0]
+    for seed in range(10):
+        rng = random.Random(seed)
+        occ = Occupancy(rack, CircuitMap.initial(rack), {})
+        ix = occ.ix
+        for _ in range(rng.randrange(200)):
+            gi, w = rng.randrange(len(ix.gpus)), rng.randrange(len(ix.switches))
+            if ix.downlinks[w][ix.gpu_group[gi]]:
+                occ.move(gi, rng.choice(ix.downlinks[w][ix.gpu_group[gi]]))
+        for gi in rng.sample(range(len(ix.gpus)), int(rng.random() * len(ix.gpus))):
+            occ._hold(gi, "job")
+        for gi in rng.sample(range(len(ix.gpus)), rng.randrange(len(ix.gpus) // 3)):
+            if occ.loc[gi] >= 0 and occ.holder[gi] is None:
+                occ._disconnect(gi)
+        for models in ([0], [1], [0, 1]):
+            pool = pools._Models(occ, models)
+            for w in range(len(ix.switches)):
+                got = pool.rows(occ, w)
+                assert got == _rows_one_by_one(pool, occ, w), (seed, models, w)
+                assert all(type(x) is int for row in got for x in row)
+                for row in got:
+                    for t in range(3):
+                        tiers[t] += row[t + 1] > 0
+    assert all(tiers)

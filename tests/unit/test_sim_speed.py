@@ -2,6 +2,7 @@
 runs in one process, a worker's failure is an error in the parent, a run's rows kept as typed arrays read as the
 tuples they were, and the detail loop with its arithmetic inlined steps exactly as the general one."""
 import dataclasses
+import json
 import os
 import pickle
 import random
@@ -55,6 +56,46 @@ def test_runs_in_worker_processes_equal_the_same_runs_in_one_process(monkeypatch
     for name in one.runs:
         assert _plain(one.runs[name]) == _plain(two.runs[name])
         assert len(one.runs[name].held) > 0 and len(one.runs[name].frag) > 0
+
+
+def test_the_figures_of_each_run_are_made_once_while_idle_and_are_build_s(monkeypatch, tmp_path):
+    """run_all's `figures`: made once per run, in the parent, equal to what report.build makes without them (the same
+    record); the worker takes the first policy, and the parent, done first, makes its own runs' figures while the
+    worker still runs."""
+    from simulator.cli import report
+
+    parent, real = os.getpid(), neighbours.run_class
+    log = tmp_path / "log"
+
+    def run_class(policy):
+        with open(log, "a") as f:
+            f.write(f"run {policy.name} {os.getpid() == parent}\n")
+        if os.getpid() != parent:
+            time.sleep(0.5)  # the worker's runs end last
+        return real(policy)
+
+    def figures(study_, name):
+        assert os.getpid() == parent and name in study_.runs
+        with open(log, "a") as f:
+            f.write(f"figures {name} {sorted(study_.runs)}\n")
+        return report.run_figures(study_, name)
+
+    monkeypatch.setattr(neighbours, "run_class", run_class)
+    rack = racks.generate(RACK)
+    jobs = workloads.synthetic(60, 5, len(rack.gpus), {m: _typical_iteration(rack, m) for m in WORKLOADS}, 0.9)
+    chosen = list(policies(300.0).values())[:4]
+    two = study.run_all(rack, jobs, chosen, Options(), quiet=True, workers=2, figures=figures)
+    lines = log.read_text().splitlines()
+    first = chosen[0].name
+    assert f"run {first} False" in lines  # the worker took the first policy
+    made = [line.split()[1] for line in lines if line.startswith("figures")]
+    assert sorted(made) == sorted(two.runs) and list(two.figures) == list(two.runs)
+    mine = [line.split()[1] for line in lines if line.endswith(" True") and line.startswith("run")]
+    assert mine and all(len(line.split("[")[1].split(",")) < 4 for line in lines
+                        if line.startswith("figures") and line.split()[1] in mine)  # before the last run came
+    meta = {"command": "test"}
+    assert json.dumps(report.build(two, meta), sort_keys=True) == \
+        json.dumps(report.build(dataclasses.replace(two, figures={}), meta), sort_keys=True)
 
 
 def test_a_job_s_result_pickled_comes_back_field_for_field():
