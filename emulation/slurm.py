@@ -45,8 +45,33 @@ def env() -> dict[str, str]:
     return {**os.environ, "SLURM_CONF": str(LAYOUT.conf)}
 
 
+# what Slurm's clients print when slurmctld or slurmdbd did not answer this once (busy with a reconfigure or on a
+# loaded host): a read-only query that fails so is asked again; a command that changes something never is
+TRANSIENT = ("Zero Bytes were transmitted or received", "Socket timed out", "Unable to contact slurm controller",
+             "Connection refused", "Resource temporarily unavailable")
+QUERY_ATTEMPTS = 4
+QUERY_PAUSE_S = 1.0
+
+
+def read_only(cmd: tuple[str, ...]) -> bool:
+    """Whether `cmd` only asks (squeue, sacct, sinfo, scontrol show): safe to ask again."""
+    return bool(cmd) and (cmd[0] in ("squeue", "sacct", "sinfo") or cmd[:2] == ("scontrol", "show"))
+
+
+def transient(proc: subprocess.CompletedProcess) -> bool:
+    out = f"{proc.stderr or ''} {proc.stdout or ''}"
+    return proc.returncode != 0 and any(t in out for t in TRANSIENT)
+
+
 def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+    """Run one of Slurm's commands against this Slurm. A read-only query that Slurm's daemons left unanswered
+    (`TRANSIENT`) is asked again, up to `QUERY_ATTEMPTS` times, `QUERY_PAUSE_S` apart."""
+    attempts = QUERY_ATTEMPTS if read_only(cmd) else 1
+    for attempt in range(attempts):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+        if attempt + 1 == attempts or not transient(proc):
+            break
+        time.sleep(QUERY_PAUSE_S)
     if check and proc.returncode != 0:
         raise SlurmError(f"{' '.join(cmd)}: {proc.stderr.strip() or proc.stdout.strip() or f'exit {proc.returncode}'}")
     return proc

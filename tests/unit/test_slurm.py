@@ -106,3 +106,35 @@ def test_each_task_gets_its_gpu_its_rank_and_rank_0s_nic_as_master():
     assert argv[1:11] == ["--rank", "2", "--world-size", "4", "--master", RACK.addresses["gpu1"][0], "--master-port",
                           "30012", "--ifname", "gpu3"]
     assert argv[-2:] == ["--iterations", "3"]
+
+
+def _fake_command(bin_dir: Path, name: str, fails: int, message: str) -> Path:
+    """A stand-in for one of Slurm's clients: fails `fails` times printing `message`, then answers; counts calls."""
+    calls = bin_dir / f"{name}.calls"
+    script = bin_dir / name
+    script.write_text(f"#!/bin/sh\necho x >> {calls}\nn=$(wc -l < {calls})\n"
+                      f"if [ \"$n\" -le {fails} ]; then echo '{message}' >&2; exit 1; fi\necho 42\n")
+    script.chmod(0o755)
+    return calls
+
+
+def test_a_query_slurmctld_left_unanswered_is_asked_again_and_a_change_never(tmp_path, monkeypatch):
+    from emulation import slurm
+
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(slurm, "QUERY_PAUSE_S", 0.0)
+    busy = "slurm_load_jobs error: Zero Bytes were transmitted or received"
+    calls = _fake_command(tmp_path, "squeue", 2, busy)
+    assert slurm.run("squeue", "--noheader").stdout.strip() == "42" and len(calls.read_text().split()) == 3
+    calls = _fake_command(tmp_path, "sacct", 9, busy)  # never answers: the last error is raised, after 4 tries
+    with pytest.raises(slurm.SlurmError, match="Zero Bytes"):
+        slurm.run("sacct", "-X")
+    assert len(calls.read_text().split()) == slurm.QUERY_ATTEMPTS
+    calls = _fake_command(tmp_path, "sinfo", 1, "Invalid node name specified")  # a real error: asked once
+    with pytest.raises(slurm.SlurmError, match="Invalid node name"):
+        slurm.run("sinfo", "-n", "nope")
+    assert len(calls.read_text().split()) == 1
+    calls = _fake_command(tmp_path, "scontrol", 1, busy)  # a change (requeue) is never asked twice
+    with pytest.raises(slurm.SlurmError, match="Zero Bytes"):
+        slurm.run("scontrol", "requeue", "7")
+    assert len(calls.read_text().split()) == 1
