@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 from controller.core.rack import Rack
 from controller.drivers.control import CONTROL_PARENT, regroup_archive
@@ -26,6 +27,7 @@ LABEL_RACK = "org.optirack.rack"
 LABEL_JOB = "org.optirack.job"
 LABEL_GPU = "org.optirack.gpu"
 LABEL_ROLE = "org.optirack.role"  # sandbox | worker | helper
+LABEL_OWNER = "org.optirack.controller"  # on a helper: the controller process that ran it (ContainerDriver.instance)
 HELPER_TTL = 30.0  # seconds a resolved helper digest is used before the registry is asked again
 REMOVE_WAIT = 30.0  # seconds a removal already under way (another caller's) is waited for before it is an error
 
@@ -68,6 +70,7 @@ class ContainerDriver:
         self.home = home_settings(rack) if nic_home == "emulated" else {}
         self._gpu_hosts: dict[str, bool] = {}
         self._helpers: dict[str, tuple[str, float]] = {}  # server -> (repo@digest, when resolved)
+        self.instance = uuid.uuid4().hex[:12]  # this controller's helpers carry it: another's are orphans to sweep
 
     # --- engines --------------------------------------------------------------------------------
     def client(self, server: str):
@@ -152,7 +155,7 @@ class ContainerDriver:
                 remove=True,
                 stdout=True,
                 stderr=True,
-                labels={LABEL_RACK: self.rack.name, LABEL_ROLE: "helper"},
+                labels={LABEL_RACK: self.rack.name, LABEL_ROLE: "helper", LABEL_OWNER: self.instance},
             )
         except docker.errors.ContainerError as e:
             err = (e.stderr or b"").decode(errors="replace").strip()
@@ -358,10 +361,9 @@ class ContainerDriver:
         ]
 
     def sweep(self, server: str, keep_jobs: set[str], keep_gpus: set[tuple[str, str]] | None = None) -> list[str]:
-        """Remove our containers of jobs not in `keep_jobs` (NIC given back first), and those of (job, GPU) pairs
-        not in `keep_gpus` where it is given (a GPU swapped out of a job that goes on), and the checkpoint volumes
-        of jobs not in `keep_jobs`, and NIC helpers that have exited (a controller killed while one ran never removed
-        it); returns the GPUs whose containers went."""
+        """Remove our containers of jobs not in `keep_jobs` (NIC given back first), of (job, GPU) pairs not in
+        `keep_gpus` where given (a GPU swapped out of a job that goes on), those jobs' checkpoint volumes, and NIC
+        helpers left over (_sweep_helper); returns the GPUs whose containers went."""
         found = self.workers(server)
         stale = {(w["job"], w["gpu"]) for w in found if w["job"] and (
             w["job"] not in keep_jobs or (keep_gpus is not None and (w["job"], w["gpu"]) not in keep_gpus))}
@@ -371,13 +373,26 @@ class ContainerDriver:
         client = self.client(server)
         ours = {"label": f"{LABEL_RACK}={self.rack.name}"}
         for c in client.containers.list(all=True, ignore_removed=True, filters=ours):
-            if (c.labels or {}).get(LABEL_ROLE) == "helper" and c.status in ("exited", "dead"):
-                self._remove_container(client, c.name, server)
+            if (c.labels or {}).get(LABEL_ROLE) == "helper":
+                self._sweep_helper(client, c, server)
         for v in client.volumes.list(filters={"label": f"{LABEL_RACK}={self.rack.name}"}):
             if (v.attrs.get("Labels") or {}).get(LABEL_JOB) not in keep_jobs:
                 LOG.warning("removing the stale checkpoint volume %s on %s", v.name, server)
                 v.remove(force=True)
         return [g for _, g in sorted(stale)]
+
+    def _sweep_helper(self, client, c, server: str) -> None:
+        """Remove a NIC helper that has ended, or an earlier (killed) controller's: never started, or running (waited
+        for up to REMOVE_WAIT s). This controller's under way are left to its calls."""
+        foreign = (c.labels or {}).get(LABEL_OWNER) != self.instance
+        if c.status == "running" and foreign:
+            try:
+                c.wait(timeout=REMOVE_WAIT)
+            except Exception as e:  # noqa: BLE001 (removed with force below)
+                LOG.warning("an earlier controller's helper %s on %s did not end: %s", c.name, server, _text(e))
+        elif c.status not in ("exited", "dead") and not (foreign and c.status == "created"):
+            return
+        self._remove_container(client, c.name, server)
 
 
 def _text(e: Exception) -> str:

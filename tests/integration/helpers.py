@@ -139,6 +139,17 @@ def our_containers() -> dict[str, list]:
     return {k: [Named(c) for c in v] for k, v in found.items() if v}
 
 
+def assert_no_containers(within: float = 60.0) -> None:
+    """No optirack container left on any engine, once the controller's clean-up after a job's end is over: a job is
+    reported ended before a warm spare of it that was still starting goes (controller/jobs/warm.py removes it when
+    its start returns), seconds on a loaded host; one still there after `within` s is left over."""
+    try:
+        wait_for(lambda: not our_containers(), within, "the controller to remove every container", interval=0.5)
+    except TimeoutError:
+        pass  # the assertion names them
+    assert our_containers() == {}, "containers left on some engine"
+
+
 class Named:
     """A container as an assertion shows it: its name, status and our labels (not only its id)."""
 

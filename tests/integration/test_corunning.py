@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from controller.core.rack import load_rack
-from tests.integration.helpers import PAPER, ofctl, our_containers, sh, wait_for
+from tests.integration.helpers import PAPER, assert_no_containers, ofctl, sh, wait_for
 
 RACK = load_rack(PAPER)
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
@@ -91,4 +91,4 @@ def test_a_regroup_leaves_the_job_beside_it_untouched(bed):
     )
     client.delete(f"/jobs/{red['id']}")
     wait_for(lambda: not client.get("/jobs", state=ACTIVE)["jobs"], 120, "red to stop")
-    assert our_containers() == {}, "containers left on some engine"
+    assert_no_containers()

@@ -14,7 +14,7 @@ from controller.client import ApiError
 from controller.core.rack import PortRef, load_rack
 from emulation import ovs
 from emulation.harness import Testbed
-from tests.integration.helpers import BIN, ROOT, our_containers, wait_for
+from tests.integration.helpers import BIN, ROOT, assert_no_containers, wait_for
 
 RACK_FILE = ROOT / "topologies" / "rack8-3as.yaml"
 RACK = load_rack(RACK_FILE)  # 8 GPUs; as1: gpu1-3, as2: gpu4-6, as3: gpu7-8; four downlinks a switch
@@ -147,4 +147,4 @@ def test_defragment_in_one_change_and_a_queued_job_starts_when_gpus_free_up(bed)
             assert job["state"] == "running", (name, job["state"], job["reason"])
     finally:
         stop_everything(client)
-    assert our_containers() == {}, "containers left on some engine"
+    assert_no_containers()

@@ -22,7 +22,7 @@ from controller.core.aggregators import tables as compute_tables  # the NICs' en
 from controller.core.circuits import CircuitMap
 from controller.core.rack import load_rack
 from emulation import ovs
-from tests.integration.helpers import PAPER, ofctl, our_containers, wait_for
+from tests.integration.helpers import PAPER, assert_no_containers, ofctl, wait_for
 
 RACK = load_rack(PAPER)
 FRAGMENTED = [["ocs1:1", "ocs1:11"], ["ocs1:5", "ocs1:12"], ["ocs1:2", "ocs1:13"], ["ocs1:3", "ocs1:21"],
@@ -156,7 +156,7 @@ def test_put_raced_against_placements_and_regroups(bed, delay_ms):
             status = _round(bed.client, kind, delay_ms, f"{kind}, delay {delay_ms} ms, round {rnd}")
             answered[status] = answered.get(status, 0) + 1
     _stop_all(bed.client)
-    assert our_containers() == {}, "containers left on some engine"
+    assert_no_containers()
     print(f"delay {delay_ms} ms: PUT answers {answered}")
     assert sum(answered.values()) == 2 * ROUNDS
     if delay_ms > 0:  # the PUT went first: it must have got through, or the race did not test the lost update

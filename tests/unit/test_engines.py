@@ -108,6 +108,7 @@ class FakeContainers:
         name = kwargs.get("name")
         if kwargs.get("network_mode") == "host":  # the NIC helper
             env = kwargs["environment"]
+            self.last_run_labels = kwargs.get("labels", {})
             self.engine.calls.append(("helper", command[0], env.get("NIC"), env.get("NETNS"), env.get("PORT")))
             if self.engine.helper_fails:
                 raise docker.errors.ContainerError("helper", 4, command, image, b"no interface gpu1 on this server")
@@ -368,3 +369,33 @@ def test_an_engine_that_takes_the_connection_and_never_answers_is_named_hung():
     driver = ContainerDriver(rack, "optirack-worker:latest", Engines(rack, lambda server, timeout: engines[server]))
     assert not driver.engines.ping("srv3") and driver.engines.ping("srv1")
     assert driver.down_servers()["srv3"].endswith("no answer within 3 s (hung)")
+
+
+def test_a_sweep_removes_the_nic_helpers_an_earlier_controller_left_and_none_of_its_own_under_way():
+    from controller.drivers.containers import LABEL_OWNER, LABEL_RACK, LABEL_ROLE
+
+    driver, engines = _driver()
+    engine = engines["srv1"]
+    waited = []
+
+    def helper(name, status, owner):
+        labels = {LABEL_RACK: "paper", LABEL_ROLE: "helper"} | ({LABEL_OWNER: owner} if owner else {})
+        c = FakeContainer(engine, name, "helper", ["add"], {"labels": labels})
+        c.status = status
+        c.wait = lambda timeout=None, c=c: waited.append((c.name, timeout)) or {"StatusCode": 0}
+        engine.containers.by_name[name] = c
+
+    earlier = "0123456789ab"  # a controller before this one, killed while its helpers ran
+    helper("old-created", "created", earlier)  # never started
+    helper("old-running", "running", earlier)  # its hand-over runs on: waited for, then removed
+    helper("old-exited", "exited", earlier)
+    helper("unlabelled", "created", None)  # a controller before owners were labelled
+    helper("mine-created", "created", driver.instance)  # this controller's, under way: its call removes it
+    helper("mine-running", "running", driver.instance)
+    helper("mine-exited", "exited", driver.instance)  # ended and not removed: goes, as before
+    helper("old-removing", "removing", earlier)  # another caller removes it
+    assert driver.sweep("srv1", set()) == []
+    assert sorted(engine.containers.by_name) == ["mine-created", "mine-running", "old-removing"]
+    assert [w[0] for w in waited] == ["old-running"] and waited[0][1] > 0
+    driver.nic("srv1", "add", {"NIC": "gpu1"})  # the helpers this controller runs carry its owner label
+    assert engine.containers.last_run_labels[LABEL_OWNER] == driver.instance
