@@ -239,13 +239,18 @@ def _ended_while_down(testbed, tmp: Path) -> dict:
     return {"job": job, "record": record, "busy": client.get("/jobs")["jobs"], "other": sacct(other)[other]}
 
 
-def _back_to_start(bed) -> None:
-    """No job in Slurm's queue or running in the controller, and the rack's starting circuits: so that a phase that
-    failed midway (its jobs still queued, its regroup not put back) does not fail the phases after it as well."""
+def _empty_queue() -> None:
+    """Every job left in Slurm's queue cancelled, and gone."""
     left = run("squeue", "--noheader", "--format=%i").split()
     if left:
         slurmmod.run("scancel", *left, check=False)
         wait_for(lambda: not run("squeue", "--noheader", "--format=%i").strip(), 60, "the jobs to leave")
+
+
+def _back_to_start(bed) -> None:
+    """No job in Slurm's queue or running in the controller, and the rack's starting circuits: so that a phase that
+    failed midway (its jobs still queued, its regroup not put back) does not fail the phases after it as well."""
+    _empty_queue()
     wait_for(lambda: not [j for j in bed.client.get("/jobs")["jobs"] if j["state"] in ("running", "configuring")],
              60, "the controller's jobs to be released")
     bed.client.put("/ocs/circuits", {"circuits": bed.initial})
@@ -286,10 +291,7 @@ def endings(testbed, _slurm_stopped_after, tmp_path_factory):
         _phase(seen, "limit", limit)
         yield seen
     finally:
-        left = run("squeue", "--noheader", "--format=%i").split()
-        if left:
-            slurmmod.run("scancel", *left, check=False)
-            wait_for(lambda: not run("squeue", "--noheader", "--format=%i").strip(), 60, "the jobs to leave")
+        _empty_queue()
         for server in testbed.rack.servers:  # a lost node's server comes back
             plan = next(e for e in engines.engine_plans(testbed.rack) if e.server == server)
             if engines.pid_of(plan) is None:

@@ -413,7 +413,8 @@ def test_survivors_keep_their_workers_and_the_jobs_warm_spare_takes_the_lost_ran
     assert placement.busy_gpus() == {} and not placement.book.warm
 
 
-def test_a_swap_with_no_warm_spare_starts_a_container_and_says_so(tmp_path, vrt):
+def _srv2_lost_under_a_cold_job(tmp_path, vrt):
+    """A job on gpu1-gpu4 with no warm spare, survivors kept; srv2 (gpu2) killed after 12 iterations."""
     from tests.unit.jobfakes import service
 
     driver = FakeDriver(pace=PACE)
@@ -422,6 +423,11 @@ def test_a_swap_with_no_warm_spare_starts_a_container_and_says_so(tmp_path, vrt)
     job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"], warm_spares=0)
     vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
     driver.kill_server("srv2")
+    return driver, placement, job
+
+
+def test_a_swap_with_no_warm_spare_starts_a_container_and_says_so(tmp_path, vrt):
+    driver, placement, job = _srv2_lost_under_a_cold_job(tmp_path, vrt)
     vrt.run(finished(placement, job.id), what="the job to end")
     assert job.state == "done", job.reason
     (rec,) = job.recoveries
@@ -438,7 +444,6 @@ def test_the_record_says_the_checkpoint_the_ranks_were_told_though_they_saved_a_
     checkpoint every rank restored (not the newest one held when the record is written), and counts the iterations
     redone from it."""
     from controller.jobs.workers import Workers
-    from tests.unit.jobfakes import service
 
     start = Workers.start
 
@@ -449,12 +454,7 @@ def test_the_record_says_the_checkpoint_the_ranks_were_told_though_they_saved_a_
         return image
 
     monkeypatch.setattr(Workers, "start", slow_start)
-    driver = FakeDriver(pace=PACE)
-    placement, _, _ = service(tmp_path, RACK, driver, vrt, keep_survivors=True)
-    vrt.advance(0)
-    job = job_of(placement, ["gpu1", "gpu2", "gpu3", "gpu4"], warm_spares=0)
-    vrt.run(lambda: len(job.iterations()) >= 12, what="12 iterations")
-    driver.kill_server("srv2")
+    driver, placement, job = _srv2_lost_under_a_cold_job(tmp_path, vrt)
     vrt.run(lambda: job.recoveries or not job.active, what="the recovery's record")
     (rec,) = job.recoveries
     newer = [r["iteration"] for g in rec["kept"] for r in job.reports[g]
