@@ -122,9 +122,27 @@ def calibration_for(fabric: str = "lossless"):
     `fabric` of any model (the calibration ring measures the fabric, not the model: a new model's hash has no
     record until `make demo` runs); the provisional one if there is none."""
     from evidence import records
+    from simulator import identity
+
+    # What it reads: the records (which git tracks, their files, their fingerprints) and the current fingerprint. The
+    # same state, the same answer (a frozen Calibration): kept, as a trace check asks it once per simulated policy.
+    folder = records.RECORDS
+    files = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(folder.iterdir())) \
+        if folder.is_dir() else ()
+    tracked = records.committed(folder) if folder.is_dir() else None
+    key = (fabric, identity.fingerprint(), files, None if tracked is None else frozenset(tracked))
+    if key not in _CALIBRATIONS:
+        _CALIBRATIONS[key] = _calibration_for(fabric, records.load())
+    return _CALIBRATIONS[key]
+
+
+_CALIBRATIONS: dict[tuple, tuple] = {}
+
+
+def _calibration_for(fabric: str, every: list):
+    from evidence import records
     from simulator.model import calibration
 
-    every = records.load()
     for recs in (records.of_current_model(every), [r for r in every if r.full]):
         recs = [r for r in recs if (r.data.get("fabric") or "droptail") == fabric and r.data.get("calibration")]
         if recs:
