@@ -4,7 +4,9 @@ VENV ?= $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 TOPO ?= topologies/paper-testbed.yaml
 PYTEST_ARGS ?=
-# unit tests run on every core (pytest-xdist); integration tests one at a time, as they share one emulated rack
+# unit tests run on every core (pytest-xdist; --dist loadfile: a module's tests on one worker, so that what a module
+# computes once for its tests, a module-scoped fixture or a cache, is computed once, not on each worker; tests/conftest.py
+# puts the longest modules first); integration tests one at a time, as they share one emulated rack
 UNIT_WORKERS ?= auto
 export VENV
 
@@ -39,11 +41,11 @@ lint: setup
 	$(VENV)/bin/mypy controller
 
 test: setup lint
-	$(PY) -m pytest -m "not integration" -n $(UNIT_WORKERS) tests $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration" -n $(UNIT_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
 	$(PY) -m pytest -m integration tests $(PYTEST_ARGS)
 
 test-unit:
-	$(PY) -m pytest -m "not integration" -n $(UNIT_WORKERS) tests $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration" -n $(UNIT_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
 
 test-integration: setup
 	$(PY) -m pytest -m integration tests $(PYTEST_ARGS)
