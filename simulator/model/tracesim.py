@@ -4,10 +4,11 @@ The trace check (evidence/tracecheck.py) sets these rows beside a replay record'
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 
-from controller.core.rack import load_rack
+from controller.core.rack import Rack, load_rack
 from simulator.inputs.workloads import JobSpec
 from simulator.model import lags
 from simulator.model.engine import Options, Run, policies, with_scheduler
@@ -25,9 +26,10 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, c
     replay's probe, lags.host_factor), every lag charged that many times; `ensemble` (with the lags): each row's
     times the mean over lags.DRAWS runs, each job's start lags drawn from the emulation's spread around them
     (lags.draws), and the circuits changed their mean, rounded; without, one run at the lags as fitted."""
+    rack = load_rack(rack_file)  # parsed once; each run gets its own copy
     if not with_lags or not ensemble:
-        return _once(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler, host, None)
-    runs = [_once(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler, host, j)
+        return _once(rack, trace, policy, defrag_s, cal, with_lags, one_step, scheduler, host, None)
+    runs = [_once(copy.deepcopy(rack), trace, policy, defrag_s, cal, with_lags, one_step, scheduler, host, j)
             for j in lags.draws(len(trace))]
     rows = []
     for i, first in enumerate(runs[0][0]):
@@ -39,9 +41,9 @@ def simulate(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, c
     return rows, round(sum(c for _, c in runs) / len(runs))
 
 
-def _once(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, cal, with_lags: bool, one_step: bool,
+def _once(rack: Rack, trace: list[dict], policy: str, defrag_s: float, cal, with_lags: bool, one_step: bool,
           scheduler: str, host: float, jitter) -> tuple[list[dict], int]:
-    jobs, run = _run(rack_file, trace, policy, defrag_s, cal, with_lags, one_step, scheduler, host, jitter)
+    jobs, run = _run(rack, trace, policy, defrag_s, cal, with_lags, one_step, scheduler, host, jitter)
     out = run.run()
     by_id = {j.id: j for j in out.jobs}
     rows = []
@@ -58,13 +60,12 @@ def estimates(rack_file: Path, trace: list[dict], cal, with_lags: bool = True, o
     network calibrated by `cal`), before any job runs: what a replay under backfill or sjf sends the controller as each
     job's `estimate_s` (times the time dilation), so that the jobs that wait are ordered by the same estimates on
     both sides."""
-    _, run = _run(rack_file, trace, "fixed", 300.0, cal, with_lags, one_step, "backfill")
+    _, run = _run(load_rack(rack_file), trace, "fixed", 300.0, cal, with_lags, one_step, "backfill")
     return [run.view.estimate(i) for i in range(len(trace))]
 
 
-def _run(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, cal, with_lags: bool, one_step: bool,
+def _run(rack: Rack, trace: list[dict], policy: str, defrag_s: float, cal, with_lags: bool, one_step: bool,
          scheduler: str, host: float = 1.0, jitter=None) -> tuple[list[JobSpec], Run]:
-    rack = load_rack(rack_file)
     jobs = [JobSpec(f"j{i + 1}", j["arrival_s"], j["gpus"], j["model"], j["iterations"]) for i, j in enumerate(trace)]
     charged = lags.for_rack(rack.spec.emulation.time_dilation, host) if with_lags else lags.NONE
     net = cal.net(rack)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.core.rack import load_rack
 from simulator.model import calibration, lags, tracesim
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def test_the_draws_are_the_same_each_time_and_follow_the_measured_spread():
 def _rack():
     if not RACK.exists():
         pytest.fail(f"{RACK} is missing")
-    return RACK
+    return load_rack(RACK)
 
 
 def test_a_jitter_multiplies_each_job_s_two_start_lags_and_none_is_the_lags_as_fitted():
@@ -56,7 +57,7 @@ def test_a_jitter_multiplies_each_job_s_two_start_lags_and_none_is_the_lags_as_f
 def test_the_prediction_is_each_row_s_mean_over_the_draws(monkeypatch):
     cal = calibration.from_record({"fabric": "lossless"})
     monkeypatch.setattr(lags, "DRAWS", 3)
-    rows, changes = tracesim.simulate(_rack(), TRACE, "regroup", 300.0, cal)
+    rows, changes = tracesim.simulate(RACK, TRACE, "regroup", 300.0, cal)
     each = [tracesim._once(_rack(), TRACE, "regroup", 300.0, cal, True, False, "fifo", 1.0, j)
             for j in lags.draws(len(TRACE), 3)]
     for i, row in enumerate(rows):
@@ -64,5 +65,5 @@ def test_the_prediction_is_each_row_s_mean_over_the_draws(monkeypatch):
             assert row[k] == pytest.approx(statistics.fmean(rs[i][k] for rs, _ in each), rel=1e-12)
     assert changes == round(statistics.fmean(c for _, c in each))
     assert len({rs[2]["end_s"] for rs, _ in each}) > 1  # the draws differ: a mean of one run would not test it
-    one, _ = tracesim.simulate(_rack(), TRACE, "regroup", 300.0, cal, ensemble=False)
+    one, _ = tracesim.simulate(RACK, TRACE, "regroup", 300.0, cal, ensemble=False)
     assert one == tracesim._once(_rack(), TRACE, "regroup", 300.0, cal, True, False, "fifo", 1.0, None)[0]
