@@ -6,7 +6,9 @@ TOPO ?= topologies/paper-testbed.yaml
 PYTEST_ARGS ?=
 # unit tests run on every core (pytest-xdist; --dist loadfile: a module's tests on one worker, so that what a module
 # computes once for its tests, a module-scoped fixture or a cache, is computed once, not on each worker; tests/conftest.py
-# puts the longest modules first); integration tests one at a time, as they share one emulated rack
+# puts the longest modules first); integration tests one at a time, as they share one emulated rack. make test runs the
+# two at the same time (scripts/run_tests.py): the unit tests and the install test (marked install: root, pip, no rack),
+# niced, on the cores the integration tests leave idle while they wait on containers and daemons
 UNIT_WORKERS ?= auto
 export VENV
 
@@ -15,9 +17,10 @@ export VENV
 
 help:
 	@echo "make setup             install everything this machine needs (idempotent, as root)"
-	@echo "make test              setup, lint, then all tests (unit and integration)"
+	@echo "make test              setup, lint, then all tests: the integration tests, and beside them the unit and"
+	@echo "                       install tests (scripts/run_tests.py)"
 	@echo "make test-unit         unit tests only (no root, fast; needs the venv)"
-	@echo "make test-integration  integration tests only (root, OVS, Mininet, Docker, Ryu)"
+	@echo "make test-integration  integration and install tests only (root, OVS, Mininet, Docker, Ryu; pip)"
 	@echo "make lint              ruff, and the type checker (mypy) over controller/"
 	@echo "make controller        run the controller in the foreground (TOPO=$(TOPO))"
 	@echo "make image             build the worker image if its inputs changed"
@@ -41,14 +44,13 @@ lint: setup
 	$(VENV)/bin/mypy controller
 
 test: setup lint
-	$(PY) -m pytest -m "not integration" -n $(UNIT_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
-	$(PY) -m pytest -m integration tests $(PYTEST_ARGS)
+	$(PY) -m scripts.run_tests --workers $(UNIT_WORKERS) -- $(PYTEST_ARGS)
 
 test-unit:
-	$(PY) -m pytest -m "not integration" -n $(UNIT_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not integration and not install" -n $(UNIT_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
 
 test-integration: setup
-	$(PY) -m pytest -m integration tests $(PYTEST_ARGS)
+	$(PY) -m pytest -m "integration or install" tests $(PYTEST_ARGS)
 
 controller: setup
 	$(VENV)/bin/optirack-controller --optirack-rack $(TOPO) $(ARGS)

@@ -16,13 +16,13 @@ def _integration(item) -> bool:
     return INTEGRATION in Path(item.path).resolve().parents
 
 
-# The unit modules that take longest (make test's --durations), first: make test hands whole modules to its xdist
-# workers (--dist loadfile) in this order, so that none of these starts last while the other worker idles. An order
-# only: every test runs as before.
-LONGEST_FIRST = ("test_fingerprint.py", "test_report.py", "test_docs_commands.py", "test_sim_traces.py",
-                 "test_worker.py", "test_worker_aggregate.py", "test_sim_speed.py", "test_worker_regroup.py",
-                 "test_trace_records.py", "test_report_trace.py", "test_tracecheck.py", "test_aggregation.py",
-                 "test_fault_matrix.py")
+# The unit modules that take longest (make test's --durations; the install test, which make test runs with them), first:
+# make test hands whole modules to its xdist workers (--dist loadfile) in this order, so that none of these starts last
+# while the other worker idles. An order only: every test runs as before.
+LONGEST_FIRST = ("test_install.py", "test_fingerprint.py", "test_report.py", "test_docs_commands.py",
+                 "test_sim_traces.py", "test_worker.py", "test_worker_aggregate.py", "test_sim_speed.py",
+                 "test_worker_regroup.py", "test_trace_records.py", "test_report_trace.py", "test_tracecheck.py",
+                 "test_aggregation.py", "test_fault_matrix.py")
 
 
 def _order(item) -> tuple[int, int]:

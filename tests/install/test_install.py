@@ -4,7 +4,8 @@ found by name from another directory) and `optirack sweep`, and neither imports 
 
 As root (make test), the check runs as `nobody` (runuser) on a copy of the committed tree it may read; as another
 user, as that user. pip reads the packages from this machine's configured indexes (pip.conf) into a cache of the
-test's own. It takes about a minute; `make test` runs it (marked integration), `make test-unit` does not.
+test's own. It takes about a minute and needs no rack: it is marked `install`, and `make test` runs it beside the
+integration tests (scripts/run_tests.py); `make test-unit` does not.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("check-install.sh")
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.install
 
 
 def _copy_tree(dest: Path) -> None:
