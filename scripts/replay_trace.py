@@ -69,25 +69,31 @@ def log(msg: str) -> None:
 
 
 # --- pure parts (unit-tested) ---------------------------------------------------------------------------------
-def request(index: int, job: dict, policy: str, estimate_s: float | None = None) -> dict:
+def request(index: int, job: dict, policy: str, estimate_s: float | None = None,
+            warm_spares: int | None = None) -> dict:
     """The REST body that submits the trace's job `index` (0-based) under `policy`, with its `estimate_s` (emulated
-    seconds) where the controller's queue needs one."""
+    seconds) where the controller's queue needs one, and its `warm_spares` where given (else the controller's
+    default)."""
     body = {"name": f"trace j{index + 1}", "gpus": job["gpus"], "policy": PLACEMENT[policy],
             "workload": {"model": job["model"], "iterations": job["iterations"]},
             "checkpoint_every": job["iterations"], "queue": True}  # no save within the job, as the demo's
     if estimate_s is not None:
         body["estimate_s"] = estimate_s
+    if warm_spares is not None:
+        body["warm_spares"] = warm_spares
     return body
 
 
-def probe_request(index: int, job: dict, estimate_s: float | None = None) -> dict:
+def probe_request(index: int, job: dict, estimate_s: float | None = None, warm_spares: int | None = None) -> dict:
     """The REST body of the host's probe job `index`: placed where it is cabled (no circuit changes), no save; with
-    `estimate_s` where the controller's queue needs one (backfill, sjf)."""
+    `estimate_s` where the controller's queue needs one (backfill, sjf), and `warm_spares` as the trace's jobs."""
     body = {"name": f"probe {index + 1}", "gpus": job["gpus"], "policy": "fixed",
             "workload": {"model": job["model"], "iterations": job["iterations"]},
             "checkpoint_every": job["iterations"], "queue": True}
     if estimate_s is not None:
         body["estimate_s"] = estimate_s
+    if warm_spares is not None:
+        body["warm_spares"] = warm_spares
     return body
 
 
@@ -134,7 +140,7 @@ def summary(rows: list[dict], events: list[dict]) -> dict:
 
 
 # --- on the rack ----------------------------------------------------------------------------------------------
-def probe(client, dilation: float, queue: str = "fifo") -> list[dict]:
+def probe(client, dilation: float, queue: str = "fifo", warm_spares: int | None = None) -> list[dict]:
     """The host's probe (PROBE), each job alone, in turn; each its job row (rack s from its own submission). A
     probe job that does not end done fails the replay: the host is not fit to replay on. Under a queue that needs
     estimates (backfill, sjf) each is sent its time bound, PROBE_TIMEOUT_S: alone on the rack, it orders nothing."""
@@ -142,7 +148,7 @@ def probe(client, dilation: float, queue: str = "fifo") -> list[dict]:
     estimate = None if queue == "fifo" else PROBE_TIMEOUT_S
     for i, spec in enumerate(PROBE):
         t0 = time.time()
-        jid = client.post("/jobs", probe_request(i, spec, estimate))["job"]["id"]
+        jid = client.post("/jobs", probe_request(i, spec, estimate, warm_spares))["job"]["id"]
         while True:
             job = client.get(f"/jobs/{jid}")["job"]
             if job["state"] in ENDED:
@@ -159,10 +165,10 @@ def probe(client, dilation: float, queue: str = "fifo") -> list[dict]:
 
 
 def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, workdir: Path, queue: str = "fifo",
-           estimates: list[float] | None = None, probing: bool = True) -> dict:
+           estimates: list[float] | None = None, probing: bool = True, warm_spares: int | None = None) -> dict:
     """One policy's replay on a fresh testbed whose controller queues by `queue`, each job sent its estimate
-    (`estimates`, rack s) where given, after the host's probe (`probing`); the testbed is taken down, pass or
-    fail."""
+    (`estimates`, rack s) where given and `warm_spares` where given, after the host's probe (`probing`); the testbed
+    is taken down, pass or fail."""
     from emulation.harness import Testbed
 
     rack = load_rack(rack_file)
@@ -180,7 +186,7 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
     try:
         log(f"  {policy}: testbed up in {time.time() - started:.0f} s")
         up = time.time()
-        probed = probe(tb.client, dilation, queue) if probing else None
+        probed = probe(tb.client, dilation, queue, warm_spares) if probing else None
         if probed:
             log(f"  {policy}: the host's probe: " + "; ".join(
                 f"{r['gpus_asked']} x {r['model']} containers {r['start_s'] - r['admit_s']:.2f}, start "
@@ -197,7 +203,7 @@ def replay(rack_file: Path, trace: list[dict], policy: str, defrag_s: float, wor
             elapsed = time.time() - t0
             for i in due(trace, len(ids), elapsed, dilation):
                 estimate = None if estimates is None else estimates[i] * dilation
-                ids.append(tb.client.post("/jobs", request(i, trace[i], policy, estimate))["job"]["id"])
+                ids.append(tb.client.post("/jobs", request(i, trace[i], policy, estimate, warm_spares))["job"]["id"])
             states = {j["id"]: j["state"] for j in tb.client.get("/jobs", limit=1000)["jobs"] if j["id"] in ids}
             running = [i for i in ids if states.get(i) not in ENDED]
             if elapsed >= next_round:
@@ -244,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="defrag: rack seconds between rounds (%(default)s)")
     ap.add_argument("--queue", default="fifo", help=f"the controller's queue discipline, of {', '.join(QUEUES)} "
                     "(%(default)s); backfill and sjf send each job's estimate, the simulator's")
+    ap.add_argument("--warm-spares", type=int, metavar="N",
+                    help="each job's (and probe's) warm spares per GPU model and switch (default: not sent, the "
+                         "controller's default, 1); 0 keeps no worker started on a free GPU beside the jobs, which the "
+                         "simulator does not model")
     ap.add_argument("--results", type=Path, default=ROOT / "results", help="the record goes to DIR/replay/")
     ap.add_argument("--no-probe", action="store_true", help="no host's probe before each policy's trace (PROBE: "
                     "a few jobs alone on the idle testbed, about 20 s)")
@@ -259,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--queue: unknown {args.queue!r} (choose from {', '.join(QUEUES)})")
         if args.jobs is not None and args.jobs < 1:
             raise ValueError(f"--jobs must be at least 1, not {args.jobs}")
+        if args.warm_spares is not None and args.warm_spares < 0:
+            raise ValueError(f"--warm-spares must be 0 or more, not {args.warm_spares}")
         if not args.defrag_interval > 0:
             raise ValueError(f"--defrag-interval must be positive, not {args.defrag_interval}")
         rack = load_rack(args.rack)
@@ -282,13 +294,14 @@ def main(argv: list[str] | None = None) -> int:
               else str(args.rack), "rack_sha256": hashlib.sha256(args.rack.read_bytes()).hexdigest(),
               "trace_file": str(args.trace), "trace_sha256": hashlib.sha256(args.trace.read_bytes()).hexdigest(),
               "jobs_replayed": len(trace), "time_dilation": rack.spec.emulation.time_dilation,
+              "warm_spares": args.warm_spares,  # None: the controller's default
               "versions": records.versions(full=True), "policies": {}}
     t = time.time()
     with tempfile.TemporaryDirectory(prefix="optirack-replay-") as tmp:
         for policy in policies:
             log(f"replaying {len(trace)} jobs under {policy}")
             record["policies"][policy] = replay(args.rack, trace, policy, args.defrag_interval, Path(tmp), args.queue,
-                                                estimates, not args.no_probe)
+                                                estimates, not args.no_probe, args.warm_spares)
             s = record["policies"][policy]["summary"]
             log(f"  {policy}: {s['done']}/{s['jobs']} done, makespan {s['makespan_s']:.1f} rack s, "
                 f"{s['circuit_changes']} circuit changes, replay {record['policies'][policy]['replay_wall_s']:.0f} s")

@@ -100,6 +100,10 @@ def test_the_replay_submits_each_job_when_its_arrival_comes():
     assert body == {"name": "trace j4", "gpus": 4, "policy": "regroup", "checkpoint_every": 50, "queue": True,
                     "workload": {"model": "vgg16", "iterations": 50}}
     assert rt.request(3, {"gpus": 4, "model": "vgg16", "iterations": 50}, "fixed", 12.5)["estimate_s"] == 12.5
+    assert rt.request(3, {"gpus": 4, "model": "vgg16", "iterations": 50}, "fixed", None, 0)["warm_spares"] == 0
+    assert rt.probe_request(0, {"gpus": 1, "model": "resnet50", "iterations": 20}, None, 0)["warm_spares"] == 0
+    assert "warm_spares" not in rt.probe_request(0, {"gpus": 1, "model": "resnet50", "iterations": 20})
+    assert rt.main(["--warm-spares", "-1"]) == 2  # refused before anything is started
 
 
 def test_a_replay_under_backfill_sends_the_simulators_estimate_of_each_waiting_job(monkeypatch):
