@@ -7,6 +7,8 @@ import sys
 
 from tests.integration.helpers import ROOT
 
+MAX_QUICK_SHARE_ERROR = 0.25  # of a flow's max-min share, over the quick run's few windows (below)
+
 
 def test_quick_paper_experiment(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "evidence.demo.experiment", "--quick", "--results", str(tmp_path)],
@@ -24,9 +26,19 @@ def test_quick_paper_experiment(tmp_path):
     assert record["fabric"] == "lossless"
     not_retransmissions = [p for p in c["fabric_problems"] if "TCP segments retransmitted" not in p]
     assert not not_retransmissions, not_retransmissions
-    assert proc.returncode == (1 if c["fabric_problems"] else 0), out
+    # The uplink shares: the quick run's fragmented job iterates 4 times, so a flow is judged over 5-10 windows, the
+    # first ones TCP's start (a fresh clone of 91bffb2, 2026-12-07 22:17 UTC: two flows +-13 % off over 5 windows, per
+    # window +22, +18, 0, +3, +13 %). The demo still fails on more than 10 % (emulation/shares.py, as make demo does);
+    # here a flow off by up to MAX_QUICK_SHARE_ERROR is printed, not failed, and one off by more fails the test.
+    judged = [(f"{r['tag']}: {k}", f["error"]) for r in record["runs"]
+              for k, f in ((r.get("fabric_counters") or {}).get("uplink_shares") or {"flows": {}})["flows"].items()
+              if f.get("judged")]
+    assert all(abs(e) <= MAX_QUICK_SHARE_ERROR for _, e in judged), judged
+    assert proc.returncode == (1 if c["fabric_problems"] or c["uplink_share_problems"] else 0), out
     for p in c["fabric_problems"]:
         print(f"known limit of the lossless fabric (issue #20): {p}")
+    for p in c["uplink_share_problems"]:
+        print(f"a share off in the quick run's few windows (at most {100 * MAX_QUICK_SHARE_ERROR:g} % here): {p}")
     for name in ("paper-experiment.md", "fig3-case-a.png"):
         assert (out_dir / name).stat().st_size > 1000, name
     runs = {r["summary"]["policy"]: r["summary"] for r in record["runs"]}
