@@ -77,11 +77,7 @@ def request(index: int, job: dict, policy: str, estimate_s: float | None = None,
     body = {"name": f"trace j{index + 1}", "gpus": job["gpus"], "policy": PLACEMENT[policy],
             "workload": {"model": job["model"], "iterations": job["iterations"]},
             "checkpoint_every": job["iterations"], "queue": True}  # no save within the job, as the demo's
-    if estimate_s is not None:
-        body["estimate_s"] = estimate_s
-    if warm_spares is not None:
-        body["warm_spares"] = warm_spares
-    return body
+    return _given(body, estimate_s=estimate_s, warm_spares=warm_spares)
 
 
 def probe_request(index: int, job: dict, estimate_s: float | None = None, warm_spares: int | None = None) -> dict:
@@ -90,11 +86,12 @@ def probe_request(index: int, job: dict, estimate_s: float | None = None, warm_s
     body = {"name": f"probe {index + 1}", "gpus": job["gpus"], "policy": "fixed",
             "workload": {"model": job["model"], "iterations": job["iterations"]},
             "checkpoint_every": job["iterations"], "queue": True}
-    if estimate_s is not None:
-        body["estimate_s"] = estimate_s
-    if warm_spares is not None:
-        body["warm_spares"] = warm_spares
-    return body
+    return _given(body, estimate_s=estimate_s, warm_spares=warm_spares)
+
+
+def _given(body: dict, **fields) -> dict:
+    """`body` with each of `fields` that is not None (the rest left to the controller's defaults)."""
+    return {**body, **{k: v for k, v in fields.items() if v is not None}}
 
 
 def due(trace: list[dict], submitted: int, elapsed_s: float, dilation: float) -> list[int]:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -65,18 +66,21 @@ def main(argv: list[str] | None = None) -> int:
     beside = subprocess.Popen(beside_cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     rack = None
     ended: dict[str, float] = {}
+
+    def beside_ends() -> None:  # says when the run beside ends, while the integration tests go on
+        beside.wait()
+        ended["unit and install"] = time.monotonic() - t0
+        print(f"\nrun_tests: the unit and install tests ended after {ended['unit and install'] / 60:.1f} min "
+              f"({'passed' if beside.returncode == 0 else 'FAILED'}; output below at the end)", flush=True)
+
+    waiter = threading.Thread(target=beside_ends, daemon=True)
+    waiter.start()
     try:
         print(f"run_tests: integration tests, one at a time:\n  {shlex.join(rack_cmd)}", flush=True)
         rack = subprocess.Popen(rack_cmd, cwd=ROOT, start_new_session=True)
-        while beside.poll() is None or rack.poll() is None:
-            for name, proc in (("unit and install", beside), ("integration", rack)):
-                if name not in ended and proc.poll() is not None:
-                    ended[name] = time.monotonic() - t0
-                    if name == "unit and install":
-                        print(f"\nrun_tests: the unit and install tests ended after {ended[name] / 60:.1f} min "
-                              f"({'passed' if proc.returncode == 0 else 'FAILED'}; output below at the end)",
-                              flush=True)
-            time.sleep(0.5)
+        rack.wait()
+        ended["integration"] = time.monotonic() - t0
+        waiter.join()
     except KeyboardInterrupt:
         print("\nrun_tests: interrupted; stopping both runs", file=sys.stderr, flush=True)
         return 130
@@ -84,13 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         for proc in (rack, beside):
             if proc is not None:
                 _stop(proc)
+        waiter.join(timeout=5)
         log.close()
         if beside.returncode is not None:
             print(f"\n===== the unit and install tests' output ({log.name}) =====", flush=True)
             sys.stdout.write(Path(log.name).read_text(errors="replace"))
             sys.stdout.flush()
-    for name in ("unit and install", "integration"):
-        ended.setdefault(name, time.monotonic() - t0)
     print(f"\nrun_tests: unit and install tests {'passed' if beside.returncode == 0 else 'FAILED'} "
           f"(exit {beside.returncode}, {ended['unit and install'] / 60:.1f} min); integration tests "
           f"{'passed' if rack.returncode == 0 else 'FAILED'} (exit {rack.returncode}, "
